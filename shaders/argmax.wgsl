@@ -1,0 +1,51 @@
+// argmax: out[r] = the index of the largest logit of row r (the first one on ties, as
+// torch.argmax), so greedy decoding reads back 4 bytes per sequence, not a vocabulary row.
+// Grid: one workgroup per row; 256 threads reduce (value, index) pairs.
+
+struct Params {
+    num_rows: u32,
+    width: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> logits: array<f32>;     // [num_rows, width]
+@group(0) @binding(2) var<storage, read_write> out: array<u32>;  // [num_rows]
+
+const WG: u32 = 256u;
+var<workgroup> best_v: array<f32, WG>;
+var<workgroup> best_i: array<u32, WG>;
+
+@compute @workgroup_size(WG)
+fn argmax(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    let r = wg.x;
+    var bv = NEG_BIG;
+    var bi = 0xffffffffu;
+    for (var i = tid; i < p.width; i += WG) {
+        let v = logits[r * p.width + i];
+        if v > bv || bi == 0xffffffffu {
+            bv = v;
+            bi = i;
+        }
+    }
+    best_v[tid] = bv;
+    best_i[tid] = bi;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
+        if tid < stride {
+            let ov = best_v[tid + stride];
+            let oi = best_i[tid + stride];
+            let mine_empty = best_i[tid] == 0xffffffffu;
+            let other_better = ov > best_v[tid] || (ov == best_v[tid] && oi < best_i[tid]);
+            if oi != 0xffffffffu && (mine_empty || other_better) {
+                best_v[tid] = ov;
+                best_i[tid] = oi;
+            }
+        }
+        workgroupBarrier();
+    }
+    if tid == 0u {
+        out[r] = best_i[0];
+    }
+}

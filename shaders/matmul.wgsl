@@ -1,0 +1,114 @@
+// matmul: y[m, n_offset + n] = (accumulate ? y : 0) + sum_k x[m, k] * w[n, k] + bias[n_offset + n]
+// The weight is a Hugging Face Linear weight, [out_features, in_features], or a row chunk of
+// one when it exceeds a storage binding. Accumulating into y fuses the residual add.
+// Grid: one workgroup per 64x64 tile of y (x = column tiles, y = row tiles); 16x16 threads,
+// each owning a 4x4 micro-tile; k advances 16 at a time through workgroup memory.
+
+override WEIGHT_DTYPE: u32 = 0u;
+
+struct Params {
+    m: u32,
+    n: u32,          // rows of this weight chunk
+    k: u32,
+    n_offset: u32,   // first output column written by this chunk
+    ldy: u32,        // row stride of y (total output features)
+    has_bias: u32,
+    accumulate: u32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;          // [m, k]
+@group(0) @binding(2) var<storage, read> w: array<u32>;          // [n, k] in WEIGHT_DTYPE
+@group(0) @binding(3) var<storage, read> bias: array<f32>;       // [ldy] (unused unless has_bias)
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;    // [m, ldy]
+
+const TILE: u32 = 64u;
+const TK: u32 = 16u;
+var<workgroup> xs: array<f32, 1024>;  // [TILE rows][TK]
+var<workgroup> ws: array<f32, 1024>;  // [TILE cols][TK]
+
+@compute @workgroup_size(16, 16)
+fn matmul(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(local_invocation_id) lid: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    let row0 = wg.y * TILE;
+    let col0 = wg.x * TILE;
+    var acc: array<f32, 16>;
+    for (var i = 0u; i < 16u; i++) {
+        acc[i] = 0.0;
+    }
+    let words_per_row = select(p.k / 2u, p.k, WEIGHT_DTYPE == DTYPE_F32);
+    for (var k0 = 0u; k0 < p.k; k0 += TK) {
+        for (var i = 0u; i < 4u; i++) {
+            let e = li + i * 256u;
+            let r = e / TK;
+            let c = e % TK;
+            var v = 0.0;
+            if row0 + r < p.m && k0 + c < p.k {
+                v = x[(row0 + r) * p.k + k0 + c];
+            }
+            xs[e] = v;
+        }
+        if WEIGHT_DTYPE == DTYPE_F32 {
+            for (var i = 0u; i < 4u; i++) {
+                let e = li + i * 256u;
+                let r = e / TK;
+                let c = e % TK;
+                var v = 0.0;
+                if col0 + r < p.n && k0 + c < p.k {
+                    v = bitcast<f32>(w[(col0 + r) * words_per_row + k0 + c]);
+                }
+                ws[e] = v;
+            }
+        } else {
+            // 64 rows x 8 words of two elements; k is even for packed formats.
+            for (var i = 0u; i < 2u; i++) {
+                let e = li + i * 256u;
+                let r = e / 8u;
+                let c = (e % 8u) * 2u;
+                var v = vec2<f32>(0.0);
+                if col0 + r < p.n && k0 + c < p.k {
+                    v = unpack_pair(w[(col0 + r) * words_per_row + (k0 + c) / 2u], WEIGHT_DTYPE);
+                }
+                ws[r * TK + c] = v.x;
+                ws[r * TK + c + 1u] = v.y;
+            }
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < TK; kk++) {
+            var a: array<f32, 4>;
+            var b: array<f32, 4>;
+            for (var i = 0u; i < 4u; i++) {
+                a[i] = xs[(lid.y * 4u + i) * TK + kk];
+                b[i] = ws[(lid.x * 4u + i) * TK + kk];
+            }
+            for (var i = 0u; i < 4u; i++) {
+                for (var j = 0u; j < 4u; j++) {
+                    acc[i * 4u + j] += a[i] * b[j];
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var i = 0u; i < 4u; i++) {
+        let r = row0 + lid.y * 4u + i;
+        for (var j = 0u; j < 4u; j++) {
+            let c = col0 + lid.x * 4u + j;
+            if r < p.m && c < p.n {
+                let col = p.n_offset + c;
+                var v = acc[i * 4u + j];
+                if p.has_bias != 0u {
+                    v += bias[col];
+                }
+                let o = r * p.ldy + col;
+                if p.accumulate != 0u {
+                    v += y[o];
+                }
+                y[o] = v;
+            }
+        }
+    }
+}

@@ -1,0 +1,28 @@
+// silu_mul: out[i] = silu(gate[i]) * up[i], the gated activation of the Llama MLP.
+// Grid: one invocation per element, 256 per workgroup, 2-D when large.
+
+struct Params {
+    len: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> gate: array<f32>;       // [len]
+@group(0) @binding(2) var<storage, read> up: array<f32>;         // [len]
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;  // [len]
+
+@compute @workgroup_size(256)
+fn silu_mul(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) tid: u32,
+) {
+    let i = (wg.y * nwg.x + wg.x) * 256u + tid;
+    if i >= p.len {
+        return;
+    }
+    let g = gate[i];
+    out[i] = g / (1.0 + exp(-g)) * up[i];
+}

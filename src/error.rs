@@ -1,0 +1,74 @@
+//! Typed errors of the library. The CLI wraps them in `anyhow`; the library never panics on
+//! input a user controls (environment variables, kernel arguments, model files).
+
+/// Errors from the GPU layer: adapter choice, device creation, wgpu validation and memory
+/// errors, lost devices, and kernel arguments that do not describe a valid launch.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("unknown GPU backend {name:?} in {var}: expected a comma-separated list of vulkan, metal, dx12, gl")]
+    UnknownBackend { var: String, name: String },
+
+    #[error("unknown power preference {name:?} in {var}: expected low, high or none")]
+    UnknownPowerPreference { var: String, name: String },
+
+    #[error("no GPU adapter found for backends {backends}{hint}")]
+    NoAdapter { backends: String, hint: String },
+
+    #[error("no GPU adapter name contains {wanted:?} (from {var}); adapters found: {}", list_or_none(.available))]
+    AdapterNotFound {
+        var: String,
+        wanted: String,
+        available: Vec<String>,
+    },
+
+    #[error("creating a device on {adapter} failed: {message}")]
+    RequestDevice { adapter: String, message: String },
+
+    #[error("GPU validation error while {context}: {message}")]
+    Validation { context: String, message: String },
+
+    #[error("GPU out of memory while {context}")]
+    OutOfMemory { context: String },
+
+    #[error("GPU internal error while {context}: {message}")]
+    Internal { context: String, message: String },
+
+    #[error("the GPU device was lost: {0}")]
+    DeviceLost(String),
+
+    #[error("{what} needs {needed} bytes but the adapter allows at most {limit} bytes")]
+    TooLarge {
+        what: String,
+        needed: u64,
+        limit: u64,
+    },
+
+    #[error("invalid arguments to {kernel}: {message}")]
+    InvalidArgument {
+        kernel: &'static str,
+        message: String,
+    },
+
+    #[error("reading a buffer back from the GPU failed: {0}")]
+    Readback(String),
+}
+
+fn list_or_none(names: &[String]) -> String {
+    if names.is_empty() {
+        "none".to_string()
+    } else {
+        names.join("; ")
+    }
+}
+
+impl GpuError {
+    /// Shorthand for an [`GpuError::InvalidArgument`] raised by a kernel launcher.
+    pub fn invalid(kernel: &'static str, message: impl Into<String>) -> Self {
+        GpuError::InvalidArgument {
+            kernel,
+            message: message.into(),
+        }
+    }
+}
+
+pub type Result<T, E = GpuError> = std::result::Result<T, E>;

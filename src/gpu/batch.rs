@@ -1,0 +1,168 @@
+//! A batch of GPU work recorded into one command encoder and submitted once. Kernel
+//! launchers append dispatches to a batch; the engine submits one batch per step.
+
+use super::{GpuContext, KernelSource};
+use crate::error::{GpuError, Result};
+use wgpu::util::DeviceExt;
+
+/// A storage binding: a whole buffer or a byte range of one.
+#[derive(Clone, Copy, Debug)]
+pub enum Bind<'a> {
+    Whole(&'a wgpu::Buffer),
+    Range {
+        buffer: &'a wgpu::Buffer,
+        offset: u64,
+        size: u64,
+    },
+}
+
+impl<'a> From<&'a wgpu::Buffer> for Bind<'a> {
+    fn from(b: &'a wgpu::Buffer) -> Self {
+        Bind::Whole(b)
+    }
+}
+
+impl Bind<'_> {
+    fn resource(&self) -> wgpu::BindingResource<'_> {
+        match *self {
+            Bind::Whole(b) => b.as_entire_binding(),
+            Bind::Range {
+                buffer,
+                offset,
+                size,
+            } => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer,
+                offset,
+                size: wgpu::BufferSize::new(size),
+            }),
+        }
+    }
+}
+
+/// Recorded GPU work not yet submitted.
+pub struct Batch<'c> {
+    ctx: &'c GpuContext,
+    encoder: Option<wgpu::CommandEncoder>,
+    dispatches: usize,
+}
+
+impl<'c> Batch<'c> {
+    pub fn new(ctx: &'c GpuContext, label: &str) -> Self {
+        let encoder = ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
+        Batch {
+            ctx,
+            encoder: Some(encoder),
+            dispatches: 0,
+        }
+    }
+
+    pub fn ctx(&self) -> &'c GpuContext {
+        self.ctx
+    }
+
+    /// Number of compute dispatches recorded so far.
+    pub fn dispatch_count(&self) -> usize {
+        self.dispatches
+    }
+
+    fn encoder(&mut self) -> &mut wgpu::CommandEncoder {
+        self.encoder
+            .get_or_insert_with(|| self.ctx.device.create_command_encoder(&Default::default()))
+    }
+
+    /// Records one dispatch of `kernel`. Binding 0 is the uniform `params`; `storage` fills
+    /// bindings 1, 2, ... in order. `groups` is the workgroup grid.
+    pub fn dispatch<P: bytemuck::Pod>(
+        &mut self,
+        kernel: KernelSource,
+        constants: &[(&'static str, f64)],
+        params: &P,
+        storage: &[Bind<'_>],
+        groups: [u32; 3],
+    ) -> Result<()> {
+        let max = self.ctx.limits.max_compute_workgroups_per_dimension;
+        if groups.iter().any(|&g| g > max) {
+            return Err(GpuError::invalid(
+                kernel.name,
+                format!("workgroup grid {groups:?} exceeds the adapter's {max} per dimension"),
+            ));
+        }
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        let pipeline = self.ctx.pipeline(kernel, constants)?;
+        let ctx = self.ctx;
+        let bind_group = ctx.scoped(&format!("binding arguments of {}", kernel.name), || {
+            let uniform = ctx
+                .device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some(kernel.name),
+                    contents: bytemuck::bytes_of(params),
+                    usage: wgpu::BufferUsages::UNIFORM,
+                });
+            let mut entries = vec![wgpu::BindGroupEntry {
+                binding: 0,
+                resource: uniform.as_entire_binding(),
+            }];
+            for (i, b) in storage.iter().enumerate() {
+                entries.push(wgpu::BindGroupEntry {
+                    binding: i as u32 + 1,
+                    resource: b.resource(),
+                });
+            }
+            ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(kernel.name),
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &entries,
+            })
+        })?;
+        let mut pass = self.encoder().begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(kernel.name),
+            timestamp_writes: None,
+        });
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        drop(pass);
+        self.dispatches += 1;
+        Ok(())
+    }
+
+    /// Records a buffer-to-buffer copy (distinct buffers only, as wgpu requires).
+    pub fn copy(
+        &mut self,
+        src: &wgpu::Buffer,
+        src_offset: u64,
+        dst: &wgpu::Buffer,
+        dst_offset: u64,
+        bytes: u64,
+    ) {
+        self.encoder()
+            .copy_buffer_to_buffer(src, src_offset, dst, dst_offset, bytes);
+    }
+
+    /// Submits everything recorded, once.
+    pub fn submit(mut self) -> Result<wgpu::SubmissionIndex> {
+        let ctx = self.ctx;
+        let encoder = self.encoder.take();
+        ctx.scoped("submitting GPU work", || {
+            encoder.map(|e| ctx.queue.submit([e.finish()]))
+        })?
+        .ok_or_else(|| GpuError::Internal {
+            context: "submitting GPU work".into(),
+            message: "batch already submitted".into(),
+        })
+    }
+}
+
+/// Splits `n` workgroups into an (x, y) grid under the per-dimension limit; kernels that use
+/// it recover the linear index as `wg.y * num_workgroups.x + wg.x` and skip the overhang.
+pub fn grid_2d(n: u32, max_per_dim: u32) -> [u32; 3] {
+    if n <= max_per_dim {
+        [n, 1, 1]
+    } else {
+        [max_per_dim, n.div_ceil(max_per_dim), 1]
+    }
+}

@@ -1,0 +1,259 @@
+//! The GPU context: one adapter, device and queue, either created here or handed over by a
+//! host application that already renders with wgpu on its own device.
+//!
+//! Devices are requested with the adapter's real limits (not wgpu's conservative defaults),
+//! since the KV pool and large weights need every byte of binding size the hardware allows.
+//! wgpu errors are caught with error scopes around each fallible step and returned as
+//! [`GpuError`]s; on a device created here, errors nobody captured are recorded rather than
+//! panicking, and a lost device is reported on the next call.
+
+use super::pipeline::PipelineCache;
+use super::select::{choose_adapter, no_adapter, AdapterRequest, AdapterSummary};
+use crate::error::{GpuError, Result};
+use std::sync::{Arc, Mutex};
+
+/// Optional capabilities that kernels may use when present.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    pub shader_f16: bool,
+    pub subgroups: bool,
+    pub timestamp_query: bool,
+}
+
+impl Capabilities {
+    fn of(features: wgpu::Features) -> Self {
+        Capabilities {
+            shader_f16: features.contains(wgpu::Features::SHADER_F16),
+            subgroups: features.contains(wgpu::Features::SUBGROUP),
+            timestamp_query: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+        }
+    }
+
+    fn features(self) -> wgpu::Features {
+        let mut f = wgpu::Features::empty();
+        f.set(wgpu::Features::SHADER_F16, self.shader_f16);
+        f.set(wgpu::Features::SUBGROUP, self.subgroups);
+        f.set(wgpu::Features::TIMESTAMP_QUERY, self.timestamp_query);
+        f
+    }
+}
+
+/// A description of one adapter, for `pagellm devices` and for logs.
+#[derive(Clone, Debug)]
+pub struct AdapterReport {
+    pub info: wgpu::AdapterInfo,
+    pub limits: wgpu::Limits,
+    pub caps: Capabilities,
+}
+
+/// Lists every adapter the enabled backends can see.
+pub fn enumerate_adapters(backends: wgpu::Backends) -> Vec<AdapterReport> {
+    let instance = new_instance(backends);
+    pollster::block_on(instance.enumerate_adapters(backends))
+        .into_iter()
+        .map(|a| AdapterReport {
+            info: a.get_info(),
+            limits: a.limits(),
+            caps: Capabilities::of(a.features()),
+        })
+        .collect()
+}
+
+fn new_instance(backends: wgpu::Backends) -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = backends;
+    wgpu::Instance::new(desc)
+}
+
+/// Errors noticed outside any error scope, and device loss, recorded for the next check.
+#[derive(Default)]
+struct Health {
+    lost: Option<String>,
+    uncaptured: Option<String>,
+}
+
+/// A device and queue plus what pagellm needs to know about them. Cheap to share in an
+/// [`Arc`]; every method takes `&self`.
+pub struct GpuContext {
+    pub adapter: wgpu::Adapter,
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub limits: wgpu::Limits,
+    pub caps: Capabilities,
+    health: Arc<Mutex<Health>>,
+    pub(crate) pipelines: PipelineCache,
+}
+
+impl std::fmt::Debug for GpuContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GpuContext({})", self.describe())
+    }
+}
+
+impl GpuContext {
+    /// Creates a context on the adapter chosen by the environment (see [`AdapterRequest`]).
+    pub fn from_env() -> Result<Self> {
+        Self::new(&AdapterRequest::from_env()?)
+    }
+
+    /// Creates an instance, picks an adapter per `req` and opens a device with the adapter's
+    /// full limits and the optional features it has.
+    pub fn new(req: &AdapterRequest) -> Result<Self> {
+        let instance = new_instance(req.backends);
+        let adapters = pollster::block_on(instance.enumerate_adapters(req.backends));
+        let summaries: Vec<AdapterSummary> = adapters
+            .iter()
+            .map(|a| {
+                let i = a.get_info();
+                AdapterSummary {
+                    name: i.name,
+                    backend: i.backend,
+                    device_type: i.device_type,
+                }
+            })
+            .collect();
+        if summaries.is_empty() {
+            return Err(no_adapter(req));
+        }
+        let adapter = adapters
+            .into_iter()
+            .nth(choose_adapter(&summaries, req)?)
+            .ok_or_else(|| no_adapter(req))?;
+        Self::open(adapter)
+    }
+
+    fn open(adapter: wgpu::Adapter) -> Result<Self> {
+        let info = adapter.get_info();
+        let caps = Capabilities::of(adapter.features());
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("pagellm"),
+            required_features: caps.features(),
+            required_limits: adapter.limits(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        };
+        let (device, queue) =
+            pollster::block_on(adapter.request_device(&desc)).map_err(|e| {
+                GpuError::RequestDevice {
+                    adapter: format!("{} ({:?})", info.name, info.backend),
+                    message: e.to_string(),
+                }
+            })?;
+        let health = Arc::new(Mutex::new(Health::default()));
+        {
+            let h = health.clone();
+            device.set_device_lost_callback(move |reason, msg| {
+                if let Ok(mut h) = h.lock() {
+                    h.lost = Some(format!("{reason:?}: {msg}"));
+                }
+            });
+            let h = health.clone();
+            device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                tracing::error!("uncaptured GPU error: {e}");
+                if let Ok(mut h) = h.lock() {
+                    h.uncaptured.get_or_insert_with(|| e.to_string());
+                }
+            }));
+        }
+        Ok(Self::assemble(adapter, device, queue, health))
+    }
+
+    /// Wraps a device that a host application already owns. pagellm uses the device's own
+    /// limits and features and leaves its error and device-lost handlers alone: errors from
+    /// pagellm's work are caught by error scopes and returned from the call that caused them.
+    pub fn from_existing(adapter: wgpu::Adapter, device: wgpu::Device, queue: wgpu::Queue) -> Self {
+        Self::assemble(adapter, device, queue, Arc::new(Mutex::new(Health::default())))
+    }
+
+    fn assemble(
+        adapter: wgpu::Adapter,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        health: Arc<Mutex<Health>>,
+    ) -> Self {
+        GpuContext {
+            info: adapter.get_info(),
+            limits: device.limits(),
+            caps: Capabilities::of(device.features()),
+            adapter,
+            device,
+            queue,
+            health,
+            pipelines: PipelineCache::default(),
+        }
+    }
+
+    /// "name (Backend, DeviceType)".
+    pub fn describe(&self) -> String {
+        format!(
+            "{} ({:?}, {:?})",
+            self.info.name, self.info.backend, self.info.device_type
+        )
+    }
+
+    /// The largest range of one buffer that a single storage binding may cover.
+    pub fn max_binding_bytes(&self) -> u64 {
+        self.limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size)
+    }
+
+    /// Fails if the device was lost or an error escaped every error scope since the last check.
+    pub fn check_health(&self) -> Result<()> {
+        let mut h = self.health.lock().map_err(|_| GpuError::DeviceLost("poisoned".into()))?;
+        if let Some(lost) = &h.lost {
+            return Err(GpuError::DeviceLost(lost.clone()));
+        }
+        if let Some(msg) = h.uncaptured.take() {
+            return Err(GpuError::Validation {
+                context: "earlier GPU work".into(),
+                message: msg,
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs `f` inside validation and out-of-memory error scopes and turns what they caught
+    /// into a [`GpuError`] naming `context`.
+    pub fn scoped<R>(&self, context: &str, f: impl FnOnce() -> R) -> Result<R> {
+        self.check_health()?;
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let out = f();
+        let val = pollster::block_on(val.pop());
+        let oom = pollster::block_on(oom.pop());
+        if let Some(e) = oom {
+            return Err(map_error(context, e));
+        }
+        if let Some(e) = val {
+            return Err(map_error(context, e));
+        }
+        Ok(out)
+    }
+
+    /// Blocks until all submitted work is done.
+    pub fn wait(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| GpuError::DeviceLost(e.to_string()))?;
+        self.check_health()
+    }
+}
+
+fn map_error(context: &str, e: wgpu::Error) -> GpuError {
+    match e {
+        wgpu::Error::OutOfMemory { .. } => GpuError::OutOfMemory {
+            context: context.to_string(),
+        },
+        wgpu::Error::Validation { description, .. } => GpuError::Validation {
+            context: context.to_string(),
+            message: description,
+        },
+        wgpu::Error::Internal { description, .. } => GpuError::Internal {
+            context: context.to_string(),
+            message: description,
+        },
+    }
+}

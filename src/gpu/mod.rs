@@ -1,0 +1,14 @@
+//! The GPU layer: context creation or adoption, pipelines, buffers, command batches.
+
+mod batch;
+mod buffer;
+mod context;
+mod pipeline;
+pub mod select;
+
+pub use batch::{grid_2d, Batch, Bind};
+pub use buffer::STORAGE;
+pub use context::{enumerate_adapters, AdapterReport, Capabilities, GpuContext};
+pub use pipeline::{KernelSource, PRELUDE};
+pub use select::AdapterRequest;
+pub use wgpu::AdapterInfo;

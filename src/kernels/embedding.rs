@@ -1,0 +1,49 @@
+//! Launcher for `shaders/embedding.wgsl`: token ids to hidden vectors.
+
+use super::{check_len, groups, params, Weight, EMBEDDING};
+use crate::error::{GpuError, Result};
+use crate::gpu::Batch;
+
+params!(EmbeddingParams for EMBEDDING {
+    num_tokens: u32,
+    hidden: u32,
+    row_offset: u32,
+    num_rows: u32,
+});
+
+/// out[t, :] = table[ids[t], :] for `num_tokens` ids (`ids`: [num_tokens] u32, `out`:
+/// [num_tokens, hidden] f32). Ids must have been checked against the vocabulary by the
+/// caller; an id outside the table leaves its output row untouched.
+pub fn embedding(
+    batch: &mut Batch,
+    table: &Weight,
+    ids: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    num_tokens: usize,
+) -> Result<()> {
+    const K: &str = "embedding";
+    if num_tokens == 0 {
+        return Ok(());
+    }
+    check_len(K, "ids", ids, num_tokens)?;
+    check_len(K, "out", out, num_tokens * table.cols)?;
+    if num_tokens > batch.ctx().limits.max_compute_workgroups_per_dimension as usize {
+        return Err(GpuError::invalid(K, format!("{num_tokens} tokens in one call")));
+    }
+    for chunk in &table.chunks {
+        let p = EmbeddingParams {
+            num_tokens: num_tokens as u32,
+            hidden: table.cols as u32,
+            row_offset: chunk.first_row as u32,
+            num_rows: chunk.rows as u32,
+        };
+        batch.dispatch(
+            EMBEDDING,
+            &[("WEIGHT_DTYPE", table.dtype.code())],
+            &p,
+            &[ids.into(), (&chunk.buffer).into(), out.into()],
+            [groups(table.cols, 256), num_tokens as u32, 1],
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,110 @@
+//! WGSL kernels and their typed launchers, one file per kernel (`shaders/<name>.wgsl`, entry
+//! point `<name>`). Launchers validate their arguments, fill the kernel's uniform `Params`
+//! (a `#[repr(C)]` mirror of the WGSL struct, checked by a test) and record a dispatch
+//! into a [`Batch`](crate::gpu::Batch). They never submit or wait.
+
+pub mod add;
+pub mod copy_blocks;
+pub mod embedding;
+pub mod logits;
+pub mod matmul;
+pub mod paged_attention;
+pub mod reshape_and_cache;
+pub mod rms_norm;
+pub mod rope;
+pub mod silu_mul;
+mod weight;
+
+pub use weight::{Weight, WeightDtype};
+
+use crate::gpu::KernelSource;
+
+macro_rules! kernel {
+    ($const_name:ident, $name:literal) => {
+        pub const $const_name: KernelSource = KernelSource {
+            name: $name,
+            body: include_str!(concat!("../../shaders/", $name, ".wgsl")),
+        };
+    };
+}
+
+kernel!(EMBEDDING, "embedding");
+kernel!(RMS_NORM, "rms_norm");
+kernel!(MATMUL, "matmul");
+kernel!(MATVEC, "matvec");
+kernel!(ROPE, "rope");
+kernel!(SILU_MUL, "silu_mul");
+kernel!(ADD, "add");
+kernel!(RESHAPE_AND_CACHE, "reshape_and_cache");
+kernel!(PAGED_ATTENTION, "paged_attention");
+kernel!(PAGED_ATTENTION_REDUCE, "paged_attention_reduce");
+kernel!(COPY_BLOCKS, "copy_blocks");
+kernel!(GATHER_ROWS, "gather_rows");
+kernel!(ARGMAX, "argmax");
+
+/// Every kernel, for tests that check all shaders (translation, uniform layouts).
+pub const ALL: &[KernelSource] = &[
+    EMBEDDING,
+    RMS_NORM,
+    MATMUL,
+    MATVEC,
+    ROPE,
+    SILU_MUL,
+    ADD,
+    RESHAPE_AND_CACHE,
+    PAGED_ATTENTION,
+    PAGED_ATTENTION_REDUCE,
+    COPY_BLOCKS,
+    GATHER_ROWS,
+    ARGMAX,
+];
+
+/// A uniform parameter block shared with a WGSL kernel: the Rust mirror of its `Params`.
+pub trait KernelParams: bytemuck::Pod {
+    const KERNEL: KernelSource;
+    /// (field name, byte offset) of every field, in declaration order.
+    fn fields() -> Vec<(&'static str, usize)>;
+}
+
+/// Declares a `#[repr(C)]` params struct of u32/f32 fields and its [`KernelParams`] impl.
+macro_rules! params {
+    ($(#[$meta:meta])* $name:ident for $kernel:path { $($field:ident : $ty:ty),* $(,)? }) => {
+        $(#[$meta])*
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+        pub struct $name { $(pub $field: $ty),* }
+
+        impl $crate::kernels::KernelParams for $name {
+            const KERNEL: $crate::gpu::KernelSource = $kernel;
+            fn fields() -> Vec<(&'static str, usize)> {
+                vec![$((stringify!($field), std::mem::offset_of!($name, $field))),*]
+            }
+        }
+    };
+}
+pub(crate) use params;
+
+/// Workgroups needed to cover `n` items with `per_group` per workgroup.
+pub(crate) fn groups(n: usize, per_group: usize) -> u32 {
+    n.div_ceil(per_group) as u32
+}
+
+/// Checks that `buffer` holds at least `elems` 4-byte elements.
+pub(crate) fn check_len(
+    kernel: &'static str,
+    what: &str,
+    buffer: &wgpu::Buffer,
+    elems: usize,
+) -> crate::error::Result<()> {
+    let need = elems as u64 * 4;
+    if buffer.size() < need {
+        return Err(crate::error::GpuError::invalid(
+            kernel,
+            format!(
+                "{what} holds {} bytes but {need} are needed",
+                buffer.size()
+            ),
+        ));
+    }
+    Ok(())
+}

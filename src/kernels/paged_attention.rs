@@ -1,0 +1,225 @@
+//! Launcher for `shaders/paged_attention.wgsl` (and its shard merge,
+//! `shaders/paged_attention_reduce.wgsl`), plus the host-side metadata of a flat batch:
+//! which sequence and position each query token has, the block tables, and the slots the
+//! step's new K/V go to.
+
+use super::{check_len, params, PAGED_ATTENTION, PAGED_ATTENTION_REDUCE};
+use crate::error::{GpuError, Result};
+use crate::gpu::{Batch, GpuContext};
+use crate::pool::KvPool;
+
+params!(PagedAttentionParams for PAGED_ATTENTION {
+    num_tokens: u32,
+    num_heads: u32,
+    num_kv_heads: u32,
+    head_dim: u32,
+    block_size: u32,
+    max_blocks_per_seq: u32,
+    shard_first_block: u32,
+    shard_num_blocks: u32,
+    scale: f32,
+    num_shards: u32,
+    shard_index: u32,
+    _pad: u32,
+});
+
+params!(PagedAttentionReduceParams for PAGED_ATTENTION_REDUCE {
+    num_tokens: u32,
+    num_heads: u32,
+    head_dim: u32,
+    num_shards: u32,
+});
+
+/// Largest head size the attention kernel holds in workgroup memory.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// One sequence's share of a flat batch: its `query_len` newest tokens are computed this
+/// step, and after the step its cache holds `context_len` tokens, reachable through
+/// `block_table` (physical block ids, logical order).
+#[derive(Clone, Copy, Debug)]
+pub struct SeqSlice<'a> {
+    pub query_len: usize,
+    pub context_len: usize,
+    pub block_table: &'a [u32],
+}
+
+/// Host-side metadata of a flat batch of query tokens.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AttentionMetadata {
+    pub num_tokens: usize,
+    pub num_seqs: usize,
+    pub max_blocks_per_seq: usize,
+    /// Offset of each sequence's first query token; `num_seqs + 1` entries.
+    pub query_start: Vec<u32>,
+    /// `[num_tokens]` (sequence index, position).
+    pub token_pos: Vec<[u32; 2]>,
+    /// `[num_seqs, max_blocks_per_seq]`, padded with 0.
+    pub block_tables: Vec<u32>,
+    /// `[num_tokens]` slot of each token's new K/V.
+    pub slot_mapping: Vec<i32>,
+    /// `[num_tokens]` position of each token (for RoPE).
+    pub positions: Vec<u32>,
+}
+
+impl AttentionMetadata {
+    /// Lays out `seqs` back to back. Fails when a sequence's query is longer than its
+    /// context, or its table is too short for its context.
+    pub fn build(seqs: &[SeqSlice<'_>], block_size: usize) -> Result<Self> {
+        const K: &str = "paged_attention metadata";
+        let max_blocks = seqs
+            .iter()
+            .map(|s| s.context_len.div_ceil(block_size))
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let mut m = AttentionMetadata {
+            num_seqs: seqs.len(),
+            max_blocks_per_seq: max_blocks,
+            query_start: vec![0],
+            block_tables: vec![0; seqs.len() * max_blocks],
+            ..Default::default()
+        };
+        for (i, s) in seqs.iter().enumerate() {
+            if s.query_len == 0 || s.query_len > s.context_len {
+                return Err(GpuError::invalid(
+                    K,
+                    format!("sequence {i}: query of {} tokens, context of {}", s.query_len, s.context_len),
+                ));
+            }
+            let needed = s.context_len.div_ceil(block_size);
+            if s.block_table.len() < needed {
+                return Err(GpuError::invalid(
+                    K,
+                    format!(
+                        "sequence {i}: {} blocks for {} tokens of block size {block_size}",
+                        s.block_table.len(),
+                        s.context_len
+                    ),
+                ));
+            }
+            m.block_tables[i * max_blocks..i * max_blocks + needed]
+                .copy_from_slice(&s.block_table[..needed]);
+            for pos in s.context_len - s.query_len..s.context_len {
+                let block = s.block_table[pos / block_size] as usize;
+                m.token_pos.push([i as u32, pos as u32]);
+                m.positions.push(pos as u32);
+                m.slot_mapping.push((block * block_size + pos % block_size) as i32);
+            }
+            m.num_tokens += s.query_len;
+            m.query_start.push(m.num_tokens as u32);
+        }
+        Ok(m)
+    }
+
+    pub fn upload(&self, ctx: &GpuContext) -> Result<AttentionBuffers> {
+        Ok(AttentionBuffers {
+            num_tokens: self.num_tokens,
+            max_blocks_per_seq: self.max_blocks_per_seq,
+            token_pos: ctx.upload("token_pos", &self.token_pos)?,
+            block_tables: ctx.upload("block_tables", &self.block_tables)?,
+            slot_mapping: ctx.upload("slot_mapping", &self.slot_mapping)?,
+            positions: ctx.upload("positions", &self.positions)?,
+        })
+    }
+}
+
+/// [`AttentionMetadata`] on the GPU.
+#[derive(Debug)]
+pub struct AttentionBuffers {
+    pub num_tokens: usize,
+    pub max_blocks_per_seq: usize,
+    pub token_pos: wgpu::Buffer,
+    pub block_tables: wgpu::Buffer,
+    pub slot_mapping: wgpu::Buffer,
+    pub positions: wgpu::Buffer,
+}
+
+/// out[t, h, :] = softmax(q[t, h] · K[seq(t), :pos(t)+1]ᵀ · scale) · V[...] for every query
+/// token, with K/V of layer `layer` read from the pool through the block tables.
+/// `q`, `out`: `[num_tokens, num_heads, head_dim]` f32.
+pub fn paged_attention(
+    batch: &mut Batch,
+    pool: &KvPool,
+    layer: usize,
+    meta: &AttentionBuffers,
+    q: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    num_heads: usize,
+    scale: f32,
+) -> Result<()> {
+    const K: &str = "paged_attention";
+    let l = pool.layout;
+    let t = meta.num_tokens;
+    if layer >= l.num_layers {
+        return Err(GpuError::invalid(K, format!("layer {layer} of {}", l.num_layers)));
+    }
+    if num_heads == 0 || num_heads % l.num_kv_heads != 0 {
+        return Err(GpuError::invalid(
+            K,
+            format!("{num_heads} query heads is not a multiple of {} KV heads", l.num_kv_heads),
+        ));
+    }
+    if l.head_dim > MAX_HEAD_DIM {
+        return Err(GpuError::invalid(K, format!("head_dim {} > {MAX_HEAD_DIM}", l.head_dim)));
+    }
+    if t == 0 {
+        return Ok(());
+    }
+    check_len(K, "q", q, t * num_heads * l.head_dim)?;
+    check_len(K, "out", out, t * num_heads * l.head_dim)?;
+    check_len(K, "token_pos", &meta.token_pos, 2 * t)?;
+    let shards = pool.num_shards();
+    let partial = if shards > 1 {
+        let bytes = (shards * t * num_heads * (l.head_dim + 2) * 4) as u64;
+        Some(batch.ctx().storage_buffer("attention partials", bytes)?)
+    } else {
+        None
+    };
+    let target = partial.as_ref().unwrap_or(out);
+    for shard in 0..shards {
+        let (first, count) = pool.shard_range(shard);
+        let p = PagedAttentionParams {
+            num_tokens: t as u32,
+            num_heads: num_heads as u32,
+            num_kv_heads: l.num_kv_heads as u32,
+            head_dim: l.head_dim as u32,
+            block_size: l.block_size as u32,
+            max_blocks_per_seq: meta.max_blocks_per_seq as u32,
+            shard_first_block: first as u32,
+            shard_num_blocks: count as u32,
+            scale,
+            num_shards: shards as u32,
+            shard_index: shard as u32,
+            _pad: 0,
+        };
+        batch.dispatch(
+            PAGED_ATTENTION,
+            &[("KV_DTYPE", l.dtype.code())],
+            &p,
+            &[
+                q.into(),
+                pool.slab(layer, shard),
+                (&meta.block_tables).into(),
+                (&meta.token_pos).into(),
+                target.into(),
+            ],
+            [num_heads as u32, t as u32, 1],
+        )?;
+    }
+    if let Some(partial) = &partial {
+        let p = PagedAttentionReduceParams {
+            num_tokens: t as u32,
+            num_heads: num_heads as u32,
+            head_dim: l.head_dim as u32,
+            num_shards: shards as u32,
+        };
+        batch.dispatch(
+            PAGED_ATTENTION_REDUCE,
+            &[],
+            &p,
+            &[partial.into(), out.into()],
+            [num_heads as u32, t as u32, 1],
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,241 @@
+//! GPU storage of the paged KV cache: the pool of fixed-size blocks for every layer.
+//!
+//! Logical layout per layer, as in DESIGN.md: K and V each `[num_blocks, num_kv_heads,
+//! block_size, head_dim]`, f16 (packed two per u32) by default or f32. Physically the pool
+//! is a grid of buffers ("arenas"): blocks are split into shards so that one layer's K and V
+//! for a shard fit one storage binding, and consecutive layers share an arena when they fit
+//! together, so that `copy_blocks` can serve every layer of an arena in one dispatch. An
+//! arena of shard `s` holding layers `l0..l1` is laid out `[l1 - l0, 2 (K, V),
+//! shard_blocks(s), num_kv_heads, block_size, head_dim]`; the `[2, shard_blocks, ...]` part
+//! of one layer is that layer's "slab", which attention and reshape_and_cache bind.
+
+use crate::error::{GpuError, Result};
+use crate::gpu::{Bind, GpuContext};
+
+/// Precision of the KV pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum KvDtype {
+    #[default]
+    F16,
+    F32,
+}
+
+impl KvDtype {
+    /// Value of the kernels' `KV_DTYPE` override (DTYPE_F32 = 0, DTYPE_F16 = 1).
+    pub fn code(self) -> f64 {
+        match self {
+            KvDtype::F32 => 0.0,
+            KvDtype::F16 => 1.0,
+        }
+    }
+
+    pub fn bytes(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+}
+
+/// Shape of the cache: what one block holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvLayout {
+    pub num_layers: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    pub dtype: KvDtype,
+}
+
+impl KvLayout {
+    /// Bytes of one block of one layer's K (or V).
+    pub fn block_bytes(&self) -> u64 {
+        (self.num_kv_heads * self.block_size * self.head_dim * self.dtype.bytes()) as u64
+    }
+
+    /// Bytes one block costs across all layers, K and V.
+    pub fn block_bytes_all_layers(&self) -> u64 {
+        self.block_bytes() * 2 * self.num_layers as u64
+    }
+
+    /// u32 words of one token row (one KV head) in the pool.
+    pub fn row_words(&self) -> usize {
+        self.head_dim * self.dtype.bytes() / 4
+    }
+}
+
+/// How big the pool should be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolSize {
+    Blocks(usize),
+    /// As many blocks as fit in this many bytes (all layers, K and V).
+    Bytes(u64),
+}
+
+/// The KV pool's buffers.
+#[derive(Debug)]
+pub struct KvPool {
+    pub layout: KvLayout,
+    pub num_blocks: usize,
+    /// Blocks per shard (the last shard may hold fewer).
+    pub blocks_per_shard: usize,
+    /// Layers per arena (the last group may hold fewer).
+    pub layers_per_arena: usize,
+    /// Arenas indexed `[shard * num_groups + group]`.
+    arenas: Vec<wgpu::Buffer>,
+}
+
+impl KvPool {
+    pub fn new(ctx: &GpuContext, layout: KvLayout, size: PoolSize) -> Result<Self> {
+        Self::with_arena_limit(ctx, layout, size, ctx.max_binding_bytes())
+    }
+
+    /// Like [`Self::new`] with an explicit cap on one arena's bytes (tests use a small cap to
+    /// exercise sharding on adapters whose real limit is large).
+    pub fn with_arena_limit(
+        ctx: &GpuContext,
+        layout: KvLayout,
+        size: PoolSize,
+        max_arena_bytes: u64,
+    ) -> Result<Self> {
+        if layout.num_layers == 0 || layout.num_kv_heads == 0 || layout.block_size == 0 {
+            return Err(GpuError::invalid("kv pool", format!("empty layout {layout:?}")));
+        }
+        if layout.head_dim % 2 != 0 {
+            return Err(GpuError::invalid(
+                "kv pool",
+                format!("head_dim {} must be even", layout.head_dim),
+            ));
+        }
+        let num_blocks = match size {
+            PoolSize::Blocks(n) => n,
+            PoolSize::Bytes(b) => (b / layout.block_bytes_all_layers()) as usize,
+        };
+        if num_blocks == 0 {
+            return Err(GpuError::TooLarge {
+                what: "one KV block for every layer".into(),
+                needed: layout.block_bytes_all_layers(),
+                limit: match size {
+                    PoolSize::Bytes(b) => b,
+                    PoolSize::Blocks(_) => 0,
+                },
+            });
+        }
+        let block = layout.block_bytes();
+        let max_arena = max_arena_bytes.min(ctx.limits.max_buffer_size);
+        let max_blocks_per_slab = (max_arena / (2 * block)) as usize;
+        if max_blocks_per_slab == 0 {
+            return Err(GpuError::TooLarge {
+                what: "one KV block (K and V) of one layer".into(),
+                needed: 2 * block,
+                limit: max_arena,
+            });
+        }
+        let blocks_per_shard = num_blocks.min(max_blocks_per_slab);
+        let slab_bytes = 2 * block * blocks_per_shard as u64;
+        let align = ctx.limits.min_storage_buffer_offset_alignment as u64;
+        let layers_per_arena = if slab_bytes % align == 0 {
+            ((max_arena / slab_bytes) as usize).clamp(1, layout.num_layers)
+        } else {
+            1
+        };
+        let num_shards = num_blocks.div_ceil(blocks_per_shard);
+        let num_groups = layout.num_layers.div_ceil(layers_per_arena);
+        let mut pool = KvPool {
+            layout,
+            num_blocks,
+            blocks_per_shard,
+            layers_per_arena,
+            arenas: Vec::with_capacity(num_shards * num_groups),
+        };
+        for s in 0..num_shards {
+            for g in 0..num_groups {
+                let bytes = pool.group_layers(g).len() as u64 * pool.slab_bytes(s);
+                let buf = ctx.storage_buffer(&format!("kv pool shard {s} layers group {g}"), bytes)?;
+                pool.arenas.push(buf);
+            }
+        }
+        Ok(pool)
+    }
+
+    pub fn num_shards(&self) -> usize {
+        self.num_blocks.div_ceil(self.blocks_per_shard)
+    }
+
+    pub fn num_groups(&self) -> usize {
+        self.layout.num_layers.div_ceil(self.layers_per_arena)
+    }
+
+    /// Total bytes of GPU memory the pool holds.
+    pub fn total_bytes(&self) -> u64 {
+        self.arenas.iter().map(|a| a.size()).sum()
+    }
+
+    /// (first global block id, block count) of shard `s`.
+    pub fn shard_range(&self, s: usize) -> (usize, usize) {
+        let first = s * self.blocks_per_shard;
+        (first, self.blocks_per_shard.min(self.num_blocks - first))
+    }
+
+    /// (shard, local index) of a global block id.
+    pub fn locate(&self, block: usize) -> (usize, usize) {
+        (block / self.blocks_per_shard, block % self.blocks_per_shard)
+    }
+
+    /// Layers held by layer group `g`.
+    pub fn group_layers(&self, g: usize) -> std::ops::Range<usize> {
+        let start = g * self.layers_per_arena;
+        start..(start + self.layers_per_arena).min(self.layout.num_layers)
+    }
+
+    fn slab_bytes(&self, shard: usize) -> u64 {
+        2 * self.layout.block_bytes() * self.shard_range(shard).1 as u64
+    }
+
+    /// The arena of (shard, layer group).
+    pub fn arena(&self, shard: usize, group: usize) -> &wgpu::Buffer {
+        &self.arenas[shard * self.num_groups() + group]
+    }
+
+    /// (buffer, byte offset, byte size) of layer `layer`'s slab in shard `shard`.
+    fn slab_parts(&self, layer: usize, shard: usize) -> (&wgpu::Buffer, u64, u64) {
+        let group = layer / self.layers_per_arena;
+        let slab = self.slab_bytes(shard);
+        let offset = (layer - group * self.layers_per_arena) as u64 * slab;
+        (self.arena(shard, group), offset, slab)
+    }
+
+    /// The binding of layer `layer`'s K and V for shard `shard`:
+    /// `[2, shard_blocks, num_kv_heads, block_size, head_dim]`.
+    pub fn slab(&self, layer: usize, shard: usize) -> Bind<'_> {
+        let (buffer, offset, size) = self.slab_parts(layer, shard);
+        Bind::Range {
+            buffer,
+            offset,
+            size,
+        }
+    }
+
+    /// Where block `block` of layer `layer` lives: (buffer, byte offset of its K part, byte
+    /// offset of its V part). Each part is [`KvLayout::block_bytes`] long.
+    pub fn block_location(&self, layer: usize, block: usize) -> (&wgpu::Buffer, u64, u64) {
+        let (shard, local) = self.locate(block);
+        let (buffer, offset, _) = self.slab_parts(layer, shard);
+        let bb = self.layout.block_bytes();
+        let k = offset + local as u64 * bb;
+        let v = offset + (self.shard_range(shard).1 + local) as u64 * bb;
+        (buffer, k, v)
+    }
+
+    /// Reads one block back for every layer: `[num_layers, 2, num_kv_heads, block_size,
+    /// head_dim]` in the pool's storage format. For tests and debugging; waits for the GPU.
+    pub fn read_block(&self, ctx: &GpuContext, block: usize) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        for layer in 0..self.layout.num_layers {
+            let (buf, k, v) = self.block_location(layer, block);
+            out.extend(ctx.read_bytes(buf, k, self.layout.block_bytes())?);
+            out.extend(ctx.read_bytes(buf, v, self.layout.block_bytes())?);
+        }
+        Ok(out)
+    }
+}

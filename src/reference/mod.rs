@@ -1,0 +1,152 @@
+//! Plain-Rust reference versions of the kernels: simple loops in f32 (f64 where accuracy
+//! matters), written from the definitions rather than from the shaders. Tests compare the
+//! GPU against these; later the reference forward pass is built from them.
+//!
+//! Shapes follow the kernels: activations row-major `[rows, cols]`, weights Hugging Face
+//! `[out, in]`.
+
+/// out[t] = table[ids[t]].
+pub fn embedding(table: &[f32], hidden: usize, ids: &[u32]) -> Vec<f32> {
+    ids.iter()
+        .flat_map(|&id| table[id as usize * hidden..(id as usize + 1) * hidden].iter().copied())
+        .collect()
+}
+
+/// Row-wise RMSNorm, accumulated in f64.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
+    let h = weight.len();
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks(h) {
+        let ms = row.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / h as f64;
+        let inv = 1.0 / (ms + eps as f64).sqrt();
+        out.extend(row.iter().zip(weight).map(|(&v, &w)| ((v as f64 * inv) as f32) * w));
+    }
+    out
+}
+
+/// y = x · wᵀ + bias, accumulated in f64. x: [m, k], w: [n, k], y: [m, n].
+pub fn matmul(x: &[f32], w: &[f32], bias: Option<&[f32]>, m: usize, n: usize, k: usize) -> Vec<f32> {
+    let mut y = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = 0.0f64;
+            for kk in 0..k {
+                acc += x[i * k + kk] as f64 * w[j * k + kk] as f64;
+            }
+            y[i * n + j] = acc as f32 + bias.map_or(0.0, |b| b[j]);
+        }
+    }
+    y
+}
+
+/// Rotates one head vector in place in the Hugging Face layout (element i pairs with
+/// i + d/2) by angles `pos * inv_freq[i]`, computed in f64.
+pub fn rope_head(x: &mut [f32], pos: usize, inv_freq: &[f64]) {
+    let half = x.len() / 2;
+    for i in 0..half {
+        let angle = pos as f64 * inv_freq[i];
+        let (s, c) = angle.sin_cos();
+        let (x1, x2) = (x[i] as f64, x[i + half] as f64);
+        x[i] = (x1 * c - x2 * s) as f32;
+        x[i + half] = (x2 * c + x1 * s) as f32;
+    }
+}
+
+/// Inverse frequencies theta^(-2i/d), in f64, without scaling.
+pub fn inv_freq(head_dim: usize, theta: f64) -> Vec<f64> {
+    (0..head_dim / 2)
+        .map(|i| theta.powf(-((2 * i) as f64) / head_dim as f64))
+        .collect()
+}
+
+/// silu(gate) * up.
+pub fn silu_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
+    gate.iter()
+        .zip(up)
+        .map(|(&g, &u)| ((g as f64 / (1.0 + (-g as f64).exp())) * u as f64) as f32)
+        .collect()
+}
+
+/// Causal attention of one query head vector over a contiguous history.
+/// `keys`, `values`: `[ctx_len, head_dim]` rows of this query's KV head; the query attends to
+/// all `ctx_len` rows. Softmax in f64 with the max subtracted.
+pub fn attend(q: &[f32], keys: &[f32], values: &[f32], head_dim: usize, scale: f32) -> Vec<f32> {
+    let n = keys.len() / head_dim;
+    let scores: Vec<f64> = (0..n)
+        .map(|j| {
+            (0..head_dim)
+                .map(|d| q[d] as f64 * keys[j * head_dim + d] as f64)
+                .sum::<f64>()
+                * scale as f64
+        })
+        .collect();
+    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+    let sum: f64 = weights.iter().sum();
+    (0..head_dim)
+        .map(|d| {
+            (0..n)
+                .map(|j| weights[j] * values[j * head_dim + d] as f64)
+                .sum::<f64>()
+                / sum
+        })
+        .map(|v| v as f32)
+        .collect()
+}
+
+/// Causal multi-head attention of the query tokens of one sequence over its contiguous
+/// history. `q`: `[query_len, num_heads, head_dim]` for positions `ctx_len - query_len ..
+/// ctx_len`; `k`, `v`: `[ctx_len, num_kv_heads, head_dim]`. Returns `[query_len, num_heads,
+/// head_dim]`. Query head h reads KV head h / (num_heads / num_kv_heads).
+pub fn causal_attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let ctx_len = k.len() / (num_kv_heads * head_dim);
+    let query_len = q.len() / (num_heads * head_dim);
+    let group = num_heads / num_kv_heads;
+    let mut out = Vec::with_capacity(q.len());
+    for t in 0..query_len {
+        let pos = ctx_len - query_len + t;
+        for h in 0..num_heads {
+            let kvh = h / group;
+            let rows = |src: &[f32]| -> Vec<f32> {
+                (0..=pos)
+                    .flat_map(|j| {
+                        let o = (j * num_kv_heads + kvh) * head_dim;
+                        src[o..o + head_dim].to_vec()
+                    })
+                    .collect()
+            };
+            let qo = (t * num_heads + h) * head_dim;
+            out.extend(attend(&q[qo..qo + head_dim], &rows(k), &rows(v), head_dim, scale));
+        }
+    }
+    out
+}
+
+/// Index of the largest value, the first on ties.
+pub fn argmax(row: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// Rounds through f16, as the default KV pool stores values.
+pub fn round_f16(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
+}
+
+/// Rounds through bf16.
+pub fn round_bf16(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect()
+}
