@@ -4,6 +4,7 @@
 //! (WGSL compute kernels with typed launchers), [`pool`] (GPU storage of the KV blocks), and
 //! [`reference`] (plain-Rust versions of every kernel, the oracle the GPU is tested against).
 
+pub mod cache;
 pub mod error;
 pub mod gpu;
 pub mod kernels;
