@@ -5,7 +5,11 @@ use clap::{Parser, Subcommand};
 use pagellm::gpu::{enumerate_adapters, select::AdapterRequest, AdapterReport};
 
 #[derive(Parser)]
-#[command(name = "pagellm", version, about = "LLM inference with a paged KV cache on any GPU wgpu reaches")]
+#[command(
+    name = "pagellm",
+    version,
+    about = "LLM inference with a paged KV cache on any GPU wgpu reaches"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -20,8 +24,9 @@ enum Command {
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,wgpu_hal::gles::egl=off")),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("warn,wgpu_hal::gles::egl=off")
+            }),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -63,7 +68,10 @@ fn print_adapter(i: usize, a: &AdapterReport, chosen: Option<&pagellm::gpu::Adap
     );
     println!("    backend:            {:?}", a.info.backend);
     println!("    type:               {:?}", a.info.device_type);
-    println!("    driver:             {} {}", a.info.driver, a.info.driver_info);
+    println!(
+        "    driver:             {} {}",
+        a.info.driver, a.info.driver_info
+    );
     println!("    max buffer size:    {}", mib(a.limits.max_buffer_size));
     println!(
         "    max storage binding: {}",

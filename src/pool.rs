@@ -99,7 +99,10 @@ impl KvPool {
         max_arena_bytes: u64,
     ) -> Result<Self> {
         if layout.num_layers == 0 || layout.num_kv_heads == 0 || layout.block_size == 0 {
-            return Err(GpuError::invalid("kv pool", format!("empty layout {layout:?}")));
+            return Err(GpuError::invalid(
+                "kv pool",
+                format!("empty layout {layout:?}"),
+            ));
         }
         if layout.head_dim % 2 != 0 {
             return Err(GpuError::invalid(
@@ -151,7 +154,8 @@ impl KvPool {
         for s in 0..num_shards {
             for g in 0..num_groups {
                 let bytes = pool.group_layers(g).len() as u64 * pool.slab_bytes(s);
-                let buf = ctx.storage_buffer(&format!("kv pool shard {s} layers group {g}"), bytes)?;
+                let buf =
+                    ctx.storage_buffer(&format!("kv pool shard {s} layers group {g}"), bytes)?;
                 pool.arenas.push(buf);
             }
         }

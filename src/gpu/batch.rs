@@ -118,10 +118,12 @@ impl<'c> Batch<'c> {
                 entries: &entries,
             })
         })?;
-        let mut pass = self.encoder().begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some(kernel.name),
-            timestamp_writes: None,
-        });
+        let mut pass = self
+            .encoder()
+            .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(kernel.name),
+                timestamp_writes: None,
+            });
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);

@@ -51,14 +51,17 @@ impl GpuContext {
 
     fn upload_bytes(&self, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
         self.check_size(label, bytes.len() as u64)?;
-        self.scoped(&format!("uploading {label} ({} bytes)", bytes.len()), || {
-            self.device
-                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                    label: Some(label),
-                    contents: bytes,
-                    usage: STORAGE,
-                })
-        })
+        self.scoped(
+            &format!("uploading {label} ({} bytes)", bytes.len()),
+            || {
+                self.device
+                    .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                        label: Some(label),
+                        contents: bytes,
+                        usage: STORAGE,
+                    })
+            },
+        )
     }
 
     /// Copies `bytes` bytes from `offset` of `buffer` to the host, waiting for the GPU.
@@ -105,6 +108,8 @@ impl GpuContext {
     pub fn read<T: bytemuck::Pod>(&self, buffer: &wgpu::Buffer) -> Result<Vec<T>> {
         let bytes = self.read_bytes(buffer, 0, buffer.size())?;
         let n = bytes.len() / std::mem::size_of::<T>();
-        Ok(bytemuck::pod_collect_to_vec(&bytes[..n * std::mem::size_of::<T>()]))
+        Ok(bytemuck::pod_collect_to_vec(
+            &bytes[..n * std::mem::size_of::<T>()],
+        ))
     }
 }

@@ -134,13 +134,12 @@ impl GpuContext {
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         };
-        let (device, queue) =
-            pollster::block_on(adapter.request_device(&desc)).map_err(|e| {
-                GpuError::RequestDevice {
-                    adapter: format!("{} ({:?})", info.name, info.backend),
-                    message: e.to_string(),
-                }
-            })?;
+        let (device, queue) = pollster::block_on(adapter.request_device(&desc)).map_err(|e| {
+            GpuError::RequestDevice {
+                adapter: format!("{} ({:?})", info.name, info.backend),
+                message: e.to_string(),
+            }
+        })?;
         let health = Arc::new(Mutex::new(Health::default()));
         {
             let h = health.clone();
@@ -164,7 +163,12 @@ impl GpuContext {
     /// limits and features and leaves its error and device-lost handlers alone: errors from
     /// pagellm's work are caught by error scopes and returned from the call that caused them.
     pub fn from_existing(adapter: wgpu::Adapter, device: wgpu::Device, queue: wgpu::Queue) -> Self {
-        Self::assemble(adapter, device, queue, Arc::new(Mutex::new(Health::default())))
+        Self::assemble(
+            adapter,
+            device,
+            queue,
+            Arc::new(Mutex::new(Health::default())),
+        )
     }
 
     fn assemble(
@@ -202,7 +206,10 @@ impl GpuContext {
 
     /// Fails if the device was lost or an error escaped every error scope since the last check.
     pub fn check_health(&self) -> Result<()> {
-        let mut h = self.health.lock().map_err(|_| GpuError::DeviceLost("poisoned".into()))?;
+        let mut h = self
+            .health
+            .lock()
+            .map_err(|_| GpuError::DeviceLost("poisoned".into()))?;
         if let Some(lost) = &h.lost {
             return Err(GpuError::DeviceLost(lost.clone()));
         }

@@ -43,7 +43,13 @@ impl GpuContext {
             kernel.name,
             constants.iter().map(|&(k, v)| (k, v.to_bits())).collect(),
         );
-        if let Some(p) = self.pipelines.map.lock().ok().and_then(|m| m.get(&key).cloned()) {
+        if let Some(p) = self
+            .pipelines
+            .map
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&key).cloned())
+        {
             return Ok(p);
         }
         let module = self.module(kernel)?;

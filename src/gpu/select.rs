@@ -137,7 +137,11 @@ pub fn choose_adapter(adapters: &[AdapterSummary], req: &AdapterRequest) -> Resu
     }
     let rank = |i: usize| {
         let a = &adapters[i];
-        (type_rank(a.device_type, req.power), backend_rank(a.backend), i)
+        (
+            type_rank(a.device_type, req.power),
+            backend_rank(a.backend),
+            i,
+        )
     };
     Ok(candidates.into_iter().min_by_key(|&i| rank(i)).unwrap_or(0))
 }
@@ -198,9 +202,21 @@ mod tests {
     fn machine() -> Vec<AdapterSummary> {
         vec![
             a("llvmpipe (LLVM 15)", Backend::Gl, DeviceType::Cpu),
-            a("Intel(R) UHD 770", Backend::Vulkan, DeviceType::IntegratedGpu),
-            a("NVIDIA GeForce RTX 4090", Backend::Vulkan, DeviceType::DiscreteGpu),
-            a("llvmpipe (LLVM 15, 256 bits)", Backend::Vulkan, DeviceType::Cpu),
+            a(
+                "Intel(R) UHD 770",
+                Backend::Vulkan,
+                DeviceType::IntegratedGpu,
+            ),
+            a(
+                "NVIDIA GeForce RTX 4090",
+                Backend::Vulkan,
+                DeviceType::DiscreteGpu,
+            ),
+            a(
+                "llvmpipe (LLVM 15, 256 bits)",
+                Backend::Vulkan,
+                DeviceType::Cpu,
+            ),
         ]
     }
 
@@ -231,7 +247,10 @@ mod tests {
     fn name_substring_is_case_insensitive() {
         let r = env(&[("WGPU_ADAPTER_NAME", "rtx")]);
         assert_eq!(choose_adapter(&machine(), &r).unwrap(), 2);
-        let r = env(&[("WGPU_ADAPTER_NAME", "LLVMPIPE"), ("PAGELLM_BACKEND", "vulkan")]);
+        let r = env(&[
+            ("WGPU_ADAPTER_NAME", "LLVMPIPE"),
+            ("PAGELLM_BACKEND", "vulkan"),
+        ]);
         assert_eq!(choose_adapter(&machine(), &r).unwrap(), 3);
     }
 

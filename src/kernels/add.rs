@@ -19,6 +19,9 @@ pub fn add(batch: &mut Batch, x: &wgpu::Buffer, y: &wgpu::Buffer, len: usize) ->
         len: len as u32,
         ..Default::default()
     };
-    let grid = grid_2d(groups(len, 256), batch.ctx().limits.max_compute_workgroups_per_dimension);
+    let grid = grid_2d(
+        groups(len, 256),
+        batch.ctx().limits.max_compute_workgroups_per_dimension,
+    );
     batch.dispatch(ADD, &[], &p, &[x.into(), y.into()], grid)
 }

@@ -28,7 +28,10 @@ pub fn embedding(
     check_len(K, "ids", ids, num_tokens)?;
     check_len(K, "out", out, num_tokens * table.cols)?;
     if num_tokens > batch.ctx().limits.max_compute_workgroups_per_dimension as usize {
-        return Err(GpuError::invalid(K, format!("{num_tokens} tokens in one call")));
+        return Err(GpuError::invalid(
+            K,
+            format!("{num_tokens} tokens in one call"),
+        ));
     }
     for chunk in &table.chunks {
         let p = EmbeddingParams {

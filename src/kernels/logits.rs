@@ -68,7 +68,13 @@ pub fn argmax(
         width: width as u32,
         ..Default::default()
     };
-    batch.dispatch(ARGMAX, &[], &p, &[logits.into(), out.into()], [num_rows as u32, 1, 1])
+    batch.dispatch(
+        ARGMAX,
+        &[],
+        &p,
+        &[logits.into(), out.into()],
+        [num_rows as u32, 1, 1],
+    )
 }
 
 /// Scratch and output buffers of [`lm_head`].
@@ -93,8 +99,24 @@ pub fn lm_head(
     head: &Weight,
     out: LogitsBuffers<'_>,
 ) -> Result<()> {
-    gather_rows(batch, hidden, rows, out.gathered, num_tokens, num_rows, head.cols)?;
-    matmul(batch, out.gathered, head, None, out.logits, num_rows, Output::Overwrite)?;
+    gather_rows(
+        batch,
+        hidden,
+        rows,
+        out.gathered,
+        num_tokens,
+        num_rows,
+        head.cols,
+    )?;
+    matmul(
+        batch,
+        out.gathered,
+        head,
+        None,
+        out.logits,
+        num_rows,
+        Output::Overwrite,
+    )?;
     if let Some(am) = out.argmax {
         argmax(batch, out.logits, am, num_rows, head.rows)?;
     }

@@ -13,7 +13,7 @@ pub mod reshape_and_cache;
 pub mod rms_norm;
 pub mod rope;
 pub mod silu_mul;
-mod weight;
+pub mod weight;
 
 pub use weight::{Weight, WeightDtype};
 
@@ -100,10 +100,7 @@ pub(crate) fn check_len(
     if buffer.size() < need {
         return Err(crate::error::GpuError::invalid(
             kernel,
-            format!(
-                "{what} holds {} bytes but {need} are needed",
-                buffer.size()
-            ),
+            format!("{what} holds {} bytes but {need} are needed", buffer.size()),
         ));
     }
     Ok(())

@@ -83,7 +83,10 @@ impl AttentionMetadata {
             if s.query_len == 0 || s.query_len > s.context_len {
                 return Err(GpuError::invalid(
                     K,
-                    format!("sequence {i}: query of {} tokens, context of {}", s.query_len, s.context_len),
+                    format!(
+                        "sequence {i}: query of {} tokens, context of {}",
+                        s.query_len, s.context_len
+                    ),
                 ));
             }
             let needed = s.context_len.div_ceil(block_size);
@@ -103,7 +106,8 @@ impl AttentionMetadata {
                 let block = s.block_table[pos / block_size] as usize;
                 m.token_pos.push([i as u32, pos as u32]);
                 m.positions.push(pos as u32);
-                m.slot_mapping.push((block * block_size + pos % block_size) as i32);
+                m.slot_mapping
+                    .push((block * block_size + pos % block_size) as i32);
             }
             m.num_tokens += s.query_len;
             m.query_start.push(m.num_tokens as u32);
@@ -151,16 +155,25 @@ pub fn paged_attention(
     let l = pool.layout;
     let t = meta.num_tokens;
     if layer >= l.num_layers {
-        return Err(GpuError::invalid(K, format!("layer {layer} of {}", l.num_layers)));
+        return Err(GpuError::invalid(
+            K,
+            format!("layer {layer} of {}", l.num_layers),
+        ));
     }
     if num_heads == 0 || num_heads % l.num_kv_heads != 0 {
         return Err(GpuError::invalid(
             K,
-            format!("{num_heads} query heads is not a multiple of {} KV heads", l.num_kv_heads),
+            format!(
+                "{num_heads} query heads is not a multiple of {} KV heads",
+                l.num_kv_heads
+            ),
         ));
     }
     if l.head_dim > MAX_HEAD_DIM {
-        return Err(GpuError::invalid(K, format!("head_dim {} > {MAX_HEAD_DIM}", l.head_dim)));
+        return Err(GpuError::invalid(
+            K,
+            format!("head_dim {} > {MAX_HEAD_DIM}", l.head_dim),
+        ));
     }
     if t == 0 {
         return Ok(());

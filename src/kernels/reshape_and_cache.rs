@@ -31,7 +31,10 @@ pub fn reshape_and_cache(
     const K: &str = "reshape_and_cache";
     let l = pool.layout;
     if layer >= l.num_layers {
-        return Err(GpuError::invalid(K, format!("layer {layer} of {}", l.num_layers)));
+        return Err(GpuError::invalid(
+            K,
+            format!("layer {layer} of {}", l.num_layers),
+        ));
     }
     check_len(K, "key", key, num_tokens * l.num_kv_heads * l.head_dim)?;
     check_len(K, "value", value, num_tokens * l.num_kv_heads * l.head_dim)?;
@@ -51,8 +54,17 @@ pub fn reshape_and_cache(
             RESHAPE_AND_CACHE,
             &[("KV_DTYPE", l.dtype.code())],
             &p,
-            &[key.into(), value.into(), slot_mapping.into(), pool.slab(layer, shard)],
-            [groups(l.num_kv_heads * l.row_words(), 64), num_tokens as u32, 1],
+            &[
+                key.into(),
+                value.into(),
+                slot_mapping.into(),
+                pool.slab(layer, shard),
+            ],
+            [
+                groups(l.num_kv_heads * l.row_words(), 64),
+                num_tokens as u32,
+                1,
+            ],
         )?;
     }
     Ok(())

@@ -57,8 +57,8 @@ pub fn inv_freq(head_dim: usize, theta: f64, scaling: RopeScaling) -> Vec<f32> {
                     } else if wavelen > low_freq_wavelen {
                         f / factor
                     } else {
-                        let smooth =
-                            (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                        let smooth = (old / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
                         (1.0 - smooth) * f / factor + smooth * f
                     };
                     scaled as f32
@@ -104,7 +104,9 @@ impl RopeTable {
         if head_dim % 2 != 0 || head_dim == 0 || max_positions == 0 {
             return Err(GpuError::invalid(
                 "rope",
-                format!("head_dim {head_dim} must be even and max_positions {max_positions} positive"),
+                format!(
+                    "head_dim {head_dim} must be even and max_positions {max_positions} positive"
+                ),
             ));
         }
         let table = cos_sin_table(&inv_freq(head_dim, theta, scaling), max_positions);
@@ -147,7 +149,11 @@ pub fn rope(
         &[],
         &p,
         &[positions.into(), (&table.buffer).into(), q.into(), k.into()],
-        [groups((num_heads + num_kv_heads) * hd / 2, 64), num_tokens as u32, 1],
+        [
+            groups((num_heads + num_kv_heads) * hd / 2, 64),
+            num_tokens as u32,
+            1,
+        ],
     )
 }
 
@@ -189,6 +195,9 @@ mod tests {
     #[test]
     fn linear_scaling_divides() {
         let f = inv_freq(4, 100.0, RopeScaling::Linear { factor: 4.0 });
-        assert!((f[0] - 0.25).abs() < 1e-7 && (f[1] - 0.025).abs() < 1e-7, "{f:?}");
+        assert!(
+            (f[0] - 0.25).abs() < 1e-7 && (f[1] - 0.025).abs() < 1e-7,
+            "{f:?}"
+        );
     }
 }

@@ -26,6 +26,15 @@ pub fn silu_mul(
         len: len as u32,
         ..Default::default()
     };
-    let grid = grid_2d(groups(len, 256), batch.ctx().limits.max_compute_workgroups_per_dimension);
-    batch.dispatch(SILU_MUL, &[], &p, &[gate.into(), up.into(), out.into()], grid)
+    let grid = grid_2d(
+        groups(len, 256),
+        batch.ctx().limits.max_compute_workgroups_per_dimension,
+    );
+    batch.dispatch(
+        SILU_MUL,
+        &[],
+        &p,
+        &[gate.into(), up.into(), out.into()],
+        grid,
+    )
 }

@@ -8,7 +8,11 @@
 /// out[t] = table[ids[t]].
 pub fn embedding(table: &[f32], hidden: usize, ids: &[u32]) -> Vec<f32> {
     ids.iter()
-        .flat_map(|&id| table[id as usize * hidden..(id as usize + 1) * hidden].iter().copied())
+        .flat_map(|&id| {
+            table[id as usize * hidden..(id as usize + 1) * hidden]
+                .iter()
+                .copied()
+        })
         .collect()
 }
 
@@ -19,13 +23,24 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
     for row in x.chunks(h) {
         let ms = row.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / h as f64;
         let inv = 1.0 / (ms + eps as f64).sqrt();
-        out.extend(row.iter().zip(weight).map(|(&v, &w)| ((v as f64 * inv) as f32) * w));
+        out.extend(
+            row.iter()
+                .zip(weight)
+                .map(|(&v, &w)| ((v as f64 * inv) as f32) * w),
+        );
     }
     out
 }
 
 /// y = x · wᵀ + bias, accumulated in f64. x: [m, k], w: [n, k], y: [m, n].
-pub fn matmul(x: &[f32], w: &[f32], bias: Option<&[f32]>, m: usize, n: usize, k: usize) -> Vec<f32> {
+pub fn matmul(
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Vec<f32> {
     let mut y = vec![0.0; m * n];
     for i in 0..m {
         for j in 0..n {
@@ -124,7 +139,13 @@ pub fn causal_attention(
                     .collect()
             };
             let qo = (t * num_heads + h) * head_dim;
-            out.extend(attend(&q[qo..qo + head_dim], &rows(k), &rows(v), head_dim, scale));
+            out.extend(attend(
+                &q[qo..qo + head_dim],
+                &rows(k),
+                &rows(v),
+                head_dim,
+                scale,
+            ));
         }
     }
     out
@@ -148,5 +169,7 @@ pub fn round_f16(x: &[f32]) -> Vec<f32> {
 
 /// Rounds through bf16.
 pub fn round_bf16(x: &[f32]) -> Vec<f32> {
-    x.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect()
+    x.iter()
+        .map(|&v| half::bf16::from_f32(v).to_f32())
+        .collect()
 }

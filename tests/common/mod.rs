@@ -1,0 +1,107 @@
+//! Shared helpers of the GPU tests: one context per software-reachable backend, seeded
+//! random data, and tolerant comparison that names the first failing index.
+#![allow(dead_code)]
+
+use pagellm::gpu::{AdapterRequest, GpuContext};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::sync::OnceLock;
+
+/// Backends the GPU tests run on. Set `PAGELLM_TEST_BACKENDS=vulkan,gl` (CI does) to make a
+/// missing backend a failure instead of a skip.
+const BACKENDS: [(&str, wgpu::Backends); 2] = [
+    ("vulkan", wgpu::Backends::VULKAN),
+    ("gl", wgpu::Backends::GL),
+];
+
+fn required() -> Vec<String> {
+    std::env::var("PAGELLM_TEST_BACKENDS")
+        .unwrap_or_default()
+        .split(',')
+        .map(|s| s.trim().to_lowercase())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+fn context(i: usize) -> Option<&'static GpuContext> {
+    static CTX: [OnceLock<Option<GpuContext>>; 2] = [OnceLock::new(), OnceLock::new()];
+    CTX[i]
+        .get_or_init(|| {
+            let (name, backends) = BACKENDS[i];
+            let req = AdapterRequest {
+                backends,
+                ..Default::default()
+            };
+            match GpuContext::new(&req) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    if required().iter().any(|r| r == name) {
+                        panic!("backend {name} is required by PAGELLM_TEST_BACKENDS but: {e}");
+                    }
+                    eprintln!("note: no {name} adapter: {e}");
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// Every backend with an adapter. Prints a loud notice and returns nothing when there is no
+/// adapter at all (the only case in which a GPU test may skip).
+pub fn contexts() -> Vec<&'static GpuContext> {
+    let v: Vec<_> = (0..BACKENDS.len()).filter_map(context).collect();
+    static ANNOUNCED: OnceLock<()> = OnceLock::new();
+    ANNOUNCED.get_or_init(|| {
+        let names: Vec<String> = v.iter().map(|c| c.describe()).collect();
+        eprintln!("GPU tests run on: {}", names.join(", "));
+    });
+    if v.is_empty() {
+        eprintln!(
+            "\n*** SKIPPED: no GPU adapter on any backend (install mesa-vulkan-drivers) ***\n"
+        );
+    }
+    v
+}
+
+pub fn rng(seed: u64) -> StdRng {
+    StdRng::seed_from_u64(seed)
+}
+
+pub fn randn(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| (rng.random::<f32>() * 2.0 - 1.0) * scale)
+        .collect()
+}
+
+/// Asserts |got - want| <= atol + rtol * |want| everywhere, naming the first bad index.
+#[track_caller]
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32) {
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "{what}: length {} vs {}",
+        got.len(),
+        want.len()
+    );
+    let mut worst = 0.0f32;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let err = (g - w).abs();
+        worst = worst.max(err);
+        if !(err <= atol + rtol * w.abs()) {
+            panic!(
+                "{what}: first mismatch at index {i}: got {g}, want {w} (|diff| {err}, atol {atol}, rtol {rtol})"
+            );
+        }
+    }
+}
+
+/// Reads a buffer back as f32.
+pub fn read_f32(ctx: &GpuContext, b: &wgpu::Buffer, n: usize) -> Vec<f32> {
+    let mut v: Vec<f32> = ctx.read(b).expect("read back");
+    v.truncate(n);
+    v
+}
+
+pub fn backend(ctx: &GpuContext) -> String {
+    format!("{:?}", ctx.info.backend)
+}

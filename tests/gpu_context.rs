@@ -1,0 +1,109 @@
+//! The context layer: a host application's device can be adopted, wgpu errors become typed
+//! errors instead of panics, limits are the adapter's own, and a lost device is reported.
+
+mod common;
+use common::*;
+use pagellm::gpu::{AdapterRequest, Batch, GpuContext};
+use pagellm::kernels::{add::add, Weight, WeightDtype};
+use pagellm::GpuError;
+
+#[test]
+fn device_uses_the_adapters_real_limits() {
+    for ctx in contexts() {
+        let adapter = ctx.adapter.limits();
+        assert_eq!(
+            ctx.limits.max_storage_buffer_binding_size,
+            adapter.max_storage_buffer_binding_size
+        );
+        assert_eq!(ctx.limits.max_buffer_size, adapter.max_buffer_size);
+        // wgpu's default is 128 MiB binding / 256 MiB buffer; the software adapters offer 2 GiB
+        // buffers, so a default-limits device would show 256 MiB here.
+        assert!(
+            ctx.limits.max_buffer_size > 256 << 20,
+            "{:?}",
+            ctx.limits.max_buffer_size
+        );
+    }
+}
+
+#[test]
+fn wgpu_validation_errors_are_typed_errors() {
+    for ctx in contexts() {
+        // A buffer without STORAGE usage bound as storage: wgpu validation, not a panic.
+        let not_storage = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("uniform only"),
+            size: 64,
+            usage: wgpu::BufferUsages::UNIFORM,
+            mapped_at_creation: false,
+        });
+        let x = ctx.storage_buffer("x", 64).unwrap();
+        let mut b = Batch::new(ctx, "bad binding");
+        let e = add(&mut b, &x, &not_storage, 16).unwrap_err();
+        assert!(matches!(e, GpuError::Validation { .. }), "{e:?}");
+        assert!(e.to_string().contains("add"), "{e}");
+        // The context stays usable afterwards.
+        ctx.check_health().unwrap();
+        let y = ctx.upload("y", &[1.0f32; 16]).unwrap();
+        let mut b = Batch::new(ctx, "good");
+        add(&mut b, &x, &y, 16).unwrap();
+        b.submit().unwrap();
+        assert_eq!(read_f32(ctx, &x, 16), vec![1.0; 16]);
+    }
+}
+
+#[test]
+fn oversized_buffers_are_refused_with_the_limit() {
+    for ctx in contexts() {
+        let e = ctx
+            .storage_buffer("huge", ctx.limits.max_buffer_size + 4)
+            .unwrap_err();
+        assert!(matches!(e, GpuError::TooLarge { .. }), "{e:?}");
+        // A weight row wider than the chunk limit cannot be split by rows.
+        let e = Weight::upload_with_limit(ctx, "w", &[0u8; 64], 2, 8, WeightDtype::F32, 16)
+            .unwrap_err();
+        assert!(e.to_string().contains("one row of w"), "{e}");
+        let e = Weight::upload(ctx, "w", &[0u8; 60], 2, 8, WeightDtype::F32).unwrap_err();
+        assert!(e.to_string().contains("60 bytes given"), "{e}");
+    }
+}
+
+#[test]
+fn an_application_device_can_be_adopted() {
+    // What a desktop app that already renders with wgpu does: it owns instance, adapter,
+    // device and queue, and hands clones to pagellm.
+    for ctx in contexts() {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = wgpu::Backends::from(ctx.info.backend);
+        let instance = wgpu::Instance::new(desc);
+        let adapter =
+            pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions::default()))
+                .expect("adapter");
+        let (device, queue) =
+            pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor::default()))
+                .expect("device");
+        let shared = GpuContext::from_existing(adapter, device.clone(), queue.clone());
+        assert_eq!(
+            shared.limits,
+            device.limits(),
+            "the app's limits are respected"
+        );
+        let x = shared.upload("x", &[1.0f32, 2.0, 3.0]).unwrap();
+        let y = shared.upload("y", &[10.0f32, 20.0, 30.0]).unwrap();
+        let mut b = Batch::new(&shared, "on the app's device");
+        add(&mut b, &x, &y, 3).unwrap();
+        b.submit().unwrap();
+        assert_eq!(read_f32(&shared, &x, 3), vec![11.0, 22.0, 33.0]);
+    }
+}
+
+#[test]
+fn a_lost_device_is_reported() {
+    if contexts().is_empty() {
+        return;
+    }
+    let ctx = GpuContext::new(&AdapterRequest::default()).unwrap();
+    ctx.device.destroy();
+    let _ = ctx.wait();
+    let e = ctx.storage_buffer("after loss", 16).unwrap_err();
+    assert!(matches!(e, GpuError::DeviceLost(_)), "{e:?}");
+}

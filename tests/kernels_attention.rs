@@ -1,0 +1,288 @@
+//! GPU vs plain-Rust reference for reshape_and_cache + paged_attention: the reference
+//! attends over each sequence's contiguous history; the GPU reads the same K/V through
+//! shuffled block tables of the paged pool. Covers the edge cases of DESIGN.md: context
+//! lengths 1, block_size - 1, block_size, block_size + 1; GQA 4:1 and MQA; out-of-order
+//! physical blocks; several sequences of different lengths in one batch mixing prefill
+//! chunks and decode tokens; head sizes 64/96/128; block sizes 8/16/32; f16 and f32 pools;
+//! a pool split over several buffers.
+
+mod common;
+use common::*;
+use pagellm::gpu::Batch;
+use pagellm::kernels::paged_attention::{paged_attention, AttentionMetadata, SeqSlice};
+use pagellm::kernels::reshape_and_cache::reshape_and_cache;
+use pagellm::pool::{KvDtype, KvLayout, KvPool, PoolSize};
+use pagellm::reference as r;
+use rand::seq::SliceRandom;
+
+struct Case {
+    head_dim: usize,
+    block_size: usize,
+    num_heads: usize,
+    num_kv_heads: usize,
+    dtype: KvDtype,
+    /// (context_len, query_len) per sequence.
+    seqs: Vec<(usize, usize)>,
+    /// Cap on one pool buffer, to force sharding.
+    arena_limit: Option<u64>,
+}
+
+fn run(ctx: &pagellm::GpuContext, seed: u64, c: &Case) {
+    let mut g = rng(seed);
+    let (hd, bs, nh, nkv) = (c.head_dim, c.block_size, c.num_heads, c.num_kv_heads);
+    let layout = KvLayout {
+        num_layers: 2,
+        num_kv_heads: nkv,
+        head_dim: hd,
+        block_size: bs,
+        dtype: c.dtype,
+    };
+    let needed: usize = c.seqs.iter().map(|s| s.0.div_ceil(bs)).sum();
+    let num_blocks = needed + 5;
+    let pool = match c.arena_limit {
+        Some(limit) => KvPool::with_arena_limit(ctx, layout, PoolSize::Blocks(num_blocks), limit),
+        None => KvPool::new(ctx, layout, PoolSize::Blocks(num_blocks)),
+    }
+    .unwrap();
+    if c.arena_limit.is_some() {
+        assert!(pool.num_shards() > 1, "the case must shard the pool");
+    }
+    // Out-of-order physical blocks: a shuffled permutation dealt out to the sequences.
+    let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
+    ids.shuffle(&mut g);
+    let mut next = 0;
+    let tables: Vec<Vec<u32>> = c
+        .seqs
+        .iter()
+        .map(|&(ctx_len, _)| {
+            let n = ctx_len.div_ceil(bs);
+            next += n;
+            ids[next - n..next].to_vec()
+        })
+        .collect();
+    let k_hist: Vec<Vec<f32>> = c
+        .seqs
+        .iter()
+        .map(|s| randn(&mut g, s.0 * nkv * hd, 1.0))
+        .collect();
+    let v_hist: Vec<Vec<f32>> = c
+        .seqs
+        .iter()
+        .map(|s| randn(&mut g, s.0 * nkv * hd, 1.0))
+        .collect();
+    let q: Vec<Vec<f32>> = c
+        .seqs
+        .iter()
+        .map(|s| randn(&mut g, s.1 * nh * hd, 1.0))
+        .collect();
+    let layer = 1;
+
+    // Step 1: the cached history (positions before each query) through reshape_and_cache.
+    let row = nkv * hd;
+    let (mut hk, mut hv, mut hslots) = (Vec::new(), Vec::new(), Vec::<i32>::new());
+    for (i, &(ctx_len, q_len)) in c.seqs.iter().enumerate() {
+        for pos in 0..ctx_len - q_len {
+            hk.extend_from_slice(&k_hist[i][pos * row..(pos + 1) * row]);
+            hv.extend_from_slice(&v_hist[i][pos * row..(pos + 1) * row]);
+            hslots.push((tables[i][pos / bs] as usize * bs + pos % bs) as i32);
+        }
+    }
+    hslots.push(-1); // a padding token must be skipped
+    hk.extend(vec![9.0; row]);
+    hv.extend(vec![9.0; row]);
+    // Step 2: this step's query tokens, laid out by AttentionMetadata.
+    let slices: Vec<SeqSlice> = c
+        .seqs
+        .iter()
+        .zip(&tables)
+        .map(|(&(context_len, query_len), t)| SeqSlice {
+            query_len,
+            context_len,
+            block_table: t,
+        })
+        .collect();
+    let meta = AttentionMetadata::build(&slices, bs).unwrap();
+    let (mut nk, mut nv, mut nq) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, &(ctx_len, q_len)) in c.seqs.iter().enumerate() {
+        for pos in ctx_len - q_len..ctx_len {
+            nk.extend_from_slice(&k_hist[i][pos * row..(pos + 1) * row]);
+            nv.extend_from_slice(&v_hist[i][pos * row..(pos + 1) * row]);
+        }
+        nq.extend_from_slice(&q[i]);
+    }
+    let bufs = meta.upload(ctx).unwrap();
+    let t = meta.num_tokens;
+    let hkb = ctx.upload("hk", &hk).unwrap();
+    let hvb = ctx.upload("hv", &hv).unwrap();
+    let hsb = ctx.upload("hs", &hslots).unwrap();
+    let nkb = ctx.upload("nk", &nk).unwrap();
+    let nvb = ctx.upload("nv", &nv).unwrap();
+    let qb = ctx.upload("q", &nq).unwrap();
+    let out = ctx.storage_buffer("out", (t * nh * hd * 4) as u64).unwrap();
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut b = Batch::new(ctx, "attention test");
+    reshape_and_cache(&mut b, &pool, layer, &hkb, &hvb, &hsb, hslots.len()).unwrap();
+    reshape_and_cache(&mut b, &pool, layer, &nkb, &nvb, &bufs.slot_mapping, t).unwrap();
+    paged_attention(&mut b, &pool, layer, &bufs, &qb, &out, nh, scale).unwrap();
+    b.submit().unwrap();
+
+    let store = |v: &[f32]| match c.dtype {
+        KvDtype::F16 => r::round_f16(v),
+        KvDtype::F32 => v.to_vec(),
+    };
+    let mut want = Vec::new();
+    for i in 0..c.seqs.len() {
+        want.extend(r::causal_attention(
+            &q[i],
+            &store(&k_hist[i]),
+            &store(&v_hist[i]),
+            nh,
+            nkv,
+            hd,
+            scale,
+        ));
+    }
+    let what = format!(
+        "paged_attention hd={hd} bs={bs} heads={nh}:{nkv} {:?} seqs={:?} shards={} on {}",
+        c.dtype,
+        c.seqs,
+        pool.num_shards(),
+        backend(ctx)
+    );
+    assert_close(&what, &read_f32(ctx, &out, want.len()), &want, 2e-4, 1e-4);
+}
+
+#[test]
+fn decode_at_block_boundaries() {
+    for ctx in contexts() {
+        for bs in [8, 16, 32] {
+            let seqs = vec![(1, 1), (bs - 1, 1), (bs, 1), (bs + 1, 1), (3 * bs + 5, 1)];
+            let case = Case {
+                head_dim: 64,
+                block_size: bs,
+                num_heads: 4,
+                num_kv_heads: 4,
+                dtype: KvDtype::F16,
+                seqs,
+                arena_limit: None,
+            };
+            run(ctx, bs as u64, &case);
+        }
+    }
+}
+
+#[test]
+fn mixed_prefill_chunks_and_decodes_with_gqa_and_mqa() {
+    for ctx in contexts() {
+        for (i, (hd, nh, nkv)) in [(64, 8, 2), (96, 4, 1), (128, 4, 1), (128, 8, 2)]
+            .into_iter()
+            .enumerate()
+        {
+            let case = Case {
+                head_dim: hd,
+                block_size: 16,
+                num_heads: nh,
+                num_kv_heads: nkv,
+                dtype: KvDtype::F16,
+                // Whole-prompt prefill, a chunk in the middle of a prompt, decodes, and a
+                // context longer than one 64-position tile.
+                seqs: vec![(37, 37), (50, 20), (1, 1), (17, 1), (150, 3), (16, 16)],
+                arena_limit: None,
+            };
+            run(ctx, 100 + i as u64, &case);
+        }
+    }
+}
+
+#[test]
+fn f32_pool() {
+    for ctx in contexts() {
+        let case = Case {
+            head_dim: 64,
+            block_size: 8,
+            num_heads: 8,
+            num_kv_heads: 2,
+            dtype: KvDtype::F32,
+            seqs: vec![(9, 9), (70, 1), (8, 2)],
+            arena_limit: None,
+        };
+        run(ctx, 200, &case);
+    }
+}
+
+#[test]
+fn pool_split_over_several_buffers_merges_partials() {
+    for ctx in contexts() {
+        for dtype in [KvDtype::F16, KvDtype::F32] {
+            // One block of one layer (K and V) is 2 * 2 * 16 * 64 * bytes; cap each buffer at
+            // four blocks' worth so the ~20 blocks spread over ~5 shards.
+            let block = (2 * 16 * 64 * dtype_bytes(dtype)) as u64;
+            let case = Case {
+                head_dim: 64,
+                block_size: 16,
+                num_heads: 4,
+                num_kv_heads: 2,
+                dtype,
+                seqs: vec![(100, 1), (60, 30), (5, 5), (33, 1)],
+                arena_limit: Some(4 * 2 * block),
+            };
+            run(ctx, 300, &case);
+        }
+    }
+}
+
+fn dtype_bytes(d: KvDtype) -> usize {
+    d.bytes()
+}
+
+#[test]
+fn metadata_rejects_inconsistent_sequences() {
+    let table = [3u32, 1];
+    let too_long = SeqSlice {
+        query_len: 5,
+        context_len: 4,
+        block_table: &table,
+    };
+    let e = AttentionMetadata::build(&[too_long], 16)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("query of 5 tokens"), "{e}");
+    let short_table = SeqSlice {
+        query_len: 1,
+        context_len: 33,
+        block_table: &table,
+    };
+    let e = AttentionMetadata::build(&[short_table], 16)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("2 blocks for 33 tokens"), "{e}");
+}
+
+#[test]
+fn metadata_by_hand() {
+    // Block size 4; sequence 0 decodes its 6th token (position 5, block table [7, 2]);
+    // sequence 1 prefills 3 tokens (block table [4]).
+    let (t0, t1) = ([7u32, 2], [4u32]);
+    let m = AttentionMetadata::build(
+        &[
+            SeqSlice {
+                query_len: 1,
+                context_len: 6,
+                block_table: &t0,
+            },
+            SeqSlice {
+                query_len: 3,
+                context_len: 3,
+                block_table: &t1,
+            },
+        ],
+        4,
+    )
+    .unwrap();
+    assert_eq!(m.num_tokens, 4);
+    assert_eq!(m.query_start, vec![0, 1, 4]);
+    assert_eq!(m.token_pos, vec![[0, 5], [1, 0], [1, 1], [1, 2]]);
+    assert_eq!(m.slot_mapping, vec![2 * 4 + 1, 16, 17, 18]);
+    assert_eq!(m.block_tables, vec![7, 2, 4, 0]);
+    assert_eq!(m.positions, vec![5, 0, 1, 2]);
+}

@@ -1,0 +1,160 @@
+//! GPU vs plain-Rust reference: the projections (tiled matmul and decode matvec), in f32,
+//! f16 and bf16 weights, with and without bias, accumulating into the residual, and with the
+//! weight split into row chunks; plus the LM head path (gather, logits, arg-max).
+
+mod common;
+use common::*;
+use pagellm::gpu::Batch;
+use pagellm::kernels::matmul::{matmul, Output};
+use pagellm::kernels::{self, Weight, WeightDtype};
+use pagellm::reference as r;
+
+fn rounded(v: &[f32], dtype: WeightDtype) -> Vec<f32> {
+    match dtype {
+        WeightDtype::F32 => v.to_vec(),
+        WeightDtype::F16 => r::round_f16(v),
+        WeightDtype::BF16 => r::round_bf16(v),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check(
+    ctx: &pagellm::GpuContext,
+    seed: u64,
+    m: usize,
+    n: usize,
+    k: usize,
+    dtype: WeightDtype,
+    with_bias: bool,
+    accumulate: bool,
+    chunk_rows: Option<usize>,
+) {
+    let mut g = rng(seed);
+    let x = randn(&mut g, m * k, 1.0);
+    let wv = randn(&mut g, n * k, 0.5);
+    let bias = randn(&mut g, n, 1.0);
+    let y0 = randn(&mut g, m * n, 1.0);
+    let limit = chunk_rows.map_or(u64::MAX, |rows| (rows * k * dtype.bytes()) as u64);
+    let bytes = kernels::weight::encode(&wv, dtype);
+    let w = Weight::upload_with_limit(ctx, "w", &bytes, n, k, dtype, limit).unwrap();
+    let xb = ctx.upload("x", &x).unwrap();
+    let bb = ctx.upload("bias", &bias).unwrap();
+    let yb = ctx.upload("y", &y0).unwrap();
+    let mut b = Batch::new(ctx, "t");
+    let out = if accumulate {
+        Output::Accumulate
+    } else {
+        Output::Overwrite
+    };
+    matmul(&mut b, &xb, &w, with_bias.then_some(&bb), &yb, m, out).unwrap();
+    b.submit().unwrap();
+    let mut want = r::matmul(
+        &x,
+        &rounded(&wv, dtype),
+        with_bias.then_some(&bias[..]),
+        m,
+        n,
+        k,
+    );
+    if accumulate {
+        want.iter_mut().zip(&y0).for_each(|(a, b)| *a += b);
+    }
+    let what = format!(
+        "matmul m={m} n={n} k={k} {dtype:?} bias={with_bias} acc={accumulate} chunks={} on {}",
+        w.chunks.len(),
+        backend(ctx)
+    );
+    // f32 accumulation over k terms of size ~0.5: error grows like sqrt(k) * eps.
+    assert_close(
+        &what,
+        &read_f32(ctx, &yb, m * n),
+        &want,
+        1e-4 * (k as f32).sqrt(),
+        1e-5,
+    );
+}
+
+#[test]
+fn tiled_matmul_all_dtypes_and_ragged_shapes() {
+    for ctx in contexts() {
+        for (i, dtype) in [WeightDtype::F32, WeightDtype::F16, WeightDtype::BF16]
+            .into_iter()
+            .enumerate()
+        {
+            check(ctx, 10 + i as u64, 70, 130, 96, dtype, false, false, None);
+            check(ctx, 20 + i as u64, 9, 64, 34, dtype, true, false, None);
+            check(ctx, 30 + i as u64, 65, 3, 200, dtype, true, true, None);
+        }
+    }
+}
+
+#[test]
+fn matvec_decode_rows_all_dtypes() {
+    for ctx in contexts() {
+        for (i, dtype) in [WeightDtype::F32, WeightDtype::F16, WeightDtype::BF16]
+            .into_iter()
+            .enumerate()
+        {
+            check(ctx, 40 + i as u64, 1, 257, 128, dtype, false, false, None);
+            check(ctx, 50 + i as u64, 8, 100, 62, dtype, true, true, None);
+            check(ctx, 60 + i as u64, 3, 33, 1030, dtype, true, false, None);
+        }
+    }
+}
+
+#[test]
+fn weights_split_into_row_chunks_give_the_same_product() {
+    for ctx in contexts() {
+        check(ctx, 70, 2, 100, 64, WeightDtype::F16, true, false, Some(30));
+        check(ctx, 71, 40, 100, 64, WeightDtype::BF16, true, true, Some(7));
+        check(ctx, 72, 40, 50, 16, WeightDtype::F32, false, false, Some(1));
+    }
+}
+
+#[test]
+fn lm_head_returns_logits_and_greedy_tokens_of_chosen_rows() {
+    for ctx in contexts() {
+        let mut g = rng(80);
+        let (tokens, hidden, vocab) = (6, 64, 500);
+        let h = randn(&mut g, tokens * hidden, 1.0);
+        let head = randn(&mut g, vocab * hidden, 1.0);
+        let rows: Vec<u32> = vec![5, 1];
+        let w = Weight::from_f32(ctx, "lm_head", &head, vocab, hidden, WeightDtype::BF16).unwrap();
+        let hb = ctx.upload("h", &h).unwrap();
+        let rb = ctx.upload("rows", &rows).unwrap();
+        let gathered = ctx
+            .storage_buffer("g", (rows.len() * hidden * 4) as u64)
+            .unwrap();
+        let logits = ctx
+            .storage_buffer("l", (rows.len() * vocab * 4) as u64)
+            .unwrap();
+        let am = ctx.storage_buffer("am", (rows.len() * 4) as u64).unwrap();
+        let mut b = Batch::new(ctx, "t");
+        let out = kernels::logits::LogitsBuffers {
+            gathered: &gathered,
+            logits: &logits,
+            argmax: Some(&am),
+        };
+        kernels::logits::lm_head(&mut b, &hb, tokens, &rb, rows.len(), &w, out).unwrap();
+        b.submit().unwrap();
+        let sel: Vec<f32> = rows
+            .iter()
+            .flat_map(|&r| h[r as usize * hidden..(r as usize + 1) * hidden].to_vec())
+            .collect();
+        let want = r::matmul(&sel, &r::round_bf16(&head), None, rows.len(), vocab, hidden);
+        let what = format!("lm_head on {}", backend(ctx));
+        assert_close(
+            &what,
+            &read_f32(ctx, &logits, want.len()),
+            &want,
+            1e-3,
+            1e-5,
+        );
+        let got: Vec<u32> = ctx.read(&am).unwrap();
+        let want_am: Vec<u32> = want
+            .chunks(vocab)
+            .map(|row| r::argmax(row) as u32)
+            .collect();
+        assert_eq!(&got[..2], &want_am[..], "{what} argmax");
+    }
+}

@@ -1,0 +1,229 @@
+//! GPU vs plain-Rust reference: embedding, RMSNorm, SiLU-and-multiply, residual add, RoPE,
+//! row gather and arg-max, on every backend available.
+
+mod common;
+use common::*;
+use pagellm::gpu::Batch;
+use pagellm::kernels::rope::{inv_freq, RopeScaling, RopeTable};
+use pagellm::kernels::{self, Weight, WeightDtype};
+use pagellm::reference as r;
+
+const DTYPES: [WeightDtype; 3] = [WeightDtype::F32, WeightDtype::F16, WeightDtype::BF16];
+
+fn rounded(v: &[f32], dtype: WeightDtype) -> Vec<f32> {
+    match dtype {
+        WeightDtype::F32 => v.to_vec(),
+        WeightDtype::F16 => r::round_f16(v),
+        WeightDtype::BF16 => r::round_bf16(v),
+    }
+}
+
+#[test]
+fn embedding_gathers_rows_in_every_dtype_and_chunked() {
+    for ctx in contexts() {
+        let mut g = rng(1);
+        let (vocab, hidden) = (37, 48);
+        let table = randn(&mut g, vocab * hidden, 1.0);
+        let ids: Vec<u32> = vec![0, 36, 5, 5, 17, 36, 1];
+        for dtype in DTYPES {
+            for limit in [u64::MAX, (hidden * dtype.bytes() * 8) as u64] {
+                let bytes = kernels::weight::encode(&table, dtype);
+                let w = Weight::upload_with_limit(ctx, "emb", &bytes, vocab, hidden, dtype, limit)
+                    .unwrap();
+                let ids_b = ctx.upload("ids", &ids).unwrap();
+                let out = ctx
+                    .storage_buffer("out", (ids.len() * hidden * 4) as u64)
+                    .unwrap();
+                let mut b = Batch::new(ctx, "t");
+                kernels::embedding::embedding(&mut b, &w, &ids_b, &out, ids.len()).unwrap();
+                b.submit().unwrap();
+                let want = r::embedding(&rounded(&table, dtype), hidden, &ids);
+                let what = format!(
+                    "embedding {dtype:?} chunks={} on {}",
+                    w.chunks.len(),
+                    backend(ctx)
+                );
+                assert_close(&what, &read_f32(ctx, &out, want.len()), &want, 0.0, 0.0);
+            }
+        }
+    }
+}
+
+#[test]
+fn rms_norm_matches_reference() {
+    for ctx in contexts() {
+        let mut g = rng(2);
+        for (tokens, hidden) in [(1, 64), (5, 300), (3, 1024)] {
+            let x = randn(&mut g, tokens * hidden, 3.0);
+            let wv = randn(&mut g, hidden, 1.0);
+            for dtype in DTYPES {
+                let w = Weight::from_f32(ctx, "w", &wv, 1, hidden, dtype).unwrap();
+                let xb = ctx.upload("x", &x).unwrap();
+                let out = ctx.storage_buffer("out", (x.len() * 4) as u64).unwrap();
+                let mut b = Batch::new(ctx, "t");
+                kernels::rms_norm::rms_norm(&mut b, &xb, &w, &out, tokens, 1e-5).unwrap();
+                b.submit().unwrap();
+                let want = r::rms_norm(&x, &rounded(&wv, dtype), 1e-5);
+                let what = format!("rms_norm {tokens}x{hidden} {dtype:?} on {}", backend(ctx));
+                assert_close(&what, &read_f32(ctx, &out, x.len()), &want, 1e-5, 1e-5);
+            }
+        }
+    }
+}
+
+#[test]
+fn silu_mul_and_add_match_reference() {
+    for ctx in contexts() {
+        let mut g = rng(3);
+        let n = 1000;
+        let gate = randn(&mut g, n, 6.0);
+        let up = randn(&mut g, n, 2.0);
+        let gb = ctx.upload("gate", &gate).unwrap();
+        let ub = ctx.upload("up", &up).unwrap();
+        let out = ctx.storage_buffer("out", (n * 4) as u64).unwrap();
+        let mut b = Batch::new(ctx, "t");
+        kernels::silu_mul::silu_mul(&mut b, &gb, &ub, &out, n).unwrap();
+        kernels::add::add(&mut b, &out, &gb, n).unwrap();
+        b.submit().unwrap();
+        let want: Vec<f32> = r::silu_mul(&gate, &up)
+            .iter()
+            .zip(&gate)
+            .map(|(a, b)| a + b)
+            .collect();
+        let what = format!("silu_mul + add on {}", backend(ctx));
+        assert_close(&what, &read_f32(ctx, &out, n), &want, 1e-5, 1e-5);
+    }
+}
+
+#[test]
+fn rope_rotates_q_and_k_like_hugging_face() {
+    for ctx in contexts() {
+        let mut g = rng(4);
+        for (hd, nh, nkv, theta) in [(64, 4, 2, 10000.0), (128, 2, 1, 500000.0), (96, 3, 3, 1e6)] {
+            let positions: Vec<u32> = vec![0, 1, 2, 17, 63, 1000, 4095];
+            let t = positions.len();
+            let q = randn(&mut g, t * nh * hd, 1.0);
+            let k = randn(&mut g, t * nkv * hd, 1.0);
+            let table = RopeTable::new(ctx, hd, theta, RopeScaling::None, 4096).unwrap();
+            let pb = ctx.upload("pos", &positions).unwrap();
+            let qb = ctx.upload("q", &q).unwrap();
+            let kb = ctx.upload("k", &k).unwrap();
+            let mut b = Batch::new(ctx, "t");
+            kernels::rope::rope(&mut b, &table, &pb, &qb, &kb, t, nh, nkv).unwrap();
+            b.submit().unwrap();
+            let freqs = r::inv_freq(hd, theta);
+            let (mut wq, mut wk) = (q.clone(), k.clone());
+            for (i, &pos) in positions.iter().enumerate() {
+                for h in 0..nh {
+                    let o = (i * nh + h) * hd;
+                    r::rope_head(&mut wq[o..o + hd], pos as usize, &freqs);
+                }
+                for h in 0..nkv {
+                    let o = (i * nkv + h) * hd;
+                    r::rope_head(&mut wk[o..o + hd], pos as usize, &freqs);
+                }
+            }
+            // Angles up to 4095 rad are formed in f32 as transformers does: ~2e-4 abs error.
+            let what = format!("rope hd={hd} on {}", backend(ctx));
+            assert_close(
+                &format!("{what} q"),
+                &read_f32(ctx, &qb, q.len()),
+                &wq,
+                2e-3,
+                0.0,
+            );
+            assert_close(
+                &format!("{what} k"),
+                &read_f32(ctx, &kb, k.len()),
+                &wk,
+                2e-3,
+                0.0,
+            );
+        }
+    }
+}
+
+#[test]
+fn rope_with_llama3_scaling_uses_scaled_frequencies() {
+    for ctx in contexts() {
+        let mut g = rng(5);
+        let (hd, nh, nkv) = (64, 2, 1);
+        let scaling = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 64.0,
+        };
+        let positions: Vec<u32> = vec![3, 70, 200];
+        let t = positions.len();
+        let q = randn(&mut g, t * nh * hd, 1.0);
+        let k = randn(&mut g, t * nkv * hd, 1.0);
+        let table = RopeTable::new(ctx, hd, 10000.0, scaling, 256).unwrap();
+        let pb = ctx.upload("pos", &positions).unwrap();
+        let qb = ctx.upload("q", &q).unwrap();
+        let kb = ctx.upload("k", &k).unwrap();
+        let mut b = Batch::new(ctx, "t");
+        kernels::rope::rope(&mut b, &table, &pb, &qb, &kb, t, nh, nkv).unwrap();
+        b.submit().unwrap();
+        let freqs: Vec<f64> = inv_freq(hd, 10000.0, scaling)
+            .iter()
+            .map(|&f| f as f64)
+            .collect();
+        let mut wq = q.clone();
+        for (i, &pos) in positions.iter().enumerate() {
+            for h in 0..nh {
+                let o = (i * nh + h) * hd;
+                r::rope_head(&mut wq[o..o + hd], pos as usize, &freqs);
+            }
+        }
+        let what = format!("rope llama3 on {}", backend(ctx));
+        assert_close(&what, &read_f32(ctx, &qb, q.len()), &wq, 1e-4, 0.0);
+    }
+}
+
+#[test]
+fn gather_rows_and_argmax_pick_last_positions() {
+    for ctx in contexts() {
+        let mut g = rng(6);
+        let (tokens, width) = (9, 1001);
+        let x = randn(&mut g, tokens * width, 1.0);
+        let mut x_ties = x.clone();
+        // Row 8: a tie between two maxima; the first must win, as in torch.argmax.
+        x_ties[8 * width + 10] = 5.0;
+        x_ties[8 * width + 900] = 5.0;
+        let rows: Vec<u32> = vec![2, 8, 0];
+        let xb = ctx.upload("x", &x_ties).unwrap();
+        let rb = ctx.upload("rows", &rows).unwrap();
+        let out = ctx
+            .storage_buffer("out", (rows.len() * width * 4) as u64)
+            .unwrap();
+        let am = ctx.storage_buffer("am", (rows.len() * 4) as u64).unwrap();
+        let mut b = Batch::new(ctx, "t");
+        kernels::logits::gather_rows(&mut b, &xb, &rb, &out, tokens, rows.len(), width).unwrap();
+        kernels::logits::argmax(&mut b, &out, &am, rows.len(), width).unwrap();
+        b.submit().unwrap();
+        let want: Vec<f32> = rows
+            .iter()
+            .flat_map(|&r| x_ties[r as usize * width..(r as usize + 1) * width].to_vec())
+            .collect();
+        assert_close(
+            "gather_rows",
+            &read_f32(ctx, &out, want.len()),
+            &want,
+            0.0,
+            0.0,
+        );
+        let got: Vec<u32> = ctx.read(&am).unwrap();
+        let want_am: Vec<u32> = want
+            .chunks(width)
+            .map(|row| r::argmax(row) as u32)
+            .collect();
+        assert_eq!(
+            &got[..rows.len()],
+            &want_am[..],
+            "argmax on {}",
+            backend(ctx)
+        );
+        assert_eq!(want_am[1], 10);
+    }
+}

@@ -1,0 +1,92 @@
+//! The Rust `Params` structs must match the WGSL uniform blocks field for field: same names,
+//! same byte offsets, same size. naga computes the WGSL layout.
+
+use pagellm::kernels::{
+    add::AddParams,
+    copy_blocks::CopyBlocksParams,
+    embedding::EmbeddingParams,
+    logits::{ArgmaxParams, GatherRowsParams},
+    matmul::{MatmulParams, MatvecParams},
+    paged_attention::{PagedAttentionParams, PagedAttentionReduceParams},
+    reshape_and_cache::ReshapeAndCacheParams,
+    rms_norm::RmsNormParams,
+    rope::RopeParams,
+    silu_mul::SiluMulParams,
+    KernelParams, ALL,
+};
+
+/// (kernel name, [(field, offset)], size) of the uniform at @group(0) @binding(0).
+fn wgsl_layout(kernel: &pagellm::gpu::KernelSource) -> (Vec<(String, u32)>, u32) {
+    let src = kernel.full_source();
+    let module = naga::front::wgsl::parse_str(&src).expect("parses");
+    let var = module
+        .global_variables
+        .iter()
+        .map(|(_, v)| v)
+        .find(|v| {
+            v.space == naga::AddressSpace::Uniform
+                && v.binding
+                    == Some(naga::ResourceBinding {
+                        group: 0,
+                        binding: 0,
+                    })
+        })
+        .unwrap_or_else(|| panic!("{}: no uniform at group 0 binding 0", kernel.name));
+    match &module.types[var.ty].inner {
+        naga::TypeInner::Struct { members, span } => (
+            members
+                .iter()
+                .map(|m| (m.name.clone().unwrap_or_default(), m.offset))
+                .collect(),
+            *span,
+        ),
+        other => panic!("{}: uniform is {other:?}, not a struct", kernel.name),
+    }
+}
+
+fn check<P: KernelParams>() -> &'static str {
+    let (fields, span) = wgsl_layout(&P::KERNEL);
+    let rust: Vec<(String, u32)> = P::fields()
+        .into_iter()
+        .map(|(n, o)| (n.to_string(), o as u32))
+        .collect();
+    assert_eq!(
+        rust,
+        fields,
+        "{}: Rust fields vs WGSL members",
+        P::KERNEL.name
+    );
+    assert_eq!(
+        std::mem::size_of::<P>() as u32,
+        span,
+        "{}: Rust size vs WGSL struct size",
+        P::KERNEL.name
+    );
+    P::KERNEL.name
+}
+
+#[test]
+fn every_params_struct_matches_its_shader() {
+    let covered = [
+        check::<EmbeddingParams>(),
+        check::<RmsNormParams>(),
+        check::<MatmulParams>(),
+        check::<MatvecParams>(),
+        check::<RopeParams>(),
+        check::<SiluMulParams>(),
+        check::<AddParams>(),
+        check::<ReshapeAndCacheParams>(),
+        check::<PagedAttentionParams>(),
+        check::<PagedAttentionReduceParams>(),
+        check::<CopyBlocksParams>(),
+        check::<GatherRowsParams>(),
+        check::<ArgmaxParams>(),
+    ];
+    for k in ALL {
+        assert!(
+            covered.contains(&k.name),
+            "kernel {} has no params check",
+            k.name
+        );
+    }
+}
