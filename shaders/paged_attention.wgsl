@@ -14,6 +14,9 @@
 // output elements.
 
 override KV_DTYPE: u32 = 1u;  // DTYPE_F32 or DTYPE_F16
+// Benchmark baseline: the cache is contiguous per sequence (sequence s owns "block" s, whose
+// block_size is the longest context) and no block table is read.
+override CONTIGUOUS: bool = false;
 
 struct Params {
     num_tokens: u32,
@@ -113,7 +116,10 @@ fn paged_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
         var s = NEG_BIG;
         var base = NO_ROW;
         if pos < ctx_len {
-            let block = block_tables[seq * p.max_blocks_per_seq + pos / p.block_size];
+            var block = seq;
+            if !CONTIGUOUS {
+                block = block_tables[seq * p.max_blocks_per_seq + pos / p.block_size];
+            }
             if block >= p.shard_first_block && block - p.shard_first_block < p.shard_num_blocks {
                 let local_block = block - p.shard_first_block;
                 base = ((local_block * p.num_kv_heads + kvh) * p.block_size + pos % p.block_size) * row_words;

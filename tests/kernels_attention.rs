@@ -286,3 +286,56 @@ fn metadata_by_hand() {
     assert_eq!(m.block_tables, vec![7, 2, 4, 0]);
     assert_eq!(m.positions, vec![5, 0, 1, 2]);
 }
+
+#[test]
+fn contiguous_baseline_matches_reference() {
+    // The benchmark's baseline must compute the same attention: sequence s's history lives
+    // in "block" s of size max_len, read without a block table.
+    for ctx in contexts() {
+        let mut g = rng(400);
+        let (hd, nh, nkv, max_len) = (64, 4, 2, 40);
+        let lens = [40usize, 7, 1];
+        let layout = KvLayout {
+            num_layers: 1,
+            num_kv_heads: nkv,
+            head_dim: hd,
+            block_size: max_len,
+            dtype: KvDtype::F16,
+        };
+        let pool = KvPool::new(ctx, layout, PoolSize::Blocks(lens.len())).unwrap();
+        let tables: Vec<[u32; 1]> = (0..lens.len() as u32).map(|s| [s]).collect();
+        let slices: Vec<SeqSlice> = lens
+            .iter()
+            .zip(&tables)
+            .map(|(&n, t)| SeqSlice {
+                query_len: n,
+                context_len: n,
+                block_table: t,
+            })
+            .collect();
+        let meta = AttentionMetadata::build(&slices, max_len).unwrap();
+        let bufs = meta.upload(ctx).unwrap();
+        let t = meta.num_tokens;
+        let k = randn(&mut g, t * nkv * hd, 1.0);
+        let v = randn(&mut g, t * nkv * hd, 1.0);
+        let q = randn(&mut g, t * nh * hd, 1.0);
+        let (kb, vb, qb) = (ctx.upload("k", &k).unwrap(), ctx.upload("v", &v).unwrap(), ctx.upload("q", &q).unwrap());
+        let out = ctx.storage_buffer("out", (t * nh * hd * 4) as u64).unwrap();
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut b = Batch::new(ctx, "contiguous");
+        reshape_and_cache(&mut b, &pool, 0, &kb, &vb, &bufs.slot_mapping, t).unwrap();
+        pagellm::kernels::paged_attention::contiguous_attention(&mut b, &pool, 0, &bufs, &qb, &out, nh, scale)
+            .unwrap();
+        b.submit().unwrap();
+        let mut want = Vec::new();
+        let mut start = 0;
+        for &n in &lens {
+            let (k_s, v_s) = (&k[start * nkv * hd..(start + n) * nkv * hd], &v[start * nkv * hd..(start + n) * nkv * hd]);
+            let q_s = &q[start * nh * hd..(start + n) * nh * hd];
+            want.extend(r::causal_attention(q_s, &r::round_f16(k_s), &r::round_f16(v_s), nh, nkv, hd, scale));
+            start += n;
+        }
+        let what = format!("contiguous_attention on {}", backend(ctx));
+        assert_close(&what, &read_f32(ctx, &out, want.len()), &want, 2e-4, 1e-4);
+    }
+}

@@ -18,6 +18,7 @@ fn override_values(name: &str) -> Vec<f64> {
     match name {
         "WEIGHT_DTYPE" => vec![0.0, 1.0, 2.0],
         "KV_DTYPE" => vec![0.0, 1.0],
+        "CONTIGUOUS" => vec![0.0, 1.0],
         other => panic!("test does not know the values of override {other}"),
     }
 }

@@ -141,6 +141,7 @@ pub struct AttentionBuffers {
 /// out[t, h, :] = softmax(q[t, h] · K[seq(t), :pos(t)+1]ᵀ · scale) · V[...] for every query
 /// token, with K/V of layer `layer` read from the pool through the block tables.
 /// `q`, `out`: `[num_tokens, num_heads, head_dim]` f32.
+#[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     batch: &mut Batch,
     pool: &KvPool,
@@ -150,6 +151,38 @@ pub fn paged_attention(
     out: &wgpu::Buffer,
     num_heads: usize,
     scale: f32,
+) -> Result<()> {
+    attention(batch, pool, layer, meta, q, out, num_heads, scale, false)
+}
+
+/// The same attention over a contiguous cache, the baseline of the paged-vs-contiguous
+/// benchmark: sequence `s`'s history is block `s` of a pool whose `block_size` is the
+/// longest context, and the kernel reads no block table.
+#[allow(clippy::too_many_arguments)]
+pub fn contiguous_attention(
+    batch: &mut Batch,
+    pool: &KvPool,
+    layer: usize,
+    meta: &AttentionBuffers,
+    q: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    num_heads: usize,
+    scale: f32,
+) -> Result<()> {
+    attention(batch, pool, layer, meta, q, out, num_heads, scale, true)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention(
+    batch: &mut Batch,
+    pool: &KvPool,
+    layer: usize,
+    meta: &AttentionBuffers,
+    q: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    num_heads: usize,
+    scale: f32,
+    contiguous: bool,
 ) -> Result<()> {
     const K: &str = "paged_attention";
     let l = pool.layout;
@@ -207,7 +240,10 @@ pub fn paged_attention(
         };
         batch.dispatch(
             PAGED_ATTENTION,
-            &[("KV_DTYPE", l.dtype.code())],
+            &[
+                ("KV_DTYPE", l.dtype.code()),
+                ("CONTIGUOUS", contiguous as u32 as f64),
+            ],
             &p,
             &[
                 q.into(),
