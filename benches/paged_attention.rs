@@ -62,11 +62,21 @@ fn setup(ctx: &GpuContext, batch: usize, ctx_len: usize, paged: bool) -> Setup {
     Setup { pool, meta }
 }
 
-fn time_once(ctx: &GpuContext, s: &Setup, q: &wgpu::Buffer, out: &wgpu::Buffer, paged: bool) -> Duration {
+fn time_once(
+    ctx: &GpuContext,
+    s: &Setup,
+    q: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    paged: bool,
+) -> Duration {
     let scale = 1.0 / (HEAD_DIM as f32).sqrt();
     let mut b = Batch::new(ctx, "bench");
     for _ in 0..DISPATCHES_PER_SUBMIT {
-        let f = if paged { paged_attention } else { contiguous_attention };
+        let f = if paged {
+            paged_attention
+        } else {
+            contiguous_attention
+        };
         f(&mut b, &s.pool, 0, &s.meta, q, out, HEADS, scale).expect("dispatch");
     }
     let start = Instant::now();

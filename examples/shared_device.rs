@@ -14,7 +14,8 @@ use pagellm::kernels::{matmul, rms_norm, Weight, WeightDtype};
 fn main() -> anyhow::Result<()> {
     // --- what the application already has (normally created next to its window surface) ---
     let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
-    let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions::default()))?;
+    let adapter =
+        pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions::default()))?;
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         label: Some("application device"),
         ..Default::default()
@@ -22,13 +23,25 @@ fn main() -> anyhow::Result<()> {
 
     // --- pagellm on the same device ---
     let ctx = GpuContext::from_existing(adapter, device.clone(), queue.clone());
-    println!("pagellm shares the application's device: {}", ctx.describe());
+    println!(
+        "pagellm shares the application's device: {}",
+        ctx.describe()
+    );
 
     // A tiny projection: y = rms_norm(x) · Wᵀ with a bf16 weight.
     let (hidden, out_features) = (8, 3);
     let x: Vec<f32> = (0..hidden).map(|i| i as f32 - 3.5).collect();
-    let w: Vec<f32> = (0..out_features * hidden).map(|i| ((i % 5) as f32 - 2.0) * 0.25).collect();
-    let norm_w = Weight::from_f32(&ctx, "norm", &vec![1.0; hidden], 1, hidden, WeightDtype::F32)?;
+    let w: Vec<f32> = (0..out_features * hidden)
+        .map(|i| ((i % 5) as f32 - 2.0) * 0.25)
+        .collect();
+    let norm_w = Weight::from_f32(
+        &ctx,
+        "norm",
+        &vec![1.0; hidden],
+        1,
+        hidden,
+        WeightDtype::F32,
+    )?;
     let proj = Weight::from_f32(&ctx, "proj", &w, out_features, hidden, WeightDtype::BF16)?;
     let xb = ctx.upload("x", &x)?;
     let normed = ctx.storage_buffer("normed", (hidden * 4) as u64)?;
@@ -36,7 +49,15 @@ fn main() -> anyhow::Result<()> {
 
     let mut batch = Batch::new(&ctx, "example");
     rms_norm::rms_norm(&mut batch, &xb, &norm_w, &normed, 1, 1e-6)?;
-    matmul::matmul(&mut batch, &normed, &proj, None, &y, 1, matmul::Output::Overwrite)?;
+    matmul::matmul(
+        &mut batch,
+        &normed,
+        &proj,
+        None,
+        &y,
+        1,
+        matmul::Output::Overwrite,
+    )?;
     batch.submit()?;
     let got: Vec<f32> = ctx.read(&y)?;
 

@@ -319,20 +319,37 @@ fn contiguous_baseline_matches_reference() {
         let k = randn(&mut g, t * nkv * hd, 1.0);
         let v = randn(&mut g, t * nkv * hd, 1.0);
         let q = randn(&mut g, t * nh * hd, 1.0);
-        let (kb, vb, qb) = (ctx.upload("k", &k).unwrap(), ctx.upload("v", &v).unwrap(), ctx.upload("q", &q).unwrap());
+        let (kb, vb, qb) = (
+            ctx.upload("k", &k).unwrap(),
+            ctx.upload("v", &v).unwrap(),
+            ctx.upload("q", &q).unwrap(),
+        );
         let out = ctx.storage_buffer("out", (t * nh * hd * 4) as u64).unwrap();
         let scale = 1.0 / (hd as f32).sqrt();
         let mut b = Batch::new(ctx, "contiguous");
         reshape_and_cache(&mut b, &pool, 0, &kb, &vb, &bufs.slot_mapping, t).unwrap();
-        pagellm::kernels::paged_attention::contiguous_attention(&mut b, &pool, 0, &bufs, &qb, &out, nh, scale)
-            .unwrap();
+        pagellm::kernels::paged_attention::contiguous_attention(
+            &mut b, &pool, 0, &bufs, &qb, &out, nh, scale,
+        )
+        .unwrap();
         b.submit().unwrap();
         let mut want = Vec::new();
         let mut start = 0;
         for &n in &lens {
-            let (k_s, v_s) = (&k[start * nkv * hd..(start + n) * nkv * hd], &v[start * nkv * hd..(start + n) * nkv * hd]);
+            let (k_s, v_s) = (
+                &k[start * nkv * hd..(start + n) * nkv * hd],
+                &v[start * nkv * hd..(start + n) * nkv * hd],
+            );
             let q_s = &q[start * nh * hd..(start + n) * nh * hd];
-            want.extend(r::causal_attention(q_s, &r::round_f16(k_s), &r::round_f16(v_s), nh, nkv, hd, scale));
+            want.extend(r::causal_attention(
+                q_s,
+                &r::round_f16(k_s),
+                &r::round_f16(v_s),
+                nh,
+                nkv,
+                hd,
+                scale,
+            ));
             start += n;
         }
         let what = format!("contiguous_attention on {}", backend(ctx));

@@ -54,10 +54,10 @@ fn check_copies(ctx: &pagellm::GpuContext, pool: &KvPool, pairs: &[(u32, u32)]) 
     copy_blocks(&mut b, pool, pairs).unwrap();
     let dispatches = b.dispatch_count();
     b.submit().unwrap();
-    for i in 0..pool.num_blocks {
+    for (i, want_i) in want.iter().enumerate() {
         let got = pool.read_block(ctx, i).unwrap();
         assert!(
-            got == want[i],
+            &got == want_i,
             "block {i} differs after copying {pairs:?} ({} shards, {} dispatches) on {}",
             pool.num_shards(),
             dispatches,

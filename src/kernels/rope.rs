@@ -121,6 +121,7 @@ impl RopeTable {
 /// Rotates q `[num_tokens, num_heads, head_dim]` and k `[num_tokens, num_kv_heads,
 /// head_dim]` in place by the angles of `positions` (`[num_tokens]` u32, each below the
 /// table's `max_positions`; larger ones are clamped).
+#[allow(clippy::too_many_arguments)]
 pub fn rope(
     batch: &mut Batch,
     table: &RopeTable,

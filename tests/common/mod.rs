@@ -87,7 +87,8 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32)
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let err = (g - w).abs();
         worst = worst.max(err);
-        if !(err <= atol + rtol * w.abs()) {
+        // Written so that NaN fails too.
+        if err.is_nan() || err > atol + rtol * w.abs() {
             panic!(
                 "{what}: first mismatch at index {i}: got {g}, want {w} (|diff| {err}, atol {atol}, rtol {rtol})"
             );
