@@ -5,6 +5,7 @@
 //! [`reference`] (plain-Rust versions of every kernel, the oracle the GPU is tested against).
 
 pub mod cache;
+pub mod cache_engine;
 pub mod error;
 pub mod gpu;
 pub mod kernels;

@@ -7,40 +7,7 @@ mod common;
 use common::*;
 use pagellm::gpu::Batch;
 use pagellm::kernels::copy_blocks::copy_blocks;
-use pagellm::kernels::reshape_and_cache::reshape_and_cache;
 use pagellm::pool::{KvDtype, KvLayout, KvPool, PoolSize};
-
-fn filled_pool(
-    ctx: &pagellm::GpuContext,
-    layout: KvLayout,
-    blocks: usize,
-    arena: Option<u64>,
-) -> KvPool {
-    let pool = match arena {
-        Some(a) => KvPool::with_arena_limit(ctx, layout, PoolSize::Blocks(blocks), a),
-        None => KvPool::new(ctx, layout, PoolSize::Blocks(blocks)),
-    }
-    .unwrap();
-    let slots = blocks * layout.block_size;
-    let row = layout.num_kv_heads * layout.head_dim;
-    let slot_map: Vec<i32> = (0..slots as i32).collect();
-    let sb = ctx.upload("slots", &slot_map).unwrap();
-    let mut b = Batch::new(ctx, "fill");
-    let mut keep = Vec::new();
-    for layer in 0..layout.num_layers {
-        // Distinct, f16-exact values: small integers tagged by layer and K/V.
-        let k: Vec<f32> = (0..slots * row)
-            .map(|i| ((i % 1000) as f32) + layer as f32 * 0.25)
-            .collect();
-        let v: Vec<f32> = k.iter().map(|x| -x - 0.5).collect();
-        let kb = ctx.upload("k", &k).unwrap();
-        let vb = ctx.upload("v", &v).unwrap();
-        reshape_and_cache(&mut b, &pool, layer, &kb, &vb, &sb, slots).unwrap();
-        keep.push((kb, vb));
-    }
-    b.submit().unwrap();
-    pool
-}
 
 fn check_copies(ctx: &pagellm::GpuContext, pool: &KvPool, pairs: &[(u32, u32)]) {
     let before: Vec<Vec<u8>> = (0..pool.num_blocks)
@@ -79,7 +46,7 @@ fn one_buffer_pool_copies_every_layer_in_one_dispatch() {
                 block_size: 8,
                 dtype,
             };
-            let pool = filled_pool(ctx, layout, 12, None);
+            let pool = filled_pool(ctx, layout, 12, None, 0);
             assert_eq!((pool.num_shards(), pool.num_groups()), (1, 1));
             let pairs = [(2, 9), (2, 4), (7, 0), (11, 10)];
             let mut b = Batch::new(ctx, "count");
@@ -107,12 +74,12 @@ fn sharded_pool_copies_within_and_across_buffers() {
         };
         // 2 KiB per block per layer for K, the same for V. A 24 KiB cap gives slabs of 6
         // blocks, one layer per buffer: 14 blocks make 3 shards x 4 layer buffers.
-        let pool = filled_pool(ctx, layout, 14, Some(24 * 1024));
+        let pool = filled_pool(ctx, layout, 14, Some(24 * 1024), 0);
         assert_eq!((pool.num_shards(), pool.num_groups()), (3, 4));
         // 1 -> 2 share a shard; 1 -> 13 crosses shards; 12 -> 0 crosses; 5 -> 3 shares.
         check_copies(ctx, &pool, &[(1, 2), (1, 13), (12, 0), (5, 3)]);
         // Unsharded but two layers per buffer: 14 blocks x 4 KiB = 56 KiB per layer slab.
-        let pool = filled_pool(ctx, layout, 14, Some(2 * 56 * 1024));
+        let pool = filled_pool(ctx, layout, 14, Some(2 * 56 * 1024), 0);
         assert_eq!((pool.num_shards(), pool.num_groups()), (1, 2));
         check_copies(ctx, &pool, &[(0, 13), (6, 7)]);
     }

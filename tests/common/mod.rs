@@ -2,7 +2,9 @@
 //! random data, and tolerant comparison that names the first failing index.
 #![allow(dead_code)]
 
-use pagellm::gpu::{AdapterRequest, GpuContext};
+use pagellm::gpu::{AdapterRequest, Batch, GpuContext};
+use pagellm::kernels::reshape_and_cache::reshape_and_cache;
+use pagellm::pool::{KvLayout, KvPool, PoolSize};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::OnceLock;
@@ -105,4 +107,39 @@ pub fn read_f32(ctx: &GpuContext, b: &wgpu::Buffer, n: usize) -> Vec<f32> {
 
 pub fn backend(ctx: &GpuContext) -> String {
     format!("{:?}", ctx.info.backend)
+}
+
+/// A pool whose every slot of every layer holds distinct f16-exact values (K and V differ,
+/// layers differ), written through reshape_and_cache. `seed` shifts the values.
+pub fn filled_pool(
+    ctx: &pagellm::GpuContext,
+    layout: KvLayout,
+    blocks: usize,
+    arena: Option<u64>,
+    seed: u32,
+) -> KvPool {
+    let pool = match arena {
+        Some(a) => KvPool::with_arena_limit(ctx, layout, PoolSize::Blocks(blocks), a),
+        None => KvPool::new(ctx, layout, PoolSize::Blocks(blocks)),
+    }
+    .unwrap();
+    let slots = blocks * layout.block_size;
+    let row = layout.num_kv_heads * layout.head_dim;
+    let slot_map: Vec<i32> = (0..slots as i32).collect();
+    let sb = ctx.upload("slots", &slot_map).unwrap();
+    let mut b = Batch::new(ctx, "fill");
+    let mut keep = Vec::new();
+    for layer in 0..layout.num_layers {
+        // Distinct, f16-exact values: small integers tagged by layer and K/V.
+        let k: Vec<f32> = (0..slots * row)
+            .map(|i| ((i as u32 + seed) % 1000) as f32 + layer as f32 * 0.25)
+            .collect();
+        let v: Vec<f32> = k.iter().map(|x| -x - 0.5).collect();
+        let kb = ctx.upload("k", &k).unwrap();
+        let vb = ctx.upload("v", &v).unwrap();
+        reshape_and_cache(&mut b, &pool, layer, &kb, &vb, &sb, slots).unwrap();
+        keep.push((kb, vb));
+    }
+    b.submit().unwrap();
+    pool
 }

@@ -1,0 +1,237 @@
+//! The cache engine: carries out the block manager's plans on the GPU. It owns the device
+//! pool ([`KvPool`]) and the host pool ([`HostPool`]) and executes, in this order inside one
+//! command encoder:
+//!
+//! 1. swap-out: device blocks are copied into one mappable staging buffer, then (after the
+//!    submit) into their host blocks;
+//! 2. swap-in: host blocks are written into one staging buffer, then copied into their
+//!    device blocks;
+//! 3. copies (copy-on-write) through the `copy_blocks` kernel.
+//!
+//! Swap-out goes first because a device block freed by a swap-out may be handed to a
+//! swap-in or a copy in the same step; GPU commands in one encoder run in order. Many blocks
+//! move per submit, never one submit per block.
+
+use crate::error::{GpuError, Result};
+use crate::gpu::{Batch, GpuContext};
+use crate::kernels::copy_blocks::copy_blocks;
+use crate::pool::{KvLayout, KvPool};
+
+/// Host memory for swapped-out blocks, in blocks of the device pool's byte size. A block is
+/// stored `[num_layers, 2 (K, V), num_kv_heads, block_size, head_dim]` in the pool's format.
+#[derive(Debug)]
+pub struct HostPool {
+    pub layout: KvLayout,
+    pub num_blocks: usize,
+    data: Vec<u8>,
+}
+
+impl HostPool {
+    pub fn new(layout: KvLayout, num_blocks: usize) -> Self {
+        HostPool {
+            layout,
+            num_blocks,
+            data: vec![0; num_blocks * layout.block_bytes_all_layers() as usize],
+        }
+    }
+
+    pub fn block(&self, id: usize) -> Option<&[u8]> {
+        let n = self.layout.block_bytes_all_layers() as usize;
+        self.data.get(id * n..(id + 1) * n)
+    }
+
+    fn block_mut(&mut self, id: usize) -> Option<&mut [u8]> {
+        let n = self.layout.block_bytes_all_layers() as usize;
+        self.data.get_mut(id * n..(id + 1) * n)
+    }
+}
+
+/// One step's block operations as raw block ids: device→device copies, device→host
+/// swap-outs and host→device swap-ins.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RawBlockOps {
+    pub copies: Vec<(u32, u32)>,
+    pub swap_out: Vec<(u32, u32)>,
+    pub swap_in: Vec<(u32, u32)>,
+}
+
+impl RawBlockOps {
+    pub fn is_empty(&self) -> bool {
+        self.copies.is_empty() && self.swap_out.is_empty() && self.swap_in.is_empty()
+    }
+}
+
+/// Swap-outs recorded in a batch, to be landed in host memory once the batch is submitted.
+#[must_use = "call CacheEngine::finish after submitting the batch"]
+#[derive(Debug)]
+pub struct PendingSwapOut {
+    staging: Option<wgpu::Buffer>,
+    host_blocks: Vec<u32>,
+}
+
+/// Counters of the work done, for statistics and benchmarks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheEngineStats {
+    pub blocks_copied: u64,
+    pub blocks_swapped_out: u64,
+    pub blocks_swapped_in: u64,
+    pub bytes_to_host: u64,
+    pub bytes_to_device: u64,
+}
+
+#[derive(Debug)]
+pub struct CacheEngine {
+    pub device: KvPool,
+    pub host: HostPool,
+    pub stats: CacheEngineStats,
+}
+
+impl CacheEngine {
+    pub fn new(device: KvPool, num_host_blocks: usize) -> Self {
+        let host = HostPool::new(device.layout, num_host_blocks);
+        CacheEngine {
+            device,
+            host,
+            stats: CacheEngineStats::default(),
+        }
+    }
+
+    fn check_ids(&self, ops: &RawBlockOps) -> Result<()> {
+        let (nd, nh) = (self.device.num_blocks as u32, self.host.num_blocks as u32);
+        let bad = ops
+            .swap_out
+            .iter()
+            .find(|(d, h)| *d >= nd || *h >= nh)
+            .copied()
+            .or_else(|| {
+                ops.swap_in
+                    .iter()
+                    .map(|&(h, d)| (d, h))
+                    .find(|(d, h)| *d >= nd || *h >= nh)
+            });
+        if let Some((d, h)) = bad {
+            return Err(GpuError::invalid(
+                "cache engine",
+                format!("device block {d} / host block {h} outside pools of {nd} / {nh} blocks"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Records `ops` into `batch`. Host data for swap-ins is read now; swapped-out data
+    /// reaches the host pool in [`Self::finish`], after the batch is submitted.
+    pub fn encode(&mut self, batch: &mut Batch, ops: &RawBlockOps) -> Result<PendingSwapOut> {
+        self.check_ids(ops)?;
+        let ctx = batch.ctx();
+        let layout = self.device.layout;
+        let bb = layout.block_bytes();
+        let per_block = layout.block_bytes_all_layers();
+
+        // 1. Swap-out: device -> staging.
+        let mut pending = PendingSwapOut {
+            staging: None,
+            host_blocks: ops.swap_out.iter().map(|&(_, h)| h).collect(),
+        };
+        if !ops.swap_out.is_empty() {
+            let staging = ctx.scoped("creating the swap-out staging buffer", || {
+                ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("swap-out staging"),
+                    size: per_block * ops.swap_out.len() as u64,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            })?;
+            for (i, &(dev, _)) in ops.swap_out.iter().enumerate() {
+                for layer in 0..layout.num_layers {
+                    let (buf, k, v) = self.device.block_location(layer, dev as usize);
+                    let dst = i as u64 * per_block + layer as u64 * 2 * bb;
+                    batch.copy(buf, k, &staging, dst, bb);
+                    batch.copy(buf, v, &staging, dst + bb, bb);
+                }
+            }
+            pending.staging = Some(staging);
+        }
+
+        // 2. Swap-in: host -> staging -> device.
+        if !ops.swap_in.is_empty() {
+            let staging = ctx.scoped("creating the swap-in staging buffer", || {
+                ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("swap-in staging"),
+                    size: per_block * ops.swap_in.len() as u64,
+                    usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: true,
+                })
+            })?;
+            {
+                let mut view = staging
+                    .get_mapped_range_mut(..)
+                    .map_err(|e| GpuError::Readback(e.to_string()))?;
+                for (i, &(host, _)) in ops.swap_in.iter().enumerate() {
+                    let src = self.host.block(host as usize).unwrap_or_default();
+                    let start = i * per_block as usize;
+                    view.slice(start..start + src.len()).copy_from_slice(src);
+                }
+            }
+            staging.unmap();
+            for (i, &(_, dev)) in ops.swap_in.iter().enumerate() {
+                for layer in 0..layout.num_layers {
+                    let (buf, k, v) = self.device.block_location(layer, dev as usize);
+                    let src = i as u64 * per_block + layer as u64 * 2 * bb;
+                    batch.copy(&staging, src, buf, k, bb);
+                    batch.copy(&staging, src + bb, buf, v, bb);
+                }
+            }
+            self.stats.blocks_swapped_in += ops.swap_in.len() as u64;
+            self.stats.bytes_to_device += per_block * ops.swap_in.len() as u64;
+        }
+
+        // 3. Copy-on-write copies.
+        if !ops.copies.is_empty() {
+            copy_blocks(batch, &self.device, &ops.copies)?;
+            self.stats.blocks_copied += ops.copies.len() as u64;
+        }
+        Ok(pending)
+    }
+
+    /// Waits for the submitted batch and moves swapped-out blocks into the host pool.
+    pub fn finish(&mut self, ctx: &GpuContext, pending: PendingSwapOut) -> Result<()> {
+        let Some(staging) = pending.staging else {
+            return Ok(());
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        ctx.wait()?;
+        rx.recv()
+            .map_err(|e| GpuError::Readback(e.to_string()))?
+            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        let per_block = self.device.layout.block_bytes_all_layers() as usize;
+        {
+            let view = staging
+                .get_mapped_range(..)
+                .map_err(|e| GpuError::Readback(e.to_string()))?;
+            for (i, &host) in pending.host_blocks.iter().enumerate() {
+                if let Some(dst) = self.host.block_mut(host as usize) {
+                    dst.copy_from_slice(&view[i * per_block..(i + 1) * per_block]);
+                }
+            }
+        }
+        staging.unmap();
+        let n = pending.host_blocks.len() as u64;
+        self.stats.blocks_swapped_out += n;
+        self.stats.bytes_to_host += n * per_block as u64;
+        Ok(())
+    }
+
+    /// Encodes, submits and finishes `ops` on their own.
+    pub fn execute(&mut self, ctx: &GpuContext, ops: &RawBlockOps) -> Result<()> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let mut batch = Batch::new(ctx, "block ops");
+        let pending = self.encode(&mut batch, ops)?;
+        batch.submit()?;
+        self.finish(ctx, pending)
+    }
+}
