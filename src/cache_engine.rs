@@ -12,6 +12,7 @@
 //! swap-in or a copy in the same step; GPU commands in one encoder run in order. Many blocks
 //! move per submit, never one submit per block.
 
+use crate::cache::BlockOps;
 use crate::error::{GpuError, Result};
 use crate::gpu::{Batch, GpuContext};
 use crate::kernels::copy_blocks::copy_blocks;
@@ -43,21 +44,6 @@ impl HostPool {
     fn block_mut(&mut self, id: usize) -> Option<&mut [u8]> {
         let n = self.layout.block_bytes_all_layers() as usize;
         self.data.get_mut(id * n..(id + 1) * n)
-    }
-}
-
-/// One step's block operations as raw block ids: device→device copies, device→host
-/// swap-outs and host→device swap-ins.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RawBlockOps {
-    pub copies: Vec<(u32, u32)>,
-    pub swap_out: Vec<(u32, u32)>,
-    pub swap_in: Vec<(u32, u32)>,
-}
-
-impl RawBlockOps {
-    pub fn is_empty(&self) -> bool {
-        self.copies.is_empty() && self.swap_out.is_empty() && self.swap_in.is_empty()
     }
 }
 
@@ -96,19 +82,14 @@ impl CacheEngine {
         }
     }
 
-    fn check_ids(&self, ops: &RawBlockOps) -> Result<()> {
+    fn check(&self, ops: &BlockOps) -> Result<()> {
+        ops.check()
+            .map_err(|e| GpuError::invalid("cache engine", e))?;
         let (nd, nh) = (self.device.num_blocks as u32, self.host.num_blocks as u32);
-        let bad = ops
-            .swap_out
-            .iter()
-            .find(|(d, h)| *d >= nd || *h >= nh)
-            .copied()
-            .or_else(|| {
-                ops.swap_in
-                    .iter()
-                    .map(|&(h, d)| (d, h))
-                    .find(|(d, h)| *d >= nd || *h >= nh)
-            });
+        let out = ops.swap_out.iter().map(|&(d, h)| (d.0, h.0));
+        let bad = out
+            .chain(ops.swap_in.iter().map(|&(h, d)| (d.0, h.0)))
+            .find(|&(d, h)| d >= nd || h >= nh);
         if let Some((d, h)) = bad {
             return Err(GpuError::invalid(
                 "cache engine",
@@ -120,8 +101,8 @@ impl CacheEngine {
 
     /// Records `ops` into `batch`. Host data for swap-ins is read now; swapped-out data
     /// reaches the host pool in [`Self::finish`], after the batch is submitted.
-    pub fn encode(&mut self, batch: &mut Batch, ops: &RawBlockOps) -> Result<PendingSwapOut> {
-        self.check_ids(ops)?;
+    pub fn encode(&mut self, batch: &mut Batch, ops: &BlockOps) -> Result<PendingSwapOut> {
+        self.check(ops)?;
         let ctx = batch.ctx();
         let layout = self.device.layout;
         let bb = layout.block_bytes();
@@ -130,7 +111,7 @@ impl CacheEngine {
         // 1. Swap-out: device -> staging.
         let mut pending = PendingSwapOut {
             staging: None,
-            host_blocks: ops.swap_out.iter().map(|&(_, h)| h).collect(),
+            host_blocks: ops.swap_out.iter().map(|&(_, h)| h.0).collect(),
         };
         if !ops.swap_out.is_empty() {
             let staging = ctx.scoped("creating the swap-out staging buffer", || {
@@ -143,7 +124,7 @@ impl CacheEngine {
             })?;
             for (i, &(dev, _)) in ops.swap_out.iter().enumerate() {
                 for layer in 0..layout.num_layers {
-                    let (buf, k, v) = self.device.block_location(layer, dev as usize);
+                    let (buf, k, v) = self.device.block_location(layer, dev.0 as usize);
                     let dst = i as u64 * per_block + layer as u64 * 2 * bb;
                     batch.copy(buf, k, &staging, dst, bb);
                     batch.copy(buf, v, &staging, dst + bb, bb);
@@ -167,7 +148,7 @@ impl CacheEngine {
                     .get_mapped_range_mut(..)
                     .map_err(|e| GpuError::Readback(e.to_string()))?;
                 for (i, &(host, _)) in ops.swap_in.iter().enumerate() {
-                    let src = self.host.block(host as usize).unwrap_or_default();
+                    let src = self.host.block(host.0 as usize).unwrap_or_default();
                     let start = i * per_block as usize;
                     view.slice(start..start + src.len()).copy_from_slice(src);
                 }
@@ -175,7 +156,7 @@ impl CacheEngine {
             staging.unmap();
             for (i, &(_, dev)) in ops.swap_in.iter().enumerate() {
                 for layer in 0..layout.num_layers {
-                    let (buf, k, v) = self.device.block_location(layer, dev as usize);
+                    let (buf, k, v) = self.device.block_location(layer, dev.0 as usize);
                     let src = i as u64 * per_block + layer as u64 * 2 * bb;
                     batch.copy(&staging, src, buf, k, bb);
                     batch.copy(&staging, src + bb, buf, v, bb);
@@ -187,7 +168,7 @@ impl CacheEngine {
 
         // 3. Copy-on-write copies.
         if !ops.copies.is_empty() {
-            copy_blocks(batch, &self.device, &ops.copies)?;
+            copy_blocks(batch, &self.device, &ops.copy_pairs())?;
             self.stats.blocks_copied += ops.copies.len() as u64;
         }
         Ok(pending)
@@ -225,7 +206,7 @@ impl CacheEngine {
     }
 
     /// Encodes, submits and finishes `ops` on their own.
-    pub fn execute(&mut self, ctx: &GpuContext, ops: &RawBlockOps) -> Result<()> {
+    pub fn execute(&mut self, ctx: &GpuContext, ops: &BlockOps) -> Result<()> {
         if ops.is_empty() {
             return Ok(());
         }

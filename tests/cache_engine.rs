@@ -5,7 +5,8 @@
 
 mod common;
 use common::*;
-use pagellm::cache_engine::{CacheEngine, RawBlockOps};
+use pagellm::cache::{BlockOps, DeviceBlockId as D, HostBlockId as H};
+use pagellm::cache_engine::CacheEngine;
 use pagellm::pool::{KvDtype, KvLayout, KvPool};
 
 fn layout(dtype: KvDtype) -> KvLayout {
@@ -28,12 +29,12 @@ fn swap_round_trip(ctx: &pagellm::GpuContext, pool: KvPool) {
     let before = snapshot(ctx, &pool);
     let mut engine = CacheEngine::new(pool, 6);
     // Out: device 1, 4, 9 -> host 5, 0, 2.
-    let out = RawBlockOps {
-        swap_out: vec![(1, 5), (4, 0), (9, 2)],
+    let out = BlockOps {
+        swap_out: vec![(D(1), H(5)), (D(4), H(0)), (D(9), H(2))],
         ..Default::default()
     };
     engine.execute(ctx, &out).unwrap();
-    for &(d, h) in &out.swap_out {
+    for &(D(d), H(h)) in &out.swap_out {
         assert!(
             engine.host.block(h as usize).unwrap() == before[d as usize],
             "host block {h} != device block {d} on {}",
@@ -46,13 +47,13 @@ fn swap_round_trip(ctx: &pagellm::GpuContext, pool: KvPool) {
     engine.device = refill;
     let fresh = snapshot(ctx, &engine.device);
     assert_ne!(fresh[0], before[4], "refill must change the data");
-    let back = RawBlockOps {
-        swap_in: vec![(5, 7), (0, 0), (2, 11)],
+    let back = BlockOps {
+        swap_in: vec![(H(5), D(7)), (H(0), D(0)), (H(2), D(11))],
         ..Default::default()
     };
     engine.execute(ctx, &back).unwrap();
     let after = snapshot(ctx, &engine.device);
-    for (&(h, d), &(orig, _)) in back.swap_in.iter().zip(&out.swap_out) {
+    for (&(H(h), D(d)), &(D(orig), _)) in back.swap_in.iter().zip(&out.swap_out) {
         assert!(
             after[d as usize] == before[orig as usize],
             "device block {d} (from host {h}) != original block {orig} on {}",
@@ -94,18 +95,18 @@ fn one_step_swaps_out_a_block_and_refills_it() {
         engine
             .execute(
                 ctx,
-                &RawBlockOps {
-                    swap_out: vec![(3, 1)],
+                &BlockOps {
+                    swap_out: vec![(D(3), H(1))],
                     ..Default::default()
                 },
             )
             .unwrap();
         // Next step, all at once: device block 6 goes out to host 2, host 1 (block 3's old
         // data) comes back into that same block 6, and block 5 is copied onto block 3.
-        let ops = RawBlockOps {
-            swap_out: vec![(6, 2)],
-            swap_in: vec![(1, 6)],
-            copies: vec![(5, 3)],
+        let ops = BlockOps {
+            swap_out: vec![(D(6), H(2))],
+            swap_in: vec![(H(1), D(6))],
+            copies: vec![(D(5), D(3))],
         };
         engine.execute(ctx, &ops).unwrap();
         let after = snapshot(ctx, &engine.device);
@@ -129,8 +130,8 @@ fn out_of_range_ids_are_rejected() {
         let e = engine
             .execute(
                 ctx,
-                &RawBlockOps {
-                    swap_out: vec![(0, 2)],
+                &BlockOps {
+                    swap_out: vec![(D(0), H(2))],
                     ..Default::default()
                 },
             )

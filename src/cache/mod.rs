@@ -1,2 +1,43 @@
-//! CPU-side KV cache memory management (block allocators, block tables, sharing,
-//! copy-on-write, swapping, prefix caching). Filled in by the KV cache manager work.
+//! CPU-side bookkeeping of the paged KV cache: which physical block holds which tokens.
+//!
+//! This is the virtual-memory half of PagedAttention (Kwon et al., "Efficient Memory
+//! Management for Large Language Model Serving with PagedAttention", SOSP 2023): KV blocks
+//! are reference counted, each sequence maps its logical blocks to physical ones through a
+//! block table, sequences share blocks after a fork or a prefix-cache hit and copy a shared
+//! block on their first write into it, and whole sequence groups move to host memory and
+//! back when the scheduler preempts them.
+//!
+//! Nothing here touches the GPU: [`BlockManager`] decides, and hands the cache engine a
+//! plan per step ([`BlockOps`]: copies, swap-outs, swap-ins) to execute before the forward
+//! pass. The files, bottom up: `ids` (typed ids), `allocator` (ref-counted free list),
+//! `prefix` (content names and the LRU evictor), `device` (the device pool: allocator plus
+//! prefix cache), `block_table` (per-sequence state), `ops` and `plan` (the step's plan and
+//! what keeps it valid), `manager` (allocate, append, fork, free), `swap`, `queries`,
+//! `stats`, `invariants`.
+
+mod allocator;
+mod block_table;
+mod config;
+mod device;
+mod error;
+mod ids;
+mod invariants;
+mod manager;
+mod ops;
+mod plan;
+mod prefix;
+mod queries;
+mod stats;
+mod swap;
+
+#[cfg(test)]
+mod tests;
+
+pub use block_table::Location;
+pub use config::CacheConfig;
+pub use error::CacheError;
+pub use ids::{DeviceBlockId, HostBlockId, SeqId};
+pub use manager::{AllocStatus, AppendOutcome, BlockManager};
+pub use ops::BlockOps;
+pub use prefix::{hash_block, BlockHash};
+pub use stats::{CacheStats, PoolStats};

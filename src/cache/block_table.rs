@@ -1,0 +1,79 @@
+//! Per-sequence state: the block table (PagedAttention's page table, Kwon et al., SOSP
+//! 2023, §4.2) mapping logical block `i` (tokens `i * block_size ..`) to a physical block,
+//! plus what the manager needs to name blocks for the prefix cache.
+//!
+//! A sequence's blocks live either all on the device or all in the host swap pool; the enum
+//! makes a half-swapped sequence unrepresentable.
+
+use super::ids::{DeviceBlockId, HostBlockId};
+use super::prefix::BlockHash;
+
+/// Where a sequence's KV blocks are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Location {
+    Device,
+    Host,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Blocks {
+    Device(Vec<DeviceBlockId>),
+    Host(Vec<HostBlockId>),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Sequence {
+    /// Every token with a slot, computed or not; never empty.
+    pub tokens: Vec<u32>,
+    /// Exactly `blocks_for(tokens.len())` entries.
+    pub blocks: Blocks,
+    /// Names of the leading full blocks whose KV is computed, chained (prefix caching only):
+    /// `hashes.len() == num_computed / block_size` when prefix caching is on, else empty.
+    pub hashes: Vec<BlockHash>,
+    /// Leading tokens whose KV is in the cache.
+    pub num_computed: usize,
+    /// Leading tokens found in the prefix cache when the sequence was allocated.
+    pub num_cached: usize,
+}
+
+impl Sequence {
+    pub fn location(&self) -> Location {
+        match self.blocks {
+            Blocks::Device(_) => Location::Device,
+            Blocks::Host(_) => Location::Host,
+        }
+    }
+
+    pub fn device_blocks(&self) -> Option<&[DeviceBlockId]> {
+        match &self.blocks {
+            Blocks::Device(t) => Some(t),
+            Blocks::Host(_) => None,
+        }
+    }
+
+    pub fn host_blocks(&self) -> Option<&[HostBlockId]> {
+        match &self.blocks {
+            Blocks::Host(t) => Some(t),
+            Blocks::Device(_) => None,
+        }
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        match &self.blocks {
+            Blocks::Device(t) => t.len(),
+            Blocks::Host(t) => t.len(),
+        }
+    }
+
+    /// Tokens of logical block `i` (shorter than a block only for the last one).
+    pub fn block_tokens(&self, i: usize, block_size: usize) -> &[u32] {
+        let start = (i * block_size).min(self.tokens.len());
+        let end = ((i + 1) * block_size).min(self.tokens.len());
+        &self.tokens[start..end]
+    }
+}
+
+/// Blocks needed to hold `num_tokens` tokens.
+pub(crate) fn blocks_for(num_tokens: usize, block_size: usize) -> usize {
+    num_tokens.div_ceil(block_size)
+}

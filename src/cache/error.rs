@@ -1,0 +1,57 @@
+//! Errors of the block manager. A failing operation leaves the manager exactly as it was,
+//! so the caller (the scheduler) can react, by preempting, recomputing or rejecting a
+//! request, and carry on.
+
+use super::ids::SeqId;
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CacheError {
+    #[error("invalid KV cache configuration: {0}")]
+    InvalidConfig(String),
+
+    #[error("{0} is not known to the block manager")]
+    UnknownSequence(SeqId),
+
+    #[error("{0} already has a block table")]
+    SequenceExists(SeqId),
+
+    #[error("{0} is named more than once in one request")]
+    DuplicateSequence(SeqId),
+
+    #[error("a sequence group must name at least one sequence")]
+    EmptyGroup,
+
+    #[error("a prompt must hold at least one token")]
+    EmptyPrompt,
+
+    #[error("out of device KV blocks: {needed} needed, {available} usable")]
+    OutOfBlocks { needed: usize, available: usize },
+
+    #[error(
+        "{needed} device blocks needed, but at most {capacity} (the pool less its watermark) \
+         can ever be given to one sequence group"
+    )]
+    ExceedsCapacity { needed: usize, capacity: usize },
+
+    #[error("host swap pool full: {needed} host blocks needed, {free} free")]
+    HostPoolFull { needed: usize, free: usize },
+
+    #[error("{0} is swapped out to host memory")]
+    Swapped(SeqId),
+
+    #[error("{0} is on the device, not swapped out")]
+    NotSwapped(SeqId),
+
+    #[error(
+        "{0} holds blocks that this step's pending plan writes; swap it out after the plan \
+         is taken, or recompute it"
+    )]
+    BlocksInFlight(SeqId),
+
+    #[error("{seq} has {num_tokens} tokens, so {value} is out of range")]
+    TokenOutOfRange {
+        seq: SeqId,
+        value: usize,
+        num_tokens: usize,
+    },
+}

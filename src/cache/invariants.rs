@@ -1,0 +1,178 @@
+//! The block manager's invariants (DESIGN.md, "Block manager invariants"), checked in one
+//! place so that tests can call it after every operation.
+//!
+//! Device blocks have three exclusive states (see `device.rs`): free (count 0, on the free
+//! list, unnamed), evictable (count 0, named, in the LRU evictor) and in use (count > 0).
+//! Host blocks have two: free (count 0, on the free list) and in use. For both pools, a
+//! block's count is the number of block-table entries pointing at it plus one if the
+//! step's pending plan holds it (`plan.rs`). Device and host ids are different types, so a
+//! table or a plan cannot mix them up.
+
+use super::block_table::blocks_for;
+use super::ids::{DeviceBlockId, HostBlockId, SeqId};
+use super::manager::BlockManager;
+use super::prefix::hash_block;
+
+/// First table entry seen per block: (sequence, logical index, its tokens in the block).
+type Sharer<'a> = Option<(SeqId, usize, &'a [u32])>;
+
+impl BlockManager {
+    /// Checks every invariant; the error names the first one broken.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.check_sequences()?;
+        self.check_device()?;
+        self.check_host()?;
+        self.plan.check()
+    }
+
+    fn check_sequences(&self) -> Result<(), String> {
+        let bs = self.config.block_size;
+        let caching = self.device.cache().is_some();
+        for (id, s) in &self.seqs {
+            let n = s.tokens.len();
+            if n == 0 {
+                return Err(format!("{id} has no tokens"));
+            }
+            if s.num_blocks() != blocks_for(n, bs) {
+                return Err(format!(
+                    "{id}: {} blocks for {n} tokens of block size {bs}",
+                    s.num_blocks()
+                ));
+            }
+            if s.num_computed > n {
+                return Err(format!("{id}: {} of {n} tokens computed", s.num_computed));
+            }
+            if s.num_cached > s.num_computed || s.num_cached % bs != 0 || s.num_cached >= n {
+                return Err(format!("{id}: {} cached tokens", s.num_cached));
+            }
+            let want = if caching { s.num_computed / bs } else { 0 };
+            if s.hashes.len() != want {
+                return Err(format!(
+                    "{id}: {} block names, expected {want}",
+                    s.hashes.len()
+                ));
+            }
+            let mut parent = None;
+            for (i, &h) in s.hashes.iter().enumerate() {
+                if hash_block(parent, s.block_tokens(i, bs)) != h {
+                    return Err(format!("{id}: block {i}'s name is not its chained hash"));
+                }
+                parent = Some(h);
+            }
+        }
+        Ok(())
+    }
+
+    fn check_device(&self) -> Result<(), String> {
+        let bs = self.config.block_size;
+        let alloc = self.device.allocator();
+        let cache = self.device.cache();
+        let on_free_list = alloc.check("device")?;
+        if let Some(c) = cache {
+            c.check(bs)?;
+        }
+        let mut refs = vec![0u32; alloc.num_blocks()];
+        let mut first: Vec<Sharer> = vec![None; alloc.num_blocks()];
+        for (&id, s) in &self.seqs {
+            let Some(table) = s.device_blocks() else {
+                continue;
+            };
+            for (i, &b) in table.iter().enumerate() {
+                if !alloc.contains(b) {
+                    return Err(format!("{id} points at {b}, outside the device pool"));
+                }
+                let tokens = s.block_tokens(i, bs);
+                refs[b.0 as usize] += 1;
+                same_content(&mut first[b.0 as usize], id, i, tokens, b)?;
+                if let Some(name) = cache.and_then(|c| c.name(b)) {
+                    if *name.tokens != *tokens {
+                        return Err(format!("{b} is cached under other tokens than {id} has"));
+                    }
+                    if s.hashes.get(i).is_some_and(|&h| h != name.hash) {
+                        return Err(format!("{b} is cached under another name than {id}'s"));
+                    }
+                }
+            }
+        }
+        for (i, &table_refs) in refs.iter().enumerate() {
+            let b = DeviceBlockId(i as u32);
+            let count = alloc.refcount(b);
+            let hold = self.plan.device_hold(b);
+            if count != table_refs + hold {
+                return Err(format!(
+                    "{b}: count {count}, but {table_refs} table entries and hold {hold}"
+                ));
+            }
+            let named = cache.is_some_and(|c| c.is_named(b));
+            let evictable = cache.is_some_and(|c| c.is_evictable(b));
+            let free = on_free_list[i];
+            let ok = match count {
+                0 => (free && !named && !evictable) || (!free && named && evictable),
+                _ => !free && !evictable,
+            };
+            if !ok {
+                return Err(format!(
+                    "{b}: count {count}, free-listed {free}, named {named}, evictable {evictable}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_host(&self) -> Result<(), String> {
+        let bs = self.config.block_size;
+        let on_free_list = self.host.check("host")?;
+        let mut refs = vec![0u32; self.host.num_blocks()];
+        let mut first: Vec<Sharer> = vec![None; self.host.num_blocks()];
+        for (&id, s) in &self.seqs {
+            let Some(table) = s.host_blocks() else {
+                continue;
+            };
+            for (i, &h) in table.iter().enumerate() {
+                if !self.host.contains(h) {
+                    return Err(format!("{id} points at {h}, outside the host pool"));
+                }
+                refs[h.0 as usize] += 1;
+                same_content(&mut first[h.0 as usize], id, i, s.block_tokens(i, bs), h)?;
+            }
+        }
+        for (i, &table_refs) in refs.iter().enumerate() {
+            let h = HostBlockId(i as u32);
+            let count = self.host.refcount(h);
+            let hold = self.plan.host_hold(h);
+            if count != table_refs + hold {
+                return Err(format!(
+                    "{h}: count {count}, but {table_refs} table entries and hold {hold}"
+                ));
+            }
+            if (count == 0) != on_free_list[i] {
+                return Err(format!(
+                    "{h}: count {count}, free-listed {}",
+                    on_free_list[i]
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A shared block is never written (the first write copies it), so every sequence that
+/// points at it has it at the same logical index with the same tokens.
+fn same_content<'a>(
+    first: &mut Sharer<'a>,
+    id: SeqId,
+    index: usize,
+    tokens: &'a [u32],
+    block: impl std::fmt::Display,
+) -> Result<(), String> {
+    match *first {
+        None => {
+            *first = Some((id, index, tokens));
+            Ok(())
+        }
+        Some((other, j, t)) if j != index || t != tokens => Err(format!(
+            "{block} is logical block {j} of {other} and {index} of {id}, with different tokens"
+        )),
+        Some(_) => Ok(()),
+    }
+}

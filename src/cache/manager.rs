@@ -1,0 +1,398 @@
+//! The block manager: admits sequences, grows them slot by slot, shares blocks between
+//! forks and between prompts with a common prefix, and writes the step's plan of block
+//! operations. This is the bookkeeping half of PagedAttention (Kwon et al., SOSP 2023,
+//! §4.2-4.5): block tables, reference counts, copy-on-write on the first write into a
+//! shared block, and swapping of whole sequence groups (`swap.rs`).
+//!
+//! Every fallible operation comes as a pair: `can_x` answers without changing anything and
+//! `x` first checks exactly what `can_x` checks, then mutates. So a failed operation leaves
+//! the manager unchanged, and `can_x` says yes exactly when `x` would succeed.
+
+use super::allocator::BlockAllocator;
+use super::block_table::{blocks_for, Blocks, Sequence};
+use super::config::CacheConfig;
+use super::device::DevicePool;
+use super::error::CacheError;
+use super::ids::{DeviceBlockId, HostBlockId, SeqId};
+use super::ops::BlockOps;
+use super::plan::PendingPlan;
+use super::prefix::{hash_block, BlockHash};
+use std::collections::{BTreeMap, HashSet};
+
+/// Whether a sequence group can be admitted (allocated, or swapped in).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllocStatus {
+    /// Enough blocks are available now, watermark included.
+    Now,
+    /// Not now; it may fit once other sequences finish or are preempted.
+    Later,
+    /// It will never fit (more blocks than the pool less its watermark), or the request
+    /// is malformed (an empty prompt, unknown or not swapped sequences).
+    Never,
+}
+
+/// What `append_slot` did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AppendOutcome {
+    /// Where the new token's K and V go: `block * block_size + offset`.
+    pub slot: usize,
+    /// The copy-on-write this append needs, `(src, dst)`, also recorded in the step's plan.
+    pub copy: Option<(DeviceBlockId, DeviceBlockId)>,
+    /// Whether the token opened a new block because the last one was full.
+    pub new_block: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct Counters {
+    pub cow_copies: u64,
+    pub swapped_out_blocks: u64,
+    pub swapped_in_blocks: u64,
+    pub prefix_hits: u64,
+    pub prefix_misses: u64,
+}
+
+/// CPU-side owner of the KV cache's block tables and block pools.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockManager {
+    pub(super) config: CacheConfig,
+    pub(super) device: DevicePool,
+    pub(super) host: BlockAllocator<HostBlockId>,
+    pub(super) seqs: BTreeMap<SeqId, Sequence>,
+    pub(super) plan: PendingPlan,
+    pub(super) counters: Counters,
+}
+
+/// A prompt's match against the prefix cache.
+struct PromptLookup {
+    blocks: usize,
+    hits: Vec<(DeviceBlockId, BlockHash)>,
+    lookups: usize,
+    /// Available blocks the allocation consumes.
+    needed: usize,
+}
+
+impl BlockManager {
+    pub fn new(config: CacheConfig) -> Result<Self, CacheError> {
+        config.validate()?;
+        Ok(BlockManager {
+            config,
+            device: DevicePool::new(
+                config.num_device_blocks as u32,
+                config.enable_prefix_caching,
+            ),
+            host: BlockAllocator::new(config.num_host_blocks as u32),
+            seqs: BTreeMap::new(),
+            plan: PendingPlan::default(),
+            counters: Counters::default(),
+        })
+    }
+
+    pub fn config(&self) -> &CacheConfig {
+        &self.config
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.config.block_size
+    }
+
+    /// Whether a new sequence group with this prompt can be admitted now, leaving the
+    /// watermark free. Cached prefix blocks that are in use cost nothing.
+    pub fn can_allocate(&self, prompt: &[u32]) -> AllocStatus {
+        if prompt.is_empty() {
+            return AllocStatus::Never;
+        }
+        let found = self.lookup_prompt(prompt);
+        status(self.admission(found.blocks, found.needed))
+    }
+
+    /// Gives `seq` a block table for `prompt`: cached leading blocks are shared, the rest
+    /// allocated. Returns the number of leading tokens whose KV is already cached (a
+    /// multiple of the block size, always less than the prompt), which the engine skips.
+    pub fn allocate(&mut self, seq: SeqId, prompt: &[u32]) -> Result<usize, CacheError> {
+        if prompt.is_empty() {
+            return Err(CacheError::EmptyPrompt);
+        }
+        if self.seqs.contains_key(&seq) {
+            return Err(CacheError::SequenceExists(seq));
+        }
+        let found = self.lookup_prompt(prompt);
+        self.admission(found.blocks, found.needed)?;
+
+        // Claim the hits first, so that the fresh allocations cannot evict them.
+        let mut table = Vec::with_capacity(found.blocks);
+        for &(block, _) in &found.hits {
+            self.device.retain(block);
+            table.push(block);
+        }
+        while table.len() < found.blocks {
+            table.push(
+                self.device
+                    .allocate()
+                    .expect("admission counted the blocks"),
+            );
+        }
+        if self.device.cache().is_some() {
+            self.counters.prefix_hits += found.hits.len() as u64;
+            self.counters.prefix_misses += (found.lookups - found.hits.len()) as u64;
+        }
+        let num_cached = found.hits.len() * self.config.block_size;
+        self.seqs.insert(
+            seq,
+            Sequence {
+                tokens: prompt.to_vec(),
+                blocks: Blocks::Device(table),
+                hashes: found.hits.iter().map(|&(_, h)| h).collect(),
+                num_computed: num_cached,
+                num_cached,
+            },
+        );
+        Ok(num_cached)
+    }
+
+    /// Whether `seq` can take one more token now (the watermark may be used).
+    pub fn can_append_slot(&self, seq: SeqId) -> bool {
+        self.can_append_slots(&[seq])
+    }
+
+    /// Whether every sequence in `seqs` can take one more token, in any order.
+    pub fn can_append_slots(&self, seqs: &[SeqId]) -> bool {
+        matches!(self.blocks_needed_to_append(seqs), Ok(n) if n <= self.device.available())
+    }
+
+    /// Exactly how many blocks appending one token to each of `seqs` takes: one per
+    /// sequence whose last block is full, and for a partly filled last block shared by
+    /// `r` sequences of which `k` append, `min(k, r - 1)` copies (the last writer to
+    /// arrive has the block to itself).
+    pub fn blocks_needed_to_append(&self, seqs: &[SeqId]) -> Result<usize, CacheError> {
+        let bs = self.config.block_size;
+        let mut seen = HashSet::new();
+        let mut needed = 0;
+        let mut writers: BTreeMap<DeviceBlockId, u32> = BTreeMap::new();
+        for &id in seqs {
+            if !seen.insert(id) {
+                return Err(CacheError::DuplicateSequence(id));
+            }
+            let s = self.seq(id)?;
+            let table = s.device_blocks().ok_or(CacheError::Swapped(id))?;
+            match table.last() {
+                Some(&last) if s.tokens.len() % bs != 0 => *writers.entry(last).or_default() += 1,
+                _ => needed += 1,
+            }
+        }
+        for (block, k) in writers {
+            needed += k.min(self.table_refs(block).saturating_sub(1)) as usize;
+        }
+        Ok(needed)
+    }
+
+    /// Gives `seq` a slot for one more token. Opens a new block only when the last one is
+    /// full; writing into a partly filled block that other sequences share first copies it
+    /// (copy-on-write), recorded in the step's plan.
+    pub fn append_slot(&mut self, seq: SeqId, token: u32) -> Result<AppendOutcome, CacheError> {
+        let needed = self.blocks_needed_to_append(&[seq])?;
+        let available = self.device.available();
+        if needed > available {
+            return Err(CacheError::OutOfBlocks { needed, available });
+        }
+        let bs = self.config.block_size;
+        let BlockManager {
+            device,
+            plan,
+            seqs,
+            counters,
+            ..
+        } = self;
+        let s = seqs.get_mut(&seq).ok_or(CacheError::UnknownSequence(seq))?;
+        let Blocks::Device(table) = &mut s.blocks else {
+            return Err(CacheError::Swapped(seq));
+        };
+        let pos = s.tokens.len();
+        let idx = pos / bs;
+        let new_block = pos % bs == 0;
+        let mut copy = None;
+        if new_block {
+            table.push(device.allocate().expect("availability checked"));
+        } else if needed == 1 {
+            let old = table[idx];
+            let src = plan.content_source(old);
+            let dst = device.allocate().expect("availability checked");
+            plan.record_copy(device, src, dst);
+            table[idx] = dst;
+            device.release(old);
+            counters.cow_copies += 1;
+            copy = Some((src, dst));
+            tracing::trace!(%seq, %src, %dst, "copy-on-write");
+        }
+        s.tokens.push(token);
+        Ok(AppendOutcome {
+            slot: table[idx].0 as usize * bs + pos % bs,
+            copy,
+            new_block,
+        })
+    }
+
+    /// Records that the KV of the first `num_computed_tokens` tokens of `seq` is now in the
+    /// cache (call it after the step's forward pass; a smaller count than before changes
+    /// nothing). With prefix caching on, this names the newly completed full blocks so
+    /// later prompts can reuse them.
+    pub fn mark_computed(
+        &mut self,
+        seq: SeqId,
+        num_computed_tokens: usize,
+    ) -> Result<(), CacheError> {
+        let bs = self.config.block_size;
+        let BlockManager { device, seqs, .. } = self;
+        let s = seqs.get_mut(&seq).ok_or(CacheError::UnknownSequence(seq))?;
+        if num_computed_tokens > s.tokens.len() {
+            return Err(CacheError::TokenOutOfRange {
+                seq,
+                value: num_computed_tokens,
+                num_tokens: s.tokens.len(),
+            });
+        }
+        let Blocks::Device(table) = &s.blocks else {
+            return Err(CacheError::Swapped(seq));
+        };
+        s.num_computed = s.num_computed.max(num_computed_tokens);
+        if let Some(cache) = device.cache_mut() {
+            while s.hashes.len() < s.num_computed / bs {
+                let i = s.hashes.len();
+                let parent = s.hashes.last().copied();
+                let tokens = &s.tokens[i * bs..(i + 1) * bs];
+                let hash = hash_block(parent, tokens);
+                cache.register(table[i], hash, parent, tokens);
+                s.hashes.push(hash);
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes `child` a copy of `parent` that shares all its blocks (on the device or in
+    /// the host pool); nothing is allocated until one of them writes a shared block.
+    pub fn fork(&mut self, parent: SeqId, child: SeqId) -> Result<(), CacheError> {
+        let s = self.seq(parent)?.clone();
+        if self.seqs.contains_key(&child) {
+            return Err(CacheError::SequenceExists(child));
+        }
+        match &s.blocks {
+            Blocks::Device(t) => t.iter().for_each(|&b| self.device.retain(b)),
+            Blocks::Host(t) => t.iter().for_each(|&h| self.host.incr(h)),
+        }
+        self.seqs.insert(child, s);
+        Ok(())
+    }
+
+    /// Drops `seq` (finished, aborted, or preempted for recomputation) and its references;
+    /// blocks nobody else uses become free, or evictable if they are cached.
+    pub fn free(&mut self, seq: SeqId) -> Result<(), CacheError> {
+        let s = self
+            .seqs
+            .remove(&seq)
+            .ok_or(CacheError::UnknownSequence(seq))?;
+        match &s.blocks {
+            // Deepest block first: it enters the evictor before the blocks it extends and
+            // so is evicted before them; evicting a head first would strand its tail.
+            Blocks::Device(t) => t.iter().rev().for_each(|&b| self.device.release(b)),
+            Blocks::Host(t) => t.iter().for_each(|&h| self.host.release(h)),
+        }
+        Ok(())
+    }
+
+    /// The operations recorded so far in this step.
+    pub fn pending_ops(&self) -> &BlockOps {
+        &self.plan.ops
+    }
+
+    /// Ends the step: returns its plan (execute swap-out, then swap-in, then copies, before
+    /// the forward pass) and releases the blocks the plan held.
+    pub fn take_ops(&mut self) -> BlockOps {
+        self.plan.take(&mut self.device, &mut self.host)
+    }
+
+    pub(super) fn seq(&self, seq: SeqId) -> Result<&Sequence, CacheError> {
+        self.seqs.get(&seq).ok_or(CacheError::UnknownSequence(seq))
+    }
+
+    /// References to `block` from block tables, not counting the plan's hold.
+    pub(super) fn table_refs(&self, block: DeviceBlockId) -> u32 {
+        self.device.refcount(block) - self.plan.device_hold(block)
+    }
+
+    /// A group names at least one known sequence, each once.
+    pub(super) fn check_group(&self, seqs: &[SeqId]) -> Result<(), CacheError> {
+        if seqs.is_empty() {
+            return Err(CacheError::EmptyGroup);
+        }
+        let mut seen = HashSet::new();
+        for &id in seqs {
+            self.seq(id)?;
+            if !seen.insert(id) {
+                return Err(CacheError::DuplicateSequence(id));
+            }
+        }
+        Ok(())
+    }
+
+    /// Admitting something that takes `needed` available blocks now, and `worst` in all,
+    /// must leave the watermark free.
+    pub(super) fn admission(&self, worst: usize, needed: usize) -> Result<(), CacheError> {
+        let capacity = self.device.num_blocks() - self.config.watermark_blocks;
+        if worst > capacity {
+            return Err(CacheError::ExceedsCapacity {
+                needed: worst,
+                capacity,
+            });
+        }
+        let usable = self
+            .device
+            .available()
+            .saturating_sub(self.config.watermark_blocks);
+        if needed > usable {
+            return Err(CacheError::OutOfBlocks {
+                needed,
+                available: usable,
+            });
+        }
+        Ok(())
+    }
+
+    fn lookup_prompt(&self, prompt: &[u32]) -> PromptLookup {
+        let bs = self.config.block_size;
+        let blocks = blocks_for(prompt.len(), bs);
+        let mut hits = Vec::new();
+        let mut lookups = 0;
+        if let Some(cache) = self.device.cache() {
+            // The last prompt token is always computed again, because the step samples
+            // from its logits; so a fully cached prompt still computes its last block.
+            lookups = (prompt.len() - 1) / bs;
+            let mut parent = None;
+            for tokens in prompt.chunks_exact(bs).take(lookups) {
+                let Some((block, hash)) = cache.lookup(parent, tokens) else {
+                    break;
+                };
+                hits.push((block, hash));
+                parent = Some(hash);
+            }
+        }
+        // A hit on an evictable block takes it out of the evictor, which costs one
+        // available block just as a fresh one does; only hits on blocks in use are free.
+        let in_use = hits
+            .iter()
+            .filter(|&&(b, _)| self.device.refcount(b) > 0)
+            .count();
+        PromptLookup {
+            blocks,
+            hits,
+            lookups,
+            needed: blocks - in_use,
+        }
+    }
+}
+
+pub(super) fn status(admission: Result<(), CacheError>) -> AllocStatus {
+    match admission {
+        Ok(()) => AllocStatus::Now,
+        Err(CacheError::OutOfBlocks { .. }) => AllocStatus::Later,
+        Err(_) => AllocStatus::Never,
+    }
+}

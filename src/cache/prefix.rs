@@ -1,0 +1,218 @@
+//! Automatic prefix caching: full, computed KV blocks are named by their content, so that a
+//! prompt starting like an earlier one reuses the earlier blocks instead of recomputing them.
+//!
+//! A block's name is a hash chained over (the previous block's name, this block's token
+//! ids). Equal names therefore mean equal prefixes up to and including the block, which is
+//! what equal KV requires (a token's K and V depend on every token before it). This is the
+//! hash-based block identity that vLLM's automatic prefix caching layers on PagedAttention's
+//! block sharing (Kwon et al., SOSP 2023). A lookup also compares the stored parent name and
+//! tokens, so a 64-bit collision can only mislead through a colliding parent chain.
+//!
+//! A named block that no sequence references any more keeps its content and waits in an LRU
+//! evictor: either it is found again (a hit, and it leaves the evictor) or, once the free
+//! list is empty, it is reclaimed for new data, least recently released first.
+
+use super::ids::{BlockId, DeviceBlockId};
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+/// The content name of a full block: a hash chained over all tokens up to its end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BlockHash(pub u64);
+
+/// Name of a block holding `tokens` after the block named `parent` (`None` for the first).
+/// `DefaultHasher::new()` uses fixed keys, so names are stable for the life of the process,
+/// which is all an in-memory cache needs.
+pub fn hash_block(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
+    let mut h = DefaultHasher::new();
+    parent.hash(&mut h);
+    tokens.hash(&mut h);
+    BlockHash(h.finish())
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct NamedBlock {
+    pub hash: BlockHash,
+    pub parent: Option<BlockHash>,
+    pub tokens: Box<[u32]>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PrefixCache {
+    by_hash: HashMap<BlockHash, DeviceBlockId>,
+    /// Per device block, its name if it has one.
+    named: Vec<Option<NamedBlock>>,
+    /// The evictor: unreferenced named blocks by release time, oldest first.
+    lru: BTreeMap<u64, DeviceBlockId>,
+    released_at: Vec<Option<u64>>,
+    clock: u64,
+}
+
+impl PrefixCache {
+    pub fn new(num_blocks: usize) -> Self {
+        PrefixCache {
+            by_hash: HashMap::new(),
+            named: vec![None; num_blocks],
+            lru: BTreeMap::new(),
+            released_at: vec![None; num_blocks],
+            clock: 0,
+        }
+    }
+
+    /// The cached block holding `tokens` after the block named `parent`, with its name.
+    pub fn lookup(
+        &self,
+        parent: Option<BlockHash>,
+        tokens: &[u32],
+    ) -> Option<(DeviceBlockId, BlockHash)> {
+        let hash = hash_block(parent, tokens);
+        let block = *self.by_hash.get(&hash)?;
+        let entry = self.named[block.index()].as_ref()?;
+        (entry.parent == parent && *entry.tokens == *tokens).then_some((block, hash))
+    }
+
+    /// Names `block`. The first block computed with some content keeps the name: a later
+    /// block with the same content (computed before the first was cached) stays unnamed and
+    /// goes back to the free list when released. Returns whether the name was taken.
+    pub fn register(
+        &mut self,
+        block: DeviceBlockId,
+        hash: BlockHash,
+        parent: Option<BlockHash>,
+        tokens: &[u32],
+    ) -> bool {
+        if self.by_hash.contains_key(&hash) || self.named[block.index()].is_some() {
+            return false;
+        }
+        self.by_hash.insert(hash, block);
+        self.named[block.index()] = Some(NamedBlock {
+            hash,
+            parent,
+            tokens: tokens.into(),
+        });
+        true
+    }
+
+    pub fn name(&self, block: DeviceBlockId) -> Option<&NamedBlock> {
+        self.named[block.index()].as_ref()
+    }
+
+    pub fn is_named(&self, block: DeviceBlockId) -> bool {
+        self.named[block.index()].is_some()
+    }
+
+    pub fn is_evictable(&self, block: DeviceBlockId) -> bool {
+        self.released_at[block.index()].is_some()
+    }
+
+    pub fn num_evictable(&self) -> usize {
+        self.lru.len()
+    }
+
+    /// A named block lost its last reference: it becomes the most recently released.
+    pub fn make_evictable(&mut self, block: DeviceBlockId) {
+        debug_assert!(self.is_named(block) && !self.is_evictable(block));
+        self.lru.insert(self.clock, block);
+        self.released_at[block.index()] = Some(self.clock);
+        self.clock += 1;
+    }
+
+    /// A hit on an evictable block takes it back out of the evictor.
+    pub fn reclaim(&mut self, block: DeviceBlockId) {
+        if let Some(t) = self.released_at[block.index()].take() {
+            self.lru.remove(&t);
+        }
+    }
+
+    /// Reclaims the least recently released block for new data, forgetting its name.
+    pub fn evict_lru(&mut self) -> Option<DeviceBlockId> {
+        let (_, block) = self.lru.pop_first()?;
+        self.released_at[block.index()] = None;
+        if let Some(entry) = self.named[block.index()].take() {
+            self.by_hash.remove(&entry.hash);
+        }
+        Some(block)
+    }
+
+    /// Internal consistency: names and the hash index agree, names are correct hashes of
+    /// full blocks, and the evictor holds exactly the blocks stamped with a release time.
+    pub fn check(&self, block_size: usize) -> Result<(), String> {
+        let mut named = 0;
+        for (i, entry) in self.named.iter().enumerate() {
+            let Some(entry) = entry else { continue };
+            named += 1;
+            let block = DeviceBlockId(i as u32);
+            if self.by_hash.get(&entry.hash) != Some(&block) {
+                return Err(format!("prefix cache: {block} is named but not indexed"));
+            }
+            if entry.tokens.len() != block_size {
+                return Err(format!("prefix cache: {block} is named but not full"));
+            }
+            if hash_block(entry.parent, &entry.tokens) != entry.hash {
+                return Err(format!(
+                    "prefix cache: {block}'s name is not its content hash"
+                ));
+            }
+        }
+        if named != self.by_hash.len() {
+            return Err("prefix cache: hash index names blocks that have no name".into());
+        }
+        let stamped = self.released_at.iter().flatten().count();
+        if stamped != self.lru.len() {
+            return Err("prefix cache: evictor and release stamps disagree".into());
+        }
+        for (&t, &block) in &self.lru {
+            if self.released_at[block.index()] != Some(t) {
+                return Err(format!(
+                    "prefix cache: {block} evictable under a stale stamp"
+                ));
+            }
+            if !self.is_named(block) {
+                return Err(format!("prefix cache: {block} is evictable but unnamed"));
+            }
+            if t >= self.clock {
+                return Err(format!("prefix cache: {block} released in the future"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_chain_over_the_whole_prefix() {
+        let a = hash_block(None, &[1, 2]);
+        let b = hash_block(Some(a), &[3, 4]);
+        assert_eq!(b, hash_block(Some(hash_block(None, &[1, 2])), &[3, 4]));
+        assert_ne!(b, hash_block(Some(hash_block(None, &[9, 2])), &[3, 4]));
+        assert_ne!(b, hash_block(None, &[3, 4]));
+    }
+
+    #[test]
+    fn lookup_register_and_lru_eviction() {
+        let mut c = PrefixCache::new(4);
+        let h0 = hash_block(None, &[1, 2]);
+        let h1 = hash_block(Some(h0), &[3, 4]);
+        assert!(c.register(DeviceBlockId(2), h0, None, &[1, 2]));
+        assert!(c.register(DeviceBlockId(3), h1, Some(h0), &[3, 4]));
+        // Same content elsewhere keeps the first name.
+        assert!(!c.register(DeviceBlockId(1), h0, None, &[1, 2]));
+        assert_eq!(c.lookup(None, &[1, 2]), Some((DeviceBlockId(2), h0)));
+        assert_eq!(c.lookup(Some(h0), &[3, 4]), Some((DeviceBlockId(3), h1)));
+        assert_eq!(c.lookup(None, &[3, 4]), None);
+
+        c.make_evictable(DeviceBlockId(3));
+        c.make_evictable(DeviceBlockId(2));
+        c.reclaim(DeviceBlockId(3));
+        c.make_evictable(DeviceBlockId(3));
+        c.check(2).unwrap();
+        assert_eq!(c.evict_lru(), Some(DeviceBlockId(2)));
+        assert_eq!(c.lookup(None, &[1, 2]), None);
+        assert_eq!(c.evict_lru(), Some(DeviceBlockId(3)));
+        assert_eq!(c.evict_lru(), None);
+        c.check(2).unwrap();
+    }
+}

@@ -1,0 +1,106 @@
+//! Read-only questions about sequences and pools: block tables and slots for the GPU side,
+//! progress counters for the scheduler.
+
+use super::block_table::Location;
+use super::error::CacheError;
+use super::ids::{BlockId, DeviceBlockId, HostBlockId, SeqId};
+use super::manager::BlockManager;
+
+impl BlockManager {
+    pub fn contains(&self, seq: SeqId) -> bool {
+        self.seqs.contains_key(&seq)
+    }
+
+    /// All sequences with a block table, in id order.
+    pub fn sequences(&self) -> impl Iterator<Item = SeqId> + '_ {
+        self.seqs.keys().copied()
+    }
+
+    pub fn location(&self, seq: SeqId) -> Result<Location, CacheError> {
+        Ok(self.seq(seq)?.location())
+    }
+
+    /// Tokens with a slot (prompt plus appended), computed or not.
+    pub fn num_tokens(&self, seq: SeqId) -> Result<usize, CacheError> {
+        Ok(self.seq(seq)?.tokens.len())
+    }
+
+    pub fn tokens(&self, seq: SeqId) -> Result<&[u32], CacheError> {
+        Ok(&self.seq(seq)?.tokens)
+    }
+
+    /// Leading tokens whose KV is in the cache (prefix-cache hits plus `mark_computed`).
+    pub fn num_computed_tokens(&self, seq: SeqId) -> Result<usize, CacheError> {
+        Ok(self.seq(seq)?.num_computed)
+    }
+
+    /// Leading prompt tokens found in the prefix cache when `seq` was allocated (0 when
+    /// prefix caching is off). Never the whole prompt.
+    pub fn num_cached_tokens(&self, seq: SeqId) -> Result<usize, CacheError> {
+        Ok(self.seq(seq)?.num_cached)
+    }
+
+    /// The device block table of `seq`: logical block `i` lives in physical block `[i]`.
+    pub fn block_table(&self, seq: SeqId) -> Result<&[DeviceBlockId], CacheError> {
+        self.seq(seq)?
+            .device_blocks()
+            .ok_or(CacheError::Swapped(seq))
+    }
+
+    /// The host block table of a swapped-out `seq`.
+    pub fn host_block_table(&self, seq: SeqId) -> Result<&[HostBlockId], CacheError> {
+        self.seq(seq)?
+            .host_blocks()
+            .ok_or(CacheError::NotSwapped(seq))
+    }
+
+    /// The slot of token `position` of `seq`: `block * block_size + position % block_size`.
+    pub fn slot(&self, seq: SeqId, position: usize) -> Result<usize, CacheError> {
+        let s = self.seq(seq)?;
+        let table = s.device_blocks().ok_or(CacheError::Swapped(seq))?;
+        if position >= s.tokens.len() {
+            return Err(CacheError::TokenOutOfRange {
+                seq,
+                value: position,
+                num_tokens: s.tokens.len(),
+            });
+        }
+        let bs = self.config.block_size;
+        Ok(table[position / bs].index() * bs + position % bs)
+    }
+
+    /// Device blocks an allocation can get now: free plus cached-but-unreferenced.
+    pub fn num_available_device_blocks(&self) -> usize {
+        self.device.available()
+    }
+
+    pub fn num_free_host_blocks(&self) -> usize {
+        self.host.num_free()
+    }
+
+    pub fn watermark_blocks(&self) -> usize {
+        self.config.watermark_blocks
+    }
+
+    /// Block-table entries pointing at `block` (the plan's temporary hold not counted);
+    /// `None` outside the pool.
+    pub fn device_refcount(&self, block: DeviceBlockId) -> Option<u32> {
+        self.device
+            .allocator()
+            .contains(block)
+            .then(|| self.table_refs(block))
+    }
+
+    /// Block-table entries pointing at host `block` (the plan's hold not counted).
+    pub fn host_refcount(&self, block: HostBlockId) -> Option<u32> {
+        self.host
+            .contains(block)
+            .then(|| self.host.refcount(block) - self.plan.host_hold(block))
+    }
+
+    /// Whether device `block` is cached for prefix reuse (named).
+    pub fn is_cached(&self, block: DeviceBlockId) -> bool {
+        self.device.allocator().contains(block)
+            && self.device.cache().is_some_and(|c| c.is_named(block))
+    }
+}

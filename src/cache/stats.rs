@@ -1,0 +1,118 @@
+//! Usage statistics of the KV cache, computed on demand from the manager's state (pool
+//! occupancy, how full the used blocks are) and from running counters (copies, swaps,
+//! prefix-cache hits). Utilization is PagedAttention's measure of internal fragmentation
+//! (Kwon et al., SOSP 2023, §6): with paging, only the last block of each sequence can be
+//! partly empty.
+
+use super::block_table::Blocks;
+use super::ids::BlockId;
+use super::manager::BlockManager;
+
+/// Occupancy of one pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    pub total: usize,
+    /// Referenced by a block table (or held by the pending plan).
+    pub used: usize,
+    /// On the free list.
+    pub free: usize,
+    /// Unreferenced but cached for prefix reuse: evictable, so available like free ones.
+    pub cached: usize,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    pub block_size: usize,
+    pub device: PoolStats,
+    pub host: PoolStats,
+    pub device_sequences: usize,
+    pub swapped_sequences: usize,
+    /// Tokens held in used device blocks, a shared block counted once.
+    pub stored_tokens: usize,
+    /// Tokens of device sequences, shared ones counted once per sequence.
+    pub logical_tokens: usize,
+    pub cow_copies: u64,
+    pub swapped_out_blocks: u64,
+    pub swapped_in_blocks: u64,
+    /// Prompt blocks found in the prefix cache.
+    pub prefix_hits: u64,
+    /// Prompt blocks looked up and not found.
+    pub prefix_misses: u64,
+    /// Cached blocks reclaimed for new data.
+    pub evictions: u64,
+}
+
+impl CacheStats {
+    /// Stored tokens over the slots of used device blocks (1.0 when nothing is used).
+    pub fn utilization(&self) -> f64 {
+        let slots = self.device.used * self.block_size;
+        if slots == 0 {
+            1.0
+        } else {
+            self.stored_tokens as f64 / slots as f64
+        }
+    }
+
+    /// Prefix-cache hits over lookups (0.0 before any lookup).
+    pub fn prefix_hit_rate(&self) -> f64 {
+        let lookups = self.prefix_hits + self.prefix_misses;
+        if lookups == 0 {
+            0.0
+        } else {
+            self.prefix_hits as f64 / lookups as f64
+        }
+    }
+}
+
+impl BlockManager {
+    pub fn stats(&self) -> CacheStats {
+        let bs = self.config.block_size;
+        let mut filled = vec![0usize; self.device.num_blocks()];
+        let (mut device_sequences, mut swapped_sequences, mut logical_tokens) = (0, 0, 0);
+        for s in self.seqs.values() {
+            match &s.blocks {
+                Blocks::Device(table) => {
+                    device_sequences += 1;
+                    logical_tokens += s.tokens.len();
+                    for (i, b) in table.iter().enumerate() {
+                        let f = &mut filled[b.index()];
+                        *f = (*f).max(s.block_tokens(i, bs).len());
+                    }
+                }
+                Blocks::Host(_) => swapped_sequences += 1,
+            }
+        }
+        let (dev_total, dev_free, dev_cached) = (
+            self.device.num_blocks(),
+            self.device.num_free(),
+            self.device.num_evictable(),
+        );
+        let (host_total, host_free) = (self.host.num_blocks(), self.host.num_free());
+        let c = &self.counters;
+        CacheStats {
+            block_size: bs,
+            device: PoolStats {
+                total: dev_total,
+                used: dev_total - dev_free - dev_cached,
+                free: dev_free,
+                cached: dev_cached,
+            },
+            host: PoolStats {
+                total: host_total,
+                used: host_total - host_free,
+                free: host_free,
+                cached: 0,
+            },
+            device_sequences,
+            swapped_sequences,
+            stored_tokens: filled.iter().sum(),
+            logical_tokens,
+            cow_copies: c.cow_copies,
+            swapped_out_blocks: c.swapped_out_blocks,
+            swapped_in_blocks: c.swapped_in_blocks,
+            prefix_hits: c.prefix_hits,
+            prefix_misses: c.prefix_misses,
+            evictions: self.device.evictions(),
+        }
+    }
+}

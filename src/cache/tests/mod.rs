@@ -1,0 +1,30 @@
+//! Scenario tests of the block manager, one file per theme.
+
+mod admission;
+mod prefix;
+mod sharing;
+mod swap;
+
+use super::{BlockManager, CacheConfig, SeqId};
+
+fn manager(block_size: usize, device: usize, host: usize) -> BlockManager {
+    let config = CacheConfig::new(block_size, device, host).with_watermark_blocks(0);
+    BlockManager::new(config).unwrap()
+}
+
+fn prefix_manager(block_size: usize, device: usize) -> BlockManager {
+    let config = CacheConfig::new(block_size, device, 0)
+        .with_watermark_blocks(0)
+        .with_prefix_caching(true);
+    BlockManager::new(config).unwrap()
+}
+
+/// Tokens `start, start + 1, ...`: distinct content per block.
+fn tokens(start: u32, n: usize) -> Vec<u32> {
+    (start..start + n as u32).collect()
+}
+
+const A: SeqId = SeqId(1);
+const B: SeqId = SeqId(2);
+const C: SeqId = SeqId(3);
+const D: SeqId = SeqId(4);

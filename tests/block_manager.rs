@@ -1,0 +1,558 @@
+//! Property tests of the block manager: long random runs of allocate / append / fork /
+//! free / swap out / swap in / step against small, often nearly full pools.
+//!
+//! After every operation the manager's own invariants must hold, a failed operation must
+//! leave it unchanged, and each `can_*` must agree with the operation it guards. At every
+//! step boundary the plan is checked against the GPU's preconditions by this file's own
+//! code, then executed on a simulated KV memory (a value per slot, derived from the whole
+//! token prefix as real K and V are), followed by a simulated forward pass; every computed
+//! token of every sequence must then read back its own value through its block table. That
+//! catches wrong copies, lost swaps, wrongly shared prefix blocks and plan-order hazards.
+
+use pagellm::cache::{
+    AllocStatus, BlockManager, BlockOps, CacheConfig, CacheError, DeviceBlockId, HostBlockId,
+    Location, SeqId,
+};
+use proptest::prelude::*;
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+const NUM_SEQ_IDS: u64 = 12;
+const VOCAB: u32 = 3;
+const STEM_LEN: usize = 40;
+
+/// A sequence chosen when the operation runs: mostly a live one (or, for new sequences, an
+/// unused id), sometimes any id, so that error paths get exercised too.
+#[derive(Clone, Copy, Debug)]
+struct Pick(u16);
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// Prompt: the first `len` tokens of stem `stem`, its last token replaced by `last`.
+    Allocate {
+        seq: Pick,
+        stem: usize,
+        len: usize,
+        last: Option<u32>,
+    },
+    Append {
+        seq: Pick,
+        token: u32,
+    },
+    /// One decode step's appends: every sequence on the device, if all fit.
+    AppendAll {
+        token: u32,
+    },
+    Fork {
+        parent: Pick,
+        child: Pick,
+    },
+    Free {
+        seq: Pick,
+    },
+    /// Swap the whole family of a sequence (it and everything forked from the same prompt).
+    SwapOutFamily {
+        seq: Pick,
+    },
+    SwapInFamily {
+        seq: Pick,
+    },
+    /// Arbitrary sets, including malformed ones and partial families.
+    SwapOut {
+        seqs: Vec<Pick>,
+    },
+    SwapIn {
+        seqs: Vec<Pick>,
+    },
+    /// End the step: execute the plan, run the forward pass, check every computed slot.
+    Step,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let pick = || any::<u16>().prop_map(Pick);
+    let picks = || proptest::collection::vec(pick(), 0..4);
+    prop_oneof![
+        4 => (pick(), 0..3usize, 1..=STEM_LEN, proptest::option::of(0..VOCAB + 1))
+            .prop_map(|(seq, stem, len, last)| Op::Allocate { seq, stem, len, last }),
+        4 => (pick(), 0..VOCAB).prop_map(|(seq, token)| Op::Append { seq, token }),
+        4 => (0..VOCAB).prop_map(|token| Op::AppendAll { token }),
+        3 => (pick(), pick()).prop_map(|(parent, child)| Op::Fork { parent, child }),
+        2 => pick().prop_map(|seq| Op::Free { seq }),
+        2 => pick().prop_map(|seq| Op::SwapOutFamily { seq }),
+        2 => pick().prop_map(|seq| Op::SwapInFamily { seq }),
+        1 => picks().prop_map(|seqs| Op::SwapOut { seqs }),
+        1 => picks().prop_map(|seqs| Op::SwapIn { seqs }),
+        4 => Just(Op::Step),
+    ]
+}
+
+fn config() -> impl Strategy<Value = CacheConfig> {
+    (
+        2..=8usize,
+        16..=48usize,
+        8..=32usize,
+        0..=3usize,
+        any::<bool>(),
+    )
+        .prop_map(|(bs, device, host, watermark, prefix)| {
+            CacheConfig::new(bs, device, host)
+                .with_watermark_blocks(watermark)
+                .with_prefix_caching(prefix)
+        })
+}
+
+/// The simulated K/V value of every position: a hash of the token prefix up to it.
+fn kv_values(tokens: &[u32]) -> Vec<u64> {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    tokens
+        .iter()
+        .map(|&t| {
+            h = (h ^ u64::from(t) ^ 0x9e37_79b9_0000_0000).wrapping_mul(0x0100_0000_01b3);
+            h
+        })
+        .collect()
+}
+
+struct SimSeq {
+    tokens: Vec<u32>,
+    computed: usize,
+    family: u64,
+}
+
+struct Sim {
+    m: BlockManager,
+    bs: usize,
+    stems: Vec<Vec<u32>>,
+    seqs: BTreeMap<u64, SimSeq>,
+    device_mem: Vec<Vec<Option<u64>>>,
+    host_mem: Vec<Vec<Option<u64>>>,
+    next_family: u64,
+    copies: u64,
+    swapped_out: u64,
+    swapped_in: u64,
+}
+
+fn fail(msg: String) -> TestCaseError {
+    TestCaseError::fail(msg)
+}
+
+impl Sim {
+    fn new(config: CacheConfig, stems: Vec<Vec<u32>>) -> Self {
+        Sim {
+            m: BlockManager::new(config).unwrap(),
+            bs: config.block_size,
+            stems,
+            seqs: BTreeMap::new(),
+            device_mem: vec![vec![None; config.block_size]; config.num_device_blocks],
+            host_mem: vec![vec![None; config.block_size]; config.num_host_blocks],
+            next_family: 0,
+            copies: 0,
+            swapped_out: 0,
+            swapped_in: 0,
+        }
+    }
+
+    /// A live sequence, preferably at `place`, or (one time in eight, or when none lives)
+    /// any id.
+    fn live(&self, p: Pick, place: Option<Location>) -> u64 {
+        let live: Vec<u64> = self.seqs.keys().copied().collect();
+        let there: Vec<u64> = (live.iter().copied())
+            .filter(|&s| place.is_none_or(|l| self.m.location(SeqId(s)) == Ok(l)))
+            .collect();
+        let pool = if there.is_empty() { live } else { there };
+        match pool.len() {
+            n if n > 0 && p.0 % 8 != 0 => pool[p.0 as usize / 8 % n],
+            _ => u64::from(p.0) % NUM_SEQ_IDS,
+        }
+    }
+
+    /// An unused id, or (one time in eight, or when all are taken) any id.
+    fn unused(&self, p: Pick) -> u64 {
+        let free: Vec<u64> = (0..NUM_SEQ_IDS)
+            .filter(|s| !self.seqs.contains_key(s))
+            .collect();
+        match free.len() {
+            n if n > 0 && p.0 % 8 != 0 => free[p.0 as usize / 8 % n],
+            _ => u64::from(p.0) % NUM_SEQ_IDS,
+        }
+    }
+
+    fn on_device(&self, seq: u64) -> bool {
+        self.m.location(SeqId(seq)) == Ok(Location::Device)
+    }
+
+    fn family(&self, seq: u64) -> Vec<SeqId> {
+        match self.seqs.get(&seq) {
+            None => vec![SeqId(seq)],
+            Some(s) => (self.seqs.iter())
+                .filter(|(_, o)| o.family == s.family)
+                .map(|(&id, _)| SeqId(id))
+                .collect(),
+        }
+    }
+
+    fn apply(&mut self, op: &Op) -> Result<(), TestCaseError> {
+        let before = self.m.clone();
+        let (device, host) = (Some(Location::Device), Some(Location::Host));
+        let outcome = match op {
+            Op::Allocate {
+                seq,
+                stem,
+                len,
+                last,
+            } => self.allocate(self.unused(*seq), *stem, *len, *last)?,
+            Op::Append { seq, token } => self.append(self.live(*seq, device), *token)?,
+            Op::AppendAll { token } => self.append_all(*token)?,
+            Op::Fork { parent, child } => {
+                self.fork(self.live(*parent, None), self.unused(*child))?
+            }
+            Op::Free { seq } => {
+                let seq = self.live(*seq, None);
+                let r = self.m.free(SeqId(seq));
+                prop_assert_eq!(r.is_ok(), self.seqs.remove(&seq).is_some());
+                r
+            }
+            Op::SwapOutFamily { seq } => self.swap_out(&self.family(self.live(*seq, device)))?,
+            Op::SwapInFamily { seq } => self.swap_in(&self.family(self.live(*seq, host)))?,
+            Op::SwapOut { seqs } => {
+                let group: Vec<SeqId> = seqs.iter().map(|&p| SeqId(self.live(p, device))).collect();
+                self.swap_out(&group)?
+            }
+            Op::SwapIn { seqs } => {
+                let group: Vec<SeqId> = seqs.iter().map(|&p| SeqId(self.live(p, host))).collect();
+                self.swap_in(&group)?
+            }
+            Op::Step => self.step().map(Ok)?,
+        };
+        self.m
+            .check_invariants()
+            .map_err(|e| fail(format!("after {op:?}: {e}")))?;
+        if let Err(e) = &outcome {
+            prop_assert!(
+                self.m == before,
+                "failed {:?} ({}) changed the manager",
+                op,
+                e
+            );
+        }
+        prop_assert_eq!(self.m.sequences().count(), self.seqs.len());
+        for (&id, s) in &self.seqs {
+            prop_assert_eq!(self.m.tokens(SeqId(id)), Ok(&s.tokens[..]));
+        }
+        let st = self.m.stats();
+        prop_assert_eq!(
+            st.device.used + st.device.free + st.device.cached,
+            st.device.total
+        );
+        prop_assert_eq!(st.host.used + st.host.free, st.host.total);
+        prop_assert_eq!(st.cow_copies, self.copies);
+        prop_assert_eq!(st.swapped_out_blocks, self.swapped_out);
+        prop_assert_eq!(st.swapped_in_blocks, self.swapped_in);
+        Ok(())
+    }
+
+    fn allocate(
+        &mut self,
+        seq: u64,
+        stem: usize,
+        len: usize,
+        last: Option<u32>,
+    ) -> Result<Result<(), CacheError>, TestCaseError> {
+        let mut prompt = self.stems[stem][..len].to_vec();
+        if let Some(t) = last {
+            prompt[len - 1] = t;
+        }
+        let status = self.m.can_allocate(&prompt);
+        let r = self.m.allocate(SeqId(seq), &prompt);
+        if self.seqs.contains_key(&seq) {
+            prop_assert_eq!(r, Err(CacheError::SequenceExists(SeqId(seq))));
+            return Ok(Err(CacheError::SequenceExists(SeqId(seq))));
+        }
+        match (status, &r) {
+            (AllocStatus::Now, Ok(_))
+            | (AllocStatus::Later, Err(CacheError::OutOfBlocks { .. }))
+            | (AllocStatus::Never, Err(CacheError::ExceedsCapacity { .. })) => {}
+            _ => {
+                return Err(fail(format!(
+                    "can_allocate said {status:?}, allocate {r:?}"
+                )))
+            }
+        }
+        if let Ok(cached) = r {
+            prop_assert!(cached < prompt.len() && cached % self.bs == 0);
+            prop_assert!(cached == 0 || self.m.config().enable_prefix_caching);
+            prop_assert!(self.m.num_available_device_blocks() >= self.m.watermark_blocks());
+            let family = self.next_family;
+            self.next_family += 1;
+            self.seqs.insert(
+                seq,
+                SimSeq {
+                    tokens: prompt,
+                    computed: cached,
+                    family,
+                },
+            );
+        }
+        Ok(r.map(|_| ()))
+    }
+
+    fn append(&mut self, seq: u64, token: u32) -> Result<Result<(), CacheError>, TestCaseError> {
+        let id = SeqId(seq);
+        let can = self.m.can_append_slot(id);
+        let r = self.m.append_slot(id, token);
+        prop_assert_eq!(can, r.is_ok(), "can_append_slot disagrees: {:?}", r);
+        match (self.seqs.get_mut(&seq), &r) {
+            (None, _) => prop_assert_eq!(&r, &Err(CacheError::UnknownSequence(id))),
+            (Some(s), Ok(out)) => {
+                s.tokens.push(token);
+                prop_assert_eq!(self.m.slot(id, s.tokens.len() - 1), Ok(out.slot));
+                self.copies += out.copy.is_some() as u64;
+            }
+            (Some(_), Err(_)) => {}
+        }
+        Ok(r.map(|_| ()))
+    }
+
+    fn append_all(&mut self, token: u32) -> Result<Result<(), CacheError>, TestCaseError> {
+        let running: Vec<u64> = self
+            .seqs
+            .keys()
+            .copied()
+            .filter(|&s| self.on_device(s))
+            .collect();
+        let ids: Vec<SeqId> = running.iter().map(|&s| SeqId(s)).collect();
+        let needed = self
+            .m
+            .blocks_needed_to_append(&ids)
+            .map_err(|e| fail(e.to_string()))?;
+        let available = self.m.num_available_device_blocks();
+        prop_assert_eq!(self.m.can_append_slots(&ids), needed <= available);
+        if needed > available {
+            return Ok(Ok(()));
+        }
+        for seq in running {
+            prop_assert!(
+                self.append(seq, token)?.is_ok(),
+                "append of a checked batch failed"
+            );
+        }
+        prop_assert_eq!(available - self.m.num_available_device_blocks(), needed);
+        Ok(Ok(()))
+    }
+
+    fn fork(&mut self, parent: u64, child: u64) -> Result<Result<(), CacheError>, TestCaseError> {
+        let r = self.m.fork(SeqId(parent), SeqId(child));
+        let expected = match (self.seqs.get(&parent), self.seqs.contains_key(&child)) {
+            (None, _) => Err(CacheError::UnknownSequence(SeqId(parent))),
+            (Some(_), true) => Err(CacheError::SequenceExists(SeqId(child))),
+            (Some(p), false) => {
+                let copy = SimSeq {
+                    tokens: p.tokens.clone(),
+                    computed: p.computed,
+                    family: p.family,
+                };
+                self.seqs.insert(child, copy);
+                Ok(())
+            }
+        };
+        prop_assert_eq!(&r, &expected);
+        Ok(r)
+    }
+
+    fn swap_out(&mut self, group: &[SeqId]) -> Result<Result<(), CacheError>, TestCaseError> {
+        let tables: Option<Vec<Vec<DeviceBlockId>>> = group
+            .iter()
+            .map(|&s| self.m.block_table(s).ok().map(<[_]>::to_vec))
+            .collect();
+        let can = self.m.can_swap_out(group);
+        let r = self.m.swap_out(group);
+        prop_assert_eq!(can, r.is_ok(), "can_swap_out disagrees: {:?}", r);
+        let Ok(pairs) = r else {
+            return Ok(r.map(|_| ()));
+        };
+        let tables =
+            tables.ok_or_else(|| fail("swapped out a sequence not on the device".into()))?;
+        let map: HashMap<DeviceBlockId, HostBlockId> = pairs.iter().copied().collect();
+        let distinct: HashSet<DeviceBlockId> = tables.iter().flatten().copied().collect();
+        prop_assert_eq!(map.len(), pairs.len());
+        prop_assert_eq!(map.keys().copied().collect::<HashSet<_>>(), distinct);
+        let mut entries: HashMap<HostBlockId, u32> = HashMap::new();
+        for (&seq, table) in group.iter().zip(&tables) {
+            let host = self
+                .m
+                .host_block_table(seq)
+                .map_err(|e| fail(e.to_string()))?;
+            let expected: Vec<HostBlockId> = table.iter().map(|d| map[d]).collect();
+            prop_assert_eq!(host, &expected[..], "sharing not preserved on the host");
+            for &h in host {
+                *entries.entry(h).or_default() += 1;
+            }
+        }
+        for (h, n) in entries {
+            prop_assert_eq!(self.m.host_refcount(h), Some(n));
+        }
+        self.swapped_out += pairs.len() as u64;
+        Ok(Ok(()))
+    }
+
+    fn swap_in(&mut self, group: &[SeqId]) -> Result<Result<(), CacheError>, TestCaseError> {
+        let tables: Option<Vec<Vec<HostBlockId>>> = group
+            .iter()
+            .map(|&s| self.m.host_block_table(s).ok().map(<[_]>::to_vec))
+            .collect();
+        let status = self.m.can_swap_in(group);
+        let r = self.m.swap_in(group);
+        prop_assert_eq!(
+            status == AllocStatus::Now,
+            r.is_ok(),
+            "can_swap_in disagrees: {:?}",
+            r
+        );
+        let Ok(pairs) = r else {
+            return Ok(r.map(|_| ()));
+        };
+        let tables = tables.ok_or_else(|| fail("swapped in a sequence not on the host".into()))?;
+        let map: HashMap<HostBlockId, DeviceBlockId> = pairs.iter().copied().collect();
+        let distinct: HashSet<HostBlockId> = tables.iter().flatten().copied().collect();
+        prop_assert_eq!(map.keys().copied().collect::<HashSet<_>>(), distinct);
+        prop_assert_eq!(map.values().collect::<HashSet<_>>().len(), pairs.len());
+        let mut entries: HashMap<DeviceBlockId, u32> = HashMap::new();
+        for (&seq, table) in group.iter().zip(&tables) {
+            let device = self.m.block_table(seq).map_err(|e| fail(e.to_string()))?;
+            let expected: Vec<DeviceBlockId> = table.iter().map(|h| map[h]).collect();
+            prop_assert_eq!(device, &expected[..], "sharing not preserved on the device");
+            for &d in device {
+                *entries.entry(d).or_default() += 1;
+            }
+        }
+        for (d, n) in entries {
+            prop_assert_eq!(self.m.device_refcount(d), Some(n));
+        }
+        prop_assert!(self.m.num_available_device_blocks() >= self.m.watermark_blocks());
+        self.swapped_in += pairs.len() as u64;
+        Ok(Ok(()))
+    }
+
+    /// Executes the plan in the documented order, runs the forward pass, checks all slots.
+    fn step(&mut self) -> Result<(), TestCaseError> {
+        let ops = self.m.take_ops();
+        check_gpu_preconditions(&ops)?;
+        prop_assert_eq!(ops.check(), Ok(()));
+        for &(d, h) in &ops.swap_out {
+            self.host_mem[h.0 as usize] = self.device_mem[d.0 as usize].clone();
+        }
+        for &(h, d) in &ops.swap_in {
+            self.device_mem[d.0 as usize] = self.host_mem[h.0 as usize].clone();
+        }
+        // All copies at once, as one kernel dispatch: read every source, then write.
+        let staged: Vec<_> = (ops.copies.iter())
+            .map(|&(s, _)| self.device_mem[s.0 as usize].clone())
+            .collect();
+        for (&(_, d), content) in ops.copies.iter().zip(staged) {
+            self.device_mem[d.0 as usize] = content;
+        }
+        let bs = self.bs;
+        let ids: Vec<u64> = self.seqs.keys().copied().collect();
+        for id in ids {
+            if !self.on_device(id) {
+                continue;
+            }
+            let s = self.seqs.get_mut(&id).unwrap();
+            let kv = kv_values(&s.tokens);
+            for (p, &value) in kv.iter().enumerate().skip(s.computed) {
+                let slot = self.m.slot(SeqId(id), p).map_err(|e| fail(e.to_string()))?;
+                self.device_mem[slot / bs][slot % bs] = Some(value);
+            }
+            s.computed = s.tokens.len();
+            self.m
+                .mark_computed(SeqId(id), s.computed)
+                .map_err(|e| fail(e.to_string()))?;
+        }
+        self.check_memory()
+    }
+
+    /// Every computed token reads back its own value, on the device or on the host.
+    fn check_memory(&self) -> Result<(), TestCaseError> {
+        let bs = self.bs;
+        for (&id, s) in &self.seqs {
+            let kv = kv_values(&s.tokens);
+            let seq = SeqId(id);
+            let (mem, table): (&Vec<Vec<Option<u64>>>, Vec<usize>) = match self.m.location(seq) {
+                Ok(Location::Device) => {
+                    prop_assert_eq!(self.m.num_computed_tokens(seq), Ok(s.computed));
+                    let t = self.m.block_table(seq).unwrap();
+                    (&self.device_mem, t.iter().map(|b| b.0 as usize).collect())
+                }
+                _ => {
+                    let t = self.m.host_block_table(seq).unwrap();
+                    (&self.host_mem, t.iter().map(|b| b.0 as usize).collect())
+                }
+            };
+            for (p, &value) in kv.iter().enumerate().take(s.computed) {
+                let got = mem[table[p / bs]][p % bs];
+                prop_assert_eq!(got, Some(value), "{} position {} is wrong", seq, p);
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<(), TestCaseError> {
+        self.step()?;
+        for id in std::mem::take(&mut self.seqs).into_keys() {
+            self.m.free(SeqId(id)).map_err(|e| fail(e.to_string()))?;
+        }
+        self.m.take_ops();
+        self.m.check_invariants().map_err(fail)?;
+        let st = self.m.stats();
+        prop_assert_eq!((st.device.used, st.host.used), (0, 0), "blocks leaked");
+        prop_assert_eq!(self.m.num_available_device_blocks(), st.device.total);
+        Ok(())
+    }
+}
+
+/// What `kernels::copy_blocks` and the swap copies need, checked without the library.
+fn check_gpu_preconditions(ops: &BlockOps) -> Result<(), TestCaseError> {
+    let sources: HashSet<_> = ops.copies.iter().map(|p| p.0).collect();
+    let mut copy_dsts = HashSet::new();
+    for &(_, d) in &ops.copies {
+        prop_assert!(copy_dsts.insert(d), "copy destination {} twice", d);
+        prop_assert!(
+            !sources.contains(&d),
+            "{} is a copy source and destination",
+            d
+        );
+    }
+    let mut swap_in_dsts = HashSet::new();
+    for &(_, d) in &ops.swap_in {
+        prop_assert!(
+            swap_in_dsts.insert(d) && !copy_dsts.contains(&d),
+            "{} written twice",
+            d
+        );
+    }
+    let mut swap_out_dsts = HashSet::new();
+    for &(_, h) in &ops.swap_out {
+        prop_assert!(swap_out_dsts.insert(h), "host block {} written twice", h);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn random_runs_keep_invariants_and_kv_contents(
+        config in config(),
+        stems in proptest::collection::vec(proptest::collection::vec(0..VOCAB, STEM_LEN), 3),
+        ops in proptest::collection::vec(op(), 1..200),
+    ) {
+        let mut sim = Sim::new(config, stems);
+        for op in &ops {
+            sim.apply(op)?;
+        }
+        sim.finish()?;
+    }
+}
