@@ -11,6 +11,8 @@ pub mod gpu;
 pub mod kernels;
 pub mod pool;
 pub mod reference;
+pub mod sampling;
+pub mod tokenizer;
 
 pub use error::{GpuError, Result};
 pub use gpu::GpuContext;

@@ -1,0 +1,1 @@
+//! Sampling: turning logits into tokens (filled in by the engine work).

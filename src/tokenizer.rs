@@ -1,0 +1,1 @@
+//! Tokenizer and streaming detokenization (filled in by the engine work).
