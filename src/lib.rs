@@ -9,6 +9,7 @@ pub mod cache_engine;
 pub mod error;
 pub mod gpu;
 pub mod kernels;
+pub mod model;
 pub mod pool;
 pub mod reference;
 pub mod sampling;

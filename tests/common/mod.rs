@@ -143,3 +143,4 @@ pub fn filled_pool(
     b.submit().unwrap();
     pool
 }
+pub mod golden;

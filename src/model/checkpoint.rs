@@ -1,0 +1,205 @@
+//! Safetensors checkpoints: one `model.safetensors` or a sharded set listed in
+//! `model.safetensors.index.json`, memory-mapped so weights are read once, straight into the
+//! GPU upload. Headers are validated by the safetensors crate (offsets inside the file), so
+//! a truncated or malformed file is an error naming it.
+
+use super::error::{ModelError, Result};
+use crate::kernels::WeightDtype;
+use memmap2::Mmap;
+use safetensors::tensor::{Dtype, TensorInfo};
+use safetensors::SafeTensors;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+struct File {
+    path: PathBuf,
+    map: Mmap,
+    /// Start of the data section (8-byte length + header).
+    data_start: usize,
+}
+
+/// One tensor: its storage format, shape and bytes (little-endian, row-major).
+#[derive(Clone, Copy, Debug)]
+pub struct TensorRef<'a> {
+    pub dtype: WeightDtype,
+    pub shape: &'a [usize],
+    pub bytes: &'a [u8],
+}
+
+impl TensorRef<'_> {
+    /// The values widened to f32 (exactly: f16 and bf16 are subsets of f32).
+    pub fn to_f32(&self) -> Vec<f32> {
+        match self.dtype {
+            WeightDtype::F32 => self
+                .bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            WeightDtype::F16 => self
+                .bytes
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            WeightDtype::BF16 => self
+                .bytes
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+        }
+    }
+}
+
+struct Entry {
+    file: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    offsets: (usize, usize),
+}
+
+/// The tensors of a checkpoint folder, memory-mapped.
+pub struct Checkpoint {
+    files: Vec<File>,
+    tensors: BTreeMap<String, Entry>,
+}
+
+impl std::fmt::Debug for Checkpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Checkpoint({} files, {} tensors)",
+            self.files.len(),
+            self.tensors.len()
+        )
+    }
+}
+
+impl Checkpoint {
+    /// Opens `dir/model.safetensors`, or every shard named by `dir/model.safetensors.index.json`.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let single = dir.join("model.safetensors");
+        let index = dir.join("model.safetensors.index.json");
+        let paths: Vec<PathBuf> = if index.exists() {
+            let v = super::config::read_json(&index)?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| ModelError::Config {
+                    path: index.clone(),
+                    message: "missing weight_map".into(),
+                })?;
+            let mut shards: Vec<String> = map
+                .values()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect();
+            shards.sort();
+            shards.dedup();
+            shards.iter().map(|s| dir.join(s)).collect()
+        } else if single.exists() {
+            vec![single]
+        } else {
+            return Err(ModelError::NoWeights(dir.to_path_buf()));
+        };
+        let mut ck = Checkpoint {
+            files: Vec::new(),
+            tensors: BTreeMap::new(),
+        };
+        for path in paths {
+            ck.add_file(path)?;
+        }
+        Ok(ck)
+    }
+
+    fn add_file(&mut self, path: PathBuf) -> Result<()> {
+        let file = std::fs::File::open(&path).map_err(|source| ModelError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        // SAFETY: the map is read-only and lives as long as the checkpoint. A file changed
+        // on disk while mapped is the user's error; its header was validated on open.
+        let map = unsafe { Mmap::map(&file) }.map_err(|source| ModelError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let malformed = |message: String| ModelError::Malformed {
+            path: path.clone(),
+            message,
+        };
+        let (header_len, meta) =
+            SafeTensors::read_metadata(&map).map_err(|e| malformed(e.to_string()))?;
+        let tensors: HashMap<String, &TensorInfo> = meta.tensors();
+        let index = self.files.len();
+        for (name, info) in tensors {
+            if self.tensors.contains_key(&name) {
+                return Err(malformed(format!(
+                    "tensor {name} appears in more than one shard"
+                )));
+            }
+            self.tensors.insert(
+                name,
+                Entry {
+                    file: index,
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                    offsets: info.data_offsets,
+                },
+            );
+        }
+        self.files.push(File {
+            path,
+            map,
+            data_start: 8 + header_len,
+        });
+        Ok(())
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// The tensor `name`, which must be f32, f16 or bf16.
+    pub fn get(&self, name: &str) -> Result<TensorRef<'_>> {
+        let e = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: name.to_string(),
+            })?;
+        let dtype = match e.dtype {
+            Dtype::F32 => WeightDtype::F32,
+            Dtype::F16 => WeightDtype::F16,
+            Dtype::BF16 => WeightDtype::BF16,
+            other => {
+                return Err(ModelError::Dtype {
+                    name: name.to_string(),
+                    dtype: format!("{other:?}"),
+                })
+            }
+        };
+        let f = &self.files[e.file];
+        let (start, end) = (f.data_start + e.offsets.0, f.data_start + e.offsets.1);
+        let bytes = f.map.get(start..end).ok_or_else(|| ModelError::Malformed {
+            path: f.path.clone(),
+            message: format!("tensor {name} lies outside the file"),
+        })?;
+        let count: usize = e.shape.iter().product();
+        if bytes.len() != count * dtype.bytes() {
+            return Err(ModelError::Malformed {
+                path: f.path.clone(),
+                message: format!(
+                    "tensor {name} has {} bytes for shape {:?} of {dtype:?}",
+                    bytes.len(),
+                    e.shape
+                ),
+            });
+        }
+        Ok(TensorRef {
+            dtype,
+            shape: &e.shape,
+            bytes,
+        })
+    }
+}

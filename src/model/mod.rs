@@ -1,0 +1,46 @@
+//! Llama-family models from Hugging Face folders: `config.json` ([`config`]), safetensors
+//! weights ([`checkpoint`]) validated against the tensor list the config implies ([`spec`]),
+//! a plain-Rust reference forward pass ([`reference`]) and the GPU model ([`gpu`]).
+
+pub mod checkpoint;
+pub mod config;
+pub mod error;
+pub mod forward;
+pub mod gpu;
+pub mod reference;
+pub mod spec;
+
+pub use checkpoint::{Checkpoint, TensorRef};
+pub use config::{Architecture, ModelConfig};
+pub use error::ModelError;
+
+use std::path::{Path, PathBuf};
+
+/// A validated model folder: its config and memory-mapped weights.
+#[derive(Debug)]
+pub struct ModelFiles {
+    pub dir: PathBuf,
+    pub config: ModelConfig,
+    pub checkpoint: Checkpoint,
+}
+
+impl ModelFiles {
+    /// Reads `config.json`, maps the safetensors files and checks every tensor's presence,
+    /// shape and dtype before anything is uploaded.
+    pub fn open(dir: &Path) -> error::Result<Self> {
+        if !dir.is_dir() {
+            return Err(ModelError::Io {
+                path: dir.to_path_buf(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory"),
+            });
+        }
+        let config = ModelConfig::from_dir(dir)?;
+        let checkpoint = Checkpoint::open(dir)?;
+        spec::validate(&config, &checkpoint)?;
+        Ok(ModelFiles {
+            dir: dir.to_path_buf(),
+            config,
+            checkpoint,
+        })
+    }
+}
