@@ -1,5 +1,4 @@
-//! GPU vs plain-Rust reference: the projections (tiled matmul and decode matvec), in f32,
-//! f16 and bf16 weights, with and without bias, accumulating into the residual, and with the
+//! GPU vs plain-Rust reference: the projections, in f32, f16 and bf16 weights, with and without bias, accumulating into the residual, and with the
 //! weight split into row chunks; plus the LM head path (gather, logits, arg-max).
 
 mod common;
@@ -89,7 +88,7 @@ fn tiled_matmul_all_dtypes_and_ragged_shapes() {
 }
 
 #[test]
-fn matvec_decode_rows_all_dtypes() {
+fn few_rows_as_in_decode_all_dtypes() {
     for ctx in contexts() {
         for (i, dtype) in [WeightDtype::F32, WeightDtype::F16, WeightDtype::BF16]
             .into_iter()
@@ -98,6 +97,35 @@ fn matvec_decode_rows_all_dtypes() {
             check(ctx, 40 + i as u64, 1, 257, 128, dtype, false, false, None);
             check(ctx, 50 + i as u64, 8, 100, 62, dtype, true, true, None);
             check(ctx, 60 + i as u64, 3, 33, 1030, dtype, true, false, None);
+        }
+    }
+}
+
+#[test]
+fn a_rows_result_does_not_depend_on_the_other_rows() {
+    // Batch invariance: row 0 computed alone and inside 1, 7, 70 and 130-row batches must be
+    // bitwise identical.
+    for ctx in contexts() {
+        let mut g = rng(90);
+        let (n, k) = (96, 200);
+        let w = Weight::from_f32(ctx, "w", &randn(&mut g, n * k, 0.5), n, k, WeightDtype::BF16).unwrap();
+        let x = randn(&mut g, 130 * k, 1.0);
+        let mut first: Option<Vec<f32>> = None;
+        for m in [1, 7, 70, 130] {
+            let xb = ctx.upload("x", &x[..m * k]).unwrap();
+            let yb = ctx.storage_buffer("y", (m * n * 4) as u64).unwrap();
+            let mut b = Batch::new(ctx, "t");
+            matmul(&mut b, &xb, &w, None, &yb, m, Output::Overwrite).unwrap();
+            b.submit().unwrap();
+            let row0 = read_f32(ctx, &yb, n);
+            match &first {
+                None => first = Some(row0),
+                Some(f) => assert!(
+                    f.iter().zip(&row0).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "row 0 differs between 1 and {m} rows on {}",
+                    backend(ctx)
+                ),
+            }
         }
     }
 }

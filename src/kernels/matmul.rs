@@ -1,10 +1,15 @@
-//! Launchers for `shaders/matmul.wgsl` (tiled, any m) and `shaders/matvec.wgsl` (m <= 8,
-//! decode). Both compute y = x · Wᵀ (+ bias) (+ y) for a Hugging Face `[out, in]` weight,
-//! one dispatch per weight chunk.
+//! Launcher for `shaders/matmul.wgsl`: y = x · Wᵀ (+ bias) (+ y) for a Hugging Face
+//! `[out, in]` weight, one dispatch per weight chunk.
+//!
+//! One kernel serves every row count on purpose: each output element is one thread's
+//! sequential sum over k, so a row's result does not depend on how many other rows share the
+//! step. That makes the engine batch-invariant (a request produces the same tokens alone or in
+//! a batch, prefilled or recomputed). A separate decode kernel with a parallel reduction over
+//! k would be faster for a few rows but would round differently.
 
-use super::{check_len, groups, params, Weight, MATMUL, MATVEC};
+use super::{check_len, groups, params, Weight, MATMUL};
 use crate::error::{GpuError, Result};
-use crate::gpu::{grid_2d, Batch};
+use crate::gpu::Batch;
 
 params!(MatmulParams for MATMUL {
     m: u32,
@@ -16,20 +21,6 @@ params!(MatmulParams for MATMUL {
     accumulate: u32,
     _pad: u32,
 });
-
-params!(MatvecParams for MATVEC {
-    m: u32,
-    n: u32,
-    k: u32,
-    n_offset: u32,
-    ldy: u32,
-    has_bias: u32,
-    accumulate: u32,
-    _pad: u32,
-});
-
-/// Rows handled by the matvec kernel; more rows go to the tiled kernel.
-pub const MATVEC_MAX_M: usize = 8;
 
 /// How the product combines with what `y` holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,17 +67,11 @@ pub fn matmul(
         let bias_buf = bias.unwrap_or(&chunk.buffer);
         let storage = [x.into(), (&chunk.buffer).into(), bias_buf.into(), y.into()];
         let constants = [("WEIGHT_DTYPE", weight.dtype.code())];
-        if m <= MATVEC_MAX_M {
-            let grid = grid_2d(chunk.rows as u32, max_dim);
-            let pv: MatvecParams = bytemuck::cast(p);
-            batch.dispatch(MATVEC, &constants, &pv, &storage, grid)?;
-        } else {
-            let grid = [groups(chunk.rows, 64), groups(m, 64), 1];
-            if grid[1] > max_dim {
-                return Err(GpuError::invalid(K, format!("{m} rows in one call")));
-            }
-            batch.dispatch(MATMUL, &constants, &p, &storage, grid)?;
+        let grid = [groups(chunk.rows, 64), groups(m, 64), 1];
+        if grid[0] > max_dim || grid[1] > max_dim {
+            return Err(GpuError::invalid(K, format!("{m} x {} outputs in one call", chunk.rows)));
         }
+        batch.dispatch(MATMUL, &constants, &p, &storage, grid)?;
     }
     Ok(())
 }

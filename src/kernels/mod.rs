@@ -31,7 +31,6 @@ macro_rules! kernel {
 kernel!(EMBEDDING, "embedding");
 kernel!(RMS_NORM, "rms_norm");
 kernel!(MATMUL, "matmul");
-kernel!(MATVEC, "matvec");
 kernel!(ROPE, "rope");
 kernel!(SILU_MUL, "silu_mul");
 kernel!(ADD, "add");
@@ -47,7 +46,6 @@ pub const ALL: &[KernelSource] = &[
     EMBEDDING,
     RMS_NORM,
     MATMUL,
-    MATVEC,
     ROPE,
     SILU_MUL,
     ADD,
