@@ -6,6 +6,7 @@
 
 pub mod cache;
 pub mod cache_engine;
+pub mod engine;
 pub mod error;
 pub mod gpu;
 pub mod kernels;

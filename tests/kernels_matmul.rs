@@ -108,7 +108,15 @@ fn a_rows_result_does_not_depend_on_the_other_rows() {
     for ctx in contexts() {
         let mut g = rng(90);
         let (n, k) = (96, 200);
-        let w = Weight::from_f32(ctx, "w", &randn(&mut g, n * k, 0.5), n, k, WeightDtype::BF16).unwrap();
+        let w = Weight::from_f32(
+            ctx,
+            "w",
+            &randn(&mut g, n * k, 0.5),
+            n,
+            k,
+            WeightDtype::BF16,
+        )
+        .unwrap();
         let x = randn(&mut g, 130 * k, 1.0);
         let mut first: Option<Vec<f32>> = None;
         for m in [1, 7, 70, 130] {

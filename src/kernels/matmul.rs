@@ -69,7 +69,10 @@ pub fn matmul(
         let constants = [("WEIGHT_DTYPE", weight.dtype.code())];
         let grid = [groups(chunk.rows, 64), groups(m, 64), 1];
         if grid[0] > max_dim || grid[1] > max_dim {
-            return Err(GpuError::invalid(K, format!("{m} x {} outputs in one call", chunk.rows)));
+            return Err(GpuError::invalid(
+                K,
+                format!("{m} x {} outputs in one call", chunk.rows),
+            ));
         }
         batch.dispatch(MATMUL, &constants, &p, &storage, grid)?;
     }

@@ -110,15 +110,15 @@ impl Checkpoint {
     }
 
     fn add_file(&mut self, path: PathBuf) -> Result<()> {
-        let file = std::fs::File::open(&path).map_err(|source| ModelError::Io {
+        let file = std::fs::File::open(&path).map_err(|error| ModelError::Io {
             path: path.clone(),
-            source,
+            error,
         })?;
         // SAFETY: the map is read-only and lives as long as the checkpoint. A file changed
         // on disk while mapped is the user's error; its header was validated on open.
-        let map = unsafe { Mmap::map(&file) }.map_err(|source| ModelError::Io {
+        let map = unsafe { Mmap::map(&file) }.map_err(|error| ModelError::Io {
             path: path.clone(),
-            source,
+            error,
         })?;
         let malformed = |message: String| ModelError::Malformed {
             path: path.clone(),

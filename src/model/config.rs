@@ -114,9 +114,9 @@ impl Reader<'_> {
 
 /// Reads and parses a JSON file, with errors naming it.
 pub(crate) fn read_json(path: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
+    let text = std::fs::read_to_string(path).map_err(|error| ModelError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     })?;
     serde_json::from_str(&text).map_err(|e| ModelError::Json {
         path: path.to_path_buf(),

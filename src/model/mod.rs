@@ -31,7 +31,7 @@ impl ModelFiles {
         if !dir.is_dir() {
             return Err(ModelError::Io {
                 path: dir.to_path_buf(),
-                source: std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory"),
+                error: std::io::Error::new(std::io::ErrorKind::NotFound, "not a model folder"),
             });
         }
         let config = ModelConfig::from_dir(dir)?;

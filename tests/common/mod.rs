@@ -144,3 +144,12 @@ pub fn filled_pool(
     pool
 }
 pub mod golden;
+
+/// An owned handle on a test context, for APIs that keep an `Arc<GpuContext>`.
+pub fn arc(ctx: &GpuContext) -> std::sync::Arc<GpuContext> {
+    std::sync::Arc::new(GpuContext::from_existing(
+        ctx.adapter.clone(),
+        ctx.device.clone(),
+        ctx.queue.clone(),
+    ))
+}

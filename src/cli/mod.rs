@@ -1,0 +1,4 @@
+//! Subcommands of the `pagellm` binary.
+
+pub mod devices;
+pub mod generate;

@@ -1,0 +1,54 @@
+//! Engine options: KV cache size and precision, scheduler limits, preemption policy.
+
+use crate::pool::KvDtype;
+
+/// How a preempted sequence group gets its KV cache back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PreemptionMode {
+    /// Free the blocks; recompute them from the tokens when the group is resumed.
+    Recompute,
+    /// Copy the blocks to host memory; copy them back when the group is resumed.
+    Swap,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineConfig {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Device KV blocks; `None` sizes the pool from `kv_cache_bytes`.
+    pub num_gpu_blocks: Option<usize>,
+    /// Byte budget of the device KV pool when `num_gpu_blocks` is not given.
+    pub kv_cache_bytes: u64,
+    /// Host blocks for swapping; `None` sizes the host pool from `swap_space_bytes`.
+    pub num_cpu_blocks: Option<usize>,
+    pub swap_space_bytes: u64,
+    pub kv_dtype: KvDtype,
+    /// `None`: per DESIGN.md, recompute single-sequence groups and swap groups of several
+    /// sequences (which would lose their sharing if recomputed) unless the host pool is full.
+    pub preemption_mode: Option<PreemptionMode>,
+    /// Most sequences running at once.
+    pub max_num_seqs: usize,
+    /// Most tokens (prefill chunks plus decode tokens) in one step.
+    pub max_num_batched_tokens: usize,
+    pub enable_prefix_caching: bool,
+    /// Context limit; `None` uses the model's.
+    pub max_model_len: Option<usize>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            block_size: 16,
+            num_gpu_blocks: None,
+            kv_cache_bytes: 256 << 20,
+            num_cpu_blocks: None,
+            swap_space_bytes: 256 << 20,
+            kv_dtype: KvDtype::F16,
+            preemption_mode: None,
+            max_num_seqs: 64,
+            max_num_batched_tokens: 512,
+            enable_prefix_caching: true,
+            max_model_len: None,
+        }
+    }
+}

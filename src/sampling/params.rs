@@ -1,0 +1,229 @@
+//! [`SamplingParams`]: how one request turns logits into tokens, and when it stops.
+//!
+//! Names and defaults follow vLLM's `SamplingParams` (and the OpenAI API it mirrors), except
+//! that "off" is `None`/`0` rather than vLLM's `-1` for `top_k`. [`SamplingParams::validate`]
+//! rejects impossible combinations up front, so the sampler and beam search never have to
+//! guess what a request meant.
+
+use super::SamplingError;
+use serde::{Deserialize, Serialize};
+
+/// At most this many top alternatives per token (the OpenAI API's `top_logprobs` limit, and
+/// vLLM's default `max_logprobs`).
+pub const MAX_LOGPROBS: usize = 20;
+
+/// Temperatures below this are greedy, as in vLLM: dividing logits by a tiny temperature
+/// overflows and would pick the arg-max anyway.
+pub const SAMPLING_EPS: f32 = 1e-5;
+
+/// Per-request sampling and stopping settings. Deserialises from JSON with every field
+/// optional (missing fields take the defaults).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SamplingParams {
+    /// Number of output sequences (parallel samples, or the best `n` beams).
+    pub n: usize,
+    /// Softmax temperature; 0 means greedy arg-max.
+    pub temperature: f32,
+    /// Keep only the `k` most likely tokens; `None` or `Some(0)` turns it off.
+    pub top_k: Option<usize>,
+    /// Nucleus sampling: keep the most likely tokens whose probabilities add up to `top_p`.
+    pub top_p: f32,
+    /// Drop tokens whose probability is below `min_p` times the most likely one's.
+    pub min_p: f32,
+    /// Seed of the per-sequence RNG; `None` draws one from the operating system.
+    pub seed: Option<u64>,
+    /// Most tokens to generate per sequence.
+    pub max_tokens: usize,
+    /// Stop strings; the output ends before the first one that appears.
+    pub stop: Vec<String>,
+    /// Token ids that end a sequence (in addition to EOS); the token is kept in the output ids.
+    pub stop_token_ids: Vec<u32>,
+    /// Keep generating after EOS.
+    pub ignore_eos: bool,
+    /// Return this many top alternatives with each token (`Some(0)`: only the chosen one's).
+    pub logprobs: Option<usize>,
+    /// Beam search with this many beams instead of sampling.
+    pub beam_width: Option<usize>,
+    /// Beam search score exponent: `cum_logprob / length^length_penalty`.
+    pub length_penalty: f32,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            n: 1,
+            temperature: 1.0,
+            top_k: None,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: None,
+            max_tokens: 16,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            logprobs: None,
+            beam_width: None,
+            length_penalty: 1.0,
+        }
+    }
+}
+
+fn invalid(param: &'static str, value: impl ToString, allowed: impl Into<String>) -> SamplingError {
+    SamplingError::Invalid {
+        param,
+        value: value.to_string(),
+        allowed: allowed.into(),
+    }
+}
+
+/// `lo <= x <= hi`, false for NaN.
+fn in_range(x: f32, lo: f32, hi: f32) -> bool {
+    (lo..=hi).contains(&x)
+}
+
+impl SamplingParams {
+    /// Defaults with temperature 0: deterministic arg-max decoding.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+
+    /// Whether tokens are chosen by arg-max (temperature below [`SAMPLING_EPS`]).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature < SAMPLING_EPS
+    }
+
+    /// Whether this request runs beam search.
+    pub fn is_beam_search(&self) -> bool {
+        self.beam_width.is_some()
+    }
+
+    /// The top-k cut-off in effect, if any.
+    pub fn effective_top_k(&self) -> Option<usize> {
+        self.top_k.filter(|&k| k > 0)
+    }
+
+    /// Whether generating `token` ends the sequence: one of `stop_token_ids`, or an EOS id
+    /// unless `ignore_eos`.
+    pub fn stops_on_token(&self, token: u32, eos_token_ids: &[u32]) -> bool {
+        self.stop_token_ids.contains(&token) || (!self.ignore_eos && eos_token_ids.contains(&token))
+    }
+
+    /// Checks every parameter against its range and the model's vocabulary size; the error
+    /// names the first offending parameter, its value and what is allowed.
+    pub fn validate(&self, vocab_size: usize) -> Result<(), SamplingError> {
+        if self.n == 0 {
+            return Err(invalid("n", self.n, "must be at least 1"));
+        }
+        // `is_finite` also rejects NaN.
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return Err(invalid(
+                "temperature",
+                self.temperature,
+                "must be a finite number >= 0 (0 means greedy)",
+            ));
+        }
+        if !in_range(self.top_p, 0.0, 1.0) || self.top_p == 0.0 {
+            return Err(invalid("top_p", self.top_p, "must be in (0, 1]"));
+        }
+        if let Some(k) = self.top_k {
+            if k > vocab_size {
+                return Err(invalid(
+                    "top_k",
+                    k,
+                    format!(
+                        "must not exceed the vocabulary size {vocab_size} (0 or unset turns top-k off)"
+                    ),
+                ));
+            }
+        }
+        if !in_range(self.min_p, 0.0, 1.0) {
+            return Err(invalid("min_p", self.min_p, "must be in [0, 1]"));
+        }
+        if self.max_tokens == 0 {
+            return Err(invalid("max_tokens", self.max_tokens, "must be at least 1"));
+        }
+        if let Some(k) = self.logprobs {
+            let limit = MAX_LOGPROBS.min(vocab_size);
+            if k > limit {
+                return Err(invalid(
+                    "logprobs",
+                    k,
+                    format!(
+                        "must be at most {limit} (the smaller of {MAX_LOGPROBS} and the vocabulary size {vocab_size})"
+                    ),
+                ));
+            }
+        }
+        if !self.length_penalty.is_finite() {
+            return Err(invalid(
+                "length_penalty",
+                self.length_penalty,
+                "must be a finite number",
+            ));
+        }
+        if let Some(i) = self.stop.iter().position(String::is_empty) {
+            return Err(invalid(
+                "stop",
+                format!("{:?} (entry {i})", self.stop[i]),
+                "stop strings must not be empty",
+            ));
+        }
+        if let Some(&id) = self
+            .stop_token_ids
+            .iter()
+            .find(|&&id| id as usize >= vocab_size)
+        {
+            return Err(invalid(
+                "stop_token_ids",
+                format!("[.., {id}, ..]"),
+                format!("token ids must be below the vocabulary size {vocab_size}"),
+            ));
+        }
+        if let Some(width) = self.beam_width {
+            self.validate_beam(width)?;
+        }
+        Ok(())
+    }
+
+    fn validate_beam(&self, beam_width: usize) -> Result<(), SamplingError> {
+        if beam_width == 0 {
+            return Err(invalid("beam_width", beam_width, "must be at least 1"));
+        }
+        let conflict = |param, value: String, allowed: &str| SamplingError::BeamSearchConflict {
+            beam_width,
+            param,
+            value,
+            allowed: allowed.to_string(),
+        };
+        if self.n > beam_width {
+            return Err(conflict(
+                "n",
+                self.n.to_string(),
+                "beam search returns at most beam_width sequences, so n must be <= beam_width",
+            ));
+        }
+        const DETERMINISTIC: &str = "beam search is deterministic; use temperature = 0, top_k \
+                                     unset, top_p = 1 and min_p = 0 with it";
+        if self.temperature != 0.0 {
+            return Err(conflict(
+                "temperature",
+                self.temperature.to_string(),
+                DETERMINISTIC,
+            ));
+        }
+        if let Some(k) = self.effective_top_k() {
+            return Err(conflict("top_k", k.to_string(), DETERMINISTIC));
+        }
+        if self.top_p != 1.0 {
+            return Err(conflict("top_p", self.top_p.to_string(), DETERMINISTIC));
+        }
+        if self.min_p != 0.0 {
+            return Err(conflict("min_p", self.min_p.to_string(), DETERMINISTIC));
+        }
+        Ok(())
+    }
+}

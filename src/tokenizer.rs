@@ -1,1 +1,0 @@
-//! Tokenizer and streaming detokenization (filled in by the engine work).

@@ -1,0 +1,138 @@
+//! [`Tokenizer`]: a Hugging Face `tokenizer.json` loaded with the `tokenizers` crate, plus the
+//! folder's BOS/EOS ids.
+//!
+//! Encoding uses the file's own normaliser, pre-tokenizer and post-processor with
+//! `add_special_tokens = true`, exactly as `AutoTokenizer(...)(text)` does in transformers: if
+//! the post-processor adds a BOS (Llama 2), so do we; if it does not (Llama 3 base, the test
+//! fixtures), neither do we. The caller never adds BOS by hand.
+
+use super::special::{read_special_tokens, SpecialTokens};
+use super::TokenizerError;
+use std::path::{Path, PathBuf};
+
+/// A loaded tokenizer. Cheap to share behind an `Arc`; every method takes `&self`.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    special: SpecialTokens,
+    vocab_size: usize,
+    source: PathBuf,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("source", &self.source)
+            .field("vocab_size", &self.vocab_size)
+            .field("special", &self.special)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tokenizer {
+    /// Loads `dir/tokenizer.json` and the BOS/EOS ids from the folder's config files
+    /// (see [`SpecialTokens`] for the order in which they are read).
+    pub fn from_dir(dir: &Path) -> Result<Self, TokenizerError> {
+        let path = dir.join("tokenizer.json");
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(TokenizerError::MissingTokenizerJson {
+                    dir: dir.to_path_buf(),
+                })
+            }
+            Err(source) => return Err(TokenizerError::Read { path, source }),
+        };
+        let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
+            TokenizerError::InvalidTokenizerJson {
+                path: path.clone(),
+                message: e.to_string(),
+            }
+        })?;
+        let special = read_special_tokens(dir, |token| inner.token_to_id(token))?;
+        Ok(Self::assemble(inner, special, path))
+    }
+
+    /// Wraps an already built `tokenizers` tokenizer with explicitly given special tokens
+    /// (for callers that do not have a model folder).
+    pub fn from_parts(inner: tokenizers::Tokenizer, special: SpecialTokens) -> Self {
+        Self::assemble(inner, special, PathBuf::new())
+    }
+
+    fn assemble(inner: tokenizers::Tokenizer, special: SpecialTokens, source: PathBuf) -> Self {
+        // Added tokens may sit above the model's own vocabulary, or fill holes in it, so the
+        // size the logits must cover is the largest id in use plus one, not a count.
+        let vocab_size = inner
+            .get_vocab(true)
+            .values()
+            .map(|&id| id as usize + 1)
+            .max()
+            .unwrap_or(0);
+        Self {
+            inner,
+            special,
+            vocab_size,
+            source,
+        }
+    }
+
+    /// The beginning-of-sequence id, if the folder declares one.
+    pub fn bos_token_id(&self) -> Option<u32> {
+        self.special.bos
+    }
+
+    /// All end-of-sequence ids the folder declares (possibly none).
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.special.eos
+    }
+
+    /// Whether `id` is one of the end-of-sequence ids.
+    pub fn is_eos(&self, id: u32) -> bool {
+        self.special.eos.contains(&id)
+    }
+
+    /// The special tokens as read from the folder.
+    pub fn special_tokens(&self) -> &SpecialTokens {
+        &self.special
+    }
+
+    /// Largest token id (added tokens included) plus one.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// The `tokenizer.json` this was loaded from (empty for [`Tokenizer::from_parts`]).
+    pub fn source(&self) -> &Path {
+        &self.source
+    }
+
+    /// Token ids of `text`, with the tokenizer's own special-token handling.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        self.inner
+            .encode(text, true)
+            .map(|enc| enc.get_ids().to_vec())
+            .map_err(|e| TokenizerError::Encode(e.to_string()))
+    }
+
+    /// Text of `ids`. Ids outside the vocabulary are skipped (as the `tokenizers` crate does);
+    /// bytes that do not form valid UTF-8 come out as U+FFFD.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError> {
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| TokenizerError::Decode(e.to_string()))
+    }
+
+    /// Id of a token given by its vocabulary string (e.g. `"</s>"`, `"Ġthe"`).
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// Vocabulary string of an id (not its decoded text: byte-level tokens read `"Ġthe"`).
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// The underlying `tokenizers` tokenizer, for anything not wrapped here.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+}
