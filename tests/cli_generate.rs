@@ -1,0 +1,172 @@
+//! `pagellm generate` as a user runs it: JSON output whose greedy tokens equal
+//! transformers', a prompts file answered in input order, streaming text, and clear errors.
+
+mod common;
+use common::golden;
+use serde_json::Value;
+use std::process::Command;
+
+fn generate(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_pagellm"))
+        .arg("generate")
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("run pagellm");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn skip() -> bool {
+    common::contexts().is_empty()
+}
+
+#[test]
+fn json_output_has_transformers_greedy_tokens() {
+    if skip() {
+        return;
+    }
+    let f = golden::load("llama-gqa");
+    let case = &f.cases[0];
+    let dir = f.dir.to_string_lossy().into_owned();
+    let (ok, stdout, stderr) = generate(&[
+        "--model",
+        &dir,
+        "--prompt",
+        &case.prompt,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "16",
+        "--ignore-eos",
+        "--json",
+        "--logprobs",
+        "3",
+    ]);
+    assert!(ok, "{stderr}");
+    let v: Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    let ids = |x: &Value| -> Vec<u32> {
+        x.as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32)
+            .collect()
+    };
+    assert_eq!(ids(&v["prompt_token_ids"]), case.prompt_ids);
+    let out = &v["outputs"][0];
+    assert_eq!(ids(&out["token_ids"]), case.greedy_ids);
+    assert_eq!(out["finish_reason"], "length");
+    let lp = out["logprobs"].as_array().unwrap();
+    assert_eq!(lp.len(), 16);
+    let (top_id, top_lp) = case.top5[0][0];
+    assert_eq!(lp[0]["token_id"].as_u64().unwrap() as u32, top_id);
+    assert!((lp[0]["logprob"].as_f64().unwrap() - top_lp).abs() < 5e-2);
+    assert_eq!(lp[0]["top"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn prompts_file_requests_are_batched_and_answered_in_order() {
+    if skip() {
+        return;
+    }
+    let f = golden::load("llama-gqa");
+    let dir = f.dir.to_string_lossy().into_owned();
+    let path = std::env::temp_dir().join(format!("pagellm-prompts-{}.jsonl", std::process::id()));
+    let lines: Vec<String> = f
+        .cases
+        .iter()
+        .map(|c| {
+            serde_json::json!({"prompt": c.prompt, "max_tokens": 16, "temperature": 0}).to_string()
+        })
+        .chain(std::iter::once(
+            r#"{"prompt": "Hi", "n": 3, "seed": 5, "max_tokens": 4, "temperature": 1.0}"#
+                .to_string(),
+        ))
+        .collect();
+    std::fs::write(&path, lines.join("\n")).unwrap();
+    let (ok, stdout, stderr) = generate(&[
+        "--model",
+        &dir,
+        "--prompts-file",
+        path.to_str().unwrap(),
+        "--json",
+        "--ignore-eos",
+        "--stats",
+    ]);
+    let _ = std::fs::remove_file(&path);
+    assert!(ok, "{stderr}");
+    let rows: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), f.cases.len() + 1);
+    for (row, case) in rows.iter().zip(&f.cases) {
+        let got: Vec<u32> = row["outputs"][0]["token_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(got, case.greedy_ids, "{:?}", case.prompt);
+    }
+    assert_eq!(rows.last().unwrap()["outputs"].as_array().unwrap().len(), 3);
+    assert!(stderr.contains("peak running sequences:"), "{stderr}");
+    let peak: usize = stderr
+        .lines()
+        .find(|l| l.starts_with("peak running sequences:"))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert!(
+        peak > 1,
+        "requests from one file run together (peak {peak})"
+    );
+}
+
+#[test]
+fn streams_text_after_the_prompt() {
+    if skip() {
+        return;
+    }
+    let dir = golden::fixture_dir("qwen2-bias-tied")
+        .to_string_lossy()
+        .into_owned();
+    let (ok, stdout, stderr) = generate(&[
+        "--model",
+        &dir,
+        "--prompt",
+        "Hello",
+        "--max-tokens",
+        "5",
+        "--seed",
+        "1",
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.starts_with("Hello"), "{stdout}");
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    if skip() {
+        return;
+    }
+    let dir = golden::fixture_dir("llama-gqa")
+        .to_string_lossy()
+        .into_owned();
+    let (ok, _, stderr) = generate(&["--model", &dir, "--prompt", "x", "--top-p", "1.5"]);
+    assert!(!ok && stderr.contains("top_p"), "{stderr}");
+    let (ok, _, stderr) = generate(&["--model", "/no/such/model", "--prompt", "x"]);
+    assert!(!ok && stderr.contains("/no/such/model"), "{stderr}");
+    let bad = std::env::temp_dir().join(format!("pagellm-bad-{}.jsonl", std::process::id()));
+    std::fs::write(&bad, "{\"prompt\": \"a\", \"temprature\": 1}\n").unwrap();
+    let (ok, _, stderr) = generate(&["--model", &dir, "--prompts-file", bad.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&bad);
+    assert!(
+        !ok && stderr.contains("line 1") && stderr.contains("temprature"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
