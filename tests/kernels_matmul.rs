@@ -8,14 +8,6 @@ use pagellm::kernels::matmul::{matmul, Output};
 use pagellm::kernels::{self, Weight, WeightDtype};
 use pagellm::reference as r;
 
-fn rounded(v: &[f32], dtype: WeightDtype) -> Vec<f32> {
-    match dtype {
-        WeightDtype::F32 => v.to_vec(),
-        WeightDtype::F16 => r::round_f16(v),
-        WeightDtype::BF16 => r::round_bf16(v),
-    }
-}
-
 #[allow(clippy::too_many_arguments)]
 fn check(
     ctx: &pagellm::GpuContext,

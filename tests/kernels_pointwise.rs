@@ -10,14 +10,6 @@ use pagellm::reference as r;
 
 const DTYPES: [WeightDtype; 3] = [WeightDtype::F32, WeightDtype::F16, WeightDtype::BF16];
 
-fn rounded(v: &[f32], dtype: WeightDtype) -> Vec<f32> {
-    match dtype {
-        WeightDtype::F32 => v.to_vec(),
-        WeightDtype::F16 => r::round_f16(v),
-        WeightDtype::BF16 => r::round_bf16(v),
-    }
-}
-
 #[test]
 fn embedding_gathers_rows_in_every_dtype_and_chunked() {
     for ctx in contexts() {

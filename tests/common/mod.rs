@@ -153,3 +153,13 @@ pub fn arc(ctx: &GpuContext) -> std::sync::Arc<GpuContext> {
         ctx.queue.clone(),
     ))
 }
+
+/// Values as a weight of `dtype` stores them (round to nearest even).
+pub fn rounded(v: &[f32], dtype: pagellm::kernels::WeightDtype) -> Vec<f32> {
+    use pagellm::kernels::WeightDtype;
+    match dtype {
+        WeightDtype::F32 => v.to_vec(),
+        WeightDtype::F16 => pagellm::reference::round_f16(v),
+        WeightDtype::BF16 => pagellm::reference::round_bf16(v),
+    }
+}
