@@ -1,0 +1,642 @@
+//! The engine end to end on a model of realistic layer shapes, with ratios measured side by
+//! side in one run.
+//!
+//! Method. The bench writes a Hugging Face folder into a temporary directory: `config.json`
+//! (model type `llama`), `model.safetensors` with random bf16 weights drawn from N(0, 0.02)
+//! (norm weights 1.0, so activations stay finite; speed does not depend on the values), and
+//! the 512-token tokenizer of `tests/fixtures/llama-gqa`. The model's vocabulary may be larger
+//! than the tokenizer's; requests are token ids below 512. The default shapes are half-width
+//! Llama-3.2-1B layers (hidden 1024, intermediate 4096, 16 heads, 4 KV heads, head size 64),
+//! 2 layers, vocabulary 4096 (about 4.4 s per step on lavapipe with one free core); the
+//! full-width layers (`--shapes 1b`, vocabulary 8192) would take about 17 s per step, too
+//! slow for a run of minutes.
+//! Every figure is the wall time of `Engine::step` calls, each of which submits once and
+//! waits for the read-back, so a step's time is its GPU time plus the host bookkeeping. A
+//! warm-up request compiles the pipelines (cached per context) before anything is timed.
+//!
+//! 1. Decode throughput: N = 1, 8, 32, 64 concurrent greedy requests (16-token prompts, 9
+//!    tokens each, `ignore_eos`). Steps run untimed until every request has streamed its
+//!    first token (all prompts fit one step's token budget, so the sequences then move in
+//!    lockstep); the remaining pure decode steps are timed. Ratio: N = 32 over N = 1.
+//! 2. Prefill: one request with max_tokens 1; time to first token, from `add_request` to
+//!    the first `Token` event, for 128- and 512-token prompts (each one step).
+//! 3. Preemption of a 512-token sequence (32 blocks of 16 tokens), through the engine: a
+//!    16-token and a 512-token request fill a 33-block pool, the 512-token one is preempted
+//!    in the next step and resumes after the other finishes, once with
+//!    `PreemptionMode::Swap` and once with `Recompute`; per-step times and the engine's
+//!    counters. Directly: a swap-out then a swap-in of 32 blocks through
+//!    `CacheEngine::execute` on a pool of the same layout, against the recompute run's
+//!    resume step (a 513-token prefill).
+//!
+//! Run: `cargo bench --bench engine` (adapter chosen as usual, e.g. `PAGELLM_BACKEND=gl`).
+//! `-- --quick` uses tiny shapes; `-- --shapes NAME` (or `PAGELLM_BENCH_SHAPES=NAME`) picks
+//! a preset: `1b-half` (the default), `1b`, `quick`. A full run takes about 7 minutes on
+//! lavapipe with one free core.
+
+use pagellm::cache::{BlockOps, DeviceBlockId, HostBlockId};
+use pagellm::cache_engine::CacheEngine;
+use pagellm::engine::{
+    Engine, EngineConfig, EngineStats, PreemptionMode, Prompt, RequestEvent, RequestHandle,
+};
+use pagellm::model::spec::expected_tensors;
+use pagellm::model::ModelConfig;
+use pagellm::pool::{KvDtype, KvLayout, KvPool, PoolSize};
+use pagellm::sampling::SamplingParams;
+use pagellm::GpuContext;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, Normal};
+use safetensors::tensor::{Dtype, TensorView};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const BLOCK: usize = 16;
+/// Token ids of requests stay inside the fixture tokenizer's vocabulary.
+const TOKENIZER_VOCAB: u32 = 512;
+const FIXTURE: &str = "tests/fixtures/llama-gqa";
+/// Decode section: prompt length and tokens per request (the first is untimed).
+const DECODE_PROMPT: usize = 16;
+const DECODE_TOKENS: usize = 9;
+
+/// Layer shapes of the generated model.
+#[derive(Clone, Copy, Debug)]
+struct Shapes {
+    name: &'static str,
+    hidden: usize,
+    intermediate: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    layers: usize,
+    vocab: usize,
+}
+
+const PRESETS: [Shapes; 3] = [
+    // Llama-3.2-1B layers (its vocabulary is 128256 and it has 16 layers).
+    Shapes {
+        name: "1b",
+        hidden: 2048,
+        intermediate: 8192,
+        heads: 32,
+        kv_heads: 8,
+        head_dim: 64,
+        layers: 2,
+        vocab: 8192,
+    },
+    // The default: half the width of Llama-3.2-1B's layers, same head size and GQA ratio.
+    Shapes {
+        name: "1b-half",
+        hidden: 1024,
+        intermediate: 4096,
+        heads: 16,
+        kv_heads: 4,
+        head_dim: 64,
+        layers: 2,
+        vocab: 4096,
+    },
+    Shapes {
+        name: "quick",
+        hidden: 256,
+        intermediate: 1024,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 64,
+        layers: 2,
+        vocab: 1024,
+    },
+];
+
+impl Shapes {
+    fn params(&self) -> usize {
+        let per_layer = self.hidden * (self.heads + 2 * self.kv_heads) * self.head_dim
+            + self.heads * self.head_dim * self.hidden
+            + 3 * self.hidden * self.intermediate
+            + 2 * self.hidden;
+        self.layers * per_layer + self.vocab * self.hidden + self.hidden
+    }
+
+    fn kv_layout(&self) -> KvLayout {
+        KvLayout {
+            num_layers: self.layers,
+            num_kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            block_size: BLOCK,
+            dtype: KvDtype::F16,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The model folder
+// ---------------------------------------------------------------------------------------
+
+/// A temporary directory removed on drop.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn config_json(s: &Shapes) -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_act": "silu",
+        "hidden_size": s.hidden,
+        "intermediate_size": s.intermediate,
+        "num_attention_heads": s.heads,
+        "num_key_value_heads": s.kv_heads,
+        "head_dim": s.head_dim,
+        "num_hidden_layers": s.layers,
+        "vocab_size": s.vocab,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": true,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "torch_dtype": "bfloat16",
+    })
+}
+
+/// Writes config, random bf16 weights and the fixture tokenizer into a fresh temp dir.
+fn write_model(s: &Shapes) -> TempDir {
+    let dir = std::env::temp_dir().join(format!("pagellm-bench-engine-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create the temp model dir");
+    let tmp = TempDir(dir.clone());
+    let cfg_value = config_json(s);
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string_pretty(&cfg_value).expect("json"),
+    )
+    .expect("write config.json");
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
+        std::fs::copy(Path::new(FIXTURE).join(f), dir.join(f)).expect("copy the tokenizer");
+    }
+
+    // The tensor list comes from the loader's own spec, so the bench cannot drift from it.
+    let cfg = ModelConfig::parse(&dir.join("config.json"), &cfg_value).expect("config");
+    let tensors = expected_tensors(&cfg);
+    let normal = Normal::new(0.0f32, 0.02).expect("normal");
+    let data: Vec<(String, Vec<usize>, Vec<u8>)> = std::thread::scope(|scope| {
+        let jobs: Vec<_> = tensors
+            .into_iter()
+            .enumerate()
+            .map(|(i, (name, shape))| {
+                scope.spawn(move || {
+                    let count: usize = shape.iter().product();
+                    let mut bytes = Vec::with_capacity(count * 2);
+                    if name.ends_with("norm.weight") {
+                        let one = half::bf16::from_f32(1.0).to_le_bytes();
+                        (0..count).for_each(|_| bytes.extend_from_slice(&one));
+                    } else {
+                        let mut rng = ChaCha8Rng::seed_from_u64(i as u64);
+                        for _ in 0..count {
+                            let x = half::bf16::from_f32(normal.sample(&mut rng));
+                            bytes.extend_from_slice(&x.to_le_bytes());
+                        }
+                    }
+                    (name, shape, bytes)
+                })
+            })
+            .collect();
+        jobs.into_iter()
+            .map(|j| j.join().expect("weight generation"))
+            .collect()
+    });
+    let views: Vec<(String, TensorView<'_>)> = data
+        .iter()
+        .map(|(name, shape, bytes)| {
+            let v = TensorView::new(Dtype::BF16, shape.clone(), bytes).expect("tensor view");
+            (name.clone(), v)
+        })
+        .collect();
+    let file = safetensors::serialize(views, None).expect("serialize");
+    std::fs::write(dir.join("model.safetensors"), file).expect("write model.safetensors");
+    tmp
+}
+
+// ---------------------------------------------------------------------------------------
+// Driving the engine
+// ---------------------------------------------------------------------------------------
+
+fn engine(ctx: &Arc<GpuContext>, dir: &Path, cfg: EngineConfig) -> Engine {
+    Engine::with_context(ctx.clone(), dir, cfg, |_, _| {}).expect("engine")
+}
+
+fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        max_tokens,
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    }
+}
+
+/// `len` token ids in `2..512` (0 and 1 are BOS and EOS), distinct per seed.
+fn prompt(seed: u64, len: usize) -> Vec<u32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(1000 + seed);
+    (0..len)
+        .map(|_| rng.random_range(2..TOKENIZER_VOCAB))
+        .collect()
+}
+
+/// Counts the `Token` events waiting on a handle.
+fn drain(h: &RequestHandle) -> usize {
+    h.events
+        .try_iter()
+        .filter(|e| matches!(e, RequestEvent::Token { .. }))
+        .count()
+}
+
+fn step(e: &mut Engine) -> Duration {
+    let t = Instant::now();
+    e.step().expect("engine step");
+    t.elapsed()
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+struct Decode {
+    tokens: usize,
+    time: Duration,
+    steps: Vec<Duration>,
+}
+
+/// N concurrent greedy requests; times only the steps after every request's first token.
+fn decode(e: &mut Engine, n: usize, prompt_len: usize, max_tokens: usize) -> Decode {
+    let hs: Vec<RequestHandle> = (0..n)
+        .map(|i| {
+            e.add_request(
+                Prompt::Tokens(prompt(i as u64, prompt_len)),
+                greedy(max_tokens),
+            )
+            .expect("add request")
+        })
+        .collect();
+    let mut seen = vec![0usize; n];
+    while seen.contains(&0) {
+        step(e);
+        for (s, h) in seen.iter_mut().zip(&hs) {
+            *s += drain(h);
+        }
+    }
+    let before: usize = seen.iter().sum();
+    let mut steps = Vec::new();
+    while e.has_unfinished() {
+        steps.push(step(e));
+    }
+    let after: usize = before + hs.iter().map(drain).sum::<usize>();
+    Decode {
+        tokens: after - before,
+        time: steps.iter().sum(),
+        steps,
+    }
+}
+
+/// Time from `add_request` to the first `Token` event, driving `step()` here; also the
+/// duration of the step that produced it.
+fn first_token(e: &mut Engine, seed: u64, len: usize) -> (Duration, Duration) {
+    let start = Instant::now();
+    let h = e
+        .add_request(Prompt::Tokens(prompt(seed, len)), greedy(1))
+        .expect("add request");
+    let mut last = Duration::ZERO;
+    while drain(&h) == 0 {
+        last = step(e);
+    }
+    let ttft = start.elapsed();
+    e.run_to_completion().expect("finish");
+    (ttft, last)
+}
+
+/// Swap-out then swap-in of `blocks` blocks through the cache engine; median of `reps`.
+fn swap_direct(ctx: &GpuContext, layout: KvLayout, blocks: usize, reps: usize) -> [Duration; 2] {
+    let pool = KvPool::new(ctx, layout, PoolSize::Blocks(2 * blocks)).expect("pool");
+    let mut ce = CacheEngine::new(pool, blocks);
+    // Out of the first half of the pool, back into the second half (as after a reshuffle).
+    let out = BlockOps {
+        swap_out: (0..blocks as u32)
+            .map(|i| (DeviceBlockId(i), HostBlockId(i)))
+            .collect(),
+        ..BlockOps::default()
+    };
+    let back = BlockOps {
+        swap_in: (0..blocks as u32)
+            .map(|i| (HostBlockId(i), DeviceBlockId(blocks as u32 + i)))
+            .collect(),
+        ..BlockOps::default()
+    };
+    let mut times = [Vec::new(), Vec::new()];
+    for rep in 0..=reps {
+        for (ops, t) in [&out, &back].into_iter().zip(times.iter_mut()) {
+            let start = Instant::now();
+            ce.execute(ctx, ops).expect("swap");
+            // Repetition 0 is a warm-up.
+            if rep > 0 {
+                t.push(start.elapsed());
+            }
+        }
+    }
+    let [a, b] = times;
+    [median(a), median(b)]
+}
+
+struct Scenario {
+    wall: Duration,
+    steps: Vec<Duration>,
+    stats: EngineStats,
+    outputs: Vec<Vec<u32>>,
+}
+
+/// A 16-token request and a 512-token request fill a 33-block pool exactly (1 + 32 blocks)
+/// in one prefill step; in step 2 the older request needs a second block, so the newer one
+/// is preempted; the older one finishes (2 tokens), and in step 3 the newer one resumes: by
+/// a swap-in of its 32 blocks plus a 1-token decode, or by a 513-token prefill.
+fn preemption_scenario(ctx: &Arc<GpuContext>, dir: &Path, mode: PreemptionMode) -> Scenario {
+    let cfg = EngineConfig {
+        num_gpu_blocks: Some(33),
+        num_cpu_blocks: Some(64),
+        preemption_mode: Some(mode),
+        enable_prefix_caching: false,
+        max_num_batched_tokens: 1024,
+        max_model_len: Some(33 * BLOCK),
+        ..EngineConfig::default()
+    };
+    // Pipelines are cached per context and were compiled by the earlier sections.
+    let mut e = engine(ctx, dir, cfg);
+    let start = Instant::now();
+    let hs: Vec<RequestHandle> = [(200, 16), (201, 512)]
+        .into_iter()
+        .map(|(seed, len)| {
+            e.add_request(Prompt::Tokens(prompt(seed, len)), greedy(2))
+                .expect("add")
+        })
+        .collect();
+    let mut steps = Vec::new();
+    while e.has_unfinished() {
+        steps.push(step(&mut e));
+    }
+    let wall = start.elapsed();
+    let outputs = hs
+        .iter()
+        .map(|h| h.wait().expect("output").outputs[0].token_ids.clone())
+        .collect();
+    Scenario {
+        wall,
+        steps,
+        stats: e.stats(),
+        outputs,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let flag = args
+        .iter()
+        .position(|a| a == "--shapes")
+        .and_then(|i| args.get(i + 1).cloned());
+    let env = std::env::var("PAGELLM_BENCH_SHAPES").ok();
+    let name = flag
+        .or(env.clone())
+        .unwrap_or_else(|| (if quick { "quick" } else { "1b-half" }).to_string());
+    let Some(shapes) = PRESETS.iter().copied().find(|s| s.name == name) else {
+        let names: Vec<_> = PRESETS.iter().map(|s| s.name).collect();
+        eprintln!("unknown shapes {name:?}; presets: {names:?}");
+        std::process::exit(2);
+    };
+    let run_start = Instant::now();
+    let ctx = Arc::new(GpuContext::from_env().expect("GPU context"));
+    println!("# pagellm engine benchmark");
+    println!();
+    println!(
+        "command: {}cargo bench --bench engine{}",
+        env.map_or(String::new(), |v| format!("PAGELLM_BENCH_SHAPES={v} ")),
+        if args.is_empty() {
+            String::new()
+        } else {
+            format!(" -- {}", args.join(" "))
+        }
+    );
+    println!("adapter: {}", ctx.describe());
+    println!(
+        "shapes ({}): hidden {}, intermediate {}, {} heads, {} KV heads, head size {}, {} layers, \
+         vocab {} (tied embeddings), {:.1} M parameters; bf16 weights ~ N(0, 0.02), norms 1.0; \
+         f16 KV cache, block size {BLOCK}",
+        shapes.name,
+        shapes.hidden,
+        shapes.intermediate,
+        shapes.heads,
+        shapes.kv_heads,
+        shapes.head_dim,
+        shapes.layers,
+        shapes.vocab,
+        shapes.params() as f64 / 1e6,
+    );
+    let t = Instant::now();
+    let model = write_model(&shapes);
+    let gen_time = t.elapsed();
+    let t = Instant::now();
+    let cfg = EngineConfig {
+        enable_prefix_caching: false,
+        max_num_seqs: 64,
+        // 64 prompts of 16 tokens prefill in one step, and so does a 512-token prompt.
+        max_num_batched_tokens: 1024,
+        ..EngineConfig::default()
+    };
+    let mut e = engine(&ctx, &model.0, cfg);
+    e.add_request(Prompt::Tokens(prompt(999, 8)), greedy(2))
+        .expect("add");
+    e.run_to_completion().expect("warm-up");
+    println!(
+        "setup: weights generated in {:.1} s; engine loaded and warmed up in {:.1} s",
+        gen_time.as_secs_f64(),
+        t.elapsed().as_secs_f64()
+    );
+
+    // 1. Decode.
+    println!();
+    println!(
+        "## 1. Decode throughput (greedy, {DECODE_PROMPT}-token prompts, {DECODE_TOKENS} tokens \
+         per request; only the steps after every request's first token are timed)"
+    );
+    println!();
+    println!("| concurrent sequences N | decode tokens timed | decode steps | median step (ms) | tokens/s | vs N=1 |");
+    println!("|---:|---:|---:|---:|---:|---:|");
+    let mut rates = Vec::new();
+    for n in [1, 8, 32, 64] {
+        let d = decode(&mut e, n, DECODE_PROMPT, DECODE_TOKENS);
+        let rate = d.tokens as f64 / d.time.as_secs_f64();
+        rates.push((n, rate));
+        let base = rates[0].1;
+        println!(
+            "| {n} | {} | {} | {:.1} | {:.2} | {:.2}x |",
+            d.tokens,
+            d.steps.len(),
+            ms(median(d.steps)),
+            rate,
+            rate / base
+        );
+    }
+    let r = |n| {
+        rates
+            .iter()
+            .find(|(m, _)| *m == n)
+            .map_or(f64::NAN, |x| x.1)
+    };
+    println!();
+    println!(
+        "**N=32 / N=1 decode throughput: {:.2}x** (the issue's target: >= 8x, what batching buys).",
+        r(32) / r(1)
+    );
+    println!();
+    println!(
+        "Caveat: pagellm's matmul is one tiled kernel for every row count (64-row tiles, \
+         chosen for batch invariance: a row's result never depends on the batch), so a 1-row \
+         decode step pays for a whole 64-row tile. On a compute-bound software adapter a 1-row \
+         step therefore costs nearly as much as a 64-row step (see the median step column), \
+         and the ratio comes out close to N. That inflates it relative to a memory-bound real \
+         GPU: there batching pays by reading each weight once for N rows, but each sequence's \
+         attention over its own KV cache, its sampling and read-back, and the approach to the \
+         compute bound keep the gain below N. Read this ratio as an upper bound, not a \
+         forecast."
+    );
+
+    // 2. Prefill.
+    println!();
+    println!("## 2. Prefill and time to first token (one request, max_tokens 1)");
+    println!();
+    println!("| prompt tokens | time to first token (ms) | prefill step (ms) | prompt tokens/s |");
+    println!("|---:|---:|---:|---:|");
+    let mut prefill_512 = Duration::ZERO;
+    for (seed, len) in [(300, 128), (301, 512)] {
+        let (ttft, last) = first_token(&mut e, seed, len);
+        if len == 512 {
+            prefill_512 = last;
+        }
+        println!(
+            "| {len} | {:.1} | {:.1} | {:.1} |",
+            ms(ttft),
+            ms(last),
+            len as f64 / last.as_secs_f64()
+        );
+    }
+    drop(e);
+
+    // 3. Preemption.
+    println!();
+    println!("## 3. Cost of one preemption of a 512-token sequence (32 blocks)");
+    println!();
+    println!(
+        "Through the engine: a 16-token and a 512-token greedy request (2 tokens each) fill a \
+         33-block pool in one prefill step (step 1); in step 2 the older request needs a new \
+         block, so the 512-token one is preempted (swap-out of its 32 blocks, or freeing them) \
+         while the older one decodes and finishes; in step 3 it resumes: swap-in of 32 blocks \
+         plus a 1-token decode, or recomputation = a 513-token prefill (512 + the token it \
+         generated)."
+    );
+    println!();
+    println!("| mode | wall (ms) | step 1: prefill (ms) | step 2: preempt (ms) | step 3: resume (ms) | preemptions (swap / recompute) | recomputed tokens | blocks swapped out / in |");
+    println!("|---|---:|---:|---:|---:|---|---:|---|");
+    let mut results = Vec::new();
+    for mode in [PreemptionMode::Swap, PreemptionMode::Recompute] {
+        let s = preemption_scenario(&ctx, &model.0, mode);
+        let st = &s.stats.scheduler;
+        let steps: Vec<String> = s.steps.iter().map(|d| format!("{:.1}", ms(*d))).collect();
+        let col = |i: usize| steps.get(i).cloned().unwrap_or_else(|| "-".into());
+        println!(
+            "| {mode:?} | {:.1} | {} | {} | {} | {} ({} / {}) | {} | {} / {} |",
+            ms(s.wall),
+            col(0),
+            col(1),
+            col(2),
+            st.preemptions,
+            st.preempted_by_swap,
+            st.preempted_by_recompute,
+            st.recomputed_tokens,
+            s.stats.blocks_swapped_out,
+            s.stats.blocks_swapped_in,
+        );
+        if s.steps.len() != 3 {
+            println!("(unexpected: {mode:?} took {} steps)", s.steps.len());
+        }
+        results.push(s);
+    }
+    let (swap_run, recompute_run) = (&results[0], &results[1]);
+    println!();
+    println!(
+        "Recompute - swap wall time: {:.1} ms; greedy outputs identical in both modes: {}.",
+        ms(recompute_run.wall.saturating_sub(swap_run.wall)),
+        if swap_run.outputs == recompute_run.outputs {
+            "yes"
+        } else {
+            "NO"
+        }
+    );
+
+    println!();
+    let layout = shapes.kv_layout();
+    let blocks = 512 / BLOCK;
+    let [out, back] = swap_direct(&ctx, layout, blocks, 5);
+    let swap = out + back;
+    let recompute = recompute_run
+        .steps
+        .get(2)
+        .copied()
+        .unwrap_or(Duration::ZERO);
+    println!(
+        "Direct: swap = `CacheEngine::execute` of a swap-out, then a swap-in, of {blocks} blocks \
+         ({} KiB each way: {} layers x K,V x {} KV heads x {BLOCK} tokens x head size {} x f16) \
+         on a pool of the same layout, median of 5 after a warm-up; recompute = step 3 of the \
+         Recompute run above (the 513-token prefill resuming the sequence).",
+        layout.block_bytes_all_layers() * blocks as u64 / 1024,
+        layout.num_layers,
+        layout.num_kv_heads,
+        layout.head_dim,
+    );
+    println!();
+    println!("| cost of one preemption | ms |");
+    println!("|---|---:|");
+    println!("| swap-out, {blocks} blocks | {:.2} |", ms(out));
+    println!("| swap-in, {blocks} blocks | {:.2} |", ms(back));
+    println!("| swap, total | {:.2} |", ms(swap));
+    println!(
+        "| recompute: 513-token prefill step | {:.1} |",
+        ms(recompute)
+    );
+    println!(
+        "| (for comparison: 512-token prefill step, section 2) | {:.1} |",
+        ms(prefill_512)
+    );
+    println!();
+    println!(
+        "**recompute / swap: {:.0}x** (on a software adapter \"device\" memory is host memory, \
+         so a swap is two memcpys while the prefill is slow CPU compute; on a discrete GPU the \
+         swap crosses PCIe and the prefill is far faster, so the ratio is much smaller there. \
+         Both grow about linearly with the number of layers, so the ratio hardly depends on it.)",
+        recompute.as_secs_f64() / swap.as_secs_f64()
+    );
+    drop(model);
+    println!();
+    println!("total run time: {:.1} s", run_start.elapsed().as_secs_f64());
+}
