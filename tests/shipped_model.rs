@@ -1,0 +1,44 @@
+//! The model that ships in models/fortunes-llama: it loads, and pagellm's greedy tokens
+//! equal what transformers produced for it when it was trained (expected.json, written by
+//! tools/train_tiny_model.py from the saved folder computed in float32).
+
+mod common;
+use common::{arc, contexts};
+use pagellm::engine::{Engine, EngineConfig, Prompt};
+use pagellm::pool::KvDtype;
+use pagellm::sampling::SamplingParams;
+use serde_json::Value;
+use std::path::Path;
+
+#[test]
+fn shipped_model_matches_transformers_greedy_tokens() {
+    let Some(&ctx) = contexts().first() else { return };
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/fortunes-llama");
+    let expected: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let cfg = EngineConfig {
+        kv_dtype: KvDtype::F32,
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::with_context(arc(ctx), &dir, cfg, |_, _| {}).unwrap();
+    let ids = |v: &Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
+    let cases = expected["cases"].as_array().expect("cases");
+    assert!(!cases.is_empty());
+    for case in cases {
+        let prompt = case["prompt"].as_str().unwrap();
+        let h = e
+            .add_request(
+                Prompt::Text(prompt.to_string()),
+                SamplingParams {
+                    max_tokens: 16,
+                    ignore_eos: true,
+                    ..SamplingParams::greedy()
+                },
+            )
+            .unwrap();
+        e.run_to_completion().unwrap();
+        let out = h.wait().unwrap();
+        assert_eq!(out.prompt_token_ids, ids(&case["prompt_ids"]), "{prompt:?}: tokenization");
+        assert_eq!(out.outputs[0].token_ids, ids(&case["greedy_ids"]), "{prompt:?}: greedy tokens");
+    }
+}
