@@ -82,10 +82,6 @@ impl Scheduler {
         self.waiting.push_back(id);
     }
 
-    pub fn is_idle(&self) -> bool {
-        self.waiting.is_empty() && self.running.is_empty() && self.swapped.is_empty()
-    }
-
     pub fn num_running_seqs(&self, groups: &Groups) -> usize {
         self.running
             .iter()
