@@ -14,7 +14,7 @@
 
 use crate::cache::BlockOps;
 use crate::error::{GpuError, Result};
-use crate::gpu::{Batch, GpuContext};
+use crate::gpu::{Batch, GpuContext, PendingRead};
 use crate::kernels::copy_blocks::copy_blocks;
 use crate::pool::{KvLayout, KvPool};
 
@@ -179,26 +179,13 @@ impl CacheEngine {
         let Some(staging) = pending.staging else {
             return Ok(());
         };
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
-            let _ = tx.send(r);
-        });
-        ctx.wait()?;
-        rx.recv()
-            .map_err(|e| GpuError::Readback(e.to_string()))?
-            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        let bytes = ctx.complete_read(PendingRead::of_staging(staging))?;
         let per_block = self.device.layout.block_bytes_all_layers() as usize;
-        {
-            let view = staging
-                .get_mapped_range(..)
-                .map_err(|e| GpuError::Readback(e.to_string()))?;
-            for (i, &host) in pending.host_blocks.iter().enumerate() {
-                if let Some(dst) = self.host.block_mut(host as usize) {
-                    dst.copy_from_slice(&view[i * per_block..(i + 1) * per_block]);
-                }
+        for (i, &host) in pending.host_blocks.iter().enumerate() {
+            if let Some(dst) = self.host.block_mut(host as usize) {
+                dst.copy_from_slice(&bytes[i * per_block..(i + 1) * per_block]);
             }
         }
-        staging.unmap();
         let n = pending.host_blocks.len() as u64;
         self.stats.blocks_swapped_out += n;
         self.stats.bytes_to_host += n * per_block as u64;

@@ -417,3 +417,29 @@ fn bad_requests_are_clear_errors() {
         "{msg}"
     );
 }
+
+#[test]
+fn a_tokenizer_larger_than_the_model_vocabulary_is_refused() {
+    let Some(&ctx) = contexts().first() else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("pagellm-vocab-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(golden::fixture_dir("llama-gqa")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+    }
+    // The shipped model's tokenizer has 2048 tokens; this model's vocabulary is 512.
+    let shipped =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("models/fortunes-llama/tokenizer.json");
+    std::fs::copy(shipped, dir.join("tokenizer.json")).unwrap();
+    let err = Engine::with_context(arc(ctx), &dir, EngineConfig::default(), |_, _| {})
+        .err()
+        .expect("must be refused")
+        .to_string();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        err.contains("the tokenizer has 2048 tokens but the model's vocabulary has only 512"),
+        "{err}"
+    );
+}

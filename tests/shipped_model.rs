@@ -12,7 +12,9 @@ use std::path::Path;
 
 #[test]
 fn shipped_model_matches_transformers_greedy_tokens() {
-    let Some(&ctx) = contexts().first() else { return };
+    let Some(&ctx) = contexts().first() else {
+        return;
+    };
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/fortunes-llama");
     let expected: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
@@ -21,7 +23,13 @@ fn shipped_model_matches_transformers_greedy_tokens() {
         ..EngineConfig::default()
     };
     let mut e = Engine::with_context(arc(ctx), &dir, cfg, |_, _| {}).unwrap();
-    let ids = |v: &Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
+    let ids = |v: &Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
     let cases = expected["cases"].as_array().expect("cases");
     assert!(!cases.is_empty());
     for case in cases {
@@ -38,7 +46,15 @@ fn shipped_model_matches_transformers_greedy_tokens() {
             .unwrap();
         e.run_to_completion().unwrap();
         let out = h.wait().unwrap();
-        assert_eq!(out.prompt_token_ids, ids(&case["prompt_ids"]), "{prompt:?}: tokenization");
-        assert_eq!(out.outputs[0].token_ids, ids(&case["greedy_ids"]), "{prompt:?}: greedy tokens");
+        assert_eq!(
+            out.prompt_token_ids,
+            ids(&case["prompt_ids"]),
+            "{prompt:?}: tokenization"
+        );
+        assert_eq!(
+            out.outputs[0].token_ids,
+            ids(&case["greedy_ids"]),
+            "{prompt:?}: greedy tokens"
+        );
     }
 }

@@ -380,17 +380,26 @@ impl Engine {
                 &input,
             )?;
         }
+        let vocab = self.model.config.vocab_size;
+        let read = match (rows.is_empty(), need_logits) {
+            (true, _) => None,
+            (false, true) => {
+                Some(batch.read_later(&self.ws.logits, 0, (rows.len() * vocab * 4) as u64)?)
+            }
+            (false, false) => {
+                Some(batch.read_later(&self.ws.argmax, 0, (rows.len() * 4) as u64)?)
+            }
+        };
+        // The step's one submit: block operations, forward pass and read-back copy.
         batch.submit()?;
         self.cache.finish(ctx, pending)?;
-
-        let vocab = self.model.config.vocab_size;
-        let (logits, argmax): (Vec<f32>, Vec<u32>) = if rows.is_empty() {
-            (Vec::new(), Vec::new())
-        } else if need_logits {
-            let bytes = ctx.read_bytes(&self.ws.logits, 0, (rows.len() * vocab * 4) as u64)?;
+        let bytes = match read {
+            Some(r) => ctx.complete_read(r)?,
+            None => Vec::new(),
+        };
+        let (logits, argmax): (Vec<f32>, Vec<u32>) = if need_logits {
             (bytemuck::pod_collect_to_vec(&bytes), Vec::new())
         } else {
-            let bytes = ctx.read_bytes(&self.ws.argmax, 0, (rows.len() * 4) as u64)?;
             (Vec::new(), bytemuck::pod_collect_to_vec(&bytes))
         };
 

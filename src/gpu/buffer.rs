@@ -1,7 +1,7 @@
 //! Buffer creation, upload and read-back, each checked against the adapter's limits and run
 //! inside error scopes so a failure is an error, not a panic.
 
-use super::GpuContext;
+use super::{Batch, GpuContext};
 use crate::error::{GpuError, Result};
 use wgpu::util::DeviceExt;
 
@@ -66,28 +66,18 @@ impl GpuContext {
 
     /// Copies `bytes` bytes from `offset` of `buffer` to the host, waiting for the GPU.
     pub fn read_bytes(&self, buffer: &wgpu::Buffer, offset: u64, bytes: u64) -> Result<Vec<u8>> {
-        if bytes == 0 {
+        let mut batch = Batch::new(self, "read-back");
+        let pending = batch.read_later(buffer, offset, bytes)?;
+        batch.submit()?;
+        self.complete_read(pending)
+    }
+
+    /// Waits for the batch that recorded `pending` (it must have been submitted) and returns
+    /// the bytes it copied.
+    pub fn complete_read(&self, pending: PendingRead) -> Result<Vec<u8>> {
+        let Some(staging) = pending.staging else {
             return Ok(Vec::new());
-        }
-        if offset % 4 != 0 || bytes % 4 != 0 || offset + bytes > buffer.size() {
-            return Err(GpuError::Readback(format!(
-                "range {offset}+{bytes} is unaligned or outside a buffer of {} bytes",
-                buffer.size()
-            )));
-        }
-        let staging = self.scoped("creating a read-back buffer", || {
-            self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("readback"),
-                size: bytes,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
-        })?;
-        self.scoped("copying for read-back", || {
-            let mut enc = self.device.create_command_encoder(&Default::default());
-            enc.copy_buffer_to_buffer(buffer, offset, &staging, 0, bytes);
-            self.queue.submit([enc.finish()]);
-        })?;
+        };
         let (tx, rx) = std::sync::mpsc::channel();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
             let _ = tx.send(r);
@@ -111,5 +101,56 @@ impl GpuContext {
         Ok(bytemuck::pod_collect_to_vec(
             &bytes[..n * std::mem::size_of::<T>()],
         ))
+    }
+}
+
+/// A copy to the host recorded in a [`Batch`]; [`GpuContext::complete_read`] returns the
+/// bytes once the batch has been submitted.
+#[must_use = "complete the read after submitting its batch"]
+#[derive(Debug)]
+pub struct PendingRead {
+    staging: Option<wgpu::Buffer>,
+}
+
+impl PendingRead {
+    /// A read of a whole `MAP_READ` buffer that copies in the same batch have filled.
+    pub(crate) fn of_staging(staging: wgpu::Buffer) -> Self {
+        PendingRead {
+            staging: Some(staging),
+        }
+    }
+}
+
+impl Batch<'_> {
+    /// Records a copy of `bytes` bytes at `offset` of `buffer` into a mappable buffer, so a
+    /// step's read-back rides in the step's own submit.
+    pub fn read_later(
+        &mut self,
+        buffer: &wgpu::Buffer,
+        offset: u64,
+        bytes: u64,
+    ) -> Result<PendingRead> {
+        if bytes == 0 {
+            return Ok(PendingRead { staging: None });
+        }
+        if offset % 4 != 0 || bytes % 4 != 0 || offset + bytes > buffer.size() {
+            return Err(GpuError::Readback(format!(
+                "range {offset}+{bytes} is unaligned or outside a buffer of {} bytes",
+                buffer.size()
+            )));
+        }
+        let ctx = self.ctx();
+        let staging = ctx.scoped("creating a read-back buffer", || {
+            ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("readback"),
+                size: bytes,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        })?;
+        self.copy(buffer, offset, &staging, 0, bytes);
+        Ok(PendingRead {
+            staging: Some(staging),
+        })
     }
 }

@@ -7,7 +7,7 @@ mod pipeline;
 pub mod select;
 
 pub use batch::{grid_2d, Batch, Bind};
-pub use buffer::STORAGE;
+pub use buffer::{PendingRead, STORAGE};
 pub use context::{enumerate_adapters, AdapterReport, Capabilities, GpuContext};
 pub use pipeline::{KernelSource, PRELUDE};
 pub use select::AdapterRequest;
