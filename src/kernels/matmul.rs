@@ -1,15 +1,17 @@
 //! Launcher for `shaders/matmul.wgsl`: y = x · Wᵀ (+ bias) (+ y) for a Hugging Face
 //! `[out, in]` weight, one dispatch per weight chunk.
 //!
-//! One kernel serves every row count on purpose: each output element is one thread's
-//! sequential sum over k, so a row's result does not depend on how many other rows share the
-//! step. That makes the engine batch-invariant (a request produces the same tokens alone or in
-//! a batch, prefilled or recomputed). A separate decode kernel with a parallel reduction over
-//! k would be faster for a few rows but would round differently.
+//! Batch invariance by construction: in both kernels each output element is one thread's
+//! sequential sum over k, in increasing k, with the same expression, so a row's result does
+//! not depend on how many other rows share the step or which kernel ran. That makes the
+//! engine batch-invariant (a request produces the same tokens alone or in a batch, prefilled
+//! or recomputed). `matmul_skinny.wgsl` serves up to [`SKINNY_MAX_M`] rows (decode) without
+//! the 64-row tile's wasted arithmetic; a parallel reduction over k would be faster still
+//! on a GPU but would round differently.
 
-use super::{check_len, groups, params, Weight, MATMUL};
+use super::{check_len, groups, params, Weight, MATMUL, MATMUL_SKINNY};
 use crate::error::{GpuError, Result};
-use crate::gpu::Batch;
+use crate::gpu::{grid_2d, Batch};
 
 params!(MatmulParams for MATMUL {
     m: u32,
@@ -21,6 +23,20 @@ params!(MatmulParams for MATMUL {
     accumulate: u32,
     _pad: u32,
 });
+
+params!(MatmulSkinnyParams for MATMUL_SKINNY {
+    m: u32,
+    n: u32,
+    k: u32,
+    n_offset: u32,
+    ldy: u32,
+    has_bias: u32,
+    accumulate: u32,
+    _pad: u32,
+});
+
+/// Rows up to which the skinny kernel runs instead of the tiled one.
+pub const SKINNY_MAX_M: usize = 8;
 
 /// How the product combines with what `y` holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,6 +83,12 @@ pub fn matmul(
         let bias_buf = bias.unwrap_or(&chunk.buffer);
         let storage = [x.into(), (&chunk.buffer).into(), bias_buf.into(), y.into()];
         let constants = [("WEIGHT_DTYPE", weight.dtype.code())];
+        if m <= SKINNY_MAX_M {
+            let ps: MatmulSkinnyParams = bytemuck::cast(p);
+            let grid = grid_2d(groups(chunk.rows, 64), max_dim);
+            batch.dispatch(MATMUL_SKINNY, &constants, &ps, &storage, grid)?;
+            continue;
+        }
         let grid = [groups(chunk.rows, 64), groups(m, 64), 1];
         if grid[0] > max_dim || grid[1] > max_dim {
             return Err(GpuError::invalid(

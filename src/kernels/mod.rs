@@ -31,6 +31,7 @@ macro_rules! kernel {
 kernel!(EMBEDDING, "embedding");
 kernel!(RMS_NORM, "rms_norm");
 kernel!(MATMUL, "matmul");
+kernel!(MATMUL_SKINNY, "matmul_skinny");
 kernel!(ROPE, "rope");
 kernel!(SILU_MUL, "silu_mul");
 kernel!(ADD, "add");
@@ -46,6 +47,7 @@ pub const ALL: &[KernelSource] = &[
     EMBEDDING,
     RMS_NORM,
     MATMUL,
+    MATMUL_SKINNY,
     ROPE,
     SILU_MUL,
     ADD,
