@@ -511,15 +511,13 @@ fn main() {
     );
     println!();
     println!(
-        "Caveat: pagellm's matmul is one tiled kernel for every row count (64-row tiles, \
-         chosen for batch invariance: a row's result never depends on the batch), so a 1-row \
-         decode step pays for a whole 64-row tile. On a compute-bound software adapter a 1-row \
-         step therefore costs nearly as much as a 64-row step (see the median step column), \
-         and the ratio comes out close to N. That inflates it relative to a memory-bound real \
-         GPU: there batching pays by reading each weight once for N rows, but each sequence's \
-         attention over its own KV cache, its sampling and read-back, and the approach to the \
-         compute bound keep the gain below N. Read this ratio as an upper bound, not a \
-         forecast."
+        "Caveat: pagellm runs up to 8 rows with a skinny matmul kernel and more rows with \
+         64-row tiles; both sum every output in the same order, so results are batch-invariant. \
+         On a compute-bound software adapter every row costs its own arithmetic, so batching \
+         buys little beyond amortising per-step overhead, and steps of 9-63 rows also pay for \
+         part of an unused tile. On a memory-bound GPU a decode step is dominated by reading \
+         the weights once, whatever the number of rows, which is where batching pays: measure \
+         the ratio there."
     );
 
     // 2. Prefill.
