@@ -2,7 +2,11 @@
 // The weight is a Hugging Face Linear weight, [out_features, in_features], or a row chunk of
 // one when it exceeds a storage binding. Accumulating into y fuses the residual add.
 // Grid: one workgroup per 64x64 tile of y (x = column tiles, y = row tiles); 16x16 threads,
-// each owning a 4x4 micro-tile; k advances 16 at a time through workgroup memory.
+// each owning 4 rows x 4 columns strided by 16 (rows lid.y + 16i, columns lid.x + 16j), so
+// neighbouring threads read neighbouring words of workgroup memory (no bank conflicts);
+// k advances 16 at a time through workgroup memory, stored k-major.
+// Each output is one thread's sum over k in increasing k (acc += x * w), then + bias, then
+// + y: the order the column kernels (matmul_skinny*.wgsl) keep, for batch invariance.
 
 override WEIGHT_DTYPE: u32 = 0u;
 
@@ -25,8 +29,10 @@ struct Params {
 
 const TILE: u32 = 64u;
 const TK: u32 = 16u;
-var<workgroup> xs: array<f32, 1024>;  // [TILE rows][TK]
-var<workgroup> ws: array<f32, 1024>;  // [TILE cols][TK]
+// k-major, rows padded to LD words so that the k-strided stores do not collide in banks.
+const LD: u32 = 65u;
+var<workgroup> xs: array<f32, 1040>;  // [TK][LD], x rows
+var<workgroup> ws: array<f32, 1040>;  // [TK][LD], weight rows (output columns)
 
 @compute @workgroup_size(16, 16)
 fn matmul(
@@ -36,10 +42,11 @@ fn matmul(
 ) {
     let row0 = wg.y * TILE;
     let col0 = wg.x * TILE;
-    var acc: array<f32, 16>;
-    for (var i = 0u; i < 16u; i++) {
-        acc[i] = 0.0;
-    }
+    // acc[i] holds row lid.y + 16 i, columns lid.x + 16 j in component j.
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
     let words_per_row = select(p.k / 2u, p.k, WEIGHT_DTYPE == DTYPE_F32);
     for (var k0 = 0u; k0 < p.k; k0 += TK) {
         for (var i = 0u; i < 4u; i++) {
@@ -50,7 +57,7 @@ fn matmul(
             if row0 + r < p.m && k0 + c < p.k {
                 v = x[(row0 + r) * p.k + k0 + c];
             }
-            xs[e] = v;
+            xs[c * LD + r] = v;
         }
         if WEIGHT_DTYPE == DTYPE_F32 {
             for (var i = 0u; i < 4u; i++) {
@@ -61,7 +68,7 @@ fn matmul(
                 if col0 + r < p.n && k0 + c < p.k {
                     v = bitcast<f32>(w[(col0 + r) * words_per_row + k0 + c]);
                 }
-                ws[e] = v;
+                ws[c * LD + r] = v;
             }
         } else {
             // 64 rows x 8 words of two elements; k is even for packed formats.
@@ -73,33 +80,30 @@ fn matmul(
                 if col0 + r < p.n && k0 + c < p.k {
                     v = unpack_pair(w[(col0 + r) * words_per_row + (k0 + c) / 2u], WEIGHT_DTYPE);
                 }
-                ws[r * TK + c] = v.x;
-                ws[r * TK + c + 1u] = v.y;
+                ws[c * LD + r] = v.x;
+                ws[(c + 1u) * LD + r] = v.y;
             }
         }
         workgroupBarrier();
         for (var kk = 0u; kk < TK; kk++) {
-            var a: array<f32, 4>;
-            var b: array<f32, 4>;
-            for (var i = 0u; i < 4u; i++) {
-                a[i] = xs[(lid.y * 4u + i) * TK + kk];
-                b[i] = ws[(lid.x * 4u + i) * TK + kk];
-            }
-            for (var i = 0u; i < 4u; i++) {
-                for (var j = 0u; j < 4u; j++) {
-                    acc[i * 4u + j] += a[i] * b[j];
-                }
-            }
+            let xo = kk * LD + lid.y;
+            let wo = kk * LD + lid.x;
+            let b = vec4<f32>(ws[wo], ws[wo + 16u], ws[wo + 32u], ws[wo + 48u]);
+            acc0 += xs[xo] * b;
+            acc1 += xs[xo + 16u] * b;
+            acc2 += xs[xo + 32u] * b;
+            acc3 += xs[xo + 48u] * b;
         }
         workgroupBarrier();
     }
+    let accs = array<vec4<f32>, 4>(acc0, acc1, acc2, acc3);
     for (var i = 0u; i < 4u; i++) {
-        let r = row0 + lid.y * 4u + i;
+        let r = row0 + lid.y + 16u * i;
         for (var j = 0u; j < 4u; j++) {
-            let c = col0 + lid.x * 4u + j;
+            let c = col0 + lid.x + 16u * j;
             if r < p.m && c < p.n {
                 let col = p.n_offset + c;
-                var v = acc[i * 4u + j];
+                var v = accs[i][j];
                 if p.has_bias != 0u {
                     v += bias[col];
                 }

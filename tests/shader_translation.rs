@@ -1,7 +1,9 @@
 //! Every kernel, in every variant of its override constants, must pass naga's validator with
 //! no optional capability beyond f16 packing in f32 (`unpack2x16float`, which wgpu grants on
 //! every native backend and GLES 3.1) and translate to the four shading languages wgpu emits: MSL
-//! (Metal), HLSL (DX12), SPIR-V (Vulkan) and GLSL ES 3.10 (GL). Metal and DX12 cannot run
+//! (Metal), HLSL (DX12), SPIR-V (Vulkan) and GLSL ES 3.10 (GL). Kernels that use subgroup
+//! operations (chosen only on devices that have them; GL never does) also get the subgroup
+//! capability and skip GLSL ES. Metal and DX12 cannot run
 //! here, so this is where a construct one of them rejects fails CI. When `spirv-val` and
 //! `glslangValidator` are installed (CI installs them; set PAGELLM_REQUIRE_SHADER_TOOLS=1 to
 //! make their absence an error) the SPIR-V and GLSL outputs are also checked by those
@@ -19,6 +21,7 @@ fn override_values(name: &str) -> Vec<f64> {
         "WEIGHT_DTYPE" => vec![0.0, 1.0, 2.0],
         "KV_DTYPE" => vec![0.0, 1.0],
         "CONTIGUOUS" => vec![0.0, 1.0],
+        "ROWS" => vec![1.0, 2.0, 4.0, 8.0],
         other => panic!("test does not know the values of override {other}"),
     }
 }
@@ -71,6 +74,7 @@ fn translate(
     info: &ModuleInfo,
     tmp: &std::path::Path,
     tools: (bool, bool),
+    glsl_es: bool,
 ) {
     let stage = naga::ShaderStage::Compute;
     let ep = Some((stage, kernel.to_string()));
@@ -97,26 +101,13 @@ fn translate(
         shader_stage: stage,
         entry_point: kernel.to_string(),
     };
-    let words = spv::write_vec(module, info, &spv::Options::default(), Some(&spv_pipe))
-        .unwrap_or_else(|e| panic!("{kernel}: SPIR-V: {e:?}"));
-
-    let mut glsl_src = String::new();
-    let glsl_opts = glsl::Options::default(); // GLSL ES 3.10, what wgpu's GL backend targets
-    let glsl_pipe = glsl::PipelineOptions {
-        shader_stage: stage,
-        entry_point: kernel.to_string(),
-        multiview: None,
+    // Subgroup operations need SPIR-V 1.3, which wgpu targets when the feature is on.
+    let spv_opts = spv::Options {
+        lang_version: if glsl_es { (1, 0) } else { (1, 3) },
+        ..Default::default()
     };
-    glsl::Writer::new(
-        &mut glsl_src,
-        module,
-        info,
-        &glsl_opts,
-        &glsl_pipe,
-        naga::proc::BoundsCheckPolicies::default(),
-    )
-    .and_then(|mut w| w.write())
-    .unwrap_or_else(|e| panic!("{kernel}: GLSL ES: {e:?}"));
+    let words = spv::write_vec(module, info, &spv_opts, Some(&spv_pipe))
+        .unwrap_or_else(|e| panic!("{kernel}: SPIR-V: {e:?}"));
 
     if tools.0 {
         let path = tmp.join(format!("{kernel}.spv"));
@@ -128,15 +119,35 @@ fn translate(
             &format!("{kernel}: spirv-val"),
         );
     }
-    if tools.1 {
-        let path = tmp.join(format!("{kernel}.comp"));
-        std::fs::File::create(&path)
-            .and_then(|mut f| f.write_all(glsl_src.as_bytes()))
-            .unwrap();
-        run_validator(
-            Command::new("glslangValidator").arg(&path),
-            &format!("{kernel}: glslangValidator"),
-        );
+    if glsl_es {
+        let mut glsl_src = String::new();
+        let glsl_opts = glsl::Options::default(); // GLSL ES 3.10, what wgpu's GL backend targets
+        let glsl_pipe = glsl::PipelineOptions {
+            shader_stage: stage,
+            entry_point: kernel.to_string(),
+            multiview: None,
+        };
+        glsl::Writer::new(
+            &mut glsl_src,
+            module,
+            info,
+            &glsl_opts,
+            &glsl_pipe,
+            naga::proc::BoundsCheckPolicies::default(),
+        )
+        .and_then(|mut w| w.write())
+        .unwrap_or_else(|e| panic!("{kernel}: GLSL ES: {e:?}"));
+
+        if tools.1 {
+            let path = tmp.join(format!("{kernel}.comp"));
+            std::fs::File::create(&path)
+                .and_then(|mut f| f.write_all(glsl_src.as_bytes()))
+                .unwrap();
+            run_validator(
+                Command::new("glslangValidator").arg(&path),
+                &format!("{kernel}: glslangValidator"),
+            );
+        }
     }
 }
 
@@ -155,17 +166,23 @@ fn every_kernel_translates_to_msl_hlsl_spirv_and_glsl_es() {
             "{}: entry point must be named after the file",
             k.name
         );
-        let info = Validator::new(
-            ValidationFlags::all(),
-            Capabilities::SHADER_FLOAT16_IN_FLOAT32,
-        )
-        .validate(&module)
-        .unwrap_or_else(|e| panic!("{}: {}", k.name, e.emit_to_string(&src)));
+        // Kernels that use subgroup operations run only where the device has them (never
+        // on GL), so they get that capability and skip the GLSL ES translation.
+        let subgroups = src.contains("subgroup");
+        let mut caps = Capabilities::SHADER_FLOAT16_IN_FLOAT32;
+        if subgroups {
+            caps |= Capabilities::SUBGROUP;
+        }
+        let info = Validator::new(ValidationFlags::all(), caps)
+            .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+            .subgroup_operations(naga::valid::SubgroupOperationSet::all())
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{}: {}", k.name, e.emit_to_string(&src)));
         for constants in variants(&module) {
             let (m, i) =
                 naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants)
                     .unwrap_or_else(|e| panic!("{} {constants:?}: {e:?}", k.name));
-            translate(k.name, &m, &i, &tmp, tools);
+            translate(k.name, &m, &i, &tmp, tools, !subgroups);
             checked += 1;
         }
     }

@@ -1,17 +1,26 @@
-//! Launcher for `shaders/matmul.wgsl`: y = x · Wᵀ (+ bias) (+ y) for a Hugging Face
+//! Launchers for the projection kernels: y = x · Wᵀ (+ bias) (+ y) for a Hugging Face
 //! `[out, in]` weight, one dispatch per weight chunk.
 //!
-//! Batch invariance by construction: in both kernels each output element is one thread's
+//! Batch invariance by construction: in every kernel each output element is one thread's
 //! sequential sum over k, in increasing k, with the same expression, so a row's result does
 //! not depend on how many other rows share the step or which kernel ran. That makes the
 //! engine batch-invariant (a request produces the same tokens alone or in a batch, prefilled
-//! or recomputed). `matmul_skinny.wgsl` serves up to [`SKINNY_MAX_M`] rows (decode) without
-//! the 64-row tile's wasted arithmetic; a parallel reduction over k would be faster still
-//! on a GPU but would round differently.
+//! or recomputed). A parallel reduction over k would be faster on a GPU but would round
+//! differently.
+//!
+//! Two kernel families (see [`MatmulKernel`]): `matmul.wgsl` tiles 64 rows by 64 columns
+//! through workgroup memory (prefill on GPUs); the column kernels (`matmul_skinny*.wgsl`)
+//! give each thread one output column and read its weights once per 8 rows of x, which
+//! avoids the tile's wasted arithmetic when few rows run (decode). On CPU adapters (lavapipe,
+//! llvmpipe) the column kernels win at every row count measured (`cargo bench --bench
+//! matmul`), because there every workgroup-memory access is a per-lane gather, so they
+//! serve every call there.
 
-use super::{check_len, groups, params, Weight, MATMUL, MATMUL_SKINNY};
+use super::{
+    check_len, groups, params, Weight, MATMUL, MATMUL_SKINNY, MATMUL_SKINNY_SG, MATMUL_SKINNY_VEC,
+};
 use crate::error::{GpuError, Result};
-use crate::gpu::{grid_2d, Batch};
+use crate::gpu::{grid_2d, Batch, GpuContext};
 
 params!(MatmulParams for MATMUL {
     m: u32,
@@ -35,8 +44,71 @@ params!(MatmulSkinnyParams for MATMUL_SKINNY {
     _pad: u32,
 });
 
-/// Rows up to which the skinny kernel runs instead of the tiled one.
+params!(MatmulSkinnyVecParams for MATMUL_SKINNY_VEC {
+    m: u32,
+    n: u32,
+    k: u32,
+    n_offset: u32,
+    ldy: u32,
+    has_bias: u32,
+    accumulate: u32,
+    _pad: u32,
+});
+
+params!(MatmulSkinnySgParams for MATMUL_SKINNY_SG {
+    m: u32,
+    n: u32,
+    k: u32,
+    n_offset: u32,
+    ldy: u32,
+    has_bias: u32,
+    accumulate: u32,
+    _pad: u32,
+});
+
+/// Rows up to which a GPU runs a column kernel instead of the tiled one.
 pub const SKINNY_MAX_M: usize = 8;
+
+/// The kernel that computes a matmul call. All of them give bitwise the same result for a
+/// row, so the choice is purely about speed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatmulKernel {
+    /// `matmul.wgsl`: 64x64 tiles through workgroup memory.
+    Tiled,
+    /// `matmul_skinny.wgsl`: one thread per column, scalar loads; any k.
+    Columns,
+    /// `matmul_skinny_vec.wgsl`: one thread per column, 16-byte loads; k % 8 == 0.
+    ColumnsVec,
+    /// `matmul_skinny_sg.wgsl`: as `ColumnsVec`, x shared through subgroup broadcasts;
+    /// k % 8 == 0 and subgroups of at least 8 invocations.
+    ColumnsSubgroup,
+}
+
+impl MatmulKernel {
+    /// Whether this kernel can compute a product with inner dimension `k` on `ctx`.
+    pub fn supports(self, ctx: &GpuContext, k: usize) -> bool {
+        match self {
+            MatmulKernel::Tiled | MatmulKernel::Columns => true,
+            MatmulKernel::ColumnsVec => k % 8 == 0,
+            MatmulKernel::ColumnsSubgroup => {
+                k % 8 == 0 && ctx.caps.subgroups && ctx.info.subgroup_min_size >= 8
+            }
+        }
+    }
+
+    /// The kernel `matmul` uses for `m` rows of inner dimension `k` on `ctx`: the column
+    /// kernels for decode-sized steps (and every step on a CPU adapter), the tiled one for
+    /// larger steps on a GPU; the fastest column variant `ctx` and `k` allow.
+    pub fn choose(ctx: &GpuContext, m: usize, k: usize) -> MatmulKernel {
+        if m > SKINNY_MAX_M && ctx.info.device_type != wgpu::DeviceType::Cpu {
+            return MatmulKernel::Tiled;
+        }
+        [MatmulKernel::ColumnsSubgroup, MatmulKernel::ColumnsVec]
+            .into_iter()
+            .find(|kern| kern.supports(ctx, k))
+            .unwrap_or(MatmulKernel::Columns)
+    }
+}
 
 /// How the product combines with what `y` holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,10 +129,32 @@ pub fn matmul(
     m: usize,
     output: Output,
 ) -> Result<()> {
+    let kernel = MatmulKernel::choose(batch.ctx(), m, weight.cols);
+    matmul_with(batch, kernel, x, weight, bias, y, m, output)
+}
+
+/// [`matmul`] computed by a given kernel (tests and benchmarks compare them).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_with(
+    batch: &mut Batch,
+    kernel: MatmulKernel,
+    x: &wgpu::Buffer,
+    weight: &Weight,
+    bias: Option<&wgpu::Buffer>,
+    y: &wgpu::Buffer,
+    m: usize,
+    output: Output,
+) -> Result<()> {
     const K: &str = "matmul";
     let (n_total, k) = (weight.rows, weight.cols);
     if m == 0 {
         return Ok(());
+    }
+    if !kernel.supports(batch.ctx(), k) {
+        return Err(GpuError::invalid(
+            K,
+            format!("{kernel:?} cannot compute k = {k} on this adapter"),
+        ));
     }
     check_len(K, "x", x, m * k)?;
     check_len(K, "y", y, m * n_total)?;
@@ -68,6 +162,8 @@ pub fn matmul(
         check_len(K, "bias", b, n_total)?;
     }
     let max_dim = batch.ctx().limits.max_compute_workgroups_per_dimension;
+    // Column kernels: rows per pass, a power of two up to 8 (a pipeline each).
+    let rows = m.min(8).next_power_of_two();
     for chunk in &weight.chunks {
         let p = MatmulParams {
             m: m as u32,
@@ -82,21 +178,33 @@ pub fn matmul(
         // The bias binding must be valid even when unused.
         let bias_buf = bias.unwrap_or(&chunk.buffer);
         let storage = [x.into(), (&chunk.buffer).into(), bias_buf.into(), y.into()];
-        let constants = [("WEIGHT_DTYPE", weight.dtype.code())];
-        if m <= SKINNY_MAX_M {
-            let ps: MatmulSkinnyParams = bytemuck::cast(p);
-            let grid = grid_2d(groups(chunk.rows, 64), max_dim);
-            batch.dispatch(MATMUL_SKINNY, &constants, &ps, &storage, grid)?;
-            continue;
+        let dtype = ("WEIGHT_DTYPE", weight.dtype.code());
+        let columns = [dtype, ("ROWS", rows as f64)];
+        let grid = grid_2d(groups(chunk.rows, 64), max_dim);
+        match kernel {
+            MatmulKernel::Tiled => {
+                let grid = [groups(chunk.rows, 64), groups(m, 64), 1];
+                if grid[0] > max_dim || grid[1] > max_dim {
+                    return Err(GpuError::invalid(
+                        K,
+                        format!("{m} x {} outputs in one call", chunk.rows),
+                    ));
+                }
+                batch.dispatch(MATMUL, &[dtype], &p, &storage, grid)?;
+            }
+            MatmulKernel::Columns => {
+                let ps: MatmulSkinnyParams = bytemuck::cast(p);
+                batch.dispatch(MATMUL_SKINNY, &columns, &ps, &storage, grid)?;
+            }
+            MatmulKernel::ColumnsVec => {
+                let ps: MatmulSkinnyVecParams = bytemuck::cast(p);
+                batch.dispatch(MATMUL_SKINNY_VEC, &columns, &ps, &storage, grid)?;
+            }
+            MatmulKernel::ColumnsSubgroup => {
+                let ps: MatmulSkinnySgParams = bytemuck::cast(p);
+                batch.dispatch(MATMUL_SKINNY_SG, &columns, &ps, &storage, grid)?;
+            }
         }
-        let grid = [groups(chunk.rows, 64), groups(m, 64), 1];
-        if grid[0] > max_dim || grid[1] > max_dim {
-            return Err(GpuError::invalid(
-                K,
-                format!("{m} x {} outputs in one call", chunk.rows),
-            ));
-        }
-        batch.dispatch(MATMUL, &constants, &p, &storage, grid)?;
     }
     Ok(())
 }

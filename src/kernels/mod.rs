@@ -32,6 +32,8 @@ kernel!(EMBEDDING, "embedding");
 kernel!(RMS_NORM, "rms_norm");
 kernel!(MATMUL, "matmul");
 kernel!(MATMUL_SKINNY, "matmul_skinny");
+kernel!(MATMUL_SKINNY_VEC, "matmul_skinny_vec");
+kernel!(MATMUL_SKINNY_SG, "matmul_skinny_sg");
 kernel!(ROPE, "rope");
 kernel!(SILU_MUL, "silu_mul");
 kernel!(ADD, "add");
@@ -48,6 +50,8 @@ pub const ALL: &[KernelSource] = &[
     RMS_NORM,
     MATMUL,
     MATMUL_SKINNY,
+    MATMUL_SKINNY_VEC,
+    MATMUL_SKINNY_SG,
     ROPE,
     SILU_MUL,
     ADD,
