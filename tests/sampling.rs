@@ -349,6 +349,10 @@ fn logprobs_match_transformers_on_fixture_logits() {
         "qwen2-bias-tied",
         "mistral-f16",
         "llama3-rope-scaled",
+        "llama-bias-mha",
+        "qwen2-sharded-untied",
+        "llama-odd-heads",
+        "llama-tf4-config",
     ] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures")

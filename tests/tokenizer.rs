@@ -5,11 +5,15 @@
 use pagellm::tokenizer::{Tokenizer, TokenizerError};
 use std::path::{Path, PathBuf};
 
-const FIXTURES: [&str; 4] = [
+const FIXTURES: [&str; 8] = [
     "llama-gqa",
     "qwen2-bias-tied",
     "mistral-f16",
     "llama3-rope-scaled",
+    "llama-bias-mha",
+    "qwen2-sharded-untied",
+    "llama-odd-heads",
+    "llama-tf4-config",
 ];
 
 fn fixture(name: &str) -> PathBuf {

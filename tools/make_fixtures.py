@@ -1,0 +1,511 @@
+#!/usr/bin/env python3
+"""Write extra transformers reference checkpoints into tests/fixtures/.
+
+Run with the Python environment of tools/README.md (`.venv-train`: torch 2.15, transformers 5.24,
+safetensors 0.8); the paths are relative to the script, so any working directory will do:
+
+    .venv-train/bin/python tools/make_fixtures.py            # every variant
+    .venv-train/bin/python tools/make_fixtures.py --only llama-odd-heads
+
+Each variant becomes a complete Hugging Face folder, laid out like the four hand-made
+fixtures (see tests/fixtures/README.md): config.json, generation_config.json and the weights
+written by `save_pretrained`, the 512-token byte-level BPE tokenizer copied from
+tests/fixtures/llama-gqa, and expected.json with what transformers computes for the folder.
+
+What each variant exercises:
+
+- llama-bias-mha: LlamaForCausalLM with attention_bias (q/k/v/o biases) and mlp_bias
+  (gate/up/down biases), full multi-head attention (4 KV heads for 4 heads), 3 layers, a
+  config vocabulary of 520 padded beyond the tokenizer's 512, an intermediate size (136)
+  that is no multiple of 16 (16-bit weights need even rows in pagellm), bfloat16 weights.
+- qwen2-sharded-untied: Qwen2ForCausalLM with an untied LM head, linear rope scaling
+  (factor 2) in transformers-5 spelling, grouped-query attention 4:2, float16 weights saved
+  in three shards with model.safetensors.index.json.
+- llama-odd-heads: head_dim 24 (no power of two, given explicitly), hidden size 72, 3 heads
+  sharing one KV head (multi-query attention), an odd intermediate size (97, so the down
+  projection's rows have odd length), tied embeddings, float32 weights.
+- llama-tf4-config: a float32 Llama whose config.json is rewritten in transformers-4
+  spelling: top-level "rope_theta": 500000.0 and "rope_scaling": {"type": "linear",
+  "factor": 4.0}, "torch_dtype" instead of "dtype", no "head_dim" (derived from
+  hidden_size / num_attention_heads). The expected outputs come from transformers loading
+  that rewritten config; the script checks that it reads the rope settings as intended.
+
+How the numbers are made: weights start from transformers' own initialisation (seeded) and
+are then scaled up so that next-token distributions are peaky, as in the original fixtures:
+matrices x8; the untied LM heads (of the 16-bit variants) x64; tied embeddings stay at x8 and the
+final norm's weights are multiplied by 8 instead (a large tied embedding dominates the
+residual stream and greedy decoding just repeats its input); biases ~ N(0, 0.5) and norm
+weights ~ U(0.6, 1.4) so that neither is a no-op. Padded vocabulary rows (beyond the
+tokenizer's 512) get a quarter of the LM-head scale. Each variant tries seeds in a fixed
+order and keeps the first whose greedy choices are clear at every step of every case: the
+top-1 minus top-2 logprob gap must exceed 0.1 for float32 weights and 0.3 for
+float16/bfloat16 weights (an f16 KV cache moves logprobs by a few hundredths), greedy
+tokens must lie inside the tokenizer's vocabulary, and every case must produce at least 5
+distinct greedy tokens. The script asserts all of this.
+
+expected.json is computed by loading the written folder back with
+AutoModelForCausalLM.from_pretrained(dtype=torch.float32, attn_implementation="eager"):
+float32 compute from the on-disk weights, also for the 16-bit checkpoints (the original
+16-bit fixtures, qwen2-bias-tied and mistral-f16, were computed in their own dtype instead);
+expected.json says so in "note" and "compute_dtype": "float32", and also records the seed
+and the smallest greedy gap. Greedy decoding
+recomputes the whole sequence at each step (no KV cache). Logits are stored as the shortest
+decimal that reads back as the same float32. For each variant the script also checks that
+the feature it exercises matters: switching it off (zeroing a bias, dropping rope scaling)
+must move the long prompt's logits.
+
+Everything is seeded and runs on one CPU thread, so reruns with the same package versions
+give the same files. The whole run takes well under a minute.
+"""
+
+import argparse
+import copy
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from safetensors import safe_open
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+TOKENIZER_SOURCE = FIXTURES / "llama-gqa"
+TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json"]
+TOKENIZER_VOCAB = 512
+GREEDY_STEPS = 16
+# The GPU golden test allocates room for 64 prompt tokens; the long prompt must also cross
+# several 16-token KV blocks (with its 16 greedy tokens it spans four).
+PROMPTS = [
+    "x",
+    "Hello, world",
+    'In 1887 the old keeper wrote: "Fog again; ships wait."\nShe lit the lamp.',
+]
+MIN_LONG_PROMPT = 40
+MIN_DISTINCT = 5
+MAX_PROMPT = 64
+
+COMMON = dict(
+    bos_token_id=0,
+    eos_token_id=1,
+    pad_token_id=None,
+    hidden_act="silu",
+    initializer_range=0.02,
+)
+
+
+def rewrite_tf4(cfg: dict) -> dict:
+    """config.json in the spelling of transformers 4 (Llama 3 era checkpoints)."""
+    rope = cfg.pop("rope_parameters")
+    out = {}
+    for k, v in cfg.items():
+        if k == "head_dim":
+            continue
+        if k == "dtype":
+            k = "torch_dtype"
+        out[k] = v
+    out["rope_theta"] = rope["rope_theta"]
+    out["rope_scaling"] = {"type": rope["rope_type"], "factor": rope["factor"]}
+    out["transformers_version"] = "4.46.3"
+    return dict(sorted(out.items()))
+
+
+def check_tf4(model):
+    p = model.config.rope_parameters
+    assert p["rope_type"] == "linear" and p["factor"] == 4.0, p
+    assert p["rope_theta"] == 500000.0, p
+    assert model.config.head_dim == 16, model.config.head_dim
+    # The attention really uses the scaled frequencies.
+    inv = model.model.rotary_emb.inv_freq
+    want = 1.0 / (500000.0 ** (torch.arange(0, 16, 2, dtype=torch.float32) / 16)) / 4.0
+    assert torch.allclose(inv, want), (inv, want)
+
+
+def check_qwen2(model):
+    p = model.config.rope_parameters
+    assert p["rope_type"] == "linear" and p["factor"] == 2.0, p
+    assert not model.config.tie_word_embeddings
+    assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
+
+
+def check_bias_mha(model):
+    a = model.model.layers[0].self_attn
+    m = model.model.layers[0].mlp
+    assert all(x.bias is not None for x in (a.q_proj, a.k_proj, a.v_proj, a.o_proj))
+    assert all(x.bias is not None for x in (m.gate_proj, m.up_proj, m.down_proj))
+    assert model.config.vocab_size == 520
+
+
+def check_odd_heads(model):
+    a = model.model.layers[0].self_attn
+    assert a.head_dim == 24 and a.q_proj.out_features == 72 and a.k_proj.out_features == 24
+
+
+def zero(*suffixes):
+    """An ablation that zeroes every tensor whose name ends with one of `suffixes`."""
+
+    def f(cfg, sd):
+        for k in sd:
+            if k.endswith(suffixes):
+                sd[k] = torch.zeros_like(sd[k])
+        return cfg, sd
+
+    return f
+
+
+def rope(params):
+    def f(cfg, sd):
+        cfg.rope_parameters = dict(params)
+        return cfg, sd
+
+    return f
+
+
+VARIANTS = {
+    "llama-bias-mha": dict(
+        model=LlamaForCausalLM,
+        config=lambda: LlamaConfig(
+            vocab_size=520,
+            hidden_size=64,
+            intermediate_size=136,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            head_dim=16,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            attention_bias=True,
+            mlp_bias=True,
+            tie_word_embeddings=False,
+            **COMMON,
+        ),
+        dtype=torch.bfloat16,
+        head_scale=64.0,
+        first_seed=100,
+        check=check_bias_mha,
+        ablations={
+            "o_proj bias zeroed": zero("o_proj.bias"),
+            "k_proj bias zeroed": zero("k_proj.bias"),
+            "down_proj bias zeroed": zero("down_proj.bias"),
+            "gate_proj bias zeroed": zero("gate_proj.bias"),
+        },
+    ),
+    "qwen2-sharded-untied": dict(
+        model=Qwen2ForCausalLM,
+        config=lambda: Qwen2Config(
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+            use_sliding_window=False,
+            tie_word_embeddings=False,
+            **COMMON,
+        ),
+        dtype=torch.float16,
+        head_scale=64.0,
+        shard="100KB",
+        first_seed=200,
+        check=check_qwen2,
+        ablations={
+            "no rope scaling": rope({"rope_type": "default", "rope_theta": 10000.0}),
+        },
+    ),
+    "llama-odd-heads": dict(
+        model=LlamaForCausalLM,
+        config=lambda: LlamaConfig(
+            vocab_size=512,
+            hidden_size=72,
+            intermediate_size=97,
+            num_hidden_layers=2,
+            num_attention_heads=3,
+            num_key_value_heads=1,
+            head_dim=24,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            tie_word_embeddings=True,
+            **COMMON,
+        ),
+        dtype=torch.float32,
+        # Tied: the embedding keeps the matrices' x8 (a larger one would dominate the
+        # residual stream and make greedy decoding repeat the input token); the final
+        # norm makes the logits peaky instead.
+        head_scale=8.0,
+        final_norm_scale=8.0,
+        first_seed=300,
+        check=check_odd_heads,
+        ablations={},
+    ),
+    "llama-tf4-config": dict(
+        model=LlamaForCausalLM,
+        config=lambda: LlamaConfig(
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 500000.0},
+            tie_word_embeddings=True,
+            **COMMON,
+        ),
+        dtype=torch.float32,
+        # Tied: the embedding keeps the matrices' x8 (a larger one would dominate the
+        # residual stream and make greedy decoding repeat the input token); the final
+        # norm makes the logits peaky instead.
+        head_scale=8.0,
+        final_norm_scale=8.0,
+        rewrite_config=rewrite_tf4,
+        first_seed=400,
+        check=check_tf4,
+        ablations={
+            "no rope scaling": rope({"rope_type": "default", "rope_theta": 500000.0}),
+            "default rope theta": rope(
+                {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}
+            ),
+        },
+    ),
+}
+
+SEEDS_TO_TRY = 400
+
+
+def min_gap_for(dtype) -> float:
+    return 0.1 if dtype == torch.float32 else 0.3
+
+
+@torch.no_grad()
+def scale_up(model, cfg, head_scale, final_norm_scale):
+    """Peaky distributions: matrices x8, LM head x`head_scale`, random biases and norm
+    weights, the final norm's weights x`final_norm_scale`."""
+    tied = cfg.tie_word_embeddings
+    for name, p in model.named_parameters():
+        if name == "lm_head.weight" or (tied and name == "model.embed_tokens.weight"):
+            p.mul_(head_scale)
+            # Padded vocabulary rows (beyond the tokenizer) stay small, as in real models
+            # whose padding rows are never trained up: they must not win a greedy step.
+            p[TOKENIZER_VOCAB:].mul_(0.25)
+        elif p.dim() == 2:
+            p.mul_(8.0)
+        elif name.endswith(".bias"):
+            p.normal_(0.0, 0.5)
+        elif name.endswith("norm.weight"):
+            p.uniform_(0.6, 1.4)
+            if name == "model.norm.weight":
+                p.mul_(final_norm_scale)
+        else:
+            raise AssertionError(f"unexpected parameter {name}")
+
+
+@torch.no_grad()
+def run_cases(model, prompt_ids):
+    """Prompt logits, greedy ids, top-5 logprobs and top-1/top-2 gaps, recomputing the
+    whole sequence at every step."""
+    cases = []
+    for ids in prompt_ids:
+        seq = list(ids)
+        prompt_logits = model(torch.tensor([seq])).logits[0].float()
+        greedy, top5, gaps = [], [], []
+        last = prompt_logits[-1]
+        for step in range(GREEDY_STEPS):
+            lp = torch.log_softmax(last.double(), dim=-1)
+            v, i = torch.topk(lp, 5)
+            top5.append([[int(a), float(b)] for a, b in zip(i, v)])
+            gaps.append(float(v[0] - v[1]))
+            tok = int(torch.argmax(last))
+            assert tok == int(i[0])
+            greedy.append(tok)
+            seq.append(tok)
+            if step + 1 < GREEDY_STEPS:
+                last = model(torch.tensor([seq])).logits[0, -1].float()
+        cases.append(
+            dict(prompt_logits=prompt_logits, greedy_ids=greedy, top5=top5, gaps=gaps)
+        )
+    return cases
+
+
+def build(variant, seed):
+    torch.manual_seed(seed)
+    cfg = variant["config"]()
+    cfg._attn_implementation = "eager"
+    model = variant["model"](cfg).eval()
+    scale_up(model, cfg, variant.get("head_scale", 32.0), variant.get("final_norm_scale", 1.0))
+    # The weights as they will be on disk, computed with in float32. Only the parameters:
+    # model.to() would also round buffers such as the rotary inv_freq.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(variant["dtype"]).to(torch.float32))
+    return model
+
+
+def acceptable(cases, dtype):
+    worst = min(g for c in cases for g in c["gaps"])
+    in_vocab = all(t < TOKENIZER_VOCAB for c in cases for t in c["greedy_ids"])
+    # Not stuck repeating one token: decode steps should see varied inputs.
+    varied = all(len(set(c["greedy_ids"])) >= MIN_DISTINCT for c in cases)
+    return worst, in_vocab and varied and worst > min_gap_for(dtype)
+
+
+def f32_text(x: float) -> str:
+    # The shortest decimal that reads back as the same float32.
+    text = str(np.float32(x))
+    assert np.float32(float(text)) == np.float32(x), (x, text)
+    return text
+
+
+def expected_json(prompts, prompt_ids, cases, dtype, seed) -> str:
+    head = {
+        "generated_by": f"transformers {transformers.__version__}, torch {torch.__version__}"
+        " (tools/make_fixtures.py)",
+        "note": "greedy_ids: 16 greedy tokens; top5: per step [token_id, logprob]; "
+        "prompt_logits: logits at every prompt position. Computed by transformers in "
+        f"float32 (eager attention) from the on-disk {str(dtype).removeprefix('torch.')} "
+        "weights, loading the folder itself; greedy steps recompute the whole sequence.",
+        "compute_dtype": "float32",
+        "seed": seed,
+        "min_greedy_logprob_gap": round(min(g for c in cases for g in c["gaps"]), 4),
+    }
+    parts = []
+    for prompt, ids, c in zip(prompts, prompt_ids, cases):
+        rows = ", ".join(
+            "[" + ", ".join(f32_text(x) for x in row.tolist()) + "]"
+            for row in c["prompt_logits"]
+        )
+        parts.append(
+            "{"
+            + f'"prompt": {json.dumps(prompt)}, "prompt_ids": {json.dumps(ids)}, '
+            + f'"greedy_ids": {json.dumps(c["greedy_ids"])}, "top5": {json.dumps(c["top5"])}, '
+            + f'"prompt_logits": [{rows}]'
+            + "}"
+        )
+    text = json.dumps(head)[:-1] + ', "cases": [' + ", ".join(parts) + "]}\n"
+    json.loads(text)  # well-formed
+    return text
+
+
+def make(name, variant, prompts, prompt_ids):
+    dtype = variant["dtype"]
+    for seed in range(variant["first_seed"], variant["first_seed"] + SEEDS_TO_TRY):
+        model = build(variant, seed)
+        cases = run_cases(model, prompt_ids)
+        worst, ok = acceptable(cases, dtype)
+        if ok:
+            break
+    else:
+        sys.exit(f"{name}: no seed in {SEEDS_TO_TRY} gives clear greedy choices")
+
+    out = FIXTURES / name
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    disk = copy.deepcopy(model).to(dtype)
+    disk.config.dtype = dtype
+    kwargs = {"max_shard_size": variant["shard"]} if "shard" in variant else {}
+    disk.save_pretrained(out, **kwargs)
+    for f in TOKENIZER_FILES:
+        shutil.copyfile(TOKENIZER_SOURCE / f, out / f)
+    if "rewrite_config" in variant:
+        cfg = json.loads((out / "config.json").read_text())
+        (out / "config.json").write_text(
+            json.dumps(variant["rewrite_config"](cfg), indent=2) + "\n"
+        )
+
+    # What was written: the expected files, dtypes and shards.
+    index = out / "model.safetensors.index.json"
+    if "shard" in variant:
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        assert 2 <= len(shards) <= 3, shards
+        assert not (out / "model.safetensors").exists()
+    else:
+        shards = ["model.safetensors"]
+        assert not index.exists()
+    want_dtype = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}[dtype]
+    names = set()
+    for s in shards:
+        with safe_open(out / s, "pt") as f:
+            for k in f.keys():
+                names.add(k)
+                got = f.get_slice(k).get_dtype()
+                assert got == want_dtype, (k, got)
+    tied = model.config.tie_word_embeddings
+    assert ("lm_head.weight" in names) != tied, names
+
+    # Load the folder back the way a user would and compute the expected outputs from it.
+    loaded = AutoModelForCausalLM.from_pretrained(
+        out, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    assert type(loaded) is variant["model"], type(loaded)
+    variant["check"](loaded)
+    mem = model.state_dict()
+    for k, v in loaded.state_dict().items():
+        assert torch.equal(v, mem[k]), f"{name}: {k} differs after the round trip"
+    expected = run_cases(loaded, prompt_ids)
+    for a, b in zip(expected, cases):
+        assert a["greedy_ids"] == b["greedy_ids"]
+        assert torch.allclose(a["prompt_logits"], b["prompt_logits"], atol=1e-4)
+    worst, ok = acceptable(expected, dtype)
+    assert ok, f"{name}: smallest greedy gap {worst}"
+
+    # The feature the variant exists for must matter to the numbers.
+    long_ids = torch.tensor([prompt_ids[-1]])
+    base = expected[-1]["prompt_logits"]
+    for what, ablate in variant["ablations"].items():
+        cfg, sd = ablate(copy.deepcopy(loaded.config), copy.deepcopy(loaded.state_dict()))
+        other = variant["model"](cfg).eval()
+        other.load_state_dict(sd)
+        with torch.no_grad():
+            moved = (other(long_ids).logits[0] - base).abs().max().item()
+        assert moved > 0.5, f"{name}: {what} moves logits by only {moved}"
+        print(f"  {what}: moves the long prompt's logits by up to {moved:.2f}")
+
+    (out / "expected.json").write_text(expected_json(prompts, prompt_ids, expected, dtype, seed))
+    for p in out.iterdir():
+        p.chmod(0o644)  # save_pretrained writes the weights owner-only
+    size = sum(p.stat().st_size for p in out.iterdir())
+    assert size < 900_000, f"{name}: {size} bytes"
+    files = ", ".join(sorted(p.name for p in out.iterdir() if "safetensors" in p.name))
+    print(
+        f"{name}: seed {seed}, smallest greedy logprob gap {worst:.3f}, "
+        f"{size / 1000:.0f} kB ({files})"
+    )
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--only", action="append", choices=sorted(VARIANTS), help="variant to write (repeatable)"
+    )
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    tok = transformers.AutoTokenizer.from_pretrained(TOKENIZER_SOURCE)
+    assert len(tok) == TOKENIZER_VOCAB
+    prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    assert tok(PROMPTS[0])["input_ids"] == prompt_ids[0], "the tokenizer must not add BOS"
+    assert MIN_LONG_PROMPT <= len(prompt_ids[-1]) <= MAX_PROMPT, len(prompt_ids[-1])
+    for p, ids in zip(PROMPTS, prompt_ids):
+        assert tok.decode(ids) == p
+    for name in args.only or VARIANTS:
+        make(name, VARIANTS[name], PROMPTS, prompt_ids)
+
+
+if __name__ == "__main__":
+    main()
