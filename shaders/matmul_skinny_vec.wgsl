@@ -1,28 +1,10 @@
-// matmul_skinny_vec: matmul_skinny.wgsl for k % 8 == 0, reading x and the weights 16 bytes
-// at a time (CPU adapters turn each non-uniform load into a costly gather, whatever its
-// width). Same summation order as matmul_skinny.wgsl: one thread per output, increasing k.
-// Used where subgroup operations are missing (e.g. GL); see matmul_skinny_sg.wgsl.
+// matmul_skinny_vec: the column kernel for k % 8 == 0 (matmul_columns.wgsl has the
+// contract), reading x and the weights 16 bytes at a time: CPU adapters turn each load whose
+// address differs between lanes into a costly gather, whatever its width. Same summation
+// order as matmul_skinny.wgsl. Used where subgroup operations are missing (e.g. GL); see
+// matmul_skinny_sg.wgsl.
 
-override WEIGHT_DTYPE: u32 = 0u;
-// Rows per pass (1, 2, 4 or 8), fixed per pipeline so the row loops unroll into registers.
-override ROWS: u32 = 1u;
-
-struct Params {
-    m: u32,
-    n: u32,
-    k: u32,
-    n_offset: u32,
-    ldy: u32,
-    has_bias: u32,
-    accumulate: u32,
-    _pad: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;    // [m, k]
-@group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;    // [n, k] in WEIGHT_DTYPE
-@group(0) @binding(3) var<storage, read> bias: array<f32>;       // [ldy]
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;    // [m, ldy]
 
 @compute @workgroup_size(64)
 fn matmul_skinny_vec(
@@ -56,38 +38,6 @@ fn matmul_skinny_vec(
         }
         if column < p.n {
             store_rows(r0, c, acc);
-        }
-    }
-}
-
-// Weights 8j .. 8j + 7 of column c, in order.
-fn weights8(c: u32, j: u32) -> array<vec4<f32>, 2> {
-    if WEIGHT_DTYPE == DTYPE_F32 {
-        let i = c * (p.k / 4u) + 2u * j;
-        return array<vec4<f32>, 2>(bitcast<vec4<f32>>(w[i]), bitcast<vec4<f32>>(w[i + 1u]));
-    }
-    let v = w[c * (p.k / 8u) + j];
-    let b0 = unpack_pair(v.x, WEIGHT_DTYPE);
-    let b1 = unpack_pair(v.y, WEIGHT_DTYPE);
-    let b2 = unpack_pair(v.z, WEIGHT_DTYPE);
-    let b3 = unpack_pair(v.w, WEIGHT_DTYPE);
-    return array<vec4<f32>, 2>(vec4<f32>(b0, b1), vec4<f32>(b2, b3));
-}
-
-// Writes the pass's rows r0 .. r0 + ROWS (those below m) of column c.
-fn store_rows(r0: u32, c: u32, acc: array<f32, 8>) {
-    let col = p.n_offset + c;
-    for (var r = 0u; r < ROWS; r++) {
-        if r0 + r < p.m {
-            var v = acc[r];
-            if p.has_bias != 0u {
-                v += bias[col];
-            }
-            let o = (r0 + r) * p.ldy + col;
-            if p.accumulate != 0u {
-                v += y[o];
-            }
-            y[o] = v;
         }
     }
 }

@@ -1,18 +1,19 @@
 //! The Rust `Params` structs must match the WGSL uniform blocks field for field: same names,
 //! same byte offsets, same size. naga computes the WGSL layout.
 
+use pagellm::gpu::KernelSource;
 use pagellm::kernels::{
     add::AddParams,
     copy_blocks::CopyBlocksParams,
     embedding::EmbeddingParams,
     logits::{ArgmaxParams, GatherRowsParams},
-    matmul::{MatmulParams, MatmulSkinnyParams, MatmulSkinnySgParams, MatmulSkinnyVecParams},
+    matmul::MatmulParams,
     paged_attention::{PagedAttentionParams, PagedAttentionReduceParams},
     reshape_and_cache::ReshapeAndCacheParams,
     rms_norm::RmsNormParams,
     rope::RopeParams,
     silu_mul::SiluMulParams,
-    KernelParams, ALL,
+    KernelParams, ALL, MATMUL_SKINNY, MATMUL_SKINNY_SG, MATMUL_SKINNY_VEC,
 };
 
 /// (kernel name, [(field, offset)], size) of the uniform at @group(0) @binding(0).
@@ -45,24 +46,24 @@ fn wgsl_layout(kernel: &pagellm::gpu::KernelSource) -> (Vec<(String, u32)>, u32)
 }
 
 fn check<P: KernelParams>() -> &'static str {
-    let (fields, span) = wgsl_layout(&P::KERNEL);
+    check_kernel::<P>(P::KERNEL)
+}
+
+/// `P` against `kernel`, for a params block that several kernels share.
+fn check_kernel<P: KernelParams>(kernel: KernelSource) -> &'static str {
+    let (fields, span) = wgsl_layout(&kernel);
     let rust: Vec<(String, u32)> = P::fields()
         .into_iter()
         .map(|(n, o)| (n.to_string(), o as u32))
         .collect();
-    assert_eq!(
-        rust,
-        fields,
-        "{}: Rust fields vs WGSL members",
-        P::KERNEL.name
-    );
+    assert_eq!(rust, fields, "{}: Rust fields vs WGSL members", kernel.name);
     assert_eq!(
         std::mem::size_of::<P>() as u32,
         span,
         "{}: Rust size vs WGSL struct size",
-        P::KERNEL.name
+        kernel.name
     );
-    P::KERNEL.name
+    kernel.name
 }
 
 #[test]
@@ -71,9 +72,9 @@ fn every_params_struct_matches_its_shader() {
         check::<EmbeddingParams>(),
         check::<RmsNormParams>(),
         check::<MatmulParams>(),
-        check::<MatmulSkinnyParams>(),
-        check::<MatmulSkinnyVecParams>(),
-        check::<MatmulSkinnySgParams>(),
+        check_kernel::<MatmulParams>(MATMUL_SKINNY),
+        check_kernel::<MatmulParams>(MATMUL_SKINNY_VEC),
+        check_kernel::<MatmulParams>(MATMUL_SKINNY_SG),
         check::<RopeParams>(),
         check::<SiluMulParams>(),
         check::<AddParams>(),

@@ -22,40 +22,8 @@ use super::{
 use crate::error::{GpuError, Result};
 use crate::gpu::{grid_2d, Batch, GpuContext};
 
+// One parameter block for every matmul kernel (tests/params_layout.rs checks all four).
 params!(MatmulParams for MATMUL {
-    m: u32,
-    n: u32,
-    k: u32,
-    n_offset: u32,
-    ldy: u32,
-    has_bias: u32,
-    accumulate: u32,
-    _pad: u32,
-});
-
-params!(MatmulSkinnyParams for MATMUL_SKINNY {
-    m: u32,
-    n: u32,
-    k: u32,
-    n_offset: u32,
-    ldy: u32,
-    has_bias: u32,
-    accumulate: u32,
-    _pad: u32,
-});
-
-params!(MatmulSkinnyVecParams for MATMUL_SKINNY_VEC {
-    m: u32,
-    n: u32,
-    k: u32,
-    n_offset: u32,
-    ldy: u32,
-    has_bias: u32,
-    accumulate: u32,
-    _pad: u32,
-});
-
-params!(MatmulSkinnySgParams for MATMUL_SKINNY_SG {
     m: u32,
     n: u32,
     k: u32,
@@ -193,16 +161,13 @@ pub fn matmul_with(
                 batch.dispatch(MATMUL, &[dtype], &p, &storage, grid)?;
             }
             MatmulKernel::Columns => {
-                let ps: MatmulSkinnyParams = bytemuck::cast(p);
-                batch.dispatch(MATMUL_SKINNY, &columns, &ps, &storage, grid)?;
+                batch.dispatch(MATMUL_SKINNY, &columns, &p, &storage, grid)?;
             }
             MatmulKernel::ColumnsVec => {
-                let ps: MatmulSkinnyVecParams = bytemuck::cast(p);
-                batch.dispatch(MATMUL_SKINNY_VEC, &columns, &ps, &storage, grid)?;
+                batch.dispatch(MATMUL_SKINNY_VEC, &columns, &p, &storage, grid)?;
             }
             MatmulKernel::ColumnsSubgroup => {
-                let ps: MatmulSkinnySgParams = bytemuck::cast(p);
-                batch.dispatch(MATMUL_SKINNY_SG, &columns, &ps, &storage, grid)?;
+                batch.dispatch(MATMUL_SKINNY_SG, &columns, &p, &storage, grid)?;
             }
         }
     }

@@ -26,14 +26,33 @@ macro_rules! kernel {
             body: include_str!(concat!("../../shaders/", $name, ".wgsl")),
         };
     };
+    // A kernel compiled with shared WGSL pieces in front of its own file (module-scope
+    // declarations may come in any order).
+    ($const_name:ident, $name:literal, [$($part:literal),+]) => {
+        pub const $const_name: KernelSource = KernelSource {
+            name: $name,
+            body: concat!(
+                $(include_str!(concat!("../../shaders/", $part, ".wgsl")), "\n",)+
+                include_str!(concat!("../../shaders/", $name, ".wgsl"))
+            ),
+        };
+    };
 }
 
 kernel!(EMBEDDING, "embedding");
 kernel!(RMS_NORM, "rms_norm");
 kernel!(MATMUL, "matmul");
-kernel!(MATMUL_SKINNY, "matmul_skinny");
-kernel!(MATMUL_SKINNY_VEC, "matmul_skinny_vec");
-kernel!(MATMUL_SKINNY_SG, "matmul_skinny_sg");
+kernel!(MATMUL_SKINNY, "matmul_skinny", ["matmul_columns"]);
+kernel!(
+    MATMUL_SKINNY_VEC,
+    "matmul_skinny_vec",
+    ["matmul_columns", "matmul_columns_vec"]
+);
+kernel!(
+    MATMUL_SKINNY_SG,
+    "matmul_skinny_sg",
+    ["matmul_columns", "matmul_columns_vec"]
+);
 kernel!(ROPE, "rope");
 kernel!(SILU_MUL, "silu_mul");
 kernel!(ADD, "add");
