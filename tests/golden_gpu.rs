@@ -42,14 +42,13 @@ fn step(
         block_table: table,
     };
     let meta = AttentionMetadata::build(&[slice], pool.layout.block_size).unwrap();
-    let bufs = meta.upload(ctx).unwrap();
-    let tb = ctx.upload("tokens", tokens).unwrap();
-    let rb = ctx.upload("rows", rows).unwrap();
+    // Token ids and rows ride in the metadata buffer, as in the engine.
+    let bufs = meta.upload_with(ctx, &[tokens, rows]).unwrap();
     let mut b = Batch::new(ctx, "step");
     let input = StepInput {
-        tokens: &tb,
+        tokens: bufs.extra(0).unwrap(),
         meta: &bufs,
-        rows: &rb,
+        rows: bufs.extra(1).unwrap(),
         num_rows: rows.len(),
         argmax: true,
     };

@@ -107,3 +107,56 @@ fn a_lost_device_is_reported() {
     let e = ctx.storage_buffer("after loss", 16).unwrap_err();
     assert!(matches!(e, GpuError::DeviceLost(_)), "{e:?}");
 }
+
+#[test]
+fn sections_of_one_upload_sit_at_aligned_offsets_with_their_data() {
+    // The engine's step metadata is one upload bound in sections; each section must start
+    // at an offset the adapter accepts for a storage binding and hold its part intact.
+    for ctx in contexts() {
+        let a: Vec<u32> = vec![1, 2, 3];
+        let c: Vec<u32> = (10..80).collect();
+        let parts: [&[u8]; 3] = [bytemuck::cast_slice(&a), &[], bytemuck::cast_slice(&c)];
+        let (buffer, sections) = ctx.upload_sections("sections", &parts).unwrap();
+        let align = ctx.limits.min_storage_buffer_offset_alignment as u64;
+        assert_eq!(sections.len(), 3);
+        assert_eq!(sections[0], (0, 12));
+        assert_eq!(sections[1], (align.max(12).next_multiple_of(align), 4));
+        for &(offset, size) in &sections {
+            assert_eq!(offset % align, 0, "offset {offset} on {}", backend(ctx));
+            assert!(offset + size <= buffer.size());
+        }
+        let all: Vec<u32> = ctx.read(&buffer).unwrap();
+        let words = |i: usize| {
+            let (offset, size) = sections[i];
+            all[offset as usize / 4..(offset + size) as usize / 4].to_vec()
+        };
+        assert_eq!(words(0), a);
+        assert_eq!(words(1), vec![0]);
+        assert_eq!(words(2), c);
+    }
+}
+
+#[test]
+fn every_dispatch_of_a_long_batch_sees_its_own_parameters() {
+    // A batch packs its dispatches' parameter blocks into shared 64 KiB buffers; 700
+    // dispatches overflow several of them at 256-byte alignment. Dispatch i adds y to x
+    // over its first i + 1 elements, so x[j] gains (700 - j) * y[j] only if every dispatch
+    // read its own `len`.
+    const N: usize = 700;
+    for ctx in contexts() {
+        let x0: Vec<f32> = (0..N).map(|j| j as f32).collect();
+        let y: Vec<f32> = (0..N).map(|j| (j % 3) as f32).collect();
+        let xb = ctx.upload("x", &x0).unwrap();
+        let yb = ctx.upload("y", &y).unwrap();
+        let mut b = Batch::new(ctx, "long batch");
+        for i in 0..N {
+            add(&mut b, &xb, &yb, i + 1).unwrap();
+        }
+        b.submit().unwrap();
+        let got: Vec<f32> = ctx.read(&xb).unwrap();
+        for j in 0..N {
+            let want = x0[j] + (N - j) as f32 * y[j];
+            assert_eq!(got[j], want, "element {j} on {}", backend(ctx));
+        }
+    }
+}

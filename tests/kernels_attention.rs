@@ -122,7 +122,7 @@ fn run(ctx: &pagellm::GpuContext, seed: u64, c: &Case) {
     let scale = 1.0 / (hd as f32).sqrt();
     let mut b = Batch::new(ctx, "attention test");
     reshape_and_cache(&mut b, &pool, layer, &hkb, &hvb, &hsb, hslots.len()).unwrap();
-    reshape_and_cache(&mut b, &pool, layer, &nkb, &nvb, &bufs.slot_mapping, t).unwrap();
+    reshape_and_cache(&mut b, &pool, layer, &nkb, &nvb, bufs.slot_mapping(), t).unwrap();
     paged_attention(&mut b, &pool, layer, &bufs, &qb, &out, nh, scale).unwrap();
     b.submit().unwrap();
 
@@ -327,7 +327,7 @@ fn contiguous_baseline_matches_reference() {
         let out = ctx.storage_buffer("out", (t * nh * hd * 4) as u64).unwrap();
         let scale = 1.0 / (hd as f32).sqrt();
         let mut b = Batch::new(ctx, "contiguous");
-        reshape_and_cache(&mut b, &pool, 0, &kb, &vb, &bufs.slot_mapping, t).unwrap();
+        reshape_and_cache(&mut b, &pool, 0, &kb, &vb, bufs.slot_mapping(), t).unwrap();
         pagellm::kernels::paged_attention::contiguous_attention(
             &mut b, &pool, 0, &bufs, &qb, &out, nh, scale,
         )

@@ -358,16 +358,18 @@ impl Engine {
             .any(|s| needs_logits(&self.groups[&s.request_id].params));
 
         let ctx = &self.ctx;
-        let bufs = meta.upload(ctx)?;
-        let tok_buf = ctx.upload("tokens", &tokens)?;
-        let row_buf = ctx.upload("rows", &rows)?;
+        // The step's metadata, token ids and sampled rows: one buffer, one write.
+        let bufs = meta.upload_with(ctx, &[&tokens, &rows])?;
+        let missing = || GpuError::invalid("step metadata", "an extra array is missing");
+        let tok_buf = bufs.extra(0).ok_or_else(missing)?;
+        let row_buf = bufs.extra(1).ok_or_else(missing)?;
         let mut batch = Batch::new(ctx, "engine step");
         let pending = self.cache.encode(&mut batch, &sched.ops)?;
         if !rows.is_empty() || !tokens.is_empty() {
             let input = StepInput {
-                tokens: &tok_buf,
+                tokens: tok_buf,
                 meta: &bufs,
-                rows: &row_buf,
+                rows: row_buf,
                 num_rows: rows.len().max(1),
                 argmax: !need_logits,
             };

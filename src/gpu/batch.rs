@@ -23,6 +23,14 @@ impl<'a> From<&'a wgpu::Buffer> for Bind<'a> {
 }
 
 impl Bind<'_> {
+    /// Bytes visible through the binding.
+    pub fn size(&self) -> u64 {
+        match *self {
+            Bind::Whole(b) => b.size(),
+            Bind::Range { size, .. } => size,
+        }
+    }
+
     fn resource(&self) -> wgpu::BindingResource<'_> {
         match *self {
             Bind::Whole(b) => b.as_entire_binding(),
@@ -39,11 +47,19 @@ impl Bind<'_> {
     }
 }
 
+/// Bytes of each buffer that holds a batch's uniform parameter blocks.
+const UNIFORM_ARENA_BYTES: u64 = 64 * 1024;
+
 /// Recorded GPU work not yet submitted.
 pub struct Batch<'c> {
     ctx: &'c GpuContext,
     encoder: Option<wgpu::CommandEncoder>,
     dispatches: usize,
+    /// Buffers holding the dispatches' parameter blocks, mapped while the batch records and
+    /// unmapped at submit: one allocation for many dispatches instead of one each. The
+    /// last one is being filled, `uniform_used` bytes so far.
+    uniforms: Vec<wgpu::Buffer>,
+    uniform_used: u64,
 }
 
 impl<'c> Batch<'c> {
@@ -55,7 +71,52 @@ impl<'c> Batch<'c> {
             ctx,
             encoder: Some(encoder),
             dispatches: 0,
+            uniforms: Vec::new(),
+            uniform_used: 0,
         }
+    }
+
+    /// Copies `bytes` into the uniform arena; returns the buffer and offset holding them.
+    fn uniform_slot(&mut self, label: &str, bytes: &[u8]) -> Result<(wgpu::Buffer, u64)> {
+        let ctx = self.ctx;
+        let len = bytes.len() as u64;
+        if len > UNIFORM_ARENA_BYTES {
+            // Never happens with pagellm's kernels; a buffer of its own keeps it correct.
+            let own = ctx
+                .device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some(label),
+                    contents: bytes,
+                    usage: wgpu::BufferUsages::UNIFORM,
+                });
+            return Ok((own, 0));
+        }
+        let buffer = match self.uniforms.last() {
+            Some(b) if self.uniform_used + len <= UNIFORM_ARENA_BYTES => b.clone(),
+            _ => {
+                let b = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("kernel parameters"),
+                    size: UNIFORM_ARENA_BYTES,
+                    usage: wgpu::BufferUsages::UNIFORM,
+                    mapped_at_creation: true,
+                });
+                self.uniforms.push(b.clone());
+                self.uniform_used = 0;
+                b
+            }
+        };
+        let offset = self.uniform_used;
+        buffer
+            .slice(offset..offset + len)
+            .get_mapped_range_mut()
+            .map_err(|e| GpuError::Internal {
+                context: format!("writing the parameters of {label}"),
+                message: e.to_string(),
+            })?
+            .copy_from_slice(bytes);
+        let align = u64::from(ctx.limits.min_uniform_buffer_offset_alignment).max(16);
+        self.uniform_used = (offset + len).next_multiple_of(align);
+        Ok((buffer, offset))
     }
 
     pub fn ctx(&self) -> &'c GpuContext {
@@ -94,17 +155,16 @@ impl<'c> Batch<'c> {
         }
         let pipeline = self.ctx.pipeline(kernel, constants)?;
         let ctx = self.ctx;
+        let (uniform, offset) = self.uniform_slot(kernel.name, bytemuck::bytes_of(params))?;
         let bind_group = ctx.scoped(&format!("binding arguments of {}", kernel.name), || {
-            let uniform = ctx
-                .device
-                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                    label: Some(kernel.name),
-                    contents: bytemuck::bytes_of(params),
-                    usage: wgpu::BufferUsages::UNIFORM,
-                });
+            let params_binding = Bind::Range {
+                buffer: &uniform,
+                offset,
+                size: std::mem::size_of::<P>() as u64,
+            };
             let mut entries = vec![wgpu::BindGroupEntry {
                 binding: 0,
-                resource: uniform.as_entire_binding(),
+                resource: params_binding.resource(),
             }];
             for (i, b) in storage.iter().enumerate() {
                 entries.push(wgpu::BindGroupEntry {
@@ -149,6 +209,9 @@ impl<'c> Batch<'c> {
     pub fn submit(mut self) -> Result<wgpu::SubmissionIndex> {
         let ctx = self.ctx;
         let encoder = self.encoder.take();
+        for b in self.uniforms.drain(..) {
+            b.unmap();
+        }
         ctx.scoped("submitting GPU work", || {
             encoder.map(|e| ctx.queue.submit([e.finish()]))
         })?

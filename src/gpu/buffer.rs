@@ -38,6 +38,27 @@ impl GpuContext {
         })
     }
 
+    /// One storage buffer holding every part, each at an offset the adapter accepts for a
+    /// storage binding (and at least one zero word for an empty part), written in one
+    /// upload; returns the buffer and each part's (offset, size) in bytes.
+    pub fn upload_sections(
+        &self,
+        label: &str,
+        parts: &[&[u8]],
+    ) -> Result<(wgpu::Buffer, Vec<(u64, u64)>)> {
+        let align = self.limits.min_storage_buffer_offset_alignment.max(4) as usize;
+        let mut bytes = Vec::new();
+        let mut sections = Vec::with_capacity(parts.len());
+        for part in parts {
+            bytes.resize(bytes.len().next_multiple_of(align), 0);
+            let size = part.len().max(4).next_multiple_of(4);
+            sections.push((bytes.len() as u64, size as u64));
+            bytes.extend_from_slice(part);
+            bytes.resize(sections.last().map_or(0, |&(o, s)| (o + s) as usize), 0);
+        }
+        Ok((self.upload_bytes(label, &bytes)?, sections))
+    }
+
     /// A storage buffer holding `data` (at least 4 bytes; an empty slice gives one zero word).
     pub fn upload<T: bytemuck::Pod>(&self, label: &str, data: &[T]) -> Result<wgpu::Buffer> {
         let bytes: &[u8] = bytemuck::cast_slice(data);

@@ -2,7 +2,7 @@
 
 use super::{check_len, groups, params, Weight, EMBEDDING};
 use crate::error::{GpuError, Result};
-use crate::gpu::Batch;
+use crate::gpu::{Batch, Bind};
 
 params!(EmbeddingParams for EMBEDDING {
     num_tokens: u32,
@@ -14,13 +14,14 @@ params!(EmbeddingParams for EMBEDDING {
 /// out[t, :] = table[ids[t], :] for `num_tokens` ids (`ids`: [num_tokens] u32, `out`:
 /// [num_tokens, hidden] f32). Ids must have been checked against the vocabulary by the
 /// caller; an id outside the table leaves its output row untouched.
-pub fn embedding(
+pub fn embedding<'a>(
     batch: &mut Batch,
     table: &Weight,
-    ids: &wgpu::Buffer,
+    ids: impl Into<Bind<'a>>,
     out: &wgpu::Buffer,
     num_tokens: usize,
 ) -> Result<()> {
+    let ids: Bind<'_> = ids.into();
     const K: &str = "embedding";
     if num_tokens == 0 {
         return Ok(());
@@ -44,7 +45,7 @@ pub fn embedding(
             EMBEDDING,
             &[("WEIGHT_DTYPE", table.dtype.code())],
             &p,
-            &[ids.into(), (&chunk.buffer).into(), out.into()],
+            &[ids, (&chunk.buffer).into(), out.into()],
             [groups(table.cols, 256), num_tokens as u32, 1],
         )?;
     }

@@ -6,7 +6,7 @@
 use super::matmul::{matmul, Output};
 use super::{check_len, groups, params, Weight, ARGMAX, GATHER_ROWS};
 use crate::error::{GpuError, Result};
-use crate::gpu::Batch;
+use crate::gpu::{Batch, Bind};
 
 params!(GatherRowsParams for GATHER_ROWS {
     num_rows: u32,
@@ -23,15 +23,16 @@ params!(ArgmaxParams for ARGMAX {
 });
 
 /// out[r, :] = x[rows[r], :]; `x`: [num_src_rows, width], `rows`: [num_rows] u32.
-pub fn gather_rows(
+pub fn gather_rows<'a>(
     batch: &mut Batch,
     x: &wgpu::Buffer,
-    rows: &wgpu::Buffer,
+    rows: impl Into<Bind<'a>>,
     out: &wgpu::Buffer,
     num_src_rows: usize,
     num_rows: usize,
     width: usize,
 ) -> Result<()> {
+    let rows: Bind<'_> = rows.into();
     check_len("gather_rows", "x", x, num_src_rows * width)?;
     check_len("gather_rows", "rows", rows, num_rows)?;
     check_len("gather_rows", "out", out, num_rows * width)?;
@@ -45,7 +46,7 @@ pub fn gather_rows(
         GATHER_ROWS,
         &[],
         &p,
-        &[rows.into(), x.into(), out.into()],
+        &[rows, x.into(), out.into()],
         [groups(width, 256), num_rows as u32, 1],
     )
 }
@@ -90,15 +91,16 @@ pub struct LogitsBuffers<'a> {
 
 /// Logits (and optionally their arg-max) of the rows `rows` of the final hidden states
 /// `hidden` (`[num_tokens, hidden_size]`) under the LM head `head` (`[vocab, hidden_size]`).
-pub fn lm_head(
+pub fn lm_head<'a>(
     batch: &mut Batch,
     hidden: &wgpu::Buffer,
     num_tokens: usize,
-    rows: &wgpu::Buffer,
+    rows: impl Into<Bind<'a>>,
     num_rows: usize,
     head: &Weight,
     out: LogitsBuffers<'_>,
 ) -> Result<()> {
+    let rows: Bind<'_> = rows.into();
     gather_rows(
         batch,
         hidden,

@@ -113,17 +113,18 @@ pub(crate) fn groups(n: usize, per_group: usize) -> u32 {
 }
 
 /// Checks that `buffer` holds at least `elems` 4-byte elements.
-pub(crate) fn check_len(
+pub(crate) fn check_len<'b>(
     kernel: &'static str,
     what: &str,
-    buffer: &wgpu::Buffer,
+    buffer: impl Into<crate::gpu::Bind<'b>>,
     elems: usize,
 ) -> crate::error::Result<()> {
     let need = elems as u64 * 4;
-    if buffer.size() < need {
+    let size = buffer.into().size();
+    if size < need {
         return Err(crate::error::GpuError::invalid(
             kernel,
-            format!("{what} holds {} bytes but {need} are needed", buffer.size()),
+            format!("{what} holds {size} bytes but {need} are needed"),
         ));
     }
     Ok(())

@@ -5,7 +5,7 @@
 
 use super::{check_len, params, PAGED_ATTENTION, PAGED_ATTENTION_REDUCE};
 use crate::error::{GpuError, Result};
-use crate::gpu::{Batch, GpuContext};
+use crate::gpu::{Batch, Bind, GpuContext};
 use crate::pool::KvPool;
 
 params!(PagedAttentionParams for PAGED_ATTENTION {
@@ -116,26 +116,74 @@ impl AttentionMetadata {
     }
 
     pub fn upload(&self, ctx: &GpuContext) -> Result<AttentionBuffers> {
+        self.upload_with(ctx, &[])
+    }
+
+    /// Uploads the metadata together with `extra` u32 arrays (the engine adds the step's
+    /// token ids and sampled rows) in one buffer, one write per step; `extra[i]` is bound
+    /// through [`AttentionBuffers::extra`].
+    pub fn upload_with(&self, ctx: &GpuContext, extra: &[&[u32]]) -> Result<AttentionBuffers> {
+        let mut parts: Vec<&[u8]> = vec![
+            bytemuck::cast_slice(&self.token_pos),
+            bytemuck::cast_slice(&self.block_tables),
+            bytemuck::cast_slice(&self.slot_mapping),
+            bytemuck::cast_slice(&self.positions),
+        ];
+        parts.extend(extra.iter().map(|e| bytemuck::cast_slice::<u32, u8>(e)));
+        let (buffer, sections) = ctx.upload_sections("step metadata", &parts)?;
         Ok(AttentionBuffers {
             num_tokens: self.num_tokens,
             max_blocks_per_seq: self.max_blocks_per_seq,
-            token_pos: ctx.upload("token_pos", &self.token_pos)?,
-            block_tables: ctx.upload("block_tables", &self.block_tables)?,
-            slot_mapping: ctx.upload("slot_mapping", &self.slot_mapping)?,
-            positions: ctx.upload("positions", &self.positions)?,
+            buffer,
+            sections,
         })
     }
 }
 
-/// [`AttentionMetadata`] on the GPU.
+/// [`AttentionMetadata`] on the GPU: one buffer, each array a section of it.
 #[derive(Debug)]
 pub struct AttentionBuffers {
     pub num_tokens: usize,
     pub max_blocks_per_seq: usize,
-    pub token_pos: wgpu::Buffer,
-    pub block_tables: wgpu::Buffer,
-    pub slot_mapping: wgpu::Buffer,
-    pub positions: wgpu::Buffer,
+    buffer: wgpu::Buffer,
+    /// (offset, size) in bytes: token_pos, block_tables, slot_mapping, positions, extras.
+    sections: Vec<(u64, u64)>,
+}
+
+impl AttentionBuffers {
+    fn section(&self, i: usize) -> Bind<'_> {
+        let (offset, size) = self.sections[i];
+        Bind::Range {
+            buffer: &self.buffer,
+            offset,
+            size,
+        }
+    }
+
+    /// `[num_tokens][2]` u32: (sequence, position) of each query token.
+    pub fn token_pos(&self) -> Bind<'_> {
+        self.section(0)
+    }
+
+    /// `[num_seqs, max_blocks_per_seq]` u32 physical block ids.
+    pub fn block_tables(&self) -> Bind<'_> {
+        self.section(1)
+    }
+
+    /// `[num_tokens]` i32 pool slot each new token's K/V goes to.
+    pub fn slot_mapping(&self) -> Bind<'_> {
+        self.section(2)
+    }
+
+    /// `[num_tokens]` u32 position of each token (rope).
+    pub fn positions(&self) -> Bind<'_> {
+        self.section(3)
+    }
+
+    /// The `i`-th extra array given to [`AttentionMetadata::upload_with`].
+    pub fn extra(&self, i: usize) -> Option<Bind<'_>> {
+        (4 + i < self.sections.len()).then(|| self.section(4 + i))
+    }
 }
 
 /// out[t, h, :] = softmax(q[t, h] · K[seq(t), :pos(t)+1]ᵀ · scale) · V[...] for every query
@@ -213,7 +261,7 @@ fn attention(
     }
     check_len(K, "q", q, t * num_heads * l.head_dim)?;
     check_len(K, "out", out, t * num_heads * l.head_dim)?;
-    check_len(K, "token_pos", &meta.token_pos, 2 * t)?;
+    check_len(K, "token_pos", meta.token_pos(), 2 * t)?;
     let shards = pool.num_shards();
     let partial = if shards > 1 {
         let bytes = (shards * t * num_heads * (l.head_dim + 2) * 4) as u64;
@@ -248,8 +296,8 @@ fn attention(
             &[
                 q.into(),
                 pool.slab(layer, shard),
-                (&meta.block_tables).into(),
-                (&meta.token_pos).into(),
+                meta.block_tables(),
+                meta.token_pos(),
                 target.into(),
             ],
             [num_heads as u32, t as u32, 1],

@@ -2,7 +2,7 @@
 
 use super::{check_len, groups, params, RESHAPE_AND_CACHE};
 use crate::error::{GpuError, Result};
-use crate::gpu::Batch;
+use crate::gpu::{Batch, Bind};
 use crate::pool::KvPool;
 
 params!(ReshapeAndCacheParams for RESHAPE_AND_CACHE {
@@ -19,15 +19,16 @@ params!(ReshapeAndCacheParams for RESHAPE_AND_CACHE {
 /// Writes `key`/`value` (`[num_tokens, num_kv_heads, head_dim]` f32) of layer `layer` into the
 /// pool at `slot_mapping` (`[num_tokens]` i32, slot = block * block_size + offset, negative =
 /// skip). One dispatch per pool shard.
-pub fn reshape_and_cache(
+pub fn reshape_and_cache<'a>(
     batch: &mut Batch,
     pool: &KvPool,
     layer: usize,
     key: &wgpu::Buffer,
     value: &wgpu::Buffer,
-    slot_mapping: &wgpu::Buffer,
+    slot_mapping: impl Into<Bind<'a>>,
     num_tokens: usize,
 ) -> Result<()> {
+    let slot_mapping: Bind<'_> = slot_mapping.into();
     const K: &str = "reshape_and_cache";
     let l = pool.layout;
     if layer >= l.num_layers {
@@ -57,7 +58,7 @@ pub fn reshape_and_cache(
             &[
                 key.into(),
                 value.into(),
-                slot_mapping.into(),
+                slot_mapping,
                 pool.slab(layer, shard),
             ],
             [

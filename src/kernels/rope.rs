@@ -4,7 +4,7 @@
 
 use super::{check_len, groups, params, ROPE};
 use crate::error::{GpuError, Result};
-use crate::gpu::{Batch, GpuContext};
+use crate::gpu::{Batch, Bind, GpuContext};
 
 params!(RopeParams for ROPE {
     num_tokens: u32,
@@ -122,16 +122,17 @@ impl RopeTable {
 /// head_dim]` in place by the angles of `positions` (`[num_tokens]` u32, each below the
 /// table's `max_positions`; larger ones are clamped).
 #[allow(clippy::too_many_arguments)]
-pub fn rope(
+pub fn rope<'a>(
     batch: &mut Batch,
     table: &RopeTable,
-    positions: &wgpu::Buffer,
+    positions: impl Into<Bind<'a>>,
     q: &wgpu::Buffer,
     k: &wgpu::Buffer,
     num_tokens: usize,
     num_heads: usize,
     num_kv_heads: usize,
 ) -> Result<()> {
+    let positions: Bind<'_> = positions.into();
     const K: &str = "rope";
     let hd = table.head_dim;
     check_len(K, "positions", positions, num_tokens)?;
@@ -149,7 +150,7 @@ pub fn rope(
         ROPE,
         &[],
         &p,
-        &[positions.into(), (&table.buffer).into(), q.into(), k.into()],
+        &[positions, (&table.buffer).into(), q.into(), k.into()],
         [
             groups((num_heads + num_kv_heads) * hd / 2, 64),
             num_tokens as u32,

@@ -10,7 +10,7 @@
 use super::gpu::GpuModel;
 use super::ModelConfig;
 use crate::error::{GpuError, Result};
-use crate::gpu::{Batch, GpuContext};
+use crate::gpu::{Batch, Bind, GpuContext};
 use crate::kernels::logits::{lm_head, LogitsBuffers};
 use crate::kernels::matmul::{matmul, Output};
 use crate::kernels::paged_attention::{paged_attention, AttentionBuffers};
@@ -73,10 +73,10 @@ impl Workspace {
 #[derive(Debug)]
 pub struct StepInput<'a> {
     /// `[num_tokens]` u32 token ids.
-    pub tokens: &'a wgpu::Buffer,
+    pub tokens: Bind<'a>,
     pub meta: &'a AttentionBuffers,
     /// `[num_rows]` u32 indices of the tokens whose logits are wanted.
-    pub rows: &'a wgpu::Buffer,
+    pub rows: Bind<'a>,
     pub num_rows: usize,
     /// Also reduce the logits to their arg-max.
     pub argmax: bool,
@@ -136,7 +136,7 @@ pub fn forward(
         rope::rope(
             batch,
             &model.rope,
-            &input.meta.positions,
+            input.meta.positions(),
             &ws.q,
             &ws.k,
             t,
@@ -149,7 +149,7 @@ pub fn forward(
             i,
             &ws.k,
             &ws.v,
-            &input.meta.slot_mapping,
+            input.meta.slot_mapping(),
             t,
         )?;
         paged_attention(
