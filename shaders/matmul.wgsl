@@ -18,7 +18,7 @@ struct Params {
     ldy: u32,        // row stride of y (total output features)
     has_bias: u32,
     accumulate: u32,
-    _pad: u32,
+    first_row: u32,  // column kernels only (rows before it are another pass's); 0 here
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

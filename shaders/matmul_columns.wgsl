@@ -2,11 +2,13 @@
 // prepended: their contract, parameters, output bindings and the store of a pass's rows.
 //
 // y[m, n_offset + n] = (accumulate ? y : 0) + sum_k x[m, k] * w[n, k] + bias[n_offset + n],
-// the contract of matmul.wgsl. One invocation per output column (64 per workgroup, 2-D when
-// the columns exceed the dispatch limit) reads the column's weights once per ROWS rows of
-// x. Each output is summed over k one term at a time, in increasing k, with the same
-// expression as matmul.wgsl (acc += x * w, then + bias, then + y), so a row's result is
-// bitwise the same whichever kernel computes it: batch invariance survives.
+// the contract of matmul.wgsl, for rows first_row .. m (the launcher sends the 8-row passes
+// and the remainder as two dispatches, each with its own range). One invocation per output
+// column (two in the _vec and _sg kernels; 2-D grid when the columns exceed the dispatch
+// limit) reads the column's weights once per ROWS rows of x. Each output is summed over k
+// one term at a time, in increasing k, with the same expression as matmul.wgsl (acc += x *
+// w, then + bias, then + y), so a row's result is bitwise the same whichever kernel and
+// pass computes it: batch invariance survives.
 
 override WEIGHT_DTYPE: u32 = 0u;
 // Rows per pass (1, 2, 4 or 8), fixed per pipeline so the row loops unroll into registers.
@@ -20,7 +22,7 @@ struct Params {
     ldy: u32,
     has_bias: u32,
     accumulate: u32,
-    _pad: u32,
+    first_row: u32,  // this dispatch computes rows first_row .. m, in passes of ROWS
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

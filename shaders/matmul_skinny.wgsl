@@ -13,7 +13,7 @@ fn matmul_skinny(
 ) {
     let column = (wg.y * nwg.x + wg.x) * 64u + tid;
     let c = min(column, p.n - 1u);
-    for (var r0 = 0u; r0 < p.m; r0 += ROWS) {
+    for (var r0 = p.first_row; r0 < p.m; r0 += ROWS) {
         var acc: array<f32, 8>;
         for (var r = 0u; r < ROWS; r++) {
             acc[r] = 0.0;

@@ -12,32 +12,32 @@ fn matmul_skinny_vec(
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) tid: u32,
 ) {
-    let column = (wg.y * nwg.x + wg.x) * 64u + tid;
+    let column = (wg.y * nwg.x + wg.x) * 128u + tid;
     let c = min(column, p.n - 1u);
-    let k4 = p.k / 4u;
-    for (var r0 = 0u; r0 < p.m; r0 += ROWS) {
+    let c2 = min(column + 64u, p.n - 1u);
+    for (var r0 = p.first_row; r0 < p.m; r0 += ROWS) {
         var acc: array<f32, 8>;
+        var acc2: array<f32, 8>;
         for (var r = 0u; r < ROWS; r++) {
             acc[r] = 0.0;
+            acc2[r] = 0.0;
         }
         for (var j = 0u; j < p.k / 8u; j++) {
             let b = weights8(c, j);
+            let b2 = weights8(c2, j);
             for (var r = 0u; r < ROWS; r++) {
                 let row = min(r0 + r, p.m - 1u);
-                let xa = x[row * k4 + 2u * j];
-                let xb = x[row * k4 + 2u * j + 1u];
-                acc[r] += xa.x * b[0].x;
-                acc[r] += xa.y * b[0].y;
-                acc[r] += xa.z * b[0].z;
-                acc[r] += xa.w * b[0].w;
-                acc[r] += xb.x * b[1].x;
-                acc[r] += xb.y * b[1].y;
-                acc[r] += xb.z * b[1].z;
-                acc[r] += xb.w * b[1].w;
+                let xa = x[row * (p.k / 4u) + 2u * j];
+                let xb = x[row * (p.k / 4u) + 2u * j + 1u];
+                acc[r] = add8(acc[r], xa, xb, b);
+                acc2[r] = add8(acc2[r], xa, xb, b2);
             }
         }
         if column < p.n {
             store_rows(r0, c, acc);
+        }
+        if column + 64u < p.n {
+            store_rows(r0, c2, acc2);
         }
     }
 }

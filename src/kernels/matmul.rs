@@ -31,7 +31,7 @@ params!(MatmulParams for MATMUL {
     ldy: u32,
     has_bias: u32,
     accumulate: u32,
-    _pad: u32,
+    first_row: u32,
 });
 
 /// Rows up to which a GPU runs a column kernel instead of the tiled one.
@@ -130,8 +130,17 @@ pub fn matmul_with(
         check_len(K, "bias", b, n_total)?;
     }
     let max_dim = batch.ctx().limits.max_compute_workgroups_per_dimension;
-    // Column kernels: rows per pass, a power of two up to 8 (a pipeline each).
-    let rows = m.min(8).next_power_of_two();
+    // Column kernels: one dispatch of 8-row passes over the first m - m % 8 rows, one for
+    // the remaining rows in a pass of the next power of two (a pipeline per pass size), so
+    // that 9 rows do not cost two full passes. (first row, end row, rows per pass):
+    let full = m - m % 8;
+    let mut passes = Vec::with_capacity(2);
+    if full > 0 {
+        passes.push((0, full, 8));
+    }
+    if full < m {
+        passes.push((full, m, (m - full).next_power_of_two()));
+    }
     for chunk in &weight.chunks {
         let p = MatmulParams {
             m: m as u32,
@@ -141,15 +150,13 @@ pub fn matmul_with(
             ldy: n_total as u32,
             has_bias: bias.is_some() as u32,
             accumulate: (output == Output::Accumulate) as u32,
-            _pad: 0,
+            first_row: 0,
         };
         // The bias binding must be valid even when unused.
         let bias_buf = bias.unwrap_or(&chunk.buffer);
         let storage = [x.into(), (&chunk.buffer).into(), bias_buf.into(), y.into()];
         let dtype = ("WEIGHT_DTYPE", weight.dtype.code());
-        let columns = [dtype, ("ROWS", rows as f64)];
-        let grid = grid_2d(groups(chunk.rows, 64), max_dim);
-        match kernel {
+        let source = match kernel {
             MatmulKernel::Tiled => {
                 let grid = [groups(chunk.rows, 64), groups(m, 64), 1];
                 if grid[0] > max_dim || grid[1] > max_dim {
@@ -159,16 +166,27 @@ pub fn matmul_with(
                     ));
                 }
                 batch.dispatch(MATMUL, &[dtype], &p, &storage, grid)?;
+                continue;
             }
-            MatmulKernel::Columns => {
-                batch.dispatch(MATMUL_SKINNY, &columns, &p, &storage, grid)?;
-            }
-            MatmulKernel::ColumnsVec => {
-                batch.dispatch(MATMUL_SKINNY_VEC, &columns, &p, &storage, grid)?;
-            }
-            MatmulKernel::ColumnsSubgroup => {
-                batch.dispatch(MATMUL_SKINNY_SG, &columns, &p, &storage, grid)?;
-            }
+            MatmulKernel::Columns => MATMUL_SKINNY,
+            MatmulKernel::ColumnsVec => MATMUL_SKINNY_VEC,
+            MatmulKernel::ColumnsSubgroup => MATMUL_SKINNY_SG,
+        };
+        // Columns per workgroup: 64, or 128 where each invocation computes two.
+        let per_group = if kernel == MatmulKernel::Columns {
+            64
+        } else {
+            128
+        };
+        let grid = grid_2d(groups(chunk.rows, per_group), max_dim);
+        for &(first_row, end_row, rows) in &passes {
+            let p = MatmulParams {
+                m: end_row as u32,
+                first_row: first_row as u32,
+                ..p
+            };
+            let constants = [dtype, ("ROWS", rows as f64)];
+            batch.dispatch(source, &constants, &p, &storage, grid)?;
         }
     }
     Ok(())
