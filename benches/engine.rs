@@ -511,7 +511,7 @@ fn main() {
     println!();
     println!(
         "Caveat: on a CPU adapter every row of a step costs its own arithmetic (a software \
-         adapter reaches a few GFLOP/s), so batching buys only what the weight reads and the \
+         adapter reaches some tens of GFLOP/s), so batching buys only what the weight reads and the \
          per-step overhead cost; `cargo bench --bench matmul` shows that ceiling kernel by \
          kernel. On a GPU a decode step is dominated by reading the weights once, whatever \
          the number of rows, which is where the 8x aim applies: measure the ratio there."
