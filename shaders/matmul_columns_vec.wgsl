@@ -1,5 +1,7 @@
 // Shared by matmul_skinny_vec.wgsl and matmul_skinny_sg.wgsl (k % 8 == 0): the weights as
-// 16-byte words, the read of eight consecutive ones, and the eight terms they add.
+// 16-byte words, the read of eight consecutive ones, the eight terms they add, and the
+// kernel body. The two kernels differ only in how they fetch eight elements of an x row:
+// each defines `x8(row, j, lane)` (x[row, 8j .. 8j + 8]).
 // Both kernels give each invocation two columns, c and c + 64 (128 per workgroup): the
 // loaded or broadcast x values then serve two dot products, which halves their cost per
 // multiply on CPU adapters (measured: 1.4-1.5x faster at 8 and 32 rows on lavapipe; four
@@ -34,4 +36,35 @@ fn add8(acc: f32, xa: vec4<f32>, xb: vec4<f32>, w: array<vec4<f32>, 2>) -> f32 {
     a += xb.z * w[1].z;
     a += xb.w * w[1].w;
     return a;
+}
+
+// The body of both kernels, invocation `tid` of workgroup `wg` (of `nwg`), subgroup lane
+// `lane`: columns c and c + 64 of the workgroup's 128, rows first_row .. m.
+fn columns_body(wg: vec3<u32>, nwg: vec3<u32>, tid: u32, lane: u32) {
+    let column = (wg.y * nwg.x + wg.x) * 128u + tid;
+    let c = min(column, p.n - 1u);
+    let c2 = min(column + 64u, p.n - 1u);
+    for (var r0 = p.first_row; r0 < p.m; r0 += ROWS) {
+        var acc: array<f32, 8>;
+        var acc2: array<f32, 8>;
+        for (var r = 0u; r < ROWS; r++) {
+            acc[r] = 0.0;
+            acc2[r] = 0.0;
+        }
+        for (var j = 0u; j < p.k / 8u; j++) {
+            let b = weights8(c, j);
+            let b2 = weights8(c2, j);
+            for (var r = 0u; r < ROWS; r++) {
+                let xv = x8(min(r0 + r, p.m - 1u), j, lane);
+                acc[r] = add8(acc[r], xv[0], xv[1], b);
+                acc2[r] = add8(acc2[r], xv[0], xv[1], b2);
+            }
+        }
+        if column < p.n {
+            store_rows(r0, c, acc);
+        }
+        if column + 64u < p.n {
+            store_rows(r0, c2, acc2);
+        }
+    }
 }
