@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Runs every benchmark on one adapter and collects their reports in one Markdown file, so a
+# machine with a real GPU can be measured in one go (docs/BENCHMARKS.md records the figures).
+#
+#   tools/bench_all.sh [OUT.md] [--quick]
+#
+# The adapter is chosen as usual (PAGELLM_BACKEND, WGPU_ADAPTER_NAME, WGPU_POWER_PREF);
+# `pagellm devices` lists them. --quick passes --quick to every bench (a few minutes in all
+# on a GPU); without it the full runs take longer, mostly on software adapters.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-bench-report.md}"
+extra=()
+if [[ "${2:-}" == "--quick" || "${1:-}" == "--quick" ]]; then
+    extra=(--quick)
+    [[ "${1:-}" == "--quick" ]] && out="bench-report.md"
+fi
+cargo build --release --benches
+{
+    echo "# pagellm benchmark report"
+    echo
+    echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "- options: ${extra[*]:-full}"
+    echo
+    echo '```'
+    cargo run --release --quiet -- devices 2>/dev/null || true
+    echo '```'
+} > "$out"
+for bench in dispatch matmul paged_attention engine kv_memory; do
+    echo "running $bench ..." >&2
+    {
+        echo
+        echo "## cargo bench --bench $bench ${extra[*]:-}"
+        echo
+        cargo bench --quiet --bench "$bench" -- "${extra[@]}" 2>/dev/null
+    } >> "$out"
+done
+echo "report written to $out" >&2
