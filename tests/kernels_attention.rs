@@ -9,7 +9,9 @@
 mod common;
 use common::*;
 use pagellm::gpu::Batch;
-use pagellm::kernels::paged_attention::{paged_attention, AttentionMetadata, SeqSlice};
+use pagellm::kernels::paged_attention::{
+    paged_attention_with, AttentionKernel, AttentionMetadata, SeqSlice,
+};
 use pagellm::kernels::reshape_and_cache::reshape_and_cache;
 use pagellm::pool::{KvDtype, KvLayout, KvPool, PoolSize};
 use pagellm::reference as r;
@@ -118,12 +120,10 @@ fn run(ctx: &pagellm::GpuContext, seed: u64, c: &Case) {
     let nkb = ctx.upload("nk", &nk).unwrap();
     let nvb = ctx.upload("nv", &nv).unwrap();
     let qb = ctx.upload("q", &nq).unwrap();
-    let out = ctx.storage_buffer("out", (t * nh * hd * 4) as u64).unwrap();
     let scale = 1.0 / (hd as f32).sqrt();
     let mut b = Batch::new(ctx, "attention test");
     reshape_and_cache(&mut b, &pool, layer, &hkb, &hvb, &hsb, hslots.len()).unwrap();
     reshape_and_cache(&mut b, &pool, layer, &nkb, &nvb, bufs.slot_mapping(), t).unwrap();
-    paged_attention(&mut b, &pool, layer, &bufs, &qb, &out, nh, scale).unwrap();
     b.submit().unwrap();
 
     let store = |v: &[f32]| match c.dtype {
@@ -142,14 +142,34 @@ fn run(ctx: &pagellm::GpuContext, seed: u64, c: &Case) {
             scale,
         ));
     }
-    let what = format!(
-        "paged_attention hd={hd} bs={bs} heads={nh}:{nkv} {:?} seqs={:?} shards={} on {}",
-        c.dtype,
-        c.seqs,
-        pool.num_shards(),
-        backend(ctx)
-    );
-    assert_close(&what, &read_f32(ctx, &out, want.len()), &want, 2e-4, 1e-4);
+    // Every kernel the adapter supports, each against the reference; the two add the same
+    // terms in the same order, so they must also agree bit for bit.
+    let mut first: Option<Vec<f32>> = None;
+    for kernel in [AttentionKernel::Plain, AttentionKernel::Subgroup] {
+        if !kernel.supports(ctx, hd) {
+            continue;
+        }
+        let out = ctx.storage_buffer("out", (t * nh * hd * 4) as u64).unwrap();
+        let mut b = Batch::new(ctx, "attention test");
+        paged_attention_with(&mut b, kernel, &pool, layer, &bufs, &qb, &out, nh, scale).unwrap();
+        b.submit().unwrap();
+        let what = format!(
+            "{kernel:?} paged_attention hd={hd} bs={bs} heads={nh}:{nkv} {:?} seqs={:?} shards={} on {}",
+            c.dtype,
+            c.seqs,
+            pool.num_shards(),
+            backend(ctx)
+        );
+        let got = read_f32(ctx, &out, want.len());
+        assert_close(&what, &got, &want, 2e-4, 1e-4);
+        match &first {
+            None => first = Some(got),
+            Some(f) => assert!(
+                f.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{what}: differs from the plain kernel"
+            ),
+        }
+    }
 }
 
 #[test]

@@ -13,7 +13,7 @@ use pagellm::kernels::{
     rms_norm::RmsNormParams,
     rope::RopeParams,
     silu_mul::SiluMulParams,
-    KernelParams, ALL, MATMUL_SKINNY, MATMUL_SKINNY_SG, MATMUL_SKINNY_VEC,
+    KernelParams, ALL, MATMUL_SKINNY, MATMUL_SKINNY_SG, MATMUL_SKINNY_VEC, PAGED_ATTENTION_SG,
 };
 
 /// (kernel name, [(field, offset)], size) of the uniform at @group(0) @binding(0).
@@ -80,6 +80,7 @@ fn every_params_struct_matches_its_shader() {
         check::<AddParams>(),
         check::<ReshapeAndCacheParams>(),
         check::<PagedAttentionParams>(),
+        check_kernel::<PagedAttentionParams>(PAGED_ATTENTION_SG),
         check::<PagedAttentionReduceParams>(),
         check::<CopyBlocksParams>(),
         check::<GatherRowsParams>(),

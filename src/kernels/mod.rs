@@ -57,7 +57,16 @@ kernel!(ROPE, "rope");
 kernel!(SILU_MUL, "silu_mul");
 kernel!(ADD, "add");
 kernel!(RESHAPE_AND_CACHE, "reshape_and_cache");
-kernel!(PAGED_ATTENTION, "paged_attention");
+kernel!(
+    PAGED_ATTENTION,
+    "paged_attention",
+    ["paged_attention_common"]
+);
+kernel!(
+    PAGED_ATTENTION_SG,
+    "paged_attention_sg",
+    ["paged_attention_common"]
+);
 kernel!(PAGED_ATTENTION_REDUCE, "paged_attention_reduce");
 kernel!(COPY_BLOCKS, "copy_blocks");
 kernel!(GATHER_ROWS, "gather_rows");
@@ -76,6 +85,7 @@ pub const ALL: &[KernelSource] = &[
     ADD,
     RESHAPE_AND_CACHE,
     PAGED_ATTENTION,
+    PAGED_ATTENTION_SG,
     PAGED_ATTENTION_REDUCE,
     COPY_BLOCKS,
     GATHER_ROWS,

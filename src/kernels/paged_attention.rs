@@ -1,13 +1,15 @@
-//! Launcher for `shaders/paged_attention.wgsl` (and its shard merge,
-//! `shaders/paged_attention_reduce.wgsl`), plus the host-side metadata of a flat batch:
+//! Launcher for `shaders/paged_attention.wgsl` and its subgroup variant
+//! `paged_attention_sg.wgsl` (and their shard merge, `shaders/paged_attention_reduce.wgsl`),
+//! plus the host-side metadata of a flat batch:
 //! which sequence and position each query token has, the block tables, and the slots the
 //! step's new K/V go to.
 
-use super::{check_len, params, PAGED_ATTENTION, PAGED_ATTENTION_REDUCE};
+use super::{check_len, params, PAGED_ATTENTION, PAGED_ATTENTION_REDUCE, PAGED_ATTENTION_SG};
 use crate::error::{GpuError, Result};
 use crate::gpu::{Batch, Bind, GpuContext};
 use crate::pool::KvPool;
 
+// The parameters of both attention kernels (tests/params_layout.rs checks each).
 params!(PagedAttentionParams for PAGED_ATTENTION {
     num_tokens: u32,
     num_heads: u32,
@@ -186,6 +188,39 @@ impl AttentionBuffers {
     }
 }
 
+/// The kernel that computes attention. Both add the same terms in the same order, so the
+/// choice is only about speed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// `paged_attention.wgsl`: shared values read from workgroup memory one at a time.
+    Plain,
+    /// `paged_attention_sg.wgsl`: shared values loaded 8 at a time and broadcast within
+    /// subgroups; needs subgroups of at least 8 invocations and head_dim % 8 == 0.
+    Subgroup,
+}
+
+impl AttentionKernel {
+    /// Whether this kernel can run heads of `head_dim` on `ctx`.
+    pub fn supports(self, ctx: &GpuContext, head_dim: usize) -> bool {
+        match self {
+            AttentionKernel::Plain => true,
+            AttentionKernel::Subgroup => {
+                head_dim % 8 == 0 && ctx.caps.subgroups && ctx.info.subgroup_min_size >= 8
+            }
+        }
+    }
+
+    /// The subgroup kernel where it can run (1.6-2.5x faster on lavapipe, see
+    /// docs/BENCHMARKS.md), the plain one elsewhere.
+    pub fn choose(ctx: &GpuContext, head_dim: usize) -> AttentionKernel {
+        if AttentionKernel::Subgroup.supports(ctx, head_dim) {
+            AttentionKernel::Subgroup
+        } else {
+            AttentionKernel::Plain
+        }
+    }
+}
+
 /// out[t, h, :] = softmax(q[t, h] · K[seq(t), :pos(t)+1]ᵀ · scale) · V[...] for every query
 /// token, with K/V of layer `layer` read from the pool through the block tables.
 /// `q`, `out`: `[num_tokens, num_heads, head_dim]` f32.
@@ -200,7 +235,26 @@ pub fn paged_attention(
     num_heads: usize,
     scale: f32,
 ) -> Result<()> {
-    attention(batch, pool, layer, meta, q, out, num_heads, scale, false)
+    let kernel = AttentionKernel::choose(batch.ctx(), pool.layout.head_dim);
+    let args = (pool, layer, meta, q, out, num_heads, scale);
+    attention(batch, kernel, args, false)
+}
+
+/// [`paged_attention`] computed by a given kernel (tests and benchmarks compare them).
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_with(
+    batch: &mut Batch,
+    kernel: AttentionKernel,
+    pool: &KvPool,
+    layer: usize,
+    meta: &AttentionBuffers,
+    q: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    num_heads: usize,
+    scale: f32,
+) -> Result<()> {
+    let args = (pool, layer, meta, q, out, num_heads, scale);
+    attention(batch, kernel, args, false)
 }
 
 /// The same attention over a contiguous cache, the baseline of the paged-vs-contiguous
@@ -217,22 +271,30 @@ pub fn contiguous_attention(
     num_heads: usize,
     scale: f32,
 ) -> Result<()> {
-    attention(batch, pool, layer, meta, q, out, num_heads, scale, true)
+    let kernel = AttentionKernel::choose(batch.ctx(), pool.layout.head_dim);
+    let args = (pool, layer, meta, q, out, num_heads, scale);
+    attention(batch, kernel, args, true)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// (pool, layer, metadata, q, out, query heads, scale) of one attention call.
+type AttentionArgs<'a> = (
+    &'a KvPool,
+    usize,
+    &'a AttentionBuffers,
+    &'a wgpu::Buffer,
+    &'a wgpu::Buffer,
+    usize,
+    f32,
+);
+
 fn attention(
     batch: &mut Batch,
-    pool: &KvPool,
-    layer: usize,
-    meta: &AttentionBuffers,
-    q: &wgpu::Buffer,
-    out: &wgpu::Buffer,
-    num_heads: usize,
-    scale: f32,
+    kernel: AttentionKernel,
+    args: AttentionArgs<'_>,
     contiguous: bool,
 ) -> Result<()> {
     const K: &str = "paged_attention";
+    let (pool, layer, meta, q, out, num_heads, scale) = args;
     let l = pool.layout;
     let t = meta.num_tokens;
     if layer >= l.num_layers {
@@ -254,6 +316,15 @@ fn attention(
         return Err(GpuError::invalid(
             K,
             format!("head_dim {} > {MAX_HEAD_DIM}", l.head_dim),
+        ));
+    }
+    if !kernel.supports(batch.ctx(), l.head_dim) {
+        return Err(GpuError::invalid(
+            K,
+            format!(
+                "{kernel:?} cannot run head_dim {} on this adapter",
+                l.head_dim
+            ),
         ));
     }
     if t == 0 {
@@ -286,8 +357,12 @@ fn attention(
             shard_index: shard as u32,
             _pad: 0,
         };
+        let source = match kernel {
+            AttentionKernel::Plain => PAGED_ATTENTION,
+            AttentionKernel::Subgroup => PAGED_ATTENTION_SG,
+        };
         batch.dispatch(
-            PAGED_ATTENTION,
+            source,
             &[
                 ("KV_DTYPE", l.dtype.code()),
                 ("CONTIGUOUS", contiguous as u32 as f64),

@@ -1,0 +1,182 @@
+// Shared by paged_attention.wgsl and paged_attention_sg.wgsl, which are compiled with this
+// text prepended and differ only in score() and values(): how a key row is dotted with q, and
+// how a tile's probabilities and value rows are accumulated.
+//
+// Causal attention of a flat batch of query tokens over the paged KV pool.
+// Prefill chunks and decode steps are the same thing here: token t belongs to sequence
+// seq(t) at position pos(t) and attends to positions 0..=pos(t) of its own sequence, read
+// through that sequence's block table. Grouped-query and multi-query attention map query
+// head h to KV head h / (num_heads / num_kv_heads). Softmax is computed online (running
+// max and sum, rescaling the accumulator when the max grows), one tile of 64 positions at a
+// time.
+//
+// A pool split over several buffers ("shards" of blocks) is handled one shard per dispatch:
+// with num_shards > 1 each dispatch writes its unnormalised partial result (acc, max, sum)
+// and paged_attention_reduce.wgsl merges them.
+// Grid: one workgroup per (query head, query token) = (x, y); 64 threads. In the score
+// phase a thread owns one key position of the tile; in the value phase it owns pairs of
+// output elements.
+
+override KV_DTYPE: u32 = 1u;  // DTYPE_F32 or DTYPE_F16
+// Benchmark baseline: the cache is contiguous per sequence (sequence s owns "block" s, whose
+// block_size is the longest context) and no block table is read.
+override CONTIGUOUS: bool = false;
+
+struct Params {
+    num_tokens: u32,
+    num_heads: u32,
+    num_kv_heads: u32,
+    head_dim: u32,
+    block_size: u32,
+    max_blocks_per_seq: u32,
+    shard_first_block: u32,
+    shard_num_blocks: u32,
+    scale: f32,
+    num_shards: u32,
+    shard_index: u32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<f32>;               // [num_tokens, num_heads, head_dim]
+@group(0) @binding(2) var<storage, read> kv: array<u32>;              // [2, shard_num_blocks, num_kv_heads, block_size, head_dim] in KV_DTYPE
+@group(0) @binding(3) var<storage, read> block_tables: array<u32>;    // [num_seqs, max_blocks_per_seq]
+@group(0) @binding(4) var<storage, read> token_pos: array<vec2<u32>>; // [num_tokens] (sequence index, position)
+@group(0) @binding(5) var<storage, read_write> out: array<f32>;       // [num_tokens, num_heads, head_dim], or with num_shards > 1
+                                                                      // [num_shards, num_tokens, num_heads, head_dim + 2] partials
+
+const WG: u32 = 64u;
+const MAX_HEAD_DIM: u32 = 256u;
+const PAIRS_PER_THREAD: u32 = 2u;  // MAX_HEAD_DIM / 2 / WG
+const NO_ROW: u32 = 0xffffffffu;
+
+var<workgroup> q_s: array<f32, MAX_HEAD_DIM>;
+var<workgroup> prob: array<f32, WG>;
+var<workgroup> row: array<u32, WG>;  // word offset of each tile position's key row, or NO_ROW
+var<workgroup> red: array<f32, WG>;
+
+// Elements 2e and 2e+1 of the row starting at word `base`.
+fn load_pair(base: u32, e: u32) -> vec2<f32> {
+    if KV_DTYPE == DTYPE_F32 {
+        return vec2<f32>(bitcast<f32>(kv[base + 2u * e]), bitcast<f32>(kv[base + 2u * e + 1u]));
+    }
+    return unpack2x16float(kv[base + e]);
+}
+
+fn reduce_max(tid: u32, v: f32) -> f32 {
+    red[tid] = v;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
+        if tid < stride {
+            red[tid] = max(red[tid], red[tid + stride]);
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn reduce_sum(tid: u32, v: f32) -> f32 {
+    red[tid] = v;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
+        if tid < stride {
+            red[tid] += red[tid + stride];
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+// The kernel body, for workgroup `wg`, invocation `tid`, subgroup lane `lane`. Control flow
+// around score() and values() is uniform, so they may use subgroup operations.
+fn attention_body(wg: vec3<u32>, tid: u32, lane: u32) {
+    let h = wg.x;
+    let t = wg.y;
+    let tp = token_pos[t];
+    let seq = tp.x;
+    let ctx_len = tp.y + 1u;
+    let kvh = h / (p.num_heads / p.num_kv_heads);
+    let row_words = select(p.head_dim / 2u, p.head_dim, KV_DTYPE == DTYPE_F32);
+    let v_half = p.shard_num_blocks * p.num_kv_heads * p.block_size * row_words;
+    let half_dim = p.head_dim / 2u;
+
+    for (var i = tid; i < p.head_dim; i += WG) {
+        q_s[i] = q[(t * p.num_heads + h) * p.head_dim + i] * p.scale;
+    }
+    workgroupBarrier();
+
+    var m = NEG_BIG;
+    var l = 0.0;
+    var acc: array<vec2<f32>, PAIRS_PER_THREAD>;
+    for (var i = 0u; i < PAIRS_PER_THREAD; i++) {
+        acc[i] = vec2<f32>(0.0);
+    }
+
+    for (var tile0 = 0u; tile0 < ctx_len; tile0 += WG) {
+        let pos = tile0 + tid;
+        var base = NO_ROW;
+        if pos < ctx_len {
+            var block = seq;
+            if !CONTIGUOUS {
+                block = block_tables[seq * p.max_blocks_per_seq + pos / p.block_size];
+            }
+            if block >= p.shard_first_block && block - p.shard_first_block < p.shard_num_blocks {
+                let local_block = block - p.shard_first_block;
+                base = ((local_block * p.num_kv_heads + kvh) * p.block_size + pos % p.block_size) * row_words;
+            }
+        }
+        // Every lane scores a row (row 0 stands in for a missing one) so that score() runs
+        // in uniform control flow.
+        let s = select(NEG_BIG, score(select(0u, base, base != NO_ROW), lane), base != NO_ROW);
+        row[tid] = base;
+        let m_new = max(m, reduce_max(tid, s));
+        let pr = select(0.0, exp(s - m_new), base != NO_ROW);
+        prob[tid] = pr;
+        let tile_sum = reduce_sum(tid, pr);  // its barriers also publish prob[] and row[]
+        let corr = exp(m - m_new);
+        l = l * corr + tile_sum;
+        let n_valid = min(WG, ctx_len - tile0);
+        for (var i = 0u; i < PAIRS_PER_THREAD; i++) {
+            // Uniform: every lane runs values() when any lane of the workgroup has pair e.
+            if i * WG < half_dim {
+                let e = tid + i * WG;
+                let a = values(acc[i] * corr, min(e, half_dim - 1u), n_valid, v_half, lane);
+                if e < half_dim {
+                    acc[i] = a;
+                }
+            }
+        }
+        m = m_new;
+        workgroupBarrier();
+    }
+
+    if p.num_shards == 1u {
+        let inv = select(0.0, 1.0 / l, l > 0.0);
+        let o = (t * p.num_heads + h) * p.head_dim;
+        for (var i = 0u; i < PAIRS_PER_THREAD; i++) {
+            let e = tid + i * WG;
+            if e < half_dim {
+                out[o + 2u * e] = acc[i].x * inv;
+                out[o + 2u * e + 1u] = acc[i].y * inv;
+            }
+        }
+    } else {
+        let stride = p.head_dim + 2u;
+        let o = ((p.shard_index * p.num_tokens + t) * p.num_heads + h) * stride;
+        for (var i = 0u; i < PAIRS_PER_THREAD; i++) {
+            let e = tid + i * WG;
+            if e < half_dim {
+                out[o + 2u * e] = acc[i].x;
+                out[o + 2u * e + 1u] = acc[i].y;
+            }
+        }
+        if tid == 0u {
+            out[o + p.head_dim] = m;
+            out[o + p.head_dim + 1u] = l;
+        }
+    }
+}
