@@ -3,6 +3,7 @@
 //! per (seed, sample index), and log-probabilities against a hand computation and against
 //! transformers' own numbers in the fixtures.
 
+mod common;
 use pagellm::sampling::{
     argmax, filtered_distribution, log_softmax, logsumexp, sample, sequence_rng, top_logprobs,
     Sampler, SamplingError, SamplingParams,
@@ -344,16 +345,7 @@ fn top_logprob_ties_go_to_the_lower_id() {
 
 #[test]
 fn logprobs_match_transformers_on_fixture_logits() {
-    for name in [
-        "llama-gqa",
-        "qwen2-bias-tied",
-        "mistral-f16",
-        "llama3-rope-scaled",
-        "llama-bias-mha",
-        "qwen2-sharded-untied",
-        "llama-odd-heads",
-        "llama-tf4-config",
-    ] {
+    for name in common::golden::NAMES {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures")
             .join(name)

@@ -2,19 +2,9 @@
 //! `expected.json`), BOS/EOS resolution across the three config files, and a clear error for
 //! every kind of broken folder.
 
+mod common;
 use pagellm::tokenizer::{Tokenizer, TokenizerError};
 use std::path::{Path, PathBuf};
-
-const FIXTURES: [&str; 8] = [
-    "llama-gqa",
-    "qwen2-bias-tied",
-    "mistral-f16",
-    "llama3-rope-scaled",
-    "llama-bias-mha",
-    "qwen2-sharded-untied",
-    "llama-odd-heads",
-    "llama-tf4-config",
-];
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -56,7 +46,7 @@ fn fixture_special_tokens_and_vocab() {
 
 #[test]
 fn encode_matches_transformers_prompt_ids() {
-    for name in FIXTURES {
+    for name in common::golden::NAMES {
         let dir = fixture(name);
         let tok = Tokenizer::from_dir(&dir).unwrap();
         let expected: serde_json::Value =

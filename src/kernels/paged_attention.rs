@@ -236,8 +236,7 @@ pub fn paged_attention(
     scale: f32,
 ) -> Result<()> {
     let kernel = AttentionKernel::choose(batch.ctx(), pool.layout.head_dim);
-    let args = (pool, layer, meta, q, out, num_heads, scale);
-    attention(batch, kernel, args, false)
+    paged_attention_with(batch, kernel, pool, layer, meta, q, out, num_heads, scale)
 }
 
 /// [`paged_attention`] computed by a given kernel (tests and benchmarks compare them).
