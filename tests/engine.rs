@@ -380,8 +380,16 @@ fn bad_requests_are_clear_errors() {
         .contains("token id 512 is outside the vocabulary of 512"));
     assert!(err(&mut e, Prompt::Tokens(vec![]), greedy(4)).contains("empty"));
     let long = vec![5u32; 256];
-    assert!(err(&mut e, Prompt::Tokens(long), greedy(4))
-        .contains("the prompt has 256 tokens; the model's context is 256"));
+    let msg = err(&mut e, Prompt::Tokens(long), greedy(4));
+    assert!(
+        msg.contains(
+            "the prompt has 256 tokens and max_tokens is 4, together more than the context of 256"
+        ),
+        "{msg}"
+    );
+    // Prompt plus max_tokens past the context is refused up front, not cut short later.
+    let msg = err(&mut e, Prompt::Tokens(vec![5u32; 250]), greedy(7));
+    assert!(msg.contains("250 tokens and max_tokens is 7"), "{msg}");
     let neg = SamplingParams {
         temperature: -1.0,
         ..Default::default()

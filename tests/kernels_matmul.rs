@@ -226,7 +226,7 @@ fn lm_head_returns_logits_and_greedy_tokens_of_chosen_rows() {
         let logits = ctx
             .storage_buffer("l", (rows.len() * vocab * 4) as u64)
             .unwrap();
-        let am = ctx.storage_buffer("am", (rows.len() * 4) as u64).unwrap();
+        let am = ctx.storage_buffer("am", (rows.len() * 8) as u64).unwrap();
         let mut b = Batch::new(ctx, "t");
         let out = kernels::logits::LogitsBuffers {
             gathered: &gathered,

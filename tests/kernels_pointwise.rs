@@ -174,7 +174,7 @@ fn rope_with_llama3_scaling_uses_scaled_frequencies() {
 }
 
 #[test]
-fn gather_rows_and_argmax_pick_last_positions() {
+fn gather_rows_and_argmax_pick_last_positions_and_their_logprobs() {
     for ctx in contexts() {
         let mut g = rng(6);
         let (tokens, width) = (9, 1001);
@@ -189,7 +189,7 @@ fn gather_rows_and_argmax_pick_last_positions() {
         let out = ctx
             .storage_buffer("out", (rows.len() * width * 4) as u64)
             .unwrap();
-        let am = ctx.storage_buffer("am", (rows.len() * 4) as u64).unwrap();
+        let am = ctx.storage_buffer("am", (rows.len() * 8) as u64).unwrap();
         let mut b = Batch::new(ctx, "t");
         kernels::logits::gather_rows(&mut b, &xb, &rb, &out, tokens, rows.len(), width).unwrap();
         kernels::logits::argmax(&mut b, &out, &am, rows.len(), width).unwrap();
@@ -210,12 +210,20 @@ fn gather_rows_and_argmax_pick_last_positions() {
             .chunks(width)
             .map(|row| r::argmax(row) as u32)
             .collect();
-        assert_eq!(
-            &got[..rows.len()],
-            &want_am[..],
-            "argmax on {}",
-            backend(ctx)
-        );
+        let (ids, lps) = kernels::logits::argmax_logprobs(&got, rows.len());
+        assert_eq!(ids, want_am, "argmax on {}", backend(ctx));
         assert_eq!(want_am[1], 10);
+        // The chosen token's log_softmax, against a plain f64 reference.
+        for (i, row) in want.chunks(width).enumerate() {
+            let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let lse = m + row.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
+            let want_lp = row[want_am[i] as usize] as f64 - lse;
+            assert!(
+                (lps[i] as f64 - want_lp).abs() < 1e-5,
+                "row {i} logprob {} vs {want_lp} on {}",
+                lps[i],
+                backend(ctx)
+            );
+        }
     }
 }

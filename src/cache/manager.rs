@@ -9,7 +9,7 @@
 //! the manager unchanged, and `can_x` says yes exactly when `x` would succeed.
 
 use super::allocator::BlockAllocator;
-use super::block_table::{blocks_for, Blocks, Sequence};
+use super::block_table::{Blocks, Sequence};
 use super::config::CacheConfig;
 use super::device::DevicePool;
 use super::error::CacheError;
@@ -62,15 +62,6 @@ pub struct BlockManager {
     pub(super) counters: Counters,
 }
 
-/// A prompt's match against the prefix cache.
-struct PromptLookup {
-    blocks: usize,
-    hits: Vec<(DeviceBlockId, BlockHash)>,
-    lookups: usize,
-    /// Available blocks the allocation consumes.
-    needed: usize,
-}
-
 impl BlockManager {
     pub fn new(config: CacheConfig) -> Result<Self, CacheError> {
         config.validate()?;
@@ -95,58 +86,17 @@ impl BlockManager {
         self.config.block_size
     }
 
-    /// Whether a new sequence group with this prompt can be admitted now, leaving the
-    /// watermark free. Cached prefix blocks that are in use cost nothing.
+    /// Whether a new sequence with this prompt can be admitted now, leaving the watermark
+    /// free. Cached prefix blocks that are in use cost nothing.
     pub fn can_allocate(&self, prompt: &[u32]) -> AllocStatus {
-        if prompt.is_empty() {
-            return AllocStatus::Never;
-        }
-        let found = self.lookup_prompt(prompt);
-        status(self.admission(found.blocks, found.needed))
+        self.can_allocate_group(&[prompt])
     }
 
     /// Gives `seq` a block table for `prompt`: cached leading blocks are shared, the rest
     /// allocated. Returns the number of leading tokens whose KV is already cached (a
     /// multiple of the block size, always less than the prompt), which the engine skips.
     pub fn allocate(&mut self, seq: SeqId, prompt: &[u32]) -> Result<usize, CacheError> {
-        if prompt.is_empty() {
-            return Err(CacheError::EmptyPrompt);
-        }
-        if self.seqs.contains_key(&seq) {
-            return Err(CacheError::SequenceExists(seq));
-        }
-        let found = self.lookup_prompt(prompt);
-        self.admission(found.blocks, found.needed)?;
-
-        // Claim the hits first, so that the fresh allocations cannot evict them.
-        let mut table = Vec::with_capacity(found.blocks);
-        for &(block, _) in &found.hits {
-            self.device.retain(block);
-            table.push(block);
-        }
-        while table.len() < found.blocks {
-            table.push(
-                self.device
-                    .allocate()
-                    .expect("admission counted the blocks"),
-            );
-        }
-        if self.device.cache().is_some() {
-            self.counters.prefix_hits += found.hits.len() as u64;
-            self.counters.prefix_misses += (found.lookups - found.hits.len()) as u64;
-        }
-        let num_cached = found.hits.len() * self.config.block_size;
-        self.seqs.insert(
-            seq,
-            Sequence {
-                tokens: prompt.to_vec(),
-                blocks: Blocks::Device(table),
-                hashes: found.hits.iter().map(|&(_, h)| h).collect(),
-                num_computed: num_cached,
-                num_cached,
-            },
-        );
-        Ok(num_cached)
+        Ok(self.allocate_group(&[(seq, prompt)])?[0])
     }
 
     /// Whether `seq` can take one more token now (the watermark may be used).
@@ -356,9 +306,10 @@ impl BlockManager {
         Ok(())
     }
 
-    fn lookup_prompt(&self, prompt: &[u32]) -> PromptLookup {
+    /// The leading full blocks of `prompt` found in the prefix cache, and how many were
+    /// looked up.
+    pub(super) fn prefix_hits(&self, prompt: &[u32]) -> (Vec<(DeviceBlockId, BlockHash)>, usize) {
         let bs = self.config.block_size;
-        let blocks = blocks_for(prompt.len(), bs);
         let mut hits = Vec::new();
         let mut lookups = 0;
         if let Some(cache) = self.device.cache() {
@@ -374,18 +325,7 @@ impl BlockManager {
                 parent = Some(hash);
             }
         }
-        // A hit on an evictable block takes it out of the evictor, which costs one
-        // available block just as a fresh one does; only hits on blocks in use are free.
-        let in_use = hits
-            .iter()
-            .filter(|&&(b, _)| self.device.refcount(b) > 0)
-            .count();
-        PromptLookup {
-            blocks,
-            hits,
-            lookups,
-            needed: blocks - in_use,
-        }
+        (hits, lookups)
     }
 }
 

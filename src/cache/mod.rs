@@ -12,7 +12,8 @@
 //! pass. The files, bottom up: `ids` (typed ids), `allocator` (ref-counted free list),
 //! `prefix` (content names and the LRU evictor), `device` (the device pool: allocator plus
 //! prefix cache), `block_table` (per-sequence state), `ops` and `plan` (the step's plan and
-//! what keeps it valid), `manager` (allocate, append, fork, free), `swap`, `queries`,
+//! what keeps it valid), `manager` (allocate, append, fork, free), `group` (a sequence
+//! group as a whole), `swap`, `queries`,
 //! `stats`, `invariants`.
 
 mod allocator;
@@ -20,6 +21,7 @@ mod block_table;
 mod config;
 mod device;
 mod error;
+mod group;
 mod ids;
 mod invariants;
 mod manager;

@@ -23,16 +23,23 @@ pub struct EngineConfig {
     pub num_cpu_blocks: Option<usize>,
     pub swap_space_bytes: u64,
     pub kv_dtype: KvDtype,
-    /// `None`: per DESIGN.md, recompute single-sequence groups and swap groups of several
-    /// sequences (which would lose their sharing if recomputed) unless the host pool is full.
+    /// `None` (automatic): for each victim, swap or recompute, whichever the engine's own
+    /// measurements (swap bandwidth, prefill throughput) say is cheaper; before both are
+    /// measured, swap groups of several sequences and recompute single ones. Recompute
+    /// whenever the host pool is full. See `scheduler/cost.rs`.
     pub preemption_mode: Option<PreemptionMode>,
     /// Most sequences running at once.
     pub max_num_seqs: usize,
     /// Most tokens (prefill chunks plus decode tokens) in one step.
     pub max_num_batched_tokens: usize,
     pub enable_prefix_caching: bool,
-    /// Context limit; `None` uses the model's.
+    /// Context limit, at most the model's; `None` uses the model's. Lowering it lets a
+    /// small pool serve (the pool must hold one sequence of this length).
     pub max_model_len: Option<usize>,
+    /// Serve running decodes before prefill chunks, so a long prompt never holds up other
+    /// requests' token streams. Off serves running groups strictly oldest first (kept to
+    /// measure the difference).
+    pub decode_first: bool,
 }
 
 impl Default for EngineConfig {
@@ -49,6 +56,7 @@ impl Default for EngineConfig {
             max_num_batched_tokens: 512,
             enable_prefix_caching: true,
             max_model_len: None,
+            decode_first: true,
         }
     }
 }

@@ -1,29 +1,37 @@
-//! The engine: requests in, token streams out. Each [`Engine::step`] schedules, records
-//! the block operations and the forward pass into one command buffer, submits it once, reads
-//! back what sampling needs (the arg-max of each row for greedy requests, logits otherwise),
-//! samples, and streams the new tokens.
+//! The engine: requests in, token streams out. Each [`Engine::step`] drops requests whose
+//! caller has gone, schedules, records the block operations and the forward pass into one
+//! command buffer, submits it once, reads back what sampling needs (the arg-max and its
+//! logprob of every row, plus logits where a request samples or reports logprobs), samples
+//! (`advance.rs`), streams the new tokens, and feeds its timings to the scheduler's cost
+//! model.
+//!
+//! Failures stay where they belong: a request that can never run, or whose sampling fails,
+//! fails alone; an error no single request caused (the GPU, a bookkeeping fault) fails every
+//! pending request with the reason and leaves the engine empty and usable, so no caller ever
+//! waits forever and no step loops.
 
 use super::config::EngineConfig;
-use super::output::{
-    CompletionOutput, FinishReason, RequestEvent, RequestId, RequestOutput, TokenLogprob,
-};
-use super::scheduler::{Scheduler, SchedulerStats};
-use super::sequence::{GroupState, Sequence, SequenceGroup};
-use crate::cache::{BlockManager, CacheConfig, CacheError, CacheStats, SeqId};
+use super::output::{FinishReason, RequestEvent, RequestId};
+use super::request::{completion, Group, Prompt, RequestHandle, RequestSide, SeqOutput};
+use super::scheduler::{PreemptionCosts, Scheduler, SchedulerOutput, SchedulerStats};
+use super::sequence::{GroupShape, Sequence, SequenceGroup};
+use crate::cache::{BlockManager, BlockOps, CacheConfig, CacheError, CacheStats, SeqId};
+use crate::cache::{DeviceBlockId, HostBlockId};
 use crate::cache_engine::CacheEngine;
 use crate::error::GpuError;
 use crate::gpu::{Batch, GpuContext};
+use crate::kernels::logits::argmax_logprobs;
 use crate::kernels::paged_attention::{AttentionMetadata, SeqSlice};
 use crate::model::forward::{forward, StepInput, Workspace};
 use crate::model::gpu::GpuModel;
 use crate::model::{ModelError, ModelFiles};
 use crate::pool::{KvLayout, KvPool, PoolSize};
-use crate::sampling::{log_softmax, BeamSearch, BeamSearchConfig, SamplingError, SamplingParams};
+use crate::sampling::{BeamSearch, BeamSearchConfig, SamplingError};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::mpsc::{channel, Receiver};
 use std::sync::Arc;
+use std::time::Instant;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -41,42 +49,12 @@ pub enum EngineError {
     Config(String),
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// The request was accepted but could not complete (it can never fit, or a step failed).
+    #[error("request failed: {0}")]
+    RequestFailed(String),
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
-
-/// A prompt as text (tokenized by the model's tokenizer) or as token ids.
-#[derive(Clone, Debug)]
-pub enum Prompt {
-    Text(String),
-    Tokens(Vec<u32>),
-}
-
-/// The caller's side of a request: its id and the channel its events arrive on.
-#[derive(Debug)]
-pub struct RequestHandle {
-    pub id: RequestId,
-    pub events: Receiver<RequestEvent>,
-}
-
-impl RequestHandle {
-    /// Waits for the final output, skipping streamed tokens. Only meaningful when another
-    /// thread drives the engine, or after the engine has run the request to completion.
-    pub fn wait(&self) -> Result<RequestOutput> {
-        loop {
-            match self.events.recv() {
-                Ok(RequestEvent::Finished(out)) => return Ok(out),
-                Ok(RequestEvent::Failed(msg)) => return Err(EngineError::InvalidRequest(msg)),
-                Ok(RequestEvent::Token { .. }) => continue,
-                Err(_) => {
-                    return Err(EngineError::InvalidRequest(
-                        "the engine dropped the request".into(),
-                    ))
-                }
-            }
-        }
-    }
-}
 
 /// Statistics of the KV cache and the scheduler.
 #[derive(Clone, Debug)]
@@ -87,6 +65,10 @@ pub struct EngineStats {
     pub blocks_swapped_out: u64,
     pub blocks_swapped_in: u64,
     pub running_requests: usize,
+    /// Requests aborted because their caller dropped the event receiver.
+    pub abandoned_requests: u64,
+    /// The measurements automatic preemption weighs.
+    pub costs: PreemptionCosts,
 }
 
 pub struct Engine {
@@ -95,14 +77,15 @@ pub struct Engine {
     pub tokenizer: Tokenizer,
     pub config: EngineConfig,
     max_model_len: usize,
-    cache: CacheEngine,
+    pub(super) cache: CacheEngine,
     ws: Workspace,
-    scheduler: Scheduler,
-    groups: HashMap<RequestId, SequenceGroup>,
+    pub(super) scheduler: Scheduler,
+    pub(super) groups: HashMap<RequestId, Group>,
     next_request: RequestId,
-    next_seq: u64,
+    pub(super) next_seq: u64,
     /// Consecutive steps that computed nothing while requests were pending.
     idle_steps: u32,
+    abandoned: u64,
 }
 
 impl Engine {
@@ -137,10 +120,21 @@ impl Engine {
                 "block size, max_num_seqs and max_num_batched_tokens must be positive".into(),
             ));
         }
-        let max_model_len = config
-            .max_model_len
-            .unwrap_or(c.max_model_len())
-            .min(c.max_model_len());
+        let max_model_len = match config.max_model_len {
+            Some(0) => {
+                return Err(EngineError::Config(
+                    "max_model_len must be at least 2".into(),
+                ))
+            }
+            Some(n) if n > c.max_model_len() => {
+                return Err(EngineError::Config(format!(
+                    "max_model_len {n} exceeds the model's context of {} tokens",
+                    c.max_model_len()
+                )))
+            }
+            Some(n) => n,
+            None => c.max_model_len(),
+        };
         let layout = KvLayout {
             num_layers: c.num_layers,
             num_kv_heads: c.num_kv_heads,
@@ -155,7 +149,8 @@ impl Engine {
         if gpu_blocks < needed {
             return Err(EngineError::Config(format!(
                 "a KV pool of {gpu_blocks} blocks cannot hold one sequence of {max_model_len} tokens \
-                 ({needed} blocks of {}); give more blocks or a smaller max model length",
+                 ({needed} blocks of {}); give more blocks (--num-gpu-blocks) or a smaller \
+                 --max-model-len",
                 config.block_size
             )));
         }
@@ -169,10 +164,11 @@ impl Engine {
         let cache_cfg = CacheConfig::new(config.block_size, gpu_blocks, cpu_blocks)
             .with_watermark_blocks(watermark)
             .with_prefix_caching(config.enable_prefix_caching);
-        let blocks = BlockManager::new(cache_cfg)?;
-        Ok(Engine {
+        let mut scheduler = Scheduler::new(config.clone(), BlockManager::new(cache_cfg)?);
+        scheduler.costs = PreemptionCosts::new(layout.block_bytes_all_layers());
+        let mut engine = Engine {
             cache: CacheEngine::new(pool, cpu_blocks),
-            scheduler: Scheduler::new(config.clone(), blocks),
+            scheduler,
             ws,
             model,
             tokenizer,
@@ -183,7 +179,42 @@ impl Engine {
             next_request: 0,
             next_seq: 0,
             idle_steps: 0,
-        })
+            abandoned: 0,
+        };
+        engine.calibrate_swap()?;
+        Ok(engine)
+    }
+
+    /// Times a round trip of a few (still empty) blocks through the swap path, so that
+    /// automatic preemption has a swap bandwidth before the first swap happens.
+    fn calibrate_swap(&mut self) -> Result<()> {
+        let n = self
+            .cache
+            .host
+            .num_blocks
+            .min(self.cache.device.num_blocks)
+            .min(4) as u32;
+        if n == 0 {
+            return Ok(());
+        }
+        let before = self.cache.stats;
+        let out = BlockOps {
+            swap_out: (0..n).map(|i| (DeviceBlockId(i), HostBlockId(i))).collect(),
+            ..BlockOps::default()
+        };
+        let back = BlockOps {
+            swap_in: (0..n).map(|i| (HostBlockId(i), DeviceBlockId(i))).collect(),
+            ..BlockOps::default()
+        };
+        let t = Instant::now();
+        self.cache.execute(&self.ctx, &out)?;
+        self.cache.execute(&self.ctx, &back)?;
+        let bytes = 2 * n as u64 * self.scheduler.costs.block_bytes;
+        self.scheduler
+            .costs
+            .record_swap(bytes, t.elapsed().as_secs_f64());
+        self.cache.stats = before;
+        Ok(())
     }
 
     pub fn max_model_len(&self) -> usize {
@@ -191,7 +222,11 @@ impl Engine {
     }
 
     /// Queues a request after checking it; its events arrive on the returned handle.
-    pub fn add_request(&mut self, prompt: Prompt, params: SamplingParams) -> Result<RequestHandle> {
+    pub fn add_request(
+        &mut self,
+        prompt: Prompt,
+        params: crate::sampling::SamplingParams,
+    ) -> Result<RequestHandle> {
         let vocab = self.model.config.vocab_size;
         params.validate(vocab)?;
         let ids = match prompt {
@@ -206,45 +241,54 @@ impl Engine {
                 "token id {bad} is outside the vocabulary of {vocab}"
             )));
         }
-        if ids.len() >= self.max_model_len {
+        if ids.len() + params.max_tokens > self.max_model_len {
             return Err(EngineError::InvalidRequest(format!(
-                "the prompt has {} tokens; the model's context is {} (at least one must remain to generate)",
+                "the prompt has {} tokens and max_tokens is {}, together more than the context \
+                 of {} tokens; shorten the prompt, lower max_tokens, or raise --max-model-len \
+                 (up to the model's own context)",
                 ids.len(),
+                params.max_tokens,
                 self.max_model_len
             )));
         }
-        let seqs_needed = params.beam_width.unwrap_or(params.n).max(params.n);
-        if seqs_needed > self.config.max_num_seqs {
+        let beam = BeamSearchConfig::from_params(&params, self.tokenizer.eos_token_ids())
+            .map(BeamSearch::new);
+        let shape = match &beam {
+            Some(b) => GroupShape::Beams(b.config().beam_width.max(params.n)),
+            None => GroupShape::Samples(params.n),
+        };
+        if shape.width() > self.config.max_num_seqs {
             return Err(EngineError::InvalidRequest(format!(
-                "{seqs_needed} sequences in one request exceed max_num_seqs {}",
+                "{} sequences in one request exceed max_num_seqs {}; raise --max-num-seqs",
+                shape.width(),
                 self.config.max_num_seqs
+            )));
+        }
+        if shape.width() > self.config.max_num_batched_tokens {
+            return Err(EngineError::InvalidRequest(format!(
+                "{} sequences in one request exceed the step budget of {} tokens; raise \
+                 --max-batched-tokens",
+                shape.width(),
+                self.config.max_num_batched_tokens
             )));
         }
         let id = self.next_request;
         self.next_request += 1;
-        let (tx, rx) = channel();
-        let beam = BeamSearchConfig::from_params(&params, self.tokenizer.eos_token_ids())
-            .map(BeamSearch::new);
-        let seq = Sequence::new(self.new_seq_id(), 0, &ids, &params);
-        self.groups.insert(
-            id,
-            SequenceGroup {
-                request_id: id,
-                arrival: id,
-                params,
-                prompt_ids: ids,
-                seqs: vec![seq],
-                state: GroupState::Waiting,
-                forked: false,
-                beam,
-                events: tx,
-            },
-        );
+        let (tx, rx) = flume::unbounded();
+        let first = Sequence::new(self.new_seq_id(), 0, &ids, SeqOutput::new(&ids, &params, 0));
+        let side = RequestSide {
+            params,
+            prompt_ids: ids,
+            beam,
+            events: tx,
+        };
+        self.groups
+            .insert(id, SequenceGroup::new(id, shape, first, side));
         self.scheduler.add(id);
         Ok(RequestHandle { id, events: rx })
     }
 
-    fn new_seq_id(&mut self) -> SeqId {
+    pub(super) fn new_seq_id(&mut self) -> SeqId {
         self.next_seq += 1;
         SeqId(self.next_seq)
     }
@@ -260,11 +304,8 @@ impl Engine {
             for s in g.seqs.iter_mut().filter(|s| !s.is_finished()) {
                 s.finish = Some(FinishReason::Abort);
             }
-            let _ = g.events.send(RequestEvent::Finished(RequestOutput {
-                request_id: id,
-                prompt_token_ids: g.prompt_ids.clone(),
-                outputs: g.seqs.iter().map(Sequence::completion).collect(),
-            }));
+            let outputs = g.seqs.iter().map(completion).collect();
+            g.send(RequestEvent::Finished(g.output(id, outputs)));
         }
         true
     }
@@ -282,6 +323,8 @@ impl Engine {
             cache,
             scheduler: self.scheduler.stats,
             running_requests: self.groups.len(),
+            abandoned_requests: self.abandoned,
+            costs: self.scheduler.costs,
         }
     }
 
@@ -293,34 +336,100 @@ impl Engine {
         Ok(())
     }
 
-    /// One engine step. Returns the number of tokens computed.
+    /// One engine step. Returns the number of tokens computed. An error here was caused by
+    /// no single request: every pending request has then been failed with it, and the
+    /// engine is empty and can take new requests.
     pub fn step(&mut self) -> Result<usize> {
+        self.drop_abandoned();
+        match self.try_step() {
+            Ok(n) => Ok(n),
+            Err(e) => {
+                self.fail_all(&format!("the engine step failed: {e}"));
+                Err(e)
+            }
+        }
+    }
+
+    fn try_step(&mut self) -> Result<usize> {
+        let start = Instant::now();
         let sched = self.scheduler.schedule(&mut self.groups)?;
-        for (id, msg) in sched.rejected {
-            if let Some(g) = self.groups.remove(&id) {
-                let _ = g.events.send(RequestEvent::Failed(msg));
+        for (id, reason) in &sched.failed {
+            if let Some(g) = self.groups.remove(id) {
+                g.send(RequestEvent::Failed(reason.clone()));
             }
         }
         if sched.scheduled.is_empty() {
-            if !sched.ops.is_empty() {
-                self.cache.execute(&self.ctx, &sched.ops)?;
-                self.idle_steps = 0;
-            } else if self.has_unfinished() {
-                // A step may compute nothing once (say, right after a preemption while a
-                // group waits in host memory); several in a row mean no request can ever run.
-                self.idle_steps += 1;
-                if self.idle_steps > 3 {
-                    return Err(EngineError::Config(
-                        "requests are pending but none can be scheduled; the KV pool or \
-                         max_num_seqs is too small for them"
-                            .into(),
-                    ));
-                }
-            }
-            return Ok(0);
+            return self.idle_step(&sched.ops, start);
         }
         self.idle_steps = 0;
+        let read = self.run_forward(&sched)?;
+        self.advance(&sched, &read)?;
+        if sched.scheduled.iter().any(|s| s.len > 1) {
+            let tokens = sched.scheduled.iter().map(|s| s.len).sum();
+            self.scheduler
+                .costs
+                .record_prefill(tokens, start.elapsed().as_secs_f64());
+        }
+        Ok(sched.scheduled.iter().map(|s| s.len).sum())
+    }
 
+    /// A step that computes nothing: it may still move blocks (a swap-only step, which is
+    /// timed for the cost model). Several in a row with requests pending would mean the
+    /// scheduler lost liveness; rather than loop, every pending request fails.
+    fn idle_step(&mut self, ops: &BlockOps, start: Instant) -> Result<usize> {
+        if !ops.is_empty() {
+            let before = self.cache.stats;
+            self.cache.execute(&self.ctx, ops)?;
+            let moved = (self.cache.stats.bytes_to_host - before.bytes_to_host)
+                + (self.cache.stats.bytes_to_device - before.bytes_to_device);
+            self.scheduler
+                .costs
+                .record_swap(moved, start.elapsed().as_secs_f64());
+            self.idle_steps = 0;
+        } else if self.has_unfinished() {
+            self.idle_steps += 1;
+            if self.idle_steps > 3 {
+                self.idle_steps = 0;
+                let msg = "requests are pending but none can be scheduled (a scheduler fault)";
+                self.fail_all(msg);
+                return Err(EngineError::Config(msg.into()));
+            }
+        }
+        Ok(0)
+    }
+
+    /// Aborts requests whose caller dropped the event receiver, freeing their blocks.
+    fn drop_abandoned(&mut self) {
+        let gone: Vec<RequestId> = self
+            .groups
+            .iter()
+            .filter(|(_, g)| g.abandoned())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            tracing::debug!(request = id, "caller went away; aborting");
+            self.scheduler.remove(id, &self.groups);
+            self.groups.remove(&id);
+            self.abandoned += 1;
+        }
+    }
+
+    /// Fails every pending request with `reason` and frees everything they held.
+    fn fail_all(&mut self, reason: &str) {
+        let ids: Vec<RequestId> = self.groups.keys().copied().collect();
+        for id in ids {
+            self.scheduler.remove(id, &self.groups);
+            if let Some(g) = self.groups.remove(&id) {
+                g.send(RequestEvent::Failed(reason.to_string()));
+            }
+        }
+        // A plan recorded before the error is void: its blocks are free again.
+        let _ = self.scheduler.blocks.take_ops();
+    }
+
+    /// Records and submits the step: block operations, the forward pass over the flat
+    /// batch, and the read-back of what sampling needs.
+    fn run_forward(&mut self, sched: &SchedulerOutput) -> Result<ReadBack> {
         // The flat batch: each scheduled sequence's new tokens, back to back.
         let mut tokens = Vec::new();
         let mut tables = Vec::with_capacity(sched.scheduled.len());
@@ -355,7 +464,7 @@ impl Engine {
             .scheduled
             .iter()
             .filter(|s| s.sample)
-            .any(|s| needs_logits(&self.groups[&s.request_id].params));
+            .any(|s| needs_logits(self.groups[&s.request_id].params()));
 
         let ctx = &self.ctx;
         // The step's metadata, token ids and sampled rows: one buffer, one write.
@@ -365,312 +474,69 @@ impl Engine {
         let row_buf = bufs.extra(1).ok_or_else(missing)?;
         let mut batch = Batch::new(ctx, "engine step");
         let pending = self.cache.encode(&mut batch, &sched.ops)?;
-        if !rows.is_empty() || !tokens.is_empty() {
-            let input = StepInput {
-                tokens: tok_buf,
-                meta: &bufs,
-                rows: row_buf,
-                num_rows: rows.len().max(1),
-                argmax: !need_logits,
-            };
+        let input = StepInput {
+            tokens: tok_buf,
+            meta: &bufs,
+            rows: row_buf,
             // With no sampling row, gather row 0 anyway (harmless) to keep shapes simple.
-            forward(
-                &mut batch,
-                &self.model,
-                &self.cache.device,
-                &self.ws,
-                &input,
-            )?;
-        }
-        let vocab = self.model.config.vocab_size;
-        let read = match (rows.is_empty(), need_logits) {
-            (true, _) => None,
-            (false, true) => {
-                Some(batch.read_later(&self.ws.logits, 0, (rows.len() * vocab * 4) as u64)?)
-            }
-            (false, false) => {
-                Some(batch.read_later(&self.ws.argmax, 0, (rows.len() * 4) as u64)?)
-            }
+            num_rows: rows.len().max(1),
+            argmax: true,
         };
-        // The step's one submit: block operations, forward pass and read-back copy.
+        forward(
+            &mut batch,
+            &self.model,
+            &self.cache.device,
+            &self.ws,
+            &input,
+        )?;
+        let n = rows.len();
+        let vocab = self.model.config.vocab_size;
+        let argmax = match n {
+            0 => None,
+            _ => Some(batch.read_later(&self.ws.argmax, 0, (n * 8) as u64)?),
+        };
+        let logits = match need_logits {
+            true => Some(batch.read_later(&self.ws.logits, 0, (n * vocab * 4) as u64)?),
+            false => None,
+        };
+        // The step's one submit: block operations, forward pass and read-back copies.
         batch.submit()?;
         self.cache.finish(ctx, pending)?;
-        let bytes = match read {
-            Some(r) => ctx.complete_read(r)?,
+        let (ids, lps) = match argmax {
+            Some(r) => argmax_logprobs(&bytemuck::pod_collect_to_vec(&ctx.complete_read(r)?), n),
+            None => (Vec::new(), Vec::new()),
+        };
+        let logits = match logits {
+            Some(r) => bytemuck::pod_collect_to_vec(&ctx.complete_read(r)?),
             None => Vec::new(),
         };
-        let (logits, argmax): (Vec<f32>, Vec<u32>) = if need_logits {
-            (bytemuck::pod_collect_to_vec(&bytes), Vec::new())
-        } else {
-            (Vec::new(), bytemuck::pod_collect_to_vec(&bytes))
-        };
-
-        // Progress, then sampling.
-        for s in &sched.scheduled {
-            let g = self
-                .groups
-                .get_mut(&s.request_id)
-                .expect("scheduled group exists");
-            let seq = &mut g.seqs[s.seq];
-            seq.num_computed = s.start + s.len;
-            self.scheduler
-                .blocks
-                .mark_computed(s.id, seq.num_computed)?;
-        }
-        // A group's sequences are scheduled next to each other.
-        let mut by_group: Vec<(RequestId, Vec<(usize, usize)>)> = Vec::new();
-        for (row, s) in sched.scheduled.iter().filter(|s| s.sample).enumerate() {
-            match by_group.last_mut() {
-                Some((id, v)) if *id == s.request_id => v.push((s.seq, row)),
-                _ => by_group.push((s.request_id, vec![(s.seq, row)])),
-            }
-        }
-        let read = ReadBack {
-            logits: &logits,
-            argmax: &argmax,
+        Ok(ReadBack {
+            argmax: ids,
+            argmax_logprob: lps,
+            logits,
             vocab,
-        };
-        for (id, seq_rows) in by_group {
-            let result = if self.groups[&id].beam.is_some() {
-                self.advance_beams(id, &seq_rows, &read)
-            } else {
-                self.advance_samples(id, &seq_rows, &read)
-            };
-            if let Err(e) = result {
-                // A failure of one request never takes down the others.
-                self.scheduler.remove(id, &self.groups);
-                if let Some(g) = self.groups.remove(&id) {
-                    let _ = g.events.send(RequestEvent::Failed(e.to_string()));
-                }
-            }
-        }
-        Ok(tokens.len())
-    }
-
-    /// Parallel sampling: fork the prompt's sequence into `n` once it is prefilled, then
-    /// give each sequence its next token.
-    fn advance_samples(
-        &mut self,
-        id: RequestId,
-        seq_rows: &[(usize, usize)],
-        read: &ReadBack,
-    ) -> Result<()> {
-        let mut seq_rows = seq_rows.to_vec();
-        let n = self.groups[&id].params.n;
-        if !self.groups[&id].forked && n > 1 {
-            let (first, r) = seq_rows[0];
-            for index in 1..n {
-                let child = self.new_seq_id();
-                let g = self.groups.get_mut(&id).expect("group exists");
-                let parent = g.seqs[first].id;
-                self.scheduler.blocks.fork(parent, child)?;
-                let mut s = g.seqs[first].clone();
-                s.id = child;
-                s.index = index;
-                s.sampler = crate::sampling::Sampler::new(g.params.clone(), index as u64);
-                g.seqs.push(s);
-                seq_rows.push((g.seqs.len() - 1, r));
-            }
-        }
-        self.groups.get_mut(&id).expect("group exists").forked = true;
-        for (si, r) in seq_rows {
-            let g = self.groups.get_mut(&id).expect("group exists");
-            let seq = &mut g.seqs[si];
-            let (token, lp) = match read.row(r) {
-                Row::Argmax(t) => (t, None),
-                Row::Logits(l) => {
-                    let out = seq.sampler.sample(l)?;
-                    let lp = g.params.logprobs.map(|_| TokenLogprob {
-                        token_id: out.token,
-                        logprob: out.logprob,
-                        top: out.top_logprobs.clone(),
-                    });
-                    seq.cum_logprob += out.logprob;
-                    (out.token, lp)
-                }
-            };
-            self.push_token(id, si, token, lp)?;
-        }
-        self.finish_group_if_done(id);
-        Ok(())
-    }
-
-    /// Appends a sampled token, streams its text and applies the stop conditions.
-    fn push_token(
-        &mut self,
-        id: RequestId,
-        si: usize,
-        token: u32,
-        lp: Option<TokenLogprob>,
-    ) -> Result<()> {
-        let max_len = self.max_model_len;
-        let g = self.groups.get_mut(&id).expect("group exists");
-        let params = &g.params;
-        let seq = &mut g.seqs[si];
-        seq.tokens.push(token);
-        if let Some(lp) = &lp {
-            seq.logprobs.push(lp.clone());
-        }
-        let delta = seq.decoder.step(&self.tokenizer, token)?;
-        let mut update = seq.stop.push(&delta);
-        let eos = !params.ignore_eos && self.tokenizer.is_eos(token);
-        let finish = if update.stop.is_some() || eos || params.stop_token_ids.contains(&token) {
-            Some(FinishReason::Stop)
-        } else if seq.output_ids().len() >= params.max_tokens || seq.tokens.len() >= max_len {
-            Some(FinishReason::Length)
-        } else {
-            None
-        };
-        if finish.is_some() && update.stop.is_none() {
-            let tail = seq.decoder.flush(&self.tokenizer)?;
-            let more = seq.stop.push(&tail);
-            update.delta.push_str(&more.delta);
-            if more.stop.is_none() {
-                update.delta.push_str(&seq.stop.finish());
-            }
-        }
-        seq.finish = finish;
-        let _ = g.events.send(RequestEvent::Token {
-            index: seq.index,
-            token_id: token,
-            text: update.delta,
-            logprob: lp,
-        });
-        if finish.is_some() {
-            let sid = seq.id;
-            self.scheduler.free_seq(sid);
-        }
-        Ok(())
-    }
-
-    /// Beam search: rank all expansions of the live beams; fork the kept parents' block
-    /// tables for their extra children and free the dropped beams.
-    fn advance_beams(
-        &mut self,
-        id: RequestId,
-        seq_rows: &[(usize, usize)],
-        read: &ReadBack,
-    ) -> Result<()> {
-        let mut lp_rows = Vec::with_capacity(seq_rows.len());
-        for &(_, r) in seq_rows {
-            match read.row(r) {
-                Row::Logits(l) => lp_rows.push(log_softmax(l)?),
-                Row::Argmax(_) => unreachable!("beam search always reads logits"),
-            }
-        }
-        let g = self.groups.get_mut(&id).expect("group exists");
-        let bs = g.beam.as_mut().expect("beam group");
-        let children = bs.step(&lp_rows)?;
-        let done = bs.is_done();
-        let old: Vec<Sequence> = seq_rows.iter().map(|&(si, _)| g.seqs[si].clone()).collect();
-        let mut used = vec![false; old.len()];
-        let mut new_seqs = Vec::with_capacity(children.len());
-        for c in &children {
-            let mut s = old[c.parent].clone();
-            if used[c.parent] {
-                s.id = {
-                    self.next_seq += 1;
-                    SeqId(self.next_seq)
-                };
-                self.scheduler.blocks.fork(old[c.parent].id, s.id)?;
-            }
-            used[c.parent] = true;
-            s.tokens.push(c.token);
-            s.cum_logprob = c.cum_logprob;
-            new_seqs.push(s);
-        }
-        for (i, s) in old.iter().enumerate() {
-            if !used[i] {
-                self.scheduler.free_seq(s.id);
-            }
-        }
-        let g = self.groups.get_mut(&id).expect("group exists");
-        for (i, s) in new_seqs.iter_mut().enumerate() {
-            s.index = i;
-        }
-        g.seqs = new_seqs;
-        let out_of_room = g.seqs.iter().any(|s| s.tokens.len() >= self.max_model_len);
-        if done || out_of_room || g.seqs.is_empty() {
-            let bs = g.beam.take().expect("beam group");
-            let n = g.params.n;
-            let finished = bs.finish();
-            let outputs: Vec<CompletionOutput> = finished
-                .into_iter()
-                .take(n)
-                .enumerate()
-                .map(|(i, f)| {
-                    let ends = f.tokens.last().is_some_and(|t| {
-                        self.tokenizer.is_eos(*t) || g.params.stop_token_ids.contains(t)
-                    });
-                    CompletionOutput {
-                        index: i,
-                        text: self.tokenizer.decode(&f.tokens, true).unwrap_or_default(),
-                        token_ids: f.tokens,
-                        finish_reason: if ends {
-                            FinishReason::Stop
-                        } else {
-                            FinishReason::Length
-                        },
-                        logprobs: Vec::new(),
-                        cumulative_logprob: f.cum_logprob,
-                    }
-                })
-                .collect();
-            let ids: Vec<SeqId> = g.seqs.iter().map(|s| s.id).collect();
-            for sid in ids {
-                self.scheduler.free_seq(sid);
-            }
-            self.complete(id, outputs);
-        }
-        Ok(())
-    }
-
-    fn finish_group_if_done(&mut self, id: RequestId) {
-        let Some(g) = self.groups.get(&id) else {
-            return;
-        };
-        if !g.is_finished() {
-            return;
-        }
-        let outputs = g.seqs.iter().map(Sequence::completion).collect();
-        self.complete(id, outputs);
-    }
-
-    fn complete(&mut self, id: RequestId, outputs: Vec<CompletionOutput>) {
-        self.scheduler.remove(id, &self.groups);
-        if let Some(g) = self.groups.remove(&id) {
-            let _ = g.events.send(RequestEvent::Finished(RequestOutput {
-                request_id: id,
-                prompt_token_ids: g.prompt_ids,
-                outputs,
-            }));
-        }
+        })
     }
 }
 
-enum Row<'a> {
-    Argmax(u32),
-    Logits(&'a [f32]),
+/// What a step read back: per sampled row its arg-max and that token's logprob, and the
+/// logits rows when some request needed them.
+pub(super) struct ReadBack {
+    pub argmax: Vec<u32>,
+    pub argmax_logprob: Vec<f32>,
+    pub logits: Vec<f32>,
+    pub vocab: usize,
 }
 
-/// What the step read back: logits rows, or only their arg-max.
-struct ReadBack<'a> {
-    logits: &'a [f32],
-    argmax: &'a [u32],
-    vocab: usize,
-}
-
-impl ReadBack<'_> {
-    fn row(&self, r: usize) -> Row<'_> {
-        if self.logits.is_empty() {
-            Row::Argmax(self.argmax[r])
-        } else {
-            Row::Logits(&self.logits[r * self.vocab..(r + 1) * self.vocab])
-        }
+impl ReadBack {
+    pub fn logits(&self, row: usize) -> Option<&[f32]> {
+        self.logits.get(row * self.vocab..(row + 1) * self.vocab)
     }
 }
 
-/// Greedy requests without logprobs need only the GPU's arg-max.
-fn needs_logits(p: &SamplingParams) -> bool {
+/// Greedy requests without logprobs need only the GPU's arg-max and its logprob; they take
+/// them even when other requests in the step read logits, so their output never depends on
+/// the batch.
+pub(super) fn needs_logits(p: &crate::sampling::SamplingParams) -> bool {
     !p.is_greedy() || p.logprobs.is_some() || p.beam_width.is_some()
 }

@@ -1,14 +1,18 @@
 //! The serving engine: sequence groups, the continuous-batching scheduler, and the step loop
-//! that drives the KV cache manager, the cache engine and the GPU model.
+//! that drives the KV cache manager, the cache engine and the GPU model. The scheduler and
+//! the sequence types are plain Rust and run without a GPU (see `scheduler`).
 
+mod advance;
 pub mod config;
 mod core;
 pub mod output;
+pub mod request;
 pub mod scheduler;
 pub mod sequence;
 
-pub use self::core::{Engine, EngineError, EngineStats, Prompt, RequestHandle};
+pub use self::core::{Engine, EngineError, EngineStats};
 pub use config::{EngineConfig, PreemptionMode};
 pub use output::{
     CompletionOutput, FinishReason, RequestEvent, RequestId, RequestOutput, TokenLogprob,
 };
+pub use request::{Prompt, RequestHandle};

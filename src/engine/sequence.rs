@@ -1,44 +1,39 @@
-//! Sequences and sequence groups: the engine's view of a request. A group is the unit of
+//! Sequences and sequence groups: the scheduler's view of a request. A group is the unit of
 //! admission, preemption and resumption; its sequences are the `n` samples or the live beams.
+//!
+//! What the scheduler needs (token ids, progress, group shape, arrival, state) is plain data
+//! here; what only the engine needs (sampler, detokenizer, stop strings, logprobs, the
+//! event channel) rides along as the type parameters `D` (per sequence) and `R` (per
+//! request), so the scheduler and the block manager run, and are tested, without a GPU, a
+//! tokenizer or a channel (`()` for both).
 
-use super::output::{CompletionOutput, FinishReason, RequestEvent, RequestId, TokenLogprob};
+use super::output::{FinishReason, RequestId};
 use crate::cache::SeqId;
-use crate::sampling::{BeamSearch, Sampler, SamplingParams};
-use crate::tokenizer::{IncrementalDecoder, StopChecker, StopStream};
-use std::sync::mpsc::Sender;
 
 #[derive(Clone, Debug)]
-pub struct Sequence {
+pub struct Sequence<D = ()> {
     pub id: SeqId,
-    /// Sample index within the request (parallel sampling).
+    /// Sample index within the request (parallel sampling), or beam rank.
     pub index: usize,
     /// Prompt followed by the generated tokens.
     pub tokens: Vec<u32>,
     pub prompt_len: usize,
     /// Tokens whose K/V are in the cache.
     pub num_computed: usize,
-    pub sampler: Sampler,
-    pub decoder: IncrementalDecoder,
-    pub stop: StopStream,
-    pub logprobs: Vec<TokenLogprob>,
-    pub cum_logprob: f64,
     pub finish: Option<FinishReason>,
+    pub data: D,
 }
 
-impl Sequence {
-    pub fn new(id: SeqId, index: usize, prompt: &[u32], params: &SamplingParams) -> Self {
+impl<D> Sequence<D> {
+    pub fn new(id: SeqId, index: usize, prompt: &[u32], data: D) -> Self {
         Sequence {
             id,
             index,
             tokens: prompt.to_vec(),
             prompt_len: prompt.len(),
             num_computed: 0,
-            sampler: Sampler::new(params.clone(), index as u64),
-            decoder: IncrementalDecoder::with_prompt(prompt, true),
-            stop: StopStream::new(StopChecker::new(params.stop.iter().cloned())),
-            logprobs: Vec::new(),
-            cum_logprob: 0.0,
             finish: None,
+            data,
         }
     }
 
@@ -50,15 +45,9 @@ impl Sequence {
         self.finish.is_some()
     }
 
-    pub fn completion(&self) -> CompletionOutput {
-        CompletionOutput {
-            index: self.index,
-            text: self.stop.text().to_string(),
-            token_ids: self.output_ids().to_vec(),
-            finish_reason: self.finish.unwrap_or(FinishReason::Abort),
-            logprobs: self.logprobs.clone(),
-            cumulative_logprob: self.cum_logprob,
-        }
+    /// Tokens not yet computed (1 for a sequence about to decode).
+    pub fn pending(&self) -> usize {
+        self.tokens.len() - self.num_computed
     }
 }
 
@@ -70,22 +59,50 @@ pub enum GroupState {
     Swapped,
 }
 
-pub struct SequenceGroup {
+/// How a request's sequences multiply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupShape {
+    /// `n` independent samples, forked from the prompt's sequence once it is prefilled.
+    Samples(usize),
+    /// Beam search of this width: up to `width` live beams, reshuffled every step.
+    Beams(usize),
+}
+
+impl GroupShape {
+    /// Most sequences the group ever has alive at once.
+    pub fn width(self) -> usize {
+        match self {
+            GroupShape::Samples(n) | GroupShape::Beams(n) => n.max(1),
+        }
+    }
+}
+
+pub struct SequenceGroup<D = (), R = ()> {
     pub request_id: RequestId,
     /// Admission order; preemption picks the largest.
     pub arrival: u64,
-    pub params: SamplingParams,
-    pub prompt_ids: Vec<u32>,
-    pub seqs: Vec<Sequence>,
+    pub shape: GroupShape,
+    pub seqs: Vec<Sequence<D>>,
     pub state: GroupState,
     /// Parallel samples are forked from the prompt's sequence once it is prefilled.
     pub forked: bool,
-    pub beam: Option<BeamSearch>,
-    pub events: Sender<RequestEvent>,
+    pub data: R,
 }
 
-impl SequenceGroup {
-    pub fn live(&self) -> impl Iterator<Item = &Sequence> {
+impl<D, R> SequenceGroup<D, R> {
+    pub fn new(request_id: RequestId, shape: GroupShape, first: Sequence<D>, data: R) -> Self {
+        SequenceGroup {
+            request_id,
+            arrival: request_id,
+            shape,
+            seqs: vec![first],
+            state: GroupState::Waiting,
+            forked: false,
+            data,
+        }
+    }
+
+    pub fn live(&self) -> impl Iterator<Item = &Sequence<D>> {
         self.seqs.iter().filter(|s| !s.is_finished())
     }
 
@@ -95,5 +112,21 @@ impl SequenceGroup {
 
     pub fn is_finished(&self) -> bool {
         self.seqs.iter().all(Sequence::is_finished)
+    }
+
+    /// Sequence slots the group holds against `max_num_seqs` (and rows of the step's
+    /// workspace): its full width until its samples are forked, and for beams always (a
+    /// beam group may grow back to its width any step); afterwards its live sequences.
+    pub fn slots(&self) -> usize {
+        match self.shape {
+            GroupShape::Beams(w) => w.max(1),
+            GroupShape::Samples(n) if !self.forked => n.max(1),
+            GroupShape::Samples(_) => self.live().count(),
+        }
+    }
+
+    /// Every live sequence has exactly its newest token to compute: the group decodes.
+    pub fn is_decoding(&self) -> bool {
+        self.live().all(|s| s.pending() == 1)
     }
 }

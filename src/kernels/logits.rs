@@ -51,7 +51,9 @@ pub fn gather_rows<'a>(
     )
 }
 
-/// out[r] = argmax(logits[r, :]) (first index on ties); `out`: [num_rows] u32.
+/// out[r] = argmax(logits[r, :]) (first index on ties) and out[num_rows + r] = the bits of
+/// that token's log-probability as f32 (read them with [`argmax_logprobs`]); `out`:
+/// [2, num_rows] u32.
 pub fn argmax(
     batch: &mut Batch,
     logits: &wgpu::Buffer,
@@ -60,7 +62,7 @@ pub fn argmax(
     width: usize,
 ) -> Result<()> {
     check_len("argmax", "logits", logits, num_rows * width)?;
-    check_len("argmax", "out", out, num_rows)?;
+    check_len("argmax", "out", out, 2 * num_rows)?;
     if width == 0 {
         return Err(GpuError::invalid("argmax", "empty rows"));
     }
@@ -78,6 +80,16 @@ pub fn argmax(
     )
 }
 
+/// Splits what [`argmax`] wrote for `num_rows` rows into token ids and their logprobs.
+pub fn argmax_logprobs(out: &[u32], num_rows: usize) -> (Vec<u32>, Vec<f32>) {
+    let ids = out[..num_rows].to_vec();
+    let lps = out[num_rows..2 * num_rows]
+        .iter()
+        .map(|&b| f32::from_bits(b))
+        .collect();
+    (ids, lps)
+}
+
 /// Scratch and output buffers of [`lm_head`].
 #[derive(Debug)]
 pub struct LogitsBuffers<'a> {
@@ -85,7 +97,7 @@ pub struct LogitsBuffers<'a> {
     pub gathered: &'a wgpu::Buffer,
     /// `[num_rows, vocab]` logits.
     pub logits: &'a wgpu::Buffer,
-    /// `[num_rows]` arg-max token ids, when wanted.
+    /// `[2, num_rows]` arg-max token ids and their logprobs (see [`argmax`]), when wanted.
     pub argmax: Option<&'a wgpu::Buffer>,
 }
 

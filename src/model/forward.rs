@@ -35,7 +35,8 @@ pub struct Workspace {
     gathered: wgpu::Buffer, // [R, hidden]
     /// `[R, vocab]` logits of the sampled rows after [`forward`].
     pub logits: wgpu::Buffer,
-    /// `[R]` arg-max token of each sampled row.
+    /// `[2, R]`: the arg-max token of each sampled row, then the bits of its logprob
+    /// (see [`crate::kernels::logits::argmax`]).
     pub argmax: wgpu::Buffer,
 }
 
@@ -64,7 +65,7 @@ impl Workspace {
             act: f("act", t * cfg.intermediate_size)?,
             gathered: f("gathered", r * cfg.hidden_size)?,
             logits: f("logits", r * cfg.vocab_size)?,
-            argmax: f("argmax", r)?,
+            argmax: f("argmax", 2 * r)?,
         })
     }
 }

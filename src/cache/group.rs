@@ -1,0 +1,207 @@
+//! Questions and operations about a sequence group as a whole: admitting all its sequences
+//! at once (a group that was preempted for recomputation comes back with several), and how
+//! many blocks it occupies, wherever its blocks are, once each of its sequences has grown by
+//! one token. The scheduler asks the latter to tell a group that merely has to wait from one
+//! that can never run.
+
+use super::block_table::{blocks_for, Blocks};
+use super::error::CacheError;
+use super::ids::{DeviceBlockId, HostBlockId, SeqId};
+use super::manager::{status, AllocStatus, BlockManager};
+use super::prefix::BlockHash;
+use std::collections::{BTreeMap, HashSet};
+
+/// One prompt's blocks, its leading prefix-cache hits, and how many blocks were looked up.
+type PromptMatch = (usize, Vec<(DeviceBlockId, BlockHash)>, usize);
+
+/// The prefix-cache matches of every prompt of a group, and what admitting them costs.
+pub(super) struct GroupLookup {
+    pub prompts: Vec<PromptMatch>,
+    /// Distinct blocks the group's tables will point at.
+    pub worst: usize,
+    /// Available blocks the allocation consumes: fresh blocks plus distinct hits on
+    /// evictable (unreferenced) blocks.
+    pub needed: usize,
+}
+
+impl BlockManager {
+    /// Whether a group of new sequences with these prompts can be admitted together now,
+    /// leaving the watermark free. `Never` means the prompts together need more blocks than
+    /// the pool less its watermark (or a prompt is empty).
+    pub fn can_allocate_group(&self, prompts: &[&[u32]]) -> AllocStatus {
+        if prompts.is_empty() || prompts.iter().any(|p| p.is_empty()) {
+            return AllocStatus::Never;
+        }
+        let found = self.lookup_group(prompts);
+        status(self.admission(found.worst, found.needed))
+    }
+
+    /// Blocks the group `prompts` would occupy if admitted now (cache hits counted once).
+    pub fn blocks_to_allocate_group(&self, prompts: &[&[u32]]) -> usize {
+        if prompts.iter().any(|p| p.is_empty()) {
+            return 0;
+        }
+        self.lookup_group(prompts).worst
+    }
+
+    /// Gives each `(seq, prompt)` a block table, all or none: every cache hit of every
+    /// prompt is claimed before any fresh block is taken, so one prompt's allocation cannot
+    /// evict a block another prompt of the group was counted as hitting. Returns each
+    /// sequence's number of cached leading tokens, which the engine skips.
+    pub fn allocate_group(&mut self, seqs: &[(SeqId, &[u32])]) -> Result<Vec<usize>, CacheError> {
+        if seqs.is_empty() {
+            return Err(CacheError::EmptyGroup);
+        }
+        let mut seen = HashSet::new();
+        for &(id, prompt) in seqs {
+            if prompt.is_empty() {
+                return Err(CacheError::EmptyPrompt);
+            }
+            if self.seqs.contains_key(&id) {
+                return Err(CacheError::SequenceExists(id));
+            }
+            if !seen.insert(id) {
+                return Err(CacheError::DuplicateSequence(id));
+            }
+        }
+        let prompts: Vec<&[u32]> = seqs.iter().map(|&(_, p)| p).collect();
+        let found = self.lookup_group(&prompts);
+        self.admission(found.worst, found.needed)?;
+
+        let mut tables: Vec<Vec<DeviceBlockId>> = found
+            .prompts
+            .iter()
+            .map(|(blocks, hits, _)| {
+                let mut t = Vec::with_capacity(*blocks);
+                for &(block, _) in hits {
+                    self.device.retain(block);
+                    t.push(block);
+                }
+                t
+            })
+            .collect();
+        let caching = self.device.cache().is_some();
+        let bs = self.config.block_size;
+        let mut cached = Vec::with_capacity(seqs.len());
+        for (((id, prompt), (blocks, hits, lookups)), table) in
+            seqs.iter().zip(found.prompts).zip(tables.iter_mut())
+        {
+            while table.len() < blocks {
+                table.push(
+                    self.device
+                        .allocate()
+                        .expect("admission counted the blocks"),
+                );
+            }
+            if caching {
+                self.counters.prefix_hits += hits.len() as u64;
+                self.counters.prefix_misses += (lookups - hits.len()) as u64;
+            }
+            let num_cached = hits.len() * bs;
+            self.seqs.insert(
+                *id,
+                super::block_table::Sequence {
+                    tokens: prompt.to_vec(),
+                    blocks: Blocks::Device(std::mem::take(table)),
+                    hashes: hits.iter().map(|&(_, h)| h).collect(),
+                    num_computed: num_cached,
+                    num_cached,
+                },
+            );
+            cached.push(num_cached);
+        }
+        Ok(cached)
+    }
+
+    /// Distinct blocks the group `seqs` holds (on the device or in the host pool), plus
+    /// what appending one token to each of `appending` (a subset of `seqs`) takes: the
+    /// device blocks the group needs to take its next step. More than the pool less its
+    /// watermark means the group can never run again once preempted.
+    pub fn group_blocks_after_append(
+        &self,
+        seqs: &[SeqId],
+        appending: &[SeqId],
+    ) -> Result<usize, CacheError> {
+        self.check_group(seqs)?;
+        let mut device: HashSet<DeviceBlockId> = HashSet::new();
+        let mut host: HashSet<HostBlockId> = HashSet::new();
+        for &id in seqs {
+            match &self.seq(id)?.blocks {
+                Blocks::Device(t) => device.extend(t.iter().copied()),
+                Blocks::Host(t) => host.extend(t.iter().copied()),
+            }
+        }
+        Ok(device.len() + host.len() + self.append_need_anywhere(appending)?)
+    }
+
+    /// Blocks needed to append one token to each of `seqs`, wherever their blocks are (a
+    /// swapped-out group is counted as it will be once back on the device, where a host
+    /// block shared by `r` of its sequences becomes one device block shared by `r`).
+    pub fn append_need_anywhere(&self, seqs: &[SeqId]) -> Result<usize, CacheError> {
+        let bs = self.config.block_size;
+        let mut seen = HashSet::new();
+        let mut needed = 0;
+        let mut device_writers: BTreeMap<DeviceBlockId, u32> = BTreeMap::new();
+        let mut host_writers: BTreeMap<HostBlockId, u32> = BTreeMap::new();
+        for &id in seqs {
+            if !seen.insert(id) {
+                return Err(CacheError::DuplicateSequence(id));
+            }
+            let s = self.seq(id)?;
+            if s.tokens.len() % bs == 0 {
+                needed += 1;
+                continue;
+            }
+            match &s.blocks {
+                Blocks::Device(t) => {
+                    *device_writers
+                        .entry(*t.last().expect("a partly filled block"))
+                        .or_default() += 1
+                }
+                Blocks::Host(t) => {
+                    *host_writers
+                        .entry(*t.last().expect("a partly filled block"))
+                        .or_default() += 1
+                }
+            }
+        }
+        for (block, k) in device_writers {
+            needed += k.min(self.table_refs(block).saturating_sub(1)) as usize;
+        }
+        for (block, k) in host_writers {
+            let refs = self.host.refcount(block) - self.plan.host_hold(block);
+            needed += k.min(refs.saturating_sub(1)) as usize;
+        }
+        Ok(needed)
+    }
+
+    /// The device pool less its watermark: the most blocks one group can be admitted or
+    /// swapped in with.
+    pub fn group_capacity(&self) -> usize {
+        self.device.num_blocks() - self.config.watermark_blocks
+    }
+
+    pub(super) fn lookup_group(&self, prompts: &[&[u32]]) -> GroupLookup {
+        let mut distinct_hits: HashSet<DeviceBlockId> = HashSet::new();
+        let mut fresh = 0;
+        let mut per_prompt = Vec::with_capacity(prompts.len());
+        for prompt in prompts {
+            let (hits, lookups) = self.prefix_hits(prompt);
+            let blocks = blocks_for(prompt.len(), self.config.block_size);
+            fresh += blocks - hits.len();
+            distinct_hits.extend(hits.iter().map(|&(b, _)| b));
+            per_prompt.push((blocks, hits, lookups));
+        }
+        // A hit on an evictable block takes it out of the evictor, which costs one available
+        // block just as a fresh one does; only hits on blocks in use are free.
+        let evictable_hits = distinct_hits
+            .iter()
+            .filter(|&&b| self.device.refcount(b) == 0)
+            .count();
+        GroupLookup {
+            prompts: per_prompt,
+            worst: distinct_hits.len() + fresh,
+            needed: evictable_hits + fresh,
+        }
+    }
+}

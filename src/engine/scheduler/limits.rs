@@ -1,0 +1,61 @@
+//! The one rule for the impossible: a group that can never run, at admission or at any
+//! later point, fails alone with a reason naming the numbers and the option to raise.
+//! Never means: its sequences together, at the length they have reached (plus the token
+//! each is about to take), need more blocks than the pool less its watermark (the most one
+//! group can be admitted or swapped in with), or it needs more sequence slots than
+//! `max_num_seqs`, or more tokens in one step than the step's budget.
+
+use super::super::sequence::{GroupState, SequenceGroup};
+use super::Scheduler;
+use crate::cache::{CacheError, SeqId};
+
+impl Scheduler {
+    /// Why `g` can never run from where it is, or `None` when it may run now or later.
+    pub(super) fn never_runs<D, R>(
+        &self,
+        g: &SequenceGroup<D, R>,
+    ) -> Result<Option<String>, CacheError> {
+        let c = &self.config;
+        let slots = g.slots();
+        if slots > c.max_num_seqs {
+            return Ok(Some(format!(
+                "the request needs {slots} sequences at once but max_num_seqs is {}; \
+                 raise --max-num-seqs or lower n / the beam width",
+                c.max_num_seqs
+            )));
+        }
+        let width = g.shape.width();
+        if width > c.max_num_batched_tokens {
+            return Ok(Some(format!(
+                "the request's {width} sequences take {width} tokens per step but a step \
+                 holds {}; raise --max-batched-tokens or lower n / the beam width",
+                c.max_num_batched_tokens
+            )));
+        }
+        let need = match g.state {
+            GroupState::Waiting => {
+                let prompts: Vec<&[u32]> = g.live().map(|s| s.tokens.as_slice()).collect();
+                self.blocks.blocks_to_allocate_group(&prompts)
+            }
+            GroupState::Running | GroupState::Swapped => {
+                let ids = g.live_ids();
+                let appending: Vec<SeqId> = self.appending(g).iter().map(|a| a.0).collect();
+                self.blocks.group_blocks_after_append(&ids, &appending)?
+            }
+        };
+        let capacity = self.blocks.group_capacity();
+        if need <= capacity {
+            return Ok(None);
+        }
+        let live = g.live().count();
+        let len = g.live().map(|s| s.tokens.len()).max().unwrap_or(0);
+        let cfg = self.blocks.config();
+        Ok(Some(format!(
+            "the request's {live} sequence(s) need {need} KV blocks together at {len} tokens, \
+             but one request can hold at most {capacity} (a pool of {} blocks of {} tokens \
+             less a watermark of {}); raise --num-gpu-blocks, or lower max_tokens, n or the \
+             beam width",
+            cfg.num_device_blocks, cfg.block_size, cfg.watermark_blocks
+        )))
+    }
+}

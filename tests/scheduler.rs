@@ -1,0 +1,334 @@
+//! The scheduler and block manager on the CPU, case by case: requests that can never fit
+//! fail alone in every preemption mode; forks never exceed `max_num_seqs`; a group's
+//! sequences are never split by the token budget; running decodes go before prefill
+//! chunks; automatic preemption follows the measured costs. Every run also passes the
+//! driver's per-step checks (`support/sched_driver.rs`) and ends with nothing leaked.
+
+#[path = "support/sched_driver.rs"]
+mod driver;
+
+use driver::{Driver, Outcome, Req};
+use pagellm::cache::CacheConfig;
+use pagellm::engine::scheduler::{choose_mode, PreemptionCosts, Victim};
+use pagellm::engine::sequence::GroupShape;
+use pagellm::engine::{EngineConfig, PreemptionMode};
+
+const MODES: [Option<PreemptionMode>; 3] = [
+    Some(PreemptionMode::Swap),
+    Some(PreemptionMode::Recompute),
+    None,
+];
+
+fn driver(
+    blocks: usize,
+    block_size: usize,
+    host: usize,
+    mode: Option<PreemptionMode>,
+    edit: impl FnOnce(&mut EngineConfig),
+) -> Driver {
+    let mut cfg = EngineConfig {
+        block_size,
+        preemption_mode: mode,
+        max_num_seqs: 16,
+        max_num_batched_tokens: 64,
+        enable_prefix_caching: false,
+        ..EngineConfig::default()
+    };
+    edit(&mut cfg);
+    let cache = CacheConfig::new(block_size, blocks, host)
+        .with_watermark_blocks(0)
+        .with_prefix_caching(cfg.enable_prefix_caching);
+    Driver::new(cfg, cache)
+}
+
+fn req(prompt_len: usize, shape: GroupShape, max_tokens: usize, seed: u64) -> Req {
+    Req {
+        prompt: (0..prompt_len as u32)
+            .map(|t| 100 + t * 7 + seed as u32)
+            .collect(),
+        shape,
+        max_tokens,
+        seed,
+        ignore_eos: true,
+    }
+}
+
+/// The request's outcome when it runs alone on an ample pool.
+fn alone(r: &Req) -> Outcome {
+    let mut d = driver(4096, 4, 0, None, |c| c.max_num_seqs = 64);
+    d.add(0, r.clone());
+    d.run(100_000).unwrap();
+    d.outcomes[&0].clone()
+}
+
+fn failure(o: &Outcome) -> &str {
+    match o {
+        Outcome::Failed(m) => m,
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_group_that_can_never_fit_fails_alone_in_every_mode() {
+    // 12 blocks of 4 tokens. Four samples of 44 tokens need at least 4 * 10 blocks minus
+    // the shared prompt block: never. The other requests fit easily.
+    let big = req(4, GroupShape::Samples(4), 40, 1);
+    let small = [
+        req(3, GroupShape::Samples(1), 10, 2),
+        req(6, GroupShape::Samples(2), 5, 3),
+    ];
+    for mode in MODES {
+        let mut d = driver(12, 4, 100, mode, |_| {});
+        d.add(0, big.clone());
+        d.add(1, small[0].clone());
+        d.add(2, small[1].clone());
+        d.run(2_000).unwrap_or_else(|e| panic!("{mode:?}: {e}"));
+        let msg = failure(&d.outcomes[&0]);
+        assert!(
+            msg.contains("KV blocks together") && msg.contains("--num-gpu-blocks"),
+            "{mode:?}: {msg}"
+        );
+        for (i, r) in small.iter().enumerate() {
+            assert_eq!(
+                d.outcomes[&(i as u64 + 1)],
+                alone(r),
+                "{mode:?}: request {}",
+                i + 1
+            );
+        }
+        assert!(
+            d.sched.stats.preemptions < 20,
+            "{mode:?}: {} preemptions",
+            d.sched.stats.preemptions
+        );
+        d.check_drained().unwrap();
+    }
+}
+
+#[test]
+fn a_prompt_longer_than_the_pool_fails_at_admission() {
+    let mut d = driver(8, 4, 10, None, |_| {});
+    d.add(0, req(40, GroupShape::Samples(1), 2, 1));
+    d.add(1, req(5, GroupShape::Samples(1), 3, 2));
+    d.run(100).unwrap();
+    let msg = failure(&d.outcomes[&0]);
+    assert!(
+        msg.contains("need 10 KV blocks together at 40 tokens"),
+        "{msg}"
+    );
+    assert!(matches!(d.outcomes[&1], Outcome::Finished(_)));
+    d.check_drained().unwrap();
+}
+
+#[test]
+fn recomputed_groups_are_admitted_jointly_or_fail_alone() {
+    // Recompute mode: a preempted 3-sample group comes back as three separate prompts.
+    // 20 blocks of 2 tokens; the group's samples share a 4-token prompt and each grows to
+    // 12 tokens: 2 + 3 * 4 = 14 blocks shared, 3 * 6 = 18 unshared; both fit. An older
+    // request forces the preemption.
+    let old = req(10, GroupShape::Samples(1), 14, 7);
+    let group = req(4, GroupShape::Samples(3), 8, 8);
+    let mut d = driver(20, 2, 0, Some(PreemptionMode::Recompute), |_| {});
+    d.add(0, old.clone());
+    d.add(1, group.clone());
+    d.run(1_000).unwrap();
+    assert!(
+        d.sched.stats.preempted_by_recompute > 0,
+        "{:?}",
+        d.sched.stats
+    );
+    assert_eq!(d.outcomes[&0], alone(&old));
+    assert_eq!(d.outcomes[&1], alone(&group));
+    d.check_drained().unwrap();
+
+    // Now the unshared re-admission can never fit (3 * 8 = 24 > 20 blocks), so the group
+    // fails alone instead of waiting for ever, and the older request is untouched.
+    let group = req(4, GroupShape::Samples(3), 12, 8);
+    let mut d = driver(20, 2, 0, Some(PreemptionMode::Recompute), |_| {});
+    d.add(0, old.clone());
+    d.add(1, group);
+    d.run(1_000).unwrap();
+    assert_eq!(d.outcomes[&0], alone(&old));
+    assert!(failure(&d.outcomes[&1]).contains("KV blocks together"));
+    d.check_drained().unwrap();
+}
+
+#[test]
+fn forks_never_exceed_max_num_seqs() {
+    let reqs: Vec<Req> = (0..3)
+        .map(|i| req(5, GroupShape::Samples(3), 6, 10 + i))
+        .collect();
+    let mut d = driver(200, 4, 0, None, |c| c.max_num_seqs = 4);
+    for (i, r) in reqs.iter().enumerate() {
+        d.add(i as u64, r.clone());
+    }
+    d.add(3, req(5, GroupShape::Samples(5), 6, 20));
+    d.add(4, req(5, GroupShape::Beams(5), 6, 21));
+    // The driver checks every step that live sequences and reserved slots stay within 4.
+    d.run(1_000).unwrap();
+    for (i, r) in reqs.iter().enumerate() {
+        assert_eq!(d.outcomes[&(i as u64)], alone(r));
+    }
+    for id in [3, 4] {
+        let msg = failure(&d.outcomes[&id]);
+        assert!(
+            msg.contains("needs 5 sequences at once but max_num_seqs is 4"),
+            "{msg}"
+        );
+    }
+    assert!(d.sched.stats.peak_running_seqs <= 4);
+    d.check_drained().unwrap();
+}
+
+#[test]
+fn beams_are_never_split_by_the_token_budget() {
+    // Budget 6: two 4-beam groups cannot decode in the same step; a long prompt competes.
+    let reqs = [
+        req(3, GroupShape::Beams(4), 8, 30),
+        req(3, GroupShape::Beams(4), 8, 31),
+        req(50, GroupShape::Samples(1), 4, 32),
+        req(2, GroupShape::Samples(3), 5, 33),
+    ];
+    let mut d = driver(200, 4, 50, None, |c| c.max_num_batched_tokens = 6);
+    for (i, r) in reqs.iter().enumerate() {
+        d.add(i as u64, r.clone());
+    }
+    d.add(9, req(3, GroupShape::Beams(7), 8, 34));
+    d.run(2_000).unwrap();
+    for (i, r) in reqs.iter().enumerate() {
+        assert_eq!(d.outcomes[&(i as u64)], alone(r), "request {i}");
+    }
+    let msg = failure(&d.outcomes[&9]);
+    assert!(
+        msg.contains("take 7 tokens per step but a step holds 6"),
+        "{msg}"
+    );
+    d.check_drained().unwrap();
+}
+
+/// Request 1 (short prompt) arrives later than request 0 (a long prompt) but is admitted
+/// first; then request 1 decodes while the older request 0 prefills in chunks.
+fn decode_vs_prefill(decode_first: bool) -> (u64, u64) {
+    let mut d = driver(400, 4, 0, None, |c| {
+        c.max_num_batched_tokens = 16;
+        c.decode_first = decode_first;
+    });
+    d.add(1, req(4, GroupShape::Samples(1), 8, 41));
+    d.add(0, req(400, GroupShape::Samples(1), 2, 40));
+    let mut done = [0u64; 2];
+    while !d.is_idle() {
+        d.step().unwrap();
+        for (id, slot) in done.iter_mut().enumerate() {
+            if *slot == 0 && d.outcomes.contains_key(&(id as u64)) {
+                *slot = d.steps;
+            }
+        }
+    }
+    d.check_drained().unwrap();
+    (done[1], done[0])
+}
+
+#[test]
+fn running_decodes_go_before_prefill_chunks() {
+    // Decode first: the short request takes its 8 tokens in 8 steps while the long prompt
+    // (25 chunks of 16) is prefilled beside it.
+    let (short, long) = decode_vs_prefill(true);
+    assert!(short <= 9, "the short request finished at step {short}");
+    assert!(long >= 26);
+    // Oldest first, the long prompt takes every step's budget and the decode waits for it.
+    let (short_old, _) = decode_vs_prefill(false);
+    assert!(
+        short_old > 25,
+        "oldest first finished the short one at {short_old}"
+    );
+}
+
+fn victim(blocks: usize, tokens: usize, seqs: usize) -> Victim {
+    Victim {
+        blocks,
+        tokens,
+        seqs,
+        host_has_room: true,
+        recompute_fits: true,
+    }
+}
+
+#[test]
+fn the_preemption_mode_follows_the_measured_costs() {
+    use PreemptionMode::{Recompute, Swap};
+    let mut costs = PreemptionCosts::new(1 << 20); // 1 MiB blocks
+                                                   // Nothing measured yet: groups swap, single sequences recompute.
+    assert_eq!(
+        choose_mode(None, &costs, &victim(4, 64, 1)),
+        (Recompute, None)
+    );
+    assert_eq!(choose_mode(None, &costs, &victim(4, 64, 2)), (Swap, None));
+    // 1 GiB/s both ways; 1,000 tokens/s of prefill.
+    costs.record_swap(1 << 30, 1.0);
+    costs.record_prefill(1000, 1.0);
+    // 4 blocks out and back: 8 MiB, ~7.8 ms; 64 tokens: 64 ms. Swap.
+    let (mode, est) = choose_mode(None, &costs, &victim(4, 64, 1));
+    let est = est.unwrap();
+    assert_eq!(mode, Swap);
+    assert!((est.swap_s - 8.0 / 1024.0).abs() < 1e-9 && (est.recompute_s - 0.064).abs() < 1e-9);
+    // 100 blocks for 5 tokens (think huge KV per token): recompute.
+    assert_eq!(choose_mode(None, &costs, &victim(100, 5, 1)).0, Recompute);
+    // Explicit modes override the estimate; a full host pool always recomputes; a group
+    // that would not fit unshared swaps.
+    assert_eq!(
+        choose_mode(Some(Recompute), &costs, &victim(4, 64, 1)).0,
+        Recompute
+    );
+    assert_eq!(choose_mode(Some(Swap), &costs, &victim(100, 5, 1)).0, Swap);
+    let full = Victim {
+        host_has_room: false,
+        ..victim(4, 64, 2)
+    };
+    assert_eq!(choose_mode(Some(Swap), &costs, &full).0, Recompute);
+    let unshared = Victim {
+        recompute_fits: false,
+        ..victim(100, 5, 3)
+    };
+    assert_eq!(choose_mode(None, &costs, &unshared).0, Swap);
+    // The averages follow new measurements.
+    costs.record_prefill(100_000, 1.0);
+    assert!(costs.prefill_tokens_per_s.unwrap() > 1000.0);
+}
+
+/// A preemption-heavy workload of single sequences under injected costs.
+fn pressured(costs: PreemptionCosts) -> Driver {
+    let mut d = driver(24, 4, 200, None, |_| {});
+    d.sched.costs = costs;
+    for i in 0..12 {
+        d.add(i, req(5 + i as usize, GroupShape::Samples(1), 30, 50 + i));
+    }
+    d.run(5_000).unwrap();
+    d.check_drained().unwrap();
+    d
+}
+
+#[test]
+fn automatic_preemption_swaps_or_recomputes_by_injected_cost() {
+    let mut cheap_swap = PreemptionCosts::new(4096);
+    cheap_swap.record_swap(1 << 30, 1.0);
+    cheap_swap.record_prefill(100, 1.0);
+    let d = pressured(cheap_swap);
+    let s = d.sched.stats;
+    assert!(s.preemptions > 0 && s.preempted_by_recompute == 0, "{s:?}");
+    assert_eq!(s.chosen_by_cost, s.preemptions);
+    let est = s.last_estimate.unwrap();
+    assert!(est.swap_s < est.recompute_s);
+
+    let mut cheap_compute = PreemptionCosts::new(1 << 30);
+    cheap_compute.record_swap(1 << 20, 1.0);
+    cheap_compute.record_prefill(1_000_000, 1.0);
+    let d2 = pressured(cheap_compute);
+    let s = d2.sched.stats;
+    assert!(s.preemptions > 0 && s.preempted_by_swap == 0, "{s:?}");
+    // Either way every request produced what it produces alone.
+    assert_eq!(d.outcomes, d2.outcomes);
+    for (id, out) in &d.outcomes {
+        let r = req(5 + *id as usize, GroupShape::Samples(1), 30, 50 + id);
+        assert_eq!(*out, alone(&r));
+    }
+}

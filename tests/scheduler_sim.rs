@@ -1,0 +1,257 @@
+//! Randomized simulation of the scheduler and block manager, no GPU: seeded random mixes of
+//! prompt lengths (1 to beyond the pool), `n` 1..8, beam widths 1..4, output lengths,
+//! arrivals over time and random aborts, on random pools from tiny to ample, random
+//! `max_num_seqs` and budgets, with and without prefix caching, in all three preemption
+//! modes (automatic with random injected costs). The driver checks after every step: the
+//! block manager's invariants, no sequence scheduled twice, gang scheduling, the budget and
+//! `max_num_seqs`, decode first. At the end of each run: every request finished, failed
+//! with a reason or was aborted within a bounded number of steps; nothing leaked; a request
+//! fails only if it could really never fit; and every finished request produced exactly
+//! what it produces alone on an ample pool.
+
+#[path = "support/sched_driver.rs"]
+mod driver;
+
+use driver::{splitmix, Driver, Outcome, Req};
+use pagellm::cache::CacheConfig;
+use pagellm::engine::scheduler::PreemptionCosts;
+use pagellm::engine::sequence::GroupShape;
+use pagellm::engine::{EngineConfig, PreemptionMode};
+use std::collections::BTreeMap;
+
+/// A small seeded generator (the driver's mixer), so each run is reproducible by its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = splitmix(self.0);
+        self.0
+    }
+    /// Uniform in `lo..=hi`.
+    fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + (self.next() % (hi - lo + 1) as u64) as usize
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+}
+
+struct Setup {
+    config: EngineConfig,
+    cache: CacheConfig,
+    costs: Option<PreemptionCosts>,
+}
+
+fn random_setup(g: &mut Rng) -> Setup {
+    let block_size = [1, 2, 4, 16][g.range(0, 3)];
+    let blocks = match g.range(0, 2) {
+        0 => g.range(2, 8),
+        1 => g.range(8, 40),
+        _ => g.range(40, 300),
+    };
+    let host = [0, g.range(1, 20), g.range(20, 400)][g.range(0, 2)];
+    let watermark = g.range(0, (blocks / 10).min(2));
+    let mode = [
+        Some(PreemptionMode::Swap),
+        Some(PreemptionMode::Recompute),
+        None,
+    ][g.range(0, 2)];
+    let prefix = g.chance(50);
+    let config = EngineConfig {
+        block_size,
+        preemption_mode: mode,
+        max_num_seqs: g.range(1, 16),
+        max_num_batched_tokens: [1, g.range(2, 16), g.range(16, 128)][g.range(0, 2)],
+        enable_prefix_caching: prefix,
+        decode_first: g.chance(85),
+        ..EngineConfig::default()
+    };
+    let cache = CacheConfig::new(block_size, blocks, host)
+        .with_watermark_blocks(watermark)
+        .with_prefix_caching(prefix);
+    let costs = (mode.is_none() && g.chance(70)).then(|| {
+        let mut c = PreemptionCosts::new(1 << g.range(10, 24));
+        c.record_swap(1 << g.range(20, 34), 1.0);
+        c.record_prefill(g.range(10, 100_000), 1.0);
+        c
+    });
+    Setup {
+        config,
+        cache,
+        costs,
+    }
+}
+
+fn random_request(g: &mut Rng, s: &Setup, seed: u64) -> Req {
+    let pool_tokens = s.cache.num_device_blocks * s.cache.block_size;
+    let len = match g.range(0, 9) {
+        0 => g.range(pool_tokens / 2 + 1, pool_tokens + 20),
+        1..=3 => g.range(1, 4),
+        _ => g.range(1, (pool_tokens / 3).max(2)),
+    };
+    let shape = match g.range(0, 9) {
+        0..=4 => GroupShape::Samples(1),
+        5..=7 => GroupShape::Samples(g.range(2, 8)),
+        _ => GroupShape::Beams(g.range(1, 4)),
+    };
+    // Prompts share prefixes now and then, for the prefix cache.
+    let family = g.range(0, 3) as u32;
+    Req {
+        prompt: (0..len as u32)
+            .map(|i| 20 + (i * 31 + family * 7) % 900)
+            .collect(),
+        shape,
+        max_tokens: g.range(1, 24),
+        seed,
+        ignore_eos: g.chance(30),
+    }
+}
+
+/// A request's output alone on an ample pool, memoized by its description.
+fn alone(cache: &mut BTreeMap<String, Outcome>, r: &Req) -> Outcome {
+    let key = format!("{r:?}");
+    if let Some(o) = cache.get(&key) {
+        return o.clone();
+    }
+    let config = EngineConfig {
+        block_size: 4,
+        max_num_seqs: 64,
+        max_num_batched_tokens: 256,
+        enable_prefix_caching: false,
+        ..EngineConfig::default()
+    };
+    let mut d = Driver::new(
+        config,
+        CacheConfig::new(4, 8192, 0).with_watermark_blocks(0),
+    );
+    d.add(0, r.clone());
+    d.run(100_000).expect("alone on an ample pool");
+    let o = d.outcomes[&0].clone();
+    cache.insert(key, o.clone());
+    o
+}
+
+/// What the runs exercised, to show the mix is not trivial.
+#[derive(Debug, Default)]
+struct Tally {
+    steps: u64,
+    finished: u64,
+    failed: u64,
+    aborted: u64,
+    swaps: u64,
+    recomputes: u64,
+    cow_copies: u64,
+    prefix_hits: u64,
+}
+
+/// One simulated run, added to `t`.
+fn run(seed: u64, memo: &mut BTreeMap<String, Outcome>, t: &mut Tally) -> Result<(), String> {
+    let mut g = Rng(seed);
+    let setup = random_setup(&mut g);
+    let mut d = Driver::new(setup.config.clone(), setup.cache);
+    if let Some(c) = setup.costs {
+        d.sched.costs = c;
+    }
+    let num_requests = g.range(1, 24);
+    let mut reqs: BTreeMap<u64, Req> = BTreeMap::new();
+    let mut next = 0u64;
+    let mut work = 0usize;
+    let steps_before = d.steps;
+    // Arrivals over time and random aborts while the engine runs.
+    while next < num_requests as u64 || !d.is_idle() {
+        if next < num_requests as u64 && g.chance(40) {
+            let r = random_request(&mut g, &setup, seed.wrapping_mul(1000) + next);
+            work += (r.prompt.len() + r.max_tokens) * r.shape.width();
+            d.add(next, r.clone());
+            reqs.insert(next, r);
+            next += 1;
+        }
+        if g.chance(3) {
+            let victim = g.range(0, next.max(1) as usize - 1) as u64;
+            d.abort(victim);
+        }
+        if d.steps - steps_before > 200 + 20 * work as u64 {
+            return Err(format!(
+                "liveness: {} of {next} requests still pending after {} steps ({work} tokens of work) with {:?}",
+                d.groups.len(),
+                d.steps - steps_before,
+                setup.config
+            ));
+        }
+        d.step()
+            .map_err(|e| format!("{e} with {:?} {:?}", setup.config, setup.cache))?;
+    }
+    d.check_drained()?;
+    let c = &setup.config;
+    let capacity = setup.cache.num_device_blocks - setup.cache.watermark_blocks;
+    for (id, r) in &reqs {
+        match &d.outcomes[id] {
+            Outcome::Aborted => {}
+            Outcome::Failed(msg) => {
+                let w = r.shape.width();
+                let could_fit = r.worst_blocks(setup.cache.block_size) <= capacity
+                    && w <= c.max_num_seqs
+                    && w <= c.max_num_batched_tokens;
+                if could_fit {
+                    return Err(format!(
+                        "request {id} {r:?} failed although it always fits: {msg} ({:?} {:?})",
+                        c, setup.cache
+                    ));
+                }
+            }
+            out @ Outcome::Finished(_) => {
+                let want = alone(memo, r);
+                if *out != want {
+                    return Err(format!(
+                        "request {id} {r:?} produced {out:?}, alone {want:?} ({c:?} {:?})",
+                        setup.cache
+                    ));
+                }
+            }
+        }
+    }
+    let st = d.sched.blocks.stats();
+    t.steps += d.steps;
+    t.swaps += d.sched.stats.preempted_by_swap;
+    t.recomputes += d.sched.stats.preempted_by_recompute;
+    t.cow_copies += st.cow_copies;
+    t.prefix_hits += st.prefix_hits;
+    for o in d.outcomes.values() {
+        match o {
+            Outcome::Finished(_) => t.finished += 1,
+            Outcome::Failed(_) => t.failed += 1,
+            Outcome::Aborted => t.aborted += 1,
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn random_mixes_keep_every_promise() {
+    let runs: u64 = std::env::var("PAGELLM_SIM_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1500);
+    let mut memo = BTreeMap::new();
+    let mut t = Tally::default();
+    for seed in 0..runs {
+        run(seed, &mut memo, &mut t).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    }
+    println!(
+        "scheduler simulation: {runs} runs, {} simulated steps; {t:?}",
+        t.steps
+    );
+    assert!(t.steps >= 10_000, "only {} steps simulated", t.steps);
+    // The mix reaches every path.
+    for (what, n) in [
+        ("finished", t.finished),
+        ("failed", t.failed),
+        ("aborted", t.aborted),
+        ("swap preemptions", t.swaps),
+        ("recompute preemptions", t.recomputes),
+        ("copy-on-write copies", t.cow_copies),
+        ("prefix-cache hits", t.prefix_hits),
+    ] {
+        assert!(n > 0, "no {what} in {runs} runs");
+    }
+}
