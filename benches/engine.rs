@@ -27,6 +27,11 @@
 //!    `CacheEngine::execute` on a pool of the same layout, against the recompute run's
 //!    resume step (a 513-token prefill).
 //!
+//! 4. Decode first: inter-token latency of a 4-sample group while an older request's prompt
+//!    is prefilled again after a recompute preemption, with `decode_first` on and off.
+//! 5. A preemption-heavy workload (twelve requests, a 24-block pool) in swap, recompute and
+//!    automatic mode: wall time, preemptions by mode, and whether outputs match.
+//!
 //! Run: `cargo bench --bench engine` (adapter chosen as usual, e.g. `PAGELLM_BACKEND=gl`).
 //! `-- --quick` uses tiny shapes; `-- --shapes NAME` (or `PAGELLM_BENCH_SHAPES=NAME`) picks
 //! a preset: `1b-half` (the default), `1b`, `quick`. A full run takes under a minute on
@@ -403,6 +408,121 @@ fn preemption_scenario(ctx: &Arc<GpuContext>, dir: &Path, mode: PreemptionMode) 
     }
 }
 
+/// Section 4: an older request's prompt is prefilled again while a newer group decodes.
+/// A (160-token prompt, 40 tokens) is oldest; L (96-token prompt, 40 tokens) next; S (a
+/// 16-token prompt, 4 samples of 40 tokens) newest. In a 20-block pool with an 8-block host
+/// pool and a 16-token step budget, their growth preempts S (swapped: it fits the host
+/// pool) and then L (recomputed: the host pool is full); S swaps back in and decodes while
+/// L's 96+ tokens are prefilled again in chunks. Returns the gaps between S's consecutive
+/// tokens (per sample) from L's recompute preemption on (the gap across S's own stay in
+/// host memory is left out: it is the same under both policies), the wall time and the
+/// stats.
+fn decode_first_scenario(
+    ctx: &Arc<GpuContext>,
+    dir: &Path,
+    decode_first: bool,
+) -> (Vec<Duration>, Duration, EngineStats) {
+    let cfg = EngineConfig {
+        num_gpu_blocks: Some(20),
+        num_cpu_blocks: Some(8),
+        max_num_batched_tokens: 16,
+        max_model_len: Some(256),
+        enable_prefix_caching: false,
+        decode_first,
+        ..EngineConfig::default()
+    };
+    let mut e = engine(ctx, dir, cfg);
+    let start = Instant::now();
+    let _a = e
+        .add_request(Prompt::Tokens(prompt(400, 160)), greedy(40))
+        .expect("add");
+    let _l = e
+        .add_request(Prompt::Tokens(prompt(401, 96)), greedy(40))
+        .expect("add");
+    let s = e
+        .add_request(Prompt::Tokens(prompt(402, 16)), sampled(4, 5, 40))
+        .expect("add");
+    let mut last: Vec<Option<Instant>> = vec![None; 4];
+    let mut gaps = Vec::new();
+    let mut timing = false;
+    while e.has_unfinished() {
+        step(&mut e);
+        let now = Instant::now();
+        if !timing && e.stats().scheduler.preempted_by_recompute > 0 {
+            timing = true;
+            last = vec![None; 4];
+        }
+        for ev in s.events.try_iter() {
+            if let RequestEvent::Token { index, .. } = ev {
+                if !timing {
+                    continue;
+                }
+                if let Some(t) = last[index] {
+                    gaps.push(now - t);
+                }
+                last[index] = Some(now);
+            }
+        }
+    }
+    (gaps, start.elapsed(), e.stats())
+}
+
+fn percentile(mut v: Vec<Duration>, p: f64) -> Duration {
+    if v.is_empty() {
+        return Duration::ZERO;
+    }
+    v.sort();
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+fn sampled(n: usize, seed: u64, max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        n,
+        temperature: 1.0,
+        seed: Some(seed),
+        max_tokens,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    }
+}
+
+/// Section 5: twelve requests (prompts of 24-87 tokens, 48 tokens each; every fourth one
+/// draws 2 samples) in a 24-block pool, so preemption is constant. Returns the wall time,
+/// the stats and every request's output.
+fn pressure_workload(
+    ctx: &Arc<GpuContext>,
+    dir: &Path,
+    mode: Option<PreemptionMode>,
+) -> (Duration, EngineStats, Vec<pagellm::engine::RequestOutput>) {
+    let cfg = EngineConfig {
+        num_gpu_blocks: Some(24),
+        num_cpu_blocks: Some(256),
+        max_num_batched_tokens: 128,
+        max_model_len: Some(256),
+        preemption_mode: mode,
+        enable_prefix_caching: false,
+        ..EngineConfig::default()
+    };
+    let mut e = engine(ctx, dir, cfg);
+    let start = Instant::now();
+    let hs: Vec<RequestHandle> = (0..12u64)
+        .map(|i| {
+            let params = if i % 4 == 0 {
+                sampled(2, i, 48)
+            } else {
+                greedy(48)
+            };
+            let len = 24 + (i as usize * 13) % 64;
+            e.add_request(Prompt::Tokens(prompt(500 + i, len)), params)
+                .expect("add")
+        })
+        .collect();
+    e.run_to_completion().expect("run");
+    let wall = start.elapsed();
+    let outs = hs.iter().map(|h| h.wait().expect("output")).collect();
+    (wall, e.stats(), outs)
+}
+
 // ---------------------------------------------------------------------------------------
 
 fn main() {
@@ -631,6 +751,116 @@ fn main() {
          Both grow about linearly with the number of layers, so the ratio hardly depends on it.)",
         recompute.as_secs_f64() / swap.as_secs_f64()
     );
+
+    // 4. Decode first.
+    println!();
+    println!("## 4. Inter-token latency while an older prompt is prefilled again (decode first vs oldest first)");
+    println!();
+    println!(
+        "Three requests in a 20-block pool, 8 host blocks, 16-token step budget (see \
+         `decode_first_scenario`): the newest, 4 samples of 40 tokens, is swapped out and back \
+         in, and decodes while an older request, preempted by recomputation, prefills its \
+         96+ tokens again in chunks. Gaps between consecutive tokens of the 4 samples from \
+         that recompute preemption on (wall time of the steps in between)."
+    );
+    println!();
+    println!("| policy | tokens timed | p50 gap (ms) | p99 gap (ms) | max gap (ms) | wall (s) | steps | preemptions (swap / recompute) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---|");
+    let mut p99s = Vec::new();
+    for decode_first in [true, false] {
+        let (gaps, wall, st) = decode_first_scenario(&ctx, &model.0, decode_first);
+        let n = gaps.len();
+        let (p50, p99, max) = (
+            percentile(gaps.clone(), 0.5),
+            percentile(gaps.clone(), 0.99),
+            percentile(gaps, 1.0),
+        );
+        p99s.push(p99);
+        println!(
+            "| {} | {n} | {:.1} | {:.1} | {:.1} | {:.2} | {} | {} / {} |",
+            if decode_first {
+                "decode first"
+            } else {
+                "oldest first"
+            },
+            ms(p50),
+            ms(p99),
+            ms(max),
+            wall.as_secs_f64(),
+            st.scheduler.steps,
+            st.scheduler.preempted_by_swap,
+            st.scheduler.preempted_by_recompute,
+        );
+    }
+    println!();
+    println!(
+        "**p99 inter-token gap, oldest first / decode first: {:.2}x**",
+        p99s[1].as_secs_f64() / p99s[0].as_secs_f64()
+    );
+
+    // 5. Preemption modes.
+    println!();
+    println!("## 5. A preemption-heavy workload under swap, recompute and automatic preemption");
+    println!();
+    println!(
+        "Twelve requests (prompts of 24-87 tokens, 48 tokens each, every fourth one 2 samples) \
+         in a 24-block pool with a 256-block host pool and a 128-token step budget."
+    );
+    println!();
+    println!("| mode | wall (s) | steps | preemptions (swap / recompute) | chosen by measured cost | recomputed tokens | blocks swapped out / in | outputs equal to the swap run |");
+    println!("|---|---:|---:|---|---:|---:|---|---|");
+    let mut first: Option<Vec<pagellm::engine::RequestOutput>> = None;
+    let mut auto_stats = None;
+    for mode in [
+        Some(PreemptionMode::Swap),
+        Some(PreemptionMode::Recompute),
+        None,
+    ] {
+        let (wall, st, outs) = pressure_workload(&ctx, &model.0, mode);
+        let same = first.as_ref().map_or("(reference)".to_string(), |f| {
+            if *f == outs {
+                "yes".into()
+            } else {
+                "NO".into()
+            }
+        });
+        let sc = &st.scheduler;
+        println!(
+            "| {} | {:.2} | {} | {} ({} / {}) | {} | {} | {} / {} | {same} |",
+            mode.map_or("automatic".to_string(), |m| format!("{m:?}")),
+            wall.as_secs_f64(),
+            sc.steps,
+            sc.preemptions,
+            sc.preempted_by_swap,
+            sc.preempted_by_recompute,
+            sc.chosen_by_cost,
+            sc.recomputed_tokens,
+            st.blocks_swapped_out,
+            st.blocks_swapped_in,
+        );
+        if first.is_none() {
+            first = Some(outs);
+        }
+        if mode.is_none() {
+            auto_stats = Some(st);
+        }
+    }
+    if let Some(st) = auto_stats {
+        let c = st.costs;
+        println!();
+        println!(
+            "Automatic mode measured swap at {:.0} MiB/s and prefill at {:.0} tokens/s; its last \
+             estimate for a victim: swap {:.2} ms, recompute {:.2} ms.",
+            c.swap_bytes_per_s.unwrap_or(0.0) / (1 << 20) as f64,
+            c.prefill_tokens_per_s.unwrap_or(0.0),
+            st.scheduler
+                .last_estimate
+                .map_or(f64::NAN, |e| e.swap_s * 1e3),
+            st.scheduler
+                .last_estimate
+                .map_or(f64::NAN, |e| e.recompute_s * 1e3),
+        );
+    }
     drop(model);
     println!();
     println!("total run time: {:.1} s", run_start.elapsed().as_secs_f64());

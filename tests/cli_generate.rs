@@ -170,3 +170,41 @@ fn bad_arguments_are_clear_errors() {
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[test]
+fn a_small_pool_serves_under_max_model_len_and_stats_show_the_preemption_modes() {
+    if skip() {
+        return;
+    }
+    let dir = golden::fixture_dir("llama-gqa")
+        .to_string_lossy()
+        .into_owned();
+    // The fixture's 256-token context needs 16 blocks of 16; 4 blocks are refused, and the
+    // error names the option that makes them valid.
+    let small = [
+        "--model",
+        &dir,
+        "--num-gpu-blocks",
+        "4",
+        "--prompt",
+        "the cat",
+    ];
+    let (ok, _, stderr) = generate(&small);
+    assert!(!ok && stderr.contains("--max-model-len"), "{stderr}");
+    let mut capped = small.to_vec();
+    capped.extend(["--max-model-len", "64", "--max-tokens", "8", "--stats"]);
+    capped.extend(["--temperature", "0", "--ignore-eos", "--n", "2"]);
+    let (ok, stdout, stderr) = generate(&capped);
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout.matches("--- output").count(), 2, "{stdout}");
+    assert!(
+        stderr.contains("preemptions:") && stderr.contains("measured:"),
+        "{stderr}"
+    );
+    // Prompt plus max_tokens beyond the cap is that request's error.
+    let mut long = small.to_vec();
+    long.extend(["--max-model-len", "64", "--max-tokens", "100"]);
+    let (ok, _, stderr) = generate(&long);
+    assert!(!ok && stderr.contains("max_tokens is 100"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

@@ -18,6 +18,7 @@ use pagellm::engine::scheduler::PreemptionCosts;
 use pagellm::engine::sequence::GroupShape;
 use pagellm::engine::{EngineConfig, PreemptionMode};
 use std::collections::BTreeMap;
+use std::io::Write;
 
 /// A small seeded generator (the driver's mixer), so each run is reproducible by its seed.
 struct Rng(u64);
@@ -237,7 +238,9 @@ fn random_mixes_keep_every_promise() {
     for seed in 0..runs {
         run(seed, &mut memo, &mut t).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
     }
-    println!(
+    // Straight to stderr, past the test harness's capture, so CI logs show the count.
+    let _ = writeln!(
+        std::io::stderr(),
         "scheduler simulation: {runs} runs, {} simulated steps; {t:?}",
         t.steps
     );

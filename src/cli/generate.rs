@@ -23,6 +23,9 @@ pub fn default_model_dir() -> PathBuf {
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum PreemptionArg {
+    /// Per preemption, whichever of swapping and recomputing the engine's measurements say
+    /// is cheaper.
+    Auto,
     Swap,
     Recompute,
 }
@@ -93,9 +96,14 @@ pub struct GenerateArgs {
     /// Host blocks for swapping (default: as many as fit in 256 MiB).
     #[arg(long)]
     num_cpu_blocks: Option<usize>,
-    /// How preempted requests recover (default: recompute single sequences, swap groups).
-    #[arg(long, value_enum)]
-    preemption_mode: Option<PreemptionArg>,
+    /// How preempted requests recover: `auto` picks swap or recompute per preemption by
+    /// measured cost (swap bandwidth against prefill throughput).
+    #[arg(long, value_enum, default_value = "auto")]
+    preemption_mode: PreemptionArg,
+    /// Cap the context below the model's own, so a small KV pool is a valid
+    /// configuration (the pool must hold one sequence of this length).
+    #[arg(long)]
+    max_model_len: Option<usize>,
     #[arg(long, default_value_t = 64)]
     max_num_seqs: usize,
     /// Token budget of one step (prefill chunks plus decodes).
@@ -149,10 +157,12 @@ impl GenerateArgs {
             block_size: self.block_size,
             num_gpu_blocks: self.num_gpu_blocks,
             num_cpu_blocks: self.num_cpu_blocks,
-            preemption_mode: self.preemption_mode.map(|m| match m {
-                PreemptionArg::Swap => PreemptionMode::Swap,
-                PreemptionArg::Recompute => PreemptionMode::Recompute,
-            }),
+            preemption_mode: match self.preemption_mode {
+                PreemptionArg::Auto => None,
+                PreemptionArg::Swap => Some(PreemptionMode::Swap),
+                PreemptionArg::Recompute => Some(PreemptionMode::Recompute),
+            },
+            max_model_len: self.max_model_len,
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_batched_tokens,
             enable_prefix_caching: !self.no_prefix_caching,
@@ -333,7 +343,33 @@ fn print_stats(engine: &Engine) {
         "preemptions:            {} (swap {}, recompute {})",
         s.scheduler.preemptions, s.scheduler.preempted_by_swap, s.scheduler.preempted_by_recompute
     );
+    if let Some(e) = s.scheduler.last_estimate {
+        eprintln!(
+            "chosen by cost:         {} (last estimate: swap {:.2} ms, recompute {:.2} ms)",
+            s.scheduler.chosen_by_cost,
+            e.swap_s * 1e3,
+            e.recompute_s * 1e3
+        );
+    }
+    let rate = |v: Option<f64>, unit: &str, scale: f64| {
+        v.map_or("not measured".to_string(), |v| {
+            format!("{:.1} {unit}", v / scale)
+        })
+    };
+    eprintln!(
+        "measured:               swap {}, prefill {}",
+        rate(s.costs.swap_bytes_per_s, "MiB/s", (1 << 20) as f64),
+        rate(s.costs.prefill_tokens_per_s, "tokens/s", 1.0)
+    );
     eprintln!("recomputed tokens:      {}", s.scheduler.recomputed_tokens);
+    eprintln!(
+        "chunked prefills:       {} partial chunks",
+        s.scheduler.partial_prefills
+    );
+    eprintln!(
+        "failed / abandoned:     {} / {}",
+        s.scheduler.failed_requests, s.abandoned_requests
+    );
     eprintln!(
         "blocks swapped out/in:  {} / {}",
         s.blocks_swapped_out, s.blocks_swapped_in

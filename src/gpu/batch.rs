@@ -3,7 +3,6 @@
 
 use super::{GpuContext, KernelSource};
 use crate::error::{GpuError, Result};
-use wgpu::util::DeviceExt;
 
 /// A storage binding: a whole buffer or a byte range of one.
 #[derive(Clone, Copy, Debug)]
@@ -82,13 +81,7 @@ impl<'c> Batch<'c> {
         let len = bytes.len() as u64;
         if len > UNIFORM_ARENA_BYTES {
             // Never happens with pagellm's kernels; a buffer of its own keeps it correct.
-            let own = ctx
-                .device
-                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                    label: Some(label),
-                    contents: bytes,
-                    usage: wgpu::BufferUsages::UNIFORM,
-                });
+            let own = ctx.buffer_init(label, bytes, wgpu::BufferUsages::UNIFORM)?;
             return Ok((own, 0));
         }
         let buffer = match self.uniforms.last() {

@@ -3,7 +3,6 @@
 
 use super::{Batch, GpuContext};
 use crate::error::{GpuError, Result};
-use wgpu::util::DeviceExt;
 
 /// Usage of every storage buffer pagellm creates: bindable, writable from the queue, and
 /// copyable in both directions (for read-back, swapping and splitting).
@@ -22,6 +21,34 @@ impl GpuContext {
             });
         }
         Ok(())
+    }
+
+    /// A buffer of `usage` holding `bytes` (a multiple of 4), written through a mapping at
+    /// creation. Unlike wgpu's `create_buffer_init`, a device that is lost or destroyed
+    /// gives an error here instead of a panic.
+    pub(crate) fn buffer_init(
+        &self,
+        label: &str,
+        bytes: &[u8],
+        usage: wgpu::BufferUsages,
+    ) -> Result<wgpu::Buffer> {
+        self.check_health()?;
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: bytes.len().max(4).next_multiple_of(4) as u64,
+            usage,
+            mapped_at_creation: true,
+        });
+        buffer
+            .get_mapped_range_mut(..)
+            .map_err(|e| GpuError::Internal {
+                context: format!("writing {label}"),
+                message: e.to_string(),
+            })?
+            .slice(..bytes.len())
+            .copy_from_slice(bytes);
+        buffer.unmap();
+        Ok(buffer)
     }
 
     /// A zero-filled storage buffer of `bytes` bytes (rounded up to 4, at least 4).
@@ -74,15 +101,8 @@ impl GpuContext {
         self.check_size(label, bytes.len() as u64)?;
         self.scoped(
             &format!("uploading {label} ({} bytes)", bytes.len()),
-            || {
-                self.device
-                    .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                        label: Some(label),
-                        contents: bytes,
-                        usage: STORAGE,
-                    })
-            },
-        )
+            || self.buffer_init(label, bytes, STORAGE),
+        )?
     }
 
     /// Copies `bytes` bytes from `offset` of `buffer` to the host, waiting for the GPU.

@@ -73,6 +73,8 @@ pub struct SchedulerStats {
     /// The estimate behind the latest cost-based choice.
     pub last_estimate: Option<CostEstimate>,
     pub recomputed_tokens: u64,
+    /// Prefill chunks that stopped short of the sequence's end (chunked prefill at work).
+    pub partial_prefills: u64,
     /// Requests failed because they could never run.
     pub failed_requests: u64,
     pub peak_running_seqs: usize,
@@ -323,7 +325,7 @@ impl Scheduler {
     /// gang: if every sequence's remaining tokens fit, all of them run and all sample;
     /// otherwise a lone sequence takes a chunk, and several take chunks that stop short of
     /// their last token, so their samples still land in one step.
-    fn take_tokens<D, R>(&self, g: &SequenceGroup<D, R>, pass: &mut Pass) {
+    fn take_tokens<D, R>(&mut self, g: &SequenceGroup<D, R>, pass: &mut Pass) {
         let live: Vec<(usize, usize)> = g
             .seqs
             .iter()
@@ -344,6 +346,7 @@ impl Scheduler {
                 continue;
             }
             pass.budget -= len;
+            self.stats.partial_prefills += (len < remaining) as u64;
             let s = &g.seqs[i];
             pass.out.scheduled.push(ScheduledSeq {
                 request_id: g.request_id,

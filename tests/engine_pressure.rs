@@ -1,0 +1,372 @@
+//! The engine on the GPU under the hard paths: parallel sampling and beam search under
+//! forced preemption in every mode give exactly the outputs of an unpressured run, field by
+//! field; a request's output never depends on what else is in its steps; a request whose
+//! caller went away is aborted and freed; a request that can never fit fails alone;
+//! `max_model_len` lets a small pool serve; a failed step fails every pending request.
+
+mod common;
+use common::{arc, contexts, golden};
+use pagellm::engine::{
+    Engine, EngineConfig, EngineError, PreemptionMode, Prompt, RequestEvent, RequestOutput,
+};
+use pagellm::sampling::SamplingParams;
+use std::path::Path;
+
+fn engine(ctx: &pagellm::GpuContext, dir: &Path, cfg: EngineConfig) -> Engine {
+    Engine::with_context(arc(ctx), dir, cfg, |_, _| {}).unwrap()
+}
+
+fn prompt(len: usize, salt: u32) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| 2 + (i * 37 + salt * 11) % 500)
+        .collect()
+}
+
+fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        max_tokens,
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    }
+}
+
+fn sampled(n: usize, seed: u64, max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        n,
+        temperature: 0.9,
+        top_p: 0.95,
+        seed: Some(seed),
+        max_tokens,
+        logprobs: Some(2),
+        ignore_eos: true,
+        ..SamplingParams::default()
+    }
+}
+
+fn beams(width: usize, max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        n: 2,
+        beam_width: Some(width),
+        temperature: 0.0,
+        max_tokens,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    }
+}
+
+/// The mixed workload: n = 4 samples, a 4-beam search, greedy requests with and without
+/// logprobs, and a prompt long enough to be chunked.
+fn workload() -> Vec<(Vec<u32>, SamplingParams)> {
+    let mut with_logprobs = greedy(18);
+    with_logprobs.logprobs = Some(3);
+    vec![
+        (prompt(20, 1), sampled(4, 7, 24)),
+        (prompt(18, 2), beams(4, 20)),
+        (prompt(9, 3), greedy(30)),
+        (prompt(40, 4), with_logprobs),
+        (prompt(5, 5), sampled(1, 9, 20)),
+    ]
+}
+
+fn run(e: &mut Engine, work: &[(Vec<u32>, SamplingParams)]) -> Vec<RequestOutput> {
+    let hs: Vec<_> = work
+        .iter()
+        .map(|(p, s)| e.add_request(Prompt::Tokens(p.clone()), s.clone()).unwrap())
+        .collect();
+    e.run_to_completion().unwrap();
+    hs.iter().map(|h| h.wait().unwrap()).collect()
+}
+
+/// Compares every field of every output, naming the first difference.
+#[track_caller]
+fn assert_same(what: &str, got: &[RequestOutput], want: &[RequestOutput]) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(
+            g.prompt_token_ids, w.prompt_token_ids,
+            "{what}: request {i}"
+        );
+        assert_eq!(g.outputs.len(), w.outputs.len(), "{what}: request {i}");
+        for (a, b) in g.outputs.iter().zip(&w.outputs) {
+            assert_eq!(
+                a.token_ids, b.token_ids,
+                "{what}: request {i} sample {}",
+                a.index
+            );
+            assert_eq!(a.text, b.text, "{what}: request {i} sample {}", a.index);
+            assert_eq!(a.finish_reason, b.finish_reason, "{what}: request {i}");
+            assert_eq!(a.logprobs, b.logprobs, "{what}: request {i} logprobs");
+            assert_eq!(
+                a.cumulative_logprob, b.cumulative_logprob,
+                "{what}: request {i} sample {} cumulative_logprob",
+                a.index
+            );
+        }
+    }
+}
+
+/// 64-token context, so that a 16-block pool is a valid configuration.
+fn small(mode: Option<PreemptionMode>) -> EngineConfig {
+    EngineConfig {
+        num_gpu_blocks: Some(16),
+        num_cpu_blocks: Some(64),
+        max_model_len: Some(64),
+        max_num_batched_tokens: 24,
+        preemption_mode: mode,
+        enable_prefix_caching: false,
+        ..EngineConfig::default()
+    }
+}
+
+#[test]
+fn samples_and_beams_under_forced_preemption_equal_an_unpressured_run() {
+    for ctx in contexts() {
+        let dir = golden::fixture_dir("llama-gqa");
+        let work = workload();
+        let ample = EngineConfig {
+            max_model_len: Some(64),
+            ..EngineConfig::default()
+        };
+        let want = run(&mut engine(ctx, &dir, ample), &work);
+        for mode in [
+            Some(PreemptionMode::Swap),
+            Some(PreemptionMode::Recompute),
+            None,
+        ] {
+            let mut e = engine(ctx, &dir, small(mode));
+            let got = run(&mut e, &work);
+            assert_same(&format!("{mode:?}"), &got, &want);
+            let s = e.stats();
+            let sc = s.scheduler;
+            assert!(sc.preemptions > 0, "{mode:?}: no preemption: {sc:?}");
+            match mode {
+                Some(PreemptionMode::Swap) => assert!(sc.preempted_by_swap > 0, "{sc:?}"),
+                Some(PreemptionMode::Recompute) => {
+                    assert!(
+                        sc.preempted_by_recompute > 0 && sc.preempted_by_swap == 0,
+                        "{sc:?}"
+                    )
+                }
+                None => assert!(
+                    sc.chosen_by_cost > 0,
+                    "automatic mode never used its costs: {sc:?}"
+                ),
+            }
+            // The 40-token prompt cannot go in one 24-token step: it was chunked.
+            assert!(
+                sc.partial_prefills > 0,
+                "{mode:?}: no chunked prefill: {sc:?}"
+            );
+            assert_eq!(sc.failed_requests, 0);
+            assert_eq!(s.cache.device.used, 0, "{mode:?}: {:?}", s.cache);
+            assert_eq!(s.cache.host.used, 0, "{mode:?}: {:?}", s.cache);
+        }
+    }
+}
+
+#[test]
+fn every_output_field_is_the_same_alone_and_in_any_batch() {
+    for ctx in contexts() {
+        let dir = golden::fixture_dir("llama-gqa");
+        let work = workload();
+        let mut e = engine(ctx, &dir, EngineConfig::default());
+        let alone: Vec<RequestOutput> = work
+            .iter()
+            .map(|w| run(&mut e, std::slice::from_ref(w)).remove(0))
+            .collect();
+        // A greedy request alone runs on the GPU's arg-max path, with the chosen token's
+        // logprob from the same kernel; its cumulative logprob is real, not zero.
+        let greedy_alone = &alone[2].outputs[0];
+        assert!(
+            greedy_alone.cumulative_logprob < 0.0,
+            "{}",
+            greedy_alone.cumulative_logprob
+        );
+        let together = run(&mut e, &work);
+        assert_same("batched", &together, &alone);
+        // The GPU's logprob agrees with the sampler's log_softmax of the read-back logits.
+        let mut with_lp = greedy(30);
+        with_lp.logprobs = Some(0);
+        let cpu = run(&mut e, &[(prompt(9, 3), with_lp)]).remove(0);
+        let cpu = &cpu.outputs[0];
+        assert_eq!(cpu.token_ids, greedy_alone.token_ids);
+        let sum: f64 = cpu.logprobs.iter().map(|l| l.logprob).sum();
+        assert!(
+            (sum - greedy_alone.cumulative_logprob).abs() < 1e-3,
+            "CPU {sum} vs GPU {}",
+            greedy_alone.cumulative_logprob
+        );
+    }
+}
+
+#[test]
+fn dropping_the_receiver_aborts_the_request_and_frees_its_blocks() {
+    let Some(&ctx) = contexts().first() else {
+        return;
+    };
+    let dir = golden::fixture_dir("llama-gqa");
+    let mut e = engine(ctx, &dir, small(None));
+    let keep_alone = run(&mut e, &[(prompt(9, 3), greedy(30))]).remove(0);
+    let keep = e
+        .add_request(Prompt::Tokens(prompt(9, 3)), greedy(30))
+        .unwrap();
+    let gone = e
+        .add_request(Prompt::Tokens(prompt(30, 8)), sampled(4, 3, 30))
+        .unwrap();
+    for _ in 0..3 {
+        e.step().unwrap();
+    }
+    let before = e.stats().cache.device.used;
+    drop(gone);
+    e.step().unwrap();
+    let s = e.stats();
+    assert_eq!(s.abandoned_requests, 1);
+    assert_eq!(s.running_requests, 1);
+    assert!(
+        s.cache.device.used + 4 <= before,
+        "{before} -> {:?}",
+        s.cache
+    );
+    e.run_to_completion().unwrap();
+    assert_same("kept", &[keep.wait().unwrap()], &[keep_alone]);
+    assert_eq!(e.stats().cache.device.used, 0);
+}
+
+#[test]
+fn a_request_that_can_never_fit_fails_alone() {
+    let Some(&ctx) = contexts().first() else {
+        return;
+    };
+    let dir = golden::fixture_dir("llama-gqa");
+    for mode in [None, Some(PreemptionMode::Recompute)] {
+        let mut e = engine(ctx, &dir, small(mode));
+        let fine_alone = run(&mut e, &[(prompt(9, 3), greedy(30))]).remove(0);
+        // Eight samples of 50 tokens need about 8 * 3 blocks: more than 16.
+        let doomed = e
+            .add_request(Prompt::Tokens(prompt(20, 6)), sampled(8, 1, 30))
+            .unwrap();
+        let fine = e
+            .add_request(Prompt::Tokens(prompt(9, 3)), greedy(30))
+            .unwrap();
+        e.run_to_completion().unwrap();
+        let msg = match doomed.wait() {
+            Err(EngineError::RequestFailed(m)) => m,
+            other => panic!("{mode:?}: expected a failure, got {other:?}"),
+        };
+        assert!(
+            msg.contains("KV blocks together") && msg.contains("--num-gpu-blocks"),
+            "{msg}"
+        );
+        assert_same("fine", &[fine.wait().unwrap()], &[fine_alone]);
+        let s = e.stats();
+        assert_eq!(s.scheduler.failed_requests, 1);
+        assert!(s.scheduler.preemptions < 20, "{:?}", s.scheduler);
+        assert_eq!((s.cache.device.used, s.cache.host.used), (0, 0));
+    }
+}
+
+#[test]
+fn max_model_len_lets_a_small_pool_serve() {
+    let Some(&ctx) = contexts().first() else {
+        return;
+    };
+    let dir = golden::fixture_dir("llama-gqa");
+    let tiny = |max_model_len| EngineConfig {
+        num_gpu_blocks: Some(6),
+        max_model_len,
+        ..EngineConfig::default()
+    };
+    // The fixture's context is 256 tokens: 16 blocks; 6 blocks are refused...
+    let msg = match Engine::with_context(arc(ctx), &dir, tiny(None), |_, _| {}) {
+        Err(e @ EngineError::Config(_)) => e.to_string(),
+        other => panic!("expected a configuration error, got {:?}", other.err()),
+    };
+    assert!(msg.contains("--max-model-len"), "{msg}");
+    // ...unless the context is capped.
+    let mut e = engine(ctx, &dir, tiny(Some(80)));
+    assert_eq!(e.max_model_len(), 80);
+    let err = e
+        .add_request(Prompt::Tokens(prompt(70, 1)), greedy(11))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("the prompt has 70 tokens and max_tokens is 11"),
+        "{err}"
+    );
+    let out = run(&mut e, &[(prompt(70, 1), greedy(10))]).remove(0);
+    assert_eq!(out.outputs[0].token_ids.len(), 10);
+    // A cap above the model's own context is a configuration error.
+    let msg = match Engine::with_context(arc(ctx), &dir, tiny(Some(1000)), |_, _| {}) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a 1000-token cap on a 256-token model was accepted"),
+    };
+    assert!(msg.contains("exceeds the model's context of 256"), "{msg}");
+}
+
+#[test]
+fn a_failed_step_fails_every_pending_request_and_the_engine_reports_it() {
+    let Some(&ctx) = contexts().first() else {
+        return;
+    };
+    // A device of its own, so destroying it leaves the other tests' device alone.
+    let req = pagellm::gpu::AdapterRequest {
+        backends: wgpu::Backends::from(ctx.info.backend),
+        ..Default::default()
+    };
+    let own = std::sync::Arc::new(pagellm::GpuContext::new(&req).unwrap());
+    let dir = golden::fixture_dir("llama-gqa");
+    let mut e = Engine::with_context(own.clone(), &dir, small(None), |_, _| {}).unwrap();
+    let hs: Vec<_> = (0..3)
+        .map(|i| {
+            e.add_request(Prompt::Tokens(prompt(10, i)), greedy(20))
+                .unwrap()
+        })
+        .collect();
+    e.step().unwrap();
+    own.device.destroy();
+    let mut errors = 0;
+    for _ in 0..5 {
+        if e.step().is_err() {
+            errors += 1;
+        }
+        if !e.has_unfinished() {
+            break;
+        }
+    }
+    assert!(errors >= 1, "a step on a destroyed device succeeded");
+    assert!(!e.has_unfinished(), "requests are left pending");
+    for h in &hs {
+        let evs: Vec<RequestEvent> = h.events.try_iter().collect();
+        assert!(
+            matches!(evs.last(), Some(RequestEvent::Failed(m)) if m.contains("engine step failed")),
+            "{evs:?}"
+        );
+    }
+}
+
+#[test]
+fn forked_samples_never_exceed_max_num_seqs() {
+    let Some(&ctx) = contexts().first() else {
+        return;
+    };
+    let dir = golden::fixture_dir("llama-gqa");
+    let work = [
+        (prompt(9, 3), sampled(3, 1, 10)),
+        (prompt(9, 4), sampled(3, 2, 10)),
+        (prompt(7, 5), beams(3, 8)),
+    ];
+    let mut e = engine(ctx, &dir, EngineConfig::default());
+    let alone: Vec<RequestOutput> = work
+        .iter()
+        .map(|w| run(&mut e, std::slice::from_ref(w)).remove(0))
+        .collect();
+    // Five slots: each request reserves three when admitted, so they run one at a time.
+    let cfg = EngineConfig {
+        max_num_seqs: 5,
+        ..EngineConfig::default()
+    };
+    let mut e = engine(ctx, &dir, cfg);
+    let got = run(&mut e, &work);
+    assert_same("max_num_seqs 5", &got, &alone);
+    assert!(e.stats().scheduler.peak_running_seqs <= 5);
+}
