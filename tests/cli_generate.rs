@@ -172,7 +172,7 @@ fn bad_arguments_are_clear_errors() {
 }
 
 #[test]
-fn a_small_pool_serves_under_max_model_len_and_stats_show_the_preemption_modes() {
+fn a_small_pool_serves_under_max_model_len_and_stats_show_the_preemptions() {
     if skip() {
         return;
     }
@@ -191,16 +191,40 @@ fn a_small_pool_serves_under_max_model_len_and_stats_show_the_preemption_modes()
     ];
     let (ok, _, stderr) = generate(&small);
     assert!(!ok && stderr.contains("--max-model-len"), "{stderr}");
-    let mut capped = small.to_vec();
-    capped.extend(["--max-model-len", "64", "--max-tokens", "8", "--stats"]);
-    capped.extend(["--temperature", "0", "--ignore-eos", "--n", "2"]);
-    let (ok, stdout, stderr) = generate(&capped);
+    // Capped at 64 tokens, 4 blocks serve three requests of ~33 tokens (3 blocks each)
+    // by preempting.
+    let file = std::env::temp_dir().join(format!("pagellm-small-{}.jsonl", std::process::id()));
+    let lines = ["the cat", "a dog ran", "my bird"]
+        .map(|p| format!("{{\"prompt\": \"{p}\"}}\n"))
+        .concat();
+    std::fs::write(&file, lines).unwrap();
+    let (ok, stdout, stderr) = generate(&[
+        "--model",
+        &dir,
+        "--num-gpu-blocks",
+        "4",
+        "--max-model-len",
+        "64",
+        "--prompts-file",
+        file.to_str().unwrap(),
+        "--max-tokens",
+        "30",
+        "--temperature",
+        "0",
+        "--ignore-eos",
+        "--stats",
+    ]);
+    let _ = std::fs::remove_file(&file);
     assert!(ok, "{stderr}");
-    assert_eq!(stdout.matches("--- output").count(), 2, "{stdout}");
-    assert!(
-        stderr.contains("preemptions:") && stderr.contains("measured:"),
-        "{stderr}"
-    );
+    assert_eq!(stdout.matches("=== request").count(), 3, "{stdout}");
+    let preemptions: u64 = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("preemptions:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no preemption count in {stderr}"));
+    assert!(preemptions > 0, "{stderr}");
+    assert!(stderr.contains("measured:"), "{stderr}");
     // Prompt plus max_tokens beyond the cap is that request's error.
     let mut long = small.to_vec();
     long.extend(["--max-model-len", "64", "--max-tokens", "100"]);

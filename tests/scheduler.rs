@@ -113,7 +113,7 @@ fn a_prompt_longer_than_the_pool_fails_at_admission() {
     d.run(100).unwrap();
     let msg = failure(&d.outcomes[&0]);
     assert!(
-        msg.contains("need 10 KV blocks together at 40 tokens"),
+        msg.contains("need 11 KV blocks together at 40 tokens"),
         "{msg}"
     );
     assert!(matches!(d.outcomes[&1], Outcome::Finished(_)));
@@ -141,9 +141,22 @@ fn recomputed_groups_are_admitted_jointly_or_fail_alone() {
     assert_eq!(d.outcomes[&1], alone(&group));
     d.check_drained().unwrap();
 
-    // Now the unshared re-admission can never fit (3 * 8 = 24 > 20 blocks), so the group
-    // fails alone instead of waiting for ever, and the older request is untouched.
+    // Now the group would not fit recomputed (3 * 8 = 24 > 20 blocks unshared) and has no
+    // host pool to swap to, so the older request is preempted in its place: the group fits
+    // while it shares (2 + 3 * 6 = 20 blocks), and both finish.
     let group = req(4, GroupShape::Samples(3), 12, 8);
+    let mut d = driver(20, 2, 0, Some(PreemptionMode::Recompute), |_| {});
+    d.add(0, old.clone());
+    d.add(1, group.clone());
+    d.run(1_000).unwrap();
+    assert_eq!(d.outcomes[&0], alone(&old));
+    assert_eq!(d.outcomes[&1], alone(&group));
+    assert!(d.sched.stats.preempted_by_recompute > 0);
+    d.check_drained().unwrap();
+
+    // Where a group outgrows even its shared footprint (4 samples: 2 + 4 * 6 = 26 > 20), it
+    // fails alone with the reason, and the older request finishes as it would alone.
+    let group = req(4, GroupShape::Samples(4), 12, 8);
     let mut d = driver(20, 2, 0, Some(PreemptionMode::Recompute), |_| {});
     d.add(0, old.clone());
     d.add(1, group);
@@ -307,22 +320,25 @@ fn pressured(costs: PreemptionCosts) -> Driver {
     d
 }
 
+/// Injected measurements: blocks of `block_bytes`, swapping at `swap_bps` bytes/s,
+/// prefill at `tps` tokens/s.
+fn costs(block_bytes: u64, swap_bps: u64, tps: usize) -> PreemptionCosts {
+    let mut c = PreemptionCosts::new(block_bytes);
+    c.record_swap(swap_bps, 1.0);
+    c.record_prefill(tps, 1.0);
+    c
+}
+
 #[test]
 fn automatic_preemption_swaps_or_recomputes_by_injected_cost() {
-    let mut cheap_swap = PreemptionCosts::new(4096);
-    cheap_swap.record_swap(1 << 30, 1.0);
-    cheap_swap.record_prefill(100, 1.0);
-    let d = pressured(cheap_swap);
+    let d = pressured(costs(4096, 1 << 30, 100));
     let s = d.sched.stats;
     assert!(s.preemptions > 0 && s.preempted_by_recompute == 0, "{s:?}");
     assert_eq!(s.chosen_by_cost, s.preemptions);
     let est = s.last_estimate.unwrap();
     assert!(est.swap_s < est.recompute_s);
 
-    let mut cheap_compute = PreemptionCosts::new(1 << 30);
-    cheap_compute.record_swap(1 << 20, 1.0);
-    cheap_compute.record_prefill(1_000_000, 1.0);
-    let d2 = pressured(cheap_compute);
+    let d2 = pressured(costs(1 << 30, 1 << 20, 1_000_000));
     let s = d2.sched.stats;
     assert!(s.preemptions > 0 && s.preempted_by_swap == 0, "{s:?}");
     // Either way every request produced what it produces alone.

@@ -168,10 +168,13 @@ impl Engine {
         let done = bs.is_done();
         let old: Vec<usize> = seq_rows.iter().map(|&(si, _)| si).collect();
         let kids: Vec<(usize, u32)> = children.iter().map(|c| (c.parent, c.token)).collect();
-        self.scheduler.replace_beams(g, &old, &kids, || {
+        let replaced = self.scheduler.replace_beams(g, &old, &kids, || {
             next_seq += 1;
             SeqId(next_seq)
-        })?;
+        });
+        // Ids handed out stay used, even if the replacement failed.
+        self.next_seq = next_seq;
+        replaced?;
         for (s, c) in g.seqs.iter_mut().zip(&children) {
             s.data.cum_logprob = c.cum_logprob;
         }
@@ -202,10 +205,7 @@ impl Engine {
                     }
                 })
                 .collect();
-            self.next_seq = next_seq;
             self.complete(id, outputs);
-        } else {
-            self.next_seq = next_seq;
         }
         Ok(())
     }

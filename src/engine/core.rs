@@ -52,6 +52,9 @@ pub enum EngineError {
     /// The request was accepted but could not complete (it can never fit, or a step failed).
     #[error("request failed: {0}")]
     RequestFailed(String),
+    /// A fault of the engine itself; every pending request has been failed with it.
+    #[error("engine fault: {0}")]
+    Internal(String),
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
@@ -86,6 +89,8 @@ pub struct Engine {
     /// Consecutive steps that computed nothing while requests were pending.
     idle_steps: u32,
     abandoned: u64,
+    /// Fixed cost of a submit of its own, measured with the swap path (`calibrate_swap`).
+    swap_latency_s: f64,
 }
 
 impl Engine {
@@ -121,10 +126,11 @@ impl Engine {
             ));
         }
         let max_model_len = match config.max_model_len {
-            Some(0) => {
-                return Err(EngineError::Config(
-                    "max_model_len must be at least 2".into(),
-                ))
+            Some(n) if n < 2 => {
+                return Err(EngineError::Config(format!(
+                    "max_model_len {n} leaves no room for a prompt and a generated token; it \
+                     must be at least 2"
+                )))
             }
             Some(n) if n > c.max_model_len() => {
                 return Err(EngineError::Config(format!(
@@ -180,24 +186,42 @@ impl Engine {
             next_seq: 0,
             idle_steps: 0,
             abandoned: 0,
+            swap_latency_s: 0.0,
         };
         engine.calibrate_swap()?;
         Ok(engine)
     }
 
-    /// Times a round trip of a few (still empty) blocks through the swap path, so that
-    /// automatic preemption has a swap bandwidth before the first swap happens.
+    /// Measures the swap path before the first swap: round trips of 1 and of `k` (still
+    /// empty) blocks, best of three each. The difference is the cost per block, which is
+    /// what a swap adds to the step it rides in; the rest is the fixed cost of a submit of
+    /// its own, which swap-only steps subtract before they update the bandwidth.
     fn calibrate_swap(&mut self) -> Result<()> {
-        let n = self
+        let k = self
             .cache
             .host
             .num_blocks
             .min(self.cache.device.num_blocks)
-            .min(4) as u32;
-        if n == 0 {
+            .min(32) as u32;
+        if k < 2 {
             return Ok(());
         }
         let before = self.cache.stats;
+        let one = self.time_round_trip(1)?;
+        let many = self.time_round_trip(k)?;
+        self.cache.stats = before;
+        let per_block = (many - one) / f64::from(k - 1);
+        if per_block <= 0.0 {
+            return Ok(()); // too noisy to tell; the static rule serves until a real swap
+        }
+        self.swap_latency_s = ((one - per_block) / 2.0).max(0.0);
+        let bytes = 2 * self.scheduler.costs.block_bytes;
+        self.scheduler.costs.record_swap(bytes, per_block);
+        Ok(())
+    }
+
+    /// Seconds a swap-out then swap-in of blocks `0..n` takes, best of three.
+    fn time_round_trip(&mut self, n: u32) -> Result<f64> {
         let out = BlockOps {
             swap_out: (0..n).map(|i| (DeviceBlockId(i), HostBlockId(i))).collect(),
             ..BlockOps::default()
@@ -206,15 +230,14 @@ impl Engine {
             swap_in: (0..n).map(|i| (HostBlockId(i), DeviceBlockId(i))).collect(),
             ..BlockOps::default()
         };
-        let t = Instant::now();
-        self.cache.execute(&self.ctx, &out)?;
-        self.cache.execute(&self.ctx, &back)?;
-        let bytes = 2 * n as u64 * self.scheduler.costs.block_bytes;
-        self.scheduler
-            .costs
-            .record_swap(bytes, t.elapsed().as_secs_f64());
-        self.cache.stats = before;
-        Ok(())
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let t = Instant::now();
+            self.cache.execute(&self.ctx, &out)?;
+            self.cache.execute(&self.ctx, &back)?;
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        Ok(best)
     }
 
     pub fn max_model_len(&self) -> usize {
@@ -276,6 +299,7 @@ impl Engine {
         self.next_request += 1;
         let (tx, rx) = flume::unbounded();
         let first = Sequence::new(self.new_seq_id(), 0, &ids, SeqOutput::new(&ids, &params, 0));
+        let max_len = ids.len() + params.max_tokens;
         let side = RequestSide {
             params,
             prompt_ids: ids,
@@ -283,7 +307,7 @@ impl Engine {
             events: tx,
         };
         self.groups
-            .insert(id, SequenceGroup::new(id, shape, first, side));
+            .insert(id, SequenceGroup::new(id, shape, max_len, first, side));
         self.scheduler.add(id);
         Ok(RequestHandle { id, events: rx })
     }
@@ -374,7 +398,7 @@ impl Engine {
     }
 
     /// A step that computes nothing: it may still move blocks (a swap-only step, which is
-    /// timed for the cost model). Several in a row with requests pending would mean the
+    /// timed for the cost model, less the fixed cost of its submit). Several in a row with requests pending would mean the
     /// scheduler lost liveness; rather than loop, every pending request fails.
     fn idle_step(&mut self, ops: &BlockOps, start: Instant) -> Result<usize> {
         if !ops.is_empty() {
@@ -382,9 +406,8 @@ impl Engine {
             self.cache.execute(&self.ctx, ops)?;
             let moved = (self.cache.stats.bytes_to_host - before.bytes_to_host)
                 + (self.cache.stats.bytes_to_device - before.bytes_to_device);
-            self.scheduler
-                .costs
-                .record_swap(moved, start.elapsed().as_secs_f64());
+            let seconds = start.elapsed().as_secs_f64() - self.swap_latency_s;
+            self.scheduler.costs.record_swap(moved, seconds);
             self.idle_steps = 0;
         } else if self.has_unfinished() {
             self.idle_steps += 1;
@@ -392,7 +415,7 @@ impl Engine {
                 self.idle_steps = 0;
                 let msg = "requests are pending but none can be scheduled (a scheduler fault)";
                 self.fail_all(msg);
-                return Err(EngineError::Config(msg.into()));
+                return Err(EngineError::Internal(msg.into()));
             }
         }
         Ok(0)

@@ -82,6 +82,8 @@ pub struct SequenceGroup<D = (), R = ()> {
     /// Admission order; preemption picks the largest.
     pub arrival: u64,
     pub shape: GroupShape,
+    /// Most tokens (prompt included) any of its sequences can reach.
+    pub max_len: usize,
     pub seqs: Vec<Sequence<D>>,
     pub state: GroupState,
     /// Parallel samples are forked from the prompt's sequence once it is prefilled.
@@ -90,11 +92,18 @@ pub struct SequenceGroup<D = (), R = ()> {
 }
 
 impl<D, R> SequenceGroup<D, R> {
-    pub fn new(request_id: RequestId, shape: GroupShape, first: Sequence<D>, data: R) -> Self {
+    pub fn new(
+        request_id: RequestId,
+        shape: GroupShape,
+        max_len: usize,
+        first: Sequence<D>,
+        data: R,
+    ) -> Self {
         SequenceGroup {
             request_id,
             arrival: request_id,
             shape,
+            max_len,
             seqs: vec![first],
             state: GroupState::Waiting,
             forked: false,

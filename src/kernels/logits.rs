@@ -1,6 +1,7 @@
 //! The last stage of a forward pass: pick the rows that sample this step (the last position
 //! of each sequence), compute their logits with the LM head, and optionally reduce them to
-//! the arg-max on the GPU so greedy decoding reads back 4 bytes per sequence.
+//! the arg-max and its logprob on the GPU, so greedy decoding reads back 8 bytes per
+//! sequence.
 //! Launchers for `shaders/gather_rows.wgsl` and `shaders/argmax.wgsl`.
 
 use super::matmul::{matmul, Output};

@@ -59,8 +59,6 @@ pub struct Driver {
     next_seq: u64,
     /// Consecutive steps in which nothing was computed and no block moved.
     idle: u32,
-    /// When each running group last computed a token, for the starvation check.
-    pub last_served: HashMap<RequestId, u64>,
 }
 
 pub fn splitmix(mut x: u64) -> u64 {
@@ -94,7 +92,6 @@ impl Driver {
             tokens_computed: 0,
             next_seq: 0,
             idle: 0,
-            last_served: HashMap::new(),
         }
     }
 
@@ -104,6 +101,7 @@ impl Driver {
         let g = SequenceGroup::new(
             id,
             req.shape,
+            req.prompt.len() + req.max_tokens,
             first,
             Side {
                 req,
@@ -129,6 +127,7 @@ impl Driver {
     /// One step: schedule, check, "compute", sample. Errors name the broken promise.
     pub fn step(&mut self) -> Result<SchedulerOutput, String> {
         self.steps += 1;
+        let oldest = self.oldest_running_decode();
         let out = self
             .sched
             .schedule(&mut self.groups)
@@ -144,6 +143,20 @@ impl Driver {
                 return Err(format!("failed request {id} is still queued"));
             }
             self.outcomes.insert(*id, Outcome::Failed(reason.clone()));
+        }
+        // Progress by age: the oldest running decode is served first, so it computes in
+        // every step unless it failed or was itself preempted.
+        if let Some(id) = oldest {
+            let running = self
+                .groups
+                .get(&id)
+                .is_some_and(|g| g.state == GroupState::Running);
+            if running && !out.scheduled.iter().any(|s| s.request_id == id) {
+                return Err(format!(
+                    "step {}: the oldest running decode {id} was not served",
+                    self.steps
+                ));
+            }
         }
         self.check_step(&out)
             .map_err(|e| format!("step {}: {e}", self.steps))?;
@@ -165,6 +178,22 @@ impl Driver {
         }
         self.compute(&out);
         Ok(out)
+    }
+
+    /// The oldest running group that decodes (with `decode_first` off, the oldest running
+    /// group), if its width fits the budget.
+    fn oldest_running_decode(&self) -> Option<RequestId> {
+        let cfg = &self.sched.config;
+        self.groups
+            .values()
+            .filter(|g| g.state == GroupState::Running)
+            .min_by_key(|g| g.arrival)
+            .filter(|g| {
+                (g.is_decoding() || !cfg.decode_first)
+                    && g.shape.width() <= cfg.max_num_batched_tokens
+            })
+            .filter(|g| cfg.decode_first || g.is_decoding())
+            .map(|g| g.request_id)
     }
 
     /// Runs until every request has ended, at most `max_steps` steps.
@@ -285,10 +314,17 @@ impl Driver {
                     live.len()
                 ));
             }
-            // Decode first: a running decode is left out only when the budget is spent.
+            // Decode first: a running decode is left out only when the budget is spent, or
+            // when it waits for blocks it cannot have now.
             if g.is_decoding() && got.is_none() && cfg.decode_first {
                 let k = live.len();
-                if tokens + k <= cfg.max_num_batched_tokens {
+                let bm = &self.sched.blocks;
+                let appending: Vec<SeqId> = g
+                    .live()
+                    .filter(|s| bm.num_tokens(s.id).is_ok_and(|n| n < s.tokens.len()))
+                    .map(|s| s.id)
+                    .collect();
+                if tokens + k <= cfg.max_num_batched_tokens && bm.can_append_slots(&appending) {
                     return Err(format!(
                         "request {} decodes but was left out with {} of {} tokens used",
                         g.request_id, tokens, cfg.max_num_batched_tokens
@@ -311,7 +347,6 @@ impl Driver {
                 .mark_computed(s.id, seq.num_computed)
                 .expect("marking computed tokens");
             self.tokens_computed += s.len as u64;
-            self.last_served.insert(s.request_id, self.steps);
             if s.sample {
                 match sampled.last_mut() {
                     Some((id, v)) if *id == s.request_id => v.push(s.seq),

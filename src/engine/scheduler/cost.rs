@@ -15,7 +15,9 @@ const EWMA_ALPHA: f64 = 0.3;
 pub struct PreemptionCosts {
     /// Bytes one KV block occupies across all layers (what one block's swap moves).
     pub block_bytes: u64,
-    /// Host<->device throughput of swapping, bytes per second (average of both ways).
+    /// Host<->device throughput of swapping, bytes per second, both ways together: what
+    /// each extra block adds to a step, without the fixed cost of a submit (a swap rides
+    /// in the step's own submit).
     pub swap_bytes_per_s: Option<f64>,
     /// Prefill throughput at the batch sizes seen, tokens per second.
     pub prefill_tokens_per_s: Option<f64>,
@@ -35,13 +37,15 @@ pub struct CostEstimate {
 pub struct Victim {
     /// Distinct device blocks the group holds (what a swap-out moves).
     pub blocks: usize,
-    /// Tokens recomputation would prefill again (its live sequences' computed tokens).
+    /// Tokens recomputation would prefill again: its live sequences' computed tokens
+    /// (tokens not yet computed cost the same either way).
     pub tokens: usize,
     /// Live sequences; more than one lose their block sharing when recomputed.
     pub seqs: usize,
     /// The host pool has room for the group's blocks.
     pub host_has_room: bool,
-    /// After recomputation the group's sequences, no longer sharing, still fit the pool.
+    /// After recomputation the group's sequences, no longer sharing, still fit the pool at
+    /// their longest.
     pub recompute_fits: bool,
 }
 

@@ -56,23 +56,36 @@ impl Scheduler {
         children: &[(usize, u32)],
         mut new_id: impl FnMut() -> SeqId,
     ) -> Result<(), CacheError> {
-        let old: Vec<_> = old.iter().map(|&i| g.seqs[i].clone()).collect();
+        // The forks first, undone if one fails, so that an error leaves the group and the
+        // block manager as they were.
         let mut used = vec![false; old.len()];
-        let mut beams = Vec::with_capacity(children.len());
-        for &(parent, token) in children {
-            let mut s = old[parent].clone();
-            if used[parent] {
-                s.id = new_id();
-                self.blocks.fork(old[parent].id, s.id)?;
+        let mut ids = Vec::with_capacity(children.len());
+        for &(parent, _) in children {
+            let parent_id = g.seqs[old[parent]].id;
+            if std::mem::replace(&mut used[parent], true) {
+                let child = new_id();
+                if let Err(e) = self.blocks.fork(parent_id, child) {
+                    ids.iter()
+                        .filter(|&&c| c != parent_id)
+                        .for_each(|&c| self.free_seq(c));
+                    return Err(e);
+                }
+                ids.push(child);
+            } else {
+                ids.push(parent_id);
             }
-            used[parent] = true;
+        }
+        let mut beams = Vec::with_capacity(children.len());
+        for (&(parent, token), id) in children.iter().zip(ids) {
+            let mut s = g.seqs[old[parent]].clone();
+            s.id = id;
             s.tokens.push(token);
             s.index = beams.len();
             beams.push(s);
         }
-        for (s, used) in old.iter().zip(used) {
+        for (&i, used) in old.iter().zip(used) {
             if !used {
-                self.free_seq(s.id);
+                self.free_seq(g.seqs[i].id);
             }
         }
         g.seqs = beams;

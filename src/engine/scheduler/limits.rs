@@ -5,7 +5,7 @@
 //! group can be admitted or swapped in with), or it needs more sequence slots than
 //! `max_num_seqs`, or more tokens in one step than the step's budget.
 
-use super::super::sequence::{GroupState, SequenceGroup};
+use super::super::sequence::{GroupShape, GroupState, SequenceGroup};
 use super::Scheduler;
 use crate::cache::{CacheError, SeqId};
 
@@ -35,7 +35,7 @@ impl Scheduler {
         let need = match g.state {
             GroupState::Waiting => {
                 let prompts: Vec<&[u32]> = g.live().map(|s| s.tokens.as_slice()).collect();
-                self.blocks.blocks_to_allocate_group(&prompts)
+                self.blocks.blocks_to_allocate_group(&prompts) + self.first_growth(g)
             }
             GroupState::Running | GroupState::Swapped => {
                 let ids = g.live_ids();
@@ -50,12 +50,37 @@ impl Scheduler {
         let live = g.live().count();
         let len = g.live().map(|s| s.tokens.len()).max().unwrap_or(0);
         let cfg = self.blocks.config();
+        let unshared = if g.state == GroupState::Waiting && live > 1 {
+            " (recomputed after a preemption, its sequences no longer share blocks; more \
+             swap space, --num-cpu-blocks, lets such a group be swapped instead)"
+        } else {
+            ""
+        };
         Ok(Some(format!(
-            "the request's {live} sequence(s) need {need} KV blocks together at {len} tokens, \
+            "the request's {live} sequence(s) need {need} KV blocks together at {len} tokens{unshared}, \
              but one request can hold at most {capacity} (a pool of {} blocks of {} tokens \
              less a watermark of {}); raise --num-gpu-blocks, or lower max_tokens, n or the \
              beam width",
             cfg.num_device_blocks, cfg.block_size, cfg.watermark_blocks
         )))
+    }
+
+    /// Blocks a waiting group takes beyond its prompts for its next generated token. A
+    /// group about to fork (samples not yet forked, or beam search down to one live beam)
+    /// becomes `width` sequences that each write their own token: a new block each when
+    /// the sequence fills its last block, else copies of that shared block for all writers
+    /// but the last. Otherwise each sequence whose last block is full takes a new one.
+    fn first_growth<D, R>(&self, g: &SequenceGroup<D, R>) -> usize {
+        let bs = self.blocks.block_size();
+        let width = g.shape.width();
+        let live: Vec<usize> = g.live().map(|s| s.tokens.len()).collect();
+        let forks = match g.shape {
+            GroupShape::Samples(_) => !g.forked,
+            GroupShape::Beams(_) => live.len() == 1,
+        };
+        if forks && width > 1 && live.len() == 1 {
+            return if live[0] % bs == 0 { width } else { width - 1 };
+        }
+        live.iter().filter(|&&n| n % bs == 0).count()
     }
 }

@@ -98,7 +98,11 @@ pub struct Scheduler {
 #[derive(Default)]
 struct Pass {
     budget: usize,
+    /// Something was preempted, or a running group waits for blocks: no swap-ins or
+    /// admissions this step.
     preempted: bool,
+    /// Running groups already given their share of this step.
+    served: Vec<RequestId>,
     out: SchedulerOutput,
 }
 
@@ -196,15 +200,17 @@ impl Scheduler {
                 continue;
             }
             self.take_tokens(&groups[&id], pass);
+            pass.served.push(id);
         }
         Ok(())
     }
 
     /// Gives every live sequence of `id` that needs one the slot for its newest token,
     /// preempting the newest running groups while the pool is short. False when `id`
-    /// itself was preempted or failed (it can never grow this far), or when its decode does
-    /// not fit what is left of the budget (then nothing is taken, and it goes first again
-    /// next step).
+    /// itself was preempted or failed (it can never grow this far), when it waits for room
+    /// because it could not recover from a preemption, or when its decode does not fit
+    /// what is left of the budget (in the last two cases nothing is taken, and it is tried
+    /// again next step).
     fn grow<D, R>(
         &mut self,
         id: RequestId,
@@ -224,9 +230,13 @@ impl Scheduler {
             }
         }
         while !self.blocks.can_append_slots(&ids) {
-            let victim = self
-                .newest_running(groups)
-                .expect("the group at hand is running");
+            let victim = self.pick_victim(id, &pass.served, groups)?;
+            if victim == id && !pass.served.is_empty() && !self.recoverable(&groups[&id])? {
+                // Preempting it would doom it; older groups are progressing and will make
+                // room. Nothing new is let in meanwhile.
+                pass.preempted = true;
+                return Ok(false);
+            }
             self.preempt(victim, groups)?;
             pass.preempted = true;
             if victim == id {
@@ -261,6 +271,7 @@ impl Scheduler {
                 .saturating_sub(self.blocks.watermark_blocks());
             if self.blocks.can_swap_in(&ids) != AllocStatus::Now
                 || need > usable
+                || pass.budget == 0
                 || self.running_slots(groups) + g.slots() > self.config.max_num_seqs
                 || (g.is_decoding() && g.live().count() > pass.budget)
             {
@@ -274,6 +285,7 @@ impl Scheduler {
             groups.get_mut(&id).expect("swapped group exists").state = GroupState::Running;
             self.running.push(id);
             self.take_tokens(&groups[&id], pass);
+            pass.served.push(id);
         }
         Ok(())
     }
@@ -309,6 +321,7 @@ impl Scheduler {
             }
             self.running.push(id);
             self.take_tokens(&groups[&id], pass);
+            pass.served.push(id);
         }
         Ok(())
     }
@@ -357,13 +370,6 @@ impl Scheduler {
                 sample: len == remaining,
             });
         }
-    }
-
-    fn newest_running<D, R>(&self, groups: &Groups<D, R>) -> Option<RequestId> {
-        self.running
-            .iter()
-            .copied()
-            .max_by_key(|id| groups.get(id).map_or(u64::MAX, |g| g.arrival))
     }
 
     /// Forgets `id`, frees its blocks and reports it as failed with `reason`.

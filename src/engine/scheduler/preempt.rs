@@ -2,6 +2,12 @@
 //! host pool (swap) or by dropping them to be recomputed from its tokens later; which one
 //! is `cost.rs`'s decision. Either way the group returns to its queue in arrival order, so
 //! the oldest preempted group comes back first.
+//!
+//! A group of several sequences that can neither swap (no host room, or recompute forced)
+//! nor fit the pool once recomputed without its shared blocks would be doomed by a
+//! preemption; the next-newest group is preempted instead, and the group at hand itself
+//! only as the last resort. Groups already served this step are never victims (their
+//! blocks are being written).
 
 use super::super::config::PreemptionMode;
 use super::super::sequence::{GroupState, SequenceGroup};
@@ -47,13 +53,46 @@ impl Scheduler {
         Ok(())
     }
 
+    /// The group to preempt so that `id` can grow: the newest running group not yet served
+    /// this step whose preemption it can recover from, else `id` itself.
+    pub(super) fn pick_victim<D, R>(
+        &self,
+        id: RequestId,
+        served: &[RequestId],
+        groups: &Groups<D, R>,
+    ) -> Result<RequestId, CacheError> {
+        let mut candidates: Vec<(u64, RequestId)> = self
+            .running
+            .iter()
+            .filter(|&&r| r != id && !served.contains(&r))
+            .map(|&r| (groups[&r].arrival, r))
+            .collect();
+        candidates.sort_unstable_by(|a, b| b.cmp(a));
+        for (_, r) in candidates {
+            if self.recoverable(&groups[&r])? {
+                return Ok(r);
+            }
+        }
+        Ok(id)
+    }
+
+    /// Whether `g` can come back after a preemption: it swaps, or it fits the pool
+    /// recomputed (without its shared blocks).
+    pub(super) fn recoverable<D, R>(&self, g: &SequenceGroup<D, R>) -> Result<bool, CacheError> {
+        let v = self.victim(g)?;
+        let swaps =
+            v.host_has_room && self.config.preemption_mode != Some(PreemptionMode::Recompute);
+        Ok(v.recompute_fits || swaps)
+    }
+
     fn victim<D, R>(&self, g: &SequenceGroup<D, R>) -> Result<Victim, CacheError> {
         let ids = g.live_ids();
         let bs = self.blocks.block_size();
-        let unshared: usize = g.live().map(|s| s.tokens.len().div_ceil(bs)).sum();
+        // Recomputed sequences no longer share blocks, at any length up to their last.
+        let unshared = g.live().count() * g.max_len.div_ceil(bs);
         Ok(Victim {
             blocks: self.blocks.group_blocks_after_append(&ids, &[])?,
-            tokens: g.live().map(|s| s.tokens.len()).sum(),
+            tokens: g.live().map(|s| s.num_computed).sum(),
             seqs: ids.len(),
             host_has_room: self.blocks.can_swap_out(&ids),
             recompute_fits: unshared <= self.blocks.group_capacity(),
