@@ -1,6 +1,7 @@
 //! Scenario tests of the block manager, one file per theme.
 
 mod admission;
+mod group;
 mod prefix;
 mod sharing;
 mod swap;
