@@ -3,10 +3,11 @@
 //! it is prefilled) or by a beam-search step, stream it, and apply the stop conditions.
 //! A failure here belongs to one request and fails that request alone.
 
-use super::core::{needs_logits, Engine, ReadBack, Result};
+use super::core::{Engine, Result};
 use super::output::{CompletionOutput, FinishReason, RequestEvent, RequestId, TokenLogprob};
 use super::request::completion;
 use super::scheduler::SchedulerOutput;
+use super::step_batch::{needs_logits, ReadBack};
 use crate::cache::SeqId;
 use crate::sampling::{log_softmax, Sampler, SamplingError};
 

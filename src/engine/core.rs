@@ -1,9 +1,9 @@
 //! The engine: requests in, token streams out. Each [`Engine::step`] drops requests whose
 //! caller has gone, schedules, records the block operations and the forward pass into one
-//! command buffer, submits it once, reads back what sampling needs (the arg-max and its
-//! logprob of every row, plus logits where a request samples or reports logprobs), samples
-//! (`advance.rs`), streams the new tokens, and feeds its timings to the scheduler's cost
-//! model.
+//! command buffer, submits it once and reads back what sampling needs (`step_batch.rs`: the
+//! arg-max and its logprob of every row, plus logits where a request samples or reports
+//! logprobs), samples (`advance.rs`), streams the new tokens, and feeds its timings to the
+//! scheduler's cost model.
 //!
 //! Failures stay where they belong: a request that can never run, or whose sampling fails,
 //! fails alone; an error no single request caused (the GPU, a bookkeeping fault) fails every
@@ -13,16 +13,14 @@
 use super::config::EngineConfig;
 use super::output::{FinishReason, RequestEvent, RequestId};
 use super::request::{completion, Group, Prompt, RequestHandle, RequestSide, SeqOutput};
-use super::scheduler::{PreemptionCosts, Scheduler, SchedulerOutput, SchedulerStats};
+use super::scheduler::{PreemptionCosts, Scheduler, SchedulerStats};
 use super::sequence::{GroupShape, Sequence, SequenceGroup};
 use crate::cache::{BlockManager, BlockOps, CacheConfig, CacheError, CacheStats, SeqId};
 use crate::cache::{DeviceBlockId, HostBlockId};
 use crate::cache_engine::CacheEngine;
 use crate::error::GpuError;
-use crate::gpu::{Batch, GpuContext};
-use crate::kernels::logits::argmax_logprobs;
-use crate::kernels::paged_attention::{AttentionMetadata, SeqSlice};
-use crate::model::forward::{forward, StepInput, Workspace};
+use crate::gpu::GpuContext;
+use crate::model::forward::Workspace;
 use crate::model::gpu::GpuModel;
 use crate::model::{ModelError, ModelFiles};
 use crate::pool::{KvLayout, KvPool, PoolSize};
@@ -81,7 +79,7 @@ pub struct Engine {
     pub config: EngineConfig,
     max_model_len: usize,
     pub(super) cache: CacheEngine,
-    ws: Workspace,
+    pub(super) ws: Workspace,
     pub(super) scheduler: Scheduler,
     pub(super) groups: HashMap<RequestId, Group>,
     next_request: RequestId,
@@ -449,117 +447,4 @@ impl Engine {
         // A plan recorded before the error is void: its blocks are free again.
         let _ = self.scheduler.blocks.take_ops();
     }
-
-    /// Records and submits the step: block operations, the forward pass over the flat
-    /// batch, and the read-back of what sampling needs.
-    fn run_forward(&mut self, sched: &SchedulerOutput) -> Result<ReadBack> {
-        // The flat batch: each scheduled sequence's new tokens, back to back.
-        let mut tokens = Vec::new();
-        let mut tables = Vec::with_capacity(sched.scheduled.len());
-        let mut rows = Vec::new();
-        for s in &sched.scheduled {
-            let seq = &self.groups[&s.request_id].seqs[s.seq];
-            tokens.extend_from_slice(&seq.tokens[s.start..s.start + s.len]);
-            if s.sample {
-                rows.push((tokens.len() - 1) as u32);
-            }
-            let table: Vec<u32> = self
-                .scheduler
-                .blocks
-                .block_table(s.id)?
-                .iter()
-                .map(|b| b.0)
-                .collect();
-            tables.push(table);
-        }
-        let slices: Vec<SeqSlice> = sched
-            .scheduled
-            .iter()
-            .zip(&tables)
-            .map(|(s, t)| SeqSlice {
-                query_len: s.len,
-                context_len: s.start + s.len,
-                block_table: t,
-            })
-            .collect();
-        let meta = AttentionMetadata::build(&slices, self.config.block_size)?;
-        let need_logits = sched
-            .scheduled
-            .iter()
-            .filter(|s| s.sample)
-            .any(|s| needs_logits(self.groups[&s.request_id].params()));
-
-        let ctx = &self.ctx;
-        // The step's metadata, token ids and sampled rows: one buffer, one write.
-        let bufs = meta.upload_with(ctx, &[&tokens, &rows])?;
-        let missing = || GpuError::invalid("step metadata", "an extra array is missing");
-        let tok_buf = bufs.extra(0).ok_or_else(missing)?;
-        let row_buf = bufs.extra(1).ok_or_else(missing)?;
-        let mut batch = Batch::new(ctx, "engine step");
-        let pending = self.cache.encode(&mut batch, &sched.ops)?;
-        let input = StepInput {
-            tokens: tok_buf,
-            meta: &bufs,
-            rows: row_buf,
-            // With no sampling row, gather row 0 anyway (harmless) to keep shapes simple.
-            num_rows: rows.len().max(1),
-            argmax: true,
-        };
-        forward(
-            &mut batch,
-            &self.model,
-            &self.cache.device,
-            &self.ws,
-            &input,
-        )?;
-        let n = rows.len();
-        let vocab = self.model.config.vocab_size;
-        let argmax = match n {
-            0 => None,
-            _ => Some(batch.read_later(&self.ws.argmax, 0, (n * 8) as u64)?),
-        };
-        let logits = match need_logits {
-            true => Some(batch.read_later(&self.ws.logits, 0, (n * vocab * 4) as u64)?),
-            false => None,
-        };
-        // The step's one submit: block operations, forward pass and read-back copies.
-        batch.submit()?;
-        self.cache.finish(ctx, pending)?;
-        let (ids, lps) = match argmax {
-            Some(r) => argmax_logprobs(&bytemuck::pod_collect_to_vec(&ctx.complete_read(r)?), n),
-            None => (Vec::new(), Vec::new()),
-        };
-        let logits = match logits {
-            Some(r) => bytemuck::pod_collect_to_vec(&ctx.complete_read(r)?),
-            None => Vec::new(),
-        };
-        Ok(ReadBack {
-            argmax: ids,
-            argmax_logprob: lps,
-            logits,
-            vocab,
-        })
-    }
-}
-
-/// What a step read back: per sampled row its arg-max and that token's logprob, and the
-/// logits rows when some request needed them.
-pub(super) struct ReadBack {
-    pub argmax: Vec<u32>,
-    pub argmax_logprob: Vec<f32>,
-    pub logits: Vec<f32>,
-    pub vocab: usize,
-}
-
-impl ReadBack {
-    pub fn logits(&self, row: usize) -> Option<&[f32]> {
-        self.logits.get(row * self.vocab..(row + 1) * self.vocab)
-    }
-}
-
-/// Greedy requests without logprobs need only the GPU's arg-max and its logprob; they take
-/// them even when other requests in the step read logits, so their output never depends on
-/// the batch.
-pub(super) fn needs_logits(p: &crate::sampling::SamplingParams) -> bool {
-    !p.is_greedy() || p.logprobs.is_some() || p.beam_width.is_some()
 }

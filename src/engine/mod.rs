@@ -9,6 +9,7 @@ pub mod output;
 pub mod request;
 pub mod scheduler;
 pub mod sequence;
+mod step_batch;
 
 pub use self::core::{Engine, EngineError, EngineStats};
 pub use config::{EngineConfig, PreemptionMode};

@@ -16,8 +16,8 @@
 //! A group is scheduled as a unit (gang scheduling): all its live sequences compute their
 //! next token in the same step or none do, and a group reserves its full width of sequence
 //! slots from admission on, so a later fork never exceeds `max_num_seqs`. A group that can
-//! never run (`limits.rs`) fails alone, with a reason, the moment that is known; every other
-//! group is untouched.
+//! never run (`limits.rs`) fails alone, with a reason, the moment that is known; what every
+//! other group produces is unchanged.
 //!
 //! Sequences progress by `num_computed` against their token count; there is no separate
 //! prefill phase. The scheduler and the block manager are plain Rust: groups carry the
