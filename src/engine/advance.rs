@@ -78,7 +78,8 @@ impl Engine {
             let seq = &mut g.seqs[si];
             let (token, lp) = if needs_logits(params) {
                 let logits = read.logits(r).ok_or(SamplingError::EmptyLogits)?;
-                let out = seq.data.sampler.sample(logits)?;
+                let (prompt, output) = seq.tokens.split_at(seq.prompt_len);
+                let out = seq.data.sampler.sample_after(logits, prompt, output)?;
                 let lp = params.logprobs.map(|_| TokenLogprob {
                     token_id: out.token,
                     logprob: out.logprob,

@@ -122,5 +122,5 @@ impl ReadBack {
 /// them even when other requests in the step read logits, so their output never depends on
 /// the batch.
 pub(super) fn needs_logits(p: &crate::sampling::SamplingParams) -> bool {
-    !p.is_greedy() || p.logprobs.is_some() || p.beam_width.is_some()
+    !p.is_greedy() || p.logprobs.is_some() || p.beam_width.is_some() || p.has_penalties()
 }

@@ -4,6 +4,8 @@
 //!   checked by [`SamplingParams::validate`] before a request is admitted.
 //! - [`sample`] / [`Sampler`]: greedy arg-max, or temperature → top-k → top-p → min-p
 //!   ([`filtered_distribution`]) and a draw from the sequence's own seeded RNG ([`rng`]).
+//! - [`apply_penalties`]: presence, frequency and repetition penalties on tokens already
+//!   seen, applied to the row before the filters.
 //! - [`log_softmax`], [`top_logprobs`]: log-probabilities of the raw logits, as returned to
 //!   clients and as transformers reports them.
 //! - [`beam`]: Hugging Face-style beam search on the CPU; the engine forks and frees KV blocks
@@ -16,6 +18,7 @@ mod error;
 mod filter;
 mod logprobs;
 mod params;
+mod penalties;
 pub mod rng;
 mod sampler;
 
@@ -26,5 +29,6 @@ pub use error::SamplingError;
 pub use filter::{filtered_distribution, Distribution};
 pub use logprobs::{log_softmax, logsumexp, top_logprobs};
 pub use params::{SamplingParams, MAX_LOGPROBS, SAMPLING_EPS};
+pub use penalties::apply_penalties;
 pub use rng::{sequence_rng, SequenceRng};
 pub use sampler::{argmax, sample, SampleOutput, Sampler};

@@ -47,6 +47,15 @@ pub struct SamplingParams {
     pub beam_width: Option<usize>,
     /// Beam search score exponent: `cum_logprob / length^length_penalty`.
     pub length_penalty: f32,
+    /// Subtracted once from the logit of every token already in the output (OpenAI's
+    /// `presence_penalty`, in [-2, 2]).
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit per occurrence in the output (OpenAI's
+    /// `frequency_penalty`, in [-2, 2]).
+    pub frequency_penalty: f32,
+    /// Divides positive and multiplies negative logits of tokens in the prompt or output
+    /// (vLLM's and transformers' `repetition_penalty`, > 0; 1 is off).
+    pub repetition_penalty: f32,
 }
 
 impl Default for SamplingParams {
@@ -65,6 +74,9 @@ impl Default for SamplingParams {
             logprobs: None,
             beam_width: None,
             length_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
         }
     }
 }
@@ -99,6 +111,14 @@ impl SamplingParams {
     /// Whether this request runs beam search.
     pub fn is_beam_search(&self) -> bool {
         self.beam_width.is_some()
+    }
+
+    /// Whether any penalty changes the logits (then sampling needs the logits row, even
+    /// for greedy decoding).
+    pub fn has_penalties(&self) -> bool {
+        self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+            || self.repetition_penalty != 1.0
     }
 
     /// The top-k cut-off in effect, if any.
@@ -165,6 +185,21 @@ impl SamplingParams {
                 "must be a finite number",
             ));
         }
+        for (param, value) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if !in_range(value, -2.0, 2.0) {
+                return Err(invalid(param, value, "must be in [-2, 2]"));
+            }
+        }
+        if !self.repetition_penalty.is_finite() || self.repetition_penalty <= 0.0 {
+            return Err(invalid(
+                "repetition_penalty",
+                self.repetition_penalty,
+                "must be a finite number > 0 (1 is off)",
+            ));
+        }
         if let Some(i) = self.stop.iter().position(String::is_empty) {
             return Err(invalid(
                 "stop",
@@ -223,6 +258,16 @@ impl SamplingParams {
         }
         if self.min_p != 0.0 {
             return Err(conflict("min_p", self.min_p.to_string(), DETERMINISTIC));
+        }
+        if self.has_penalties() {
+            return Err(conflict(
+                "presence_penalty/frequency_penalty/repetition_penalty",
+                format!(
+                    "{}/{}/{}",
+                    self.presence_penalty, self.frequency_penalty, self.repetition_penalty
+                ),
+                "penalties are not supported with beam search; leave them at 0/0/1",
+            ));
         }
         Ok(())
     }

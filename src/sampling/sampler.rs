@@ -7,6 +7,7 @@
 
 use super::filter::filtered_distribution;
 use super::logprobs::{check_row, logsumexp, top_logprobs};
+use super::penalties::apply_penalties;
 use super::rng::{sequence_rng, SequenceRng};
 use super::{SamplingError, SamplingParams};
 use rand::Rng;
@@ -90,5 +91,28 @@ impl Sampler {
     /// Samples the next token from this sequence's logits row.
     pub fn sample(&mut self, logits: &[f32]) -> Result<SampleOutput, SamplingError> {
         sample(logits, &self.params, &mut self.rng)
+    }
+
+    /// Samples the next token of a sequence with this prompt and output so far: the
+    /// request's penalties first change the row (see [`apply_penalties`]); the reported
+    /// logprobs stay those of the raw logits.
+    pub fn sample_after(
+        &mut self,
+        logits: &[f32],
+        prompt: &[u32],
+        output: &[u32],
+    ) -> Result<SampleOutput, SamplingError> {
+        if !self.params.has_penalties() {
+            return self.sample(logits);
+        }
+        check_row(logits)?;
+        let mut penalized = logits.to_vec();
+        apply_penalties(&mut penalized, &self.params, prompt, output);
+        let mut out = sample(&penalized, &self.params, &mut self.rng)?;
+        out.logprob = f64::from(logits[out.token as usize]) - logsumexp(logits)?;
+        if let Some(k) = self.params.logprobs.filter(|&k| k > 0) {
+            out.top_logprobs = top_logprobs(logits, k)?;
+        }
+        Ok(out)
     }
 }
