@@ -14,6 +14,7 @@ pub mod model;
 pub mod pool;
 pub mod reference;
 pub mod sampling;
+pub mod server;
 pub mod tokenizer;
 
 pub use error::{GpuError, Result};

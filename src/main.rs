@@ -21,6 +21,8 @@ enum Command {
     Devices,
     /// Generate text with a model (by default the small one shipped in the repository).
     Generate(Box<cli::generate::GenerateArgs>),
+    /// Serve a model over the OpenAI HTTP API (completions, streaming, metrics, health).
+    Serve(Box<cli::serve::ServeArgs>),
 }
 
 fn main() -> Result<()> {
@@ -35,5 +37,6 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Devices => cli::devices::run(),
         Command::Generate(args) => cli::generate::run(*args),
+        Command::Serve(args) => cli::serve::run(*args),
     }
 }

@@ -3,12 +3,10 @@
 //! together, and prints the results in input order; `--json` prints one JSON object per
 //! request instead of text.
 
+use super::engine_args::EngineArgs;
 use anyhow::{bail, Context, Result};
-use clap::{Args, ValueEnum};
-use pagellm::engine::{
-    Engine, EngineConfig, PreemptionMode, Prompt, RequestEvent, RequestHandle, RequestOutput,
-};
-use pagellm::pool::KvDtype;
+use clap::Args;
+use pagellm::engine::{Engine, Prompt, RequestEvent, RequestHandle, RequestOutput};
 use pagellm::sampling::SamplingParams;
 use serde::Deserialize;
 use serde_json::json;
@@ -19,21 +17,6 @@ use std::sync::Arc;
 /// The model that ships in the repository, used when `--model` is not given.
 pub fn default_model_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/fortunes-llama")
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum PreemptionArg {
-    /// Per preemption, whichever of swapping and recomputing the engine's measurements say
-    /// is cheaper.
-    Auto,
-    Swap,
-    Recompute,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum KvDtypeArg {
-    F16,
-    F32,
 }
 
 #[derive(Args, Debug)]
@@ -98,32 +81,8 @@ pub struct GenerateArgs {
     #[arg(long)]
     stats: bool,
 
-    /// Tokens per KV block.
-    #[arg(long, default_value_t = 16)]
-    block_size: usize,
-    /// Device KV blocks (default: as many as fit in 256 MiB).
-    #[arg(long)]
-    num_gpu_blocks: Option<usize>,
-    /// Host blocks for swapping (default: as many as fit in 256 MiB).
-    #[arg(long)]
-    num_cpu_blocks: Option<usize>,
-    /// How preempted requests recover: `auto` picks swap or recompute per preemption by
-    /// measured cost (swap bandwidth against prefill throughput).
-    #[arg(long, value_enum, default_value = "auto")]
-    preemption_mode: PreemptionArg,
-    /// Cap the context below the model's own, so a small KV pool is a valid
-    /// configuration (the pool must hold one sequence of this length).
-    #[arg(long)]
-    max_model_len: Option<usize>,
-    #[arg(long, default_value_t = 64)]
-    max_num_seqs: usize,
-    /// Token budget of one step (prefill chunks plus decodes).
-    #[arg(long, default_value_t = 512)]
-    max_batched_tokens: usize,
-    #[arg(long)]
-    no_prefix_caching: bool,
-    #[arg(long, value_enum, default_value = "f16")]
-    kv_dtype: KvDtypeArg,
+    #[command(flatten)]
+    engine: EngineArgs,
 }
 
 /// One line of `--prompts-file`.
@@ -166,28 +125,6 @@ impl GenerateArgs {
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
             repetition_penalty: self.repetition_penalty,
-        }
-    }
-
-    fn engine_config(&self) -> EngineConfig {
-        EngineConfig {
-            block_size: self.block_size,
-            num_gpu_blocks: self.num_gpu_blocks,
-            num_cpu_blocks: self.num_cpu_blocks,
-            preemption_mode: match self.preemption_mode {
-                PreemptionArg::Auto => None,
-                PreemptionArg::Swap => Some(PreemptionMode::Swap),
-                PreemptionArg::Recompute => Some(PreemptionMode::Recompute),
-            },
-            max_model_len: self.max_model_len,
-            max_num_seqs: self.max_num_seqs,
-            max_num_batched_tokens: self.max_batched_tokens,
-            enable_prefix_caching: !self.no_prefix_caching,
-            kv_dtype: match self.kv_dtype {
-                KvDtypeArg::F16 => KvDtype::F16,
-                KvDtypeArg::F32 => KvDtype::F32,
-            },
-            ..EngineConfig::default()
         }
     }
 
@@ -241,7 +178,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     bar.set_message(dir.display().to_string());
-    let mut engine = Engine::with_context(ctx, &dir, args.engine_config(), |done, total| {
+    let mut engine = Engine::with_context(ctx, &dir, args.engine.config(), |done, total| {
         // Only worth a bar for real models.
         if total > 64 << 20 {
             bar.set_length(total);

@@ -1,4 +1,6 @@
 //! Subcommands of the `pagellm` binary.
 
 pub mod devices;
+pub mod engine_args;
 pub mod generate;
+pub mod serve;

@@ -66,6 +66,10 @@ pub struct EngineStats {
     pub blocks_swapped_out: u64,
     pub blocks_swapped_in: u64,
     pub running_requests: usize,
+    /// Requests by scheduler queue: waiting for admission, running, swapped to host.
+    pub num_waiting: usize,
+    pub num_running: usize,
+    pub num_swapped: usize,
     /// Requests aborted because their caller dropped the event receiver.
     pub abandoned_requests: u64,
     /// The measurements automatic preemption weighs.
@@ -332,6 +336,16 @@ impl Engine {
         true
     }
 
+    /// Aborts every pending request (each gets its `Finished` event with finish reason
+    /// `Abort`); returns how many there were.
+    pub fn abort_all(&mut self) -> usize {
+        let ids: Vec<RequestId> = self.groups.keys().copied().collect();
+        for &id in &ids {
+            self.abort(id);
+        }
+        ids.len()
+    }
+
     pub fn has_unfinished(&self) -> bool {
         !self.groups.is_empty()
     }
@@ -345,6 +359,9 @@ impl Engine {
             cache,
             scheduler: self.scheduler.stats,
             running_requests: self.groups.len(),
+            num_waiting: self.scheduler.num_waiting(),
+            num_running: self.scheduler.num_running(),
+            num_swapped: self.scheduler.num_swapped(),
             abandoned_requests: self.abandoned,
             costs: self.scheduler.costs,
         }

@@ -1,0 +1,75 @@
+//! The engine options `generate` and `serve` share: KV cache layout and sizes, scheduler
+//! limits, preemption mode, KV precision, prefix caching.
+
+use clap::{Args, ValueEnum};
+use pagellm::engine::{EngineConfig, PreemptionMode};
+use pagellm::pool::KvDtype;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum PreemptionArg {
+    /// Per preemption, whichever of swapping and recomputing the engine's measurements say
+    /// is cheaper.
+    Auto,
+    Swap,
+    Recompute,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum KvDtypeArg {
+    F16,
+    F32,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct EngineArgs {
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Device KV blocks (default: as many as fit in 256 MiB).
+    #[arg(long)]
+    pub num_gpu_blocks: Option<usize>,
+    /// Host blocks for swapping (default: as many as fit in 256 MiB).
+    #[arg(long)]
+    pub num_cpu_blocks: Option<usize>,
+    /// How preempted requests recover: `auto` picks swap or recompute per preemption by
+    /// measured cost (swap bandwidth against prefill throughput).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub preemption_mode: PreemptionArg,
+    /// Cap the context below the model's own, so a small KV pool is a valid
+    /// configuration (the pool must hold one sequence of this length).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    #[arg(long, default_value_t = 64)]
+    pub max_num_seqs: usize,
+    /// Token budget of one step (prefill chunks plus decodes).
+    #[arg(long, default_value_t = 512)]
+    pub max_batched_tokens: usize,
+    #[arg(long)]
+    pub no_prefix_caching: bool,
+    #[arg(long, value_enum, default_value = "f16")]
+    pub kv_dtype: KvDtypeArg,
+}
+
+impl EngineArgs {
+    pub fn config(&self) -> EngineConfig {
+        EngineConfig {
+            block_size: self.block_size,
+            num_gpu_blocks: self.num_gpu_blocks,
+            num_cpu_blocks: self.num_cpu_blocks,
+            preemption_mode: match self.preemption_mode {
+                PreemptionArg::Auto => None,
+                PreemptionArg::Swap => Some(PreemptionMode::Swap),
+                PreemptionArg::Recompute => Some(PreemptionMode::Recompute),
+            },
+            max_model_len: self.max_model_len,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_batched_tokens,
+            enable_prefix_caching: !self.no_prefix_caching,
+            kv_dtype: match self.kv_dtype {
+                KvDtypeArg::F16 => KvDtype::F16,
+                KvDtypeArg::F32 => KvDtype::F32,
+            },
+            ..EngineConfig::default()
+        }
+    }
+}

@@ -1,0 +1,64 @@
+//! `pagellm serve`: the OpenAI-compatible HTTP server (see `pagellm::server`).
+
+use super::engine_args::EngineArgs;
+use super::generate::default_model_dir;
+use anyhow::{Context, Result};
+use clap::Args;
+use pagellm::server::{self, ServerConfig};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Hugging Face model folder; defaults to the small model shipped in the repository.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Address to listen on (loopback by default; 0.0.0.0 for every interface).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on; 0 picks a free one (printed at start).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Require `Authorization: Bearer KEY` on /v1/* requests.
+    #[arg(long, env = "PAGELLM_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// The model name clients send (default: the model folder's name).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Prompts admitted and not yet answered before new requests get 503 with Retry-After.
+    #[arg(long, default_value_t = 256)]
+    max_queued_requests: usize,
+    /// Largest accepted request body, in bytes.
+    #[arg(long, default_value_t = 4 << 20)]
+    max_body_bytes: usize,
+    /// Seconds running requests may take to finish after SIGINT/SIGTERM before they are
+    /// aborted.
+    #[arg(long, default_value_t = 30)]
+    shutdown_grace_secs: u64,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    let config = ServerConfig {
+        model_dir: args.model.clone().unwrap_or_else(default_model_dir),
+        host: args.host.clone(),
+        port: args.port,
+        api_key: args.api_key.clone(),
+        served_model_name: args.served_model_name.clone(),
+        engine: args.engine.config(),
+        max_queued_requests: args.max_queued_requests,
+        max_body_bytes: args.max_body_bytes,
+        shutdown_grace: Duration::from_secs(args.shutdown_grace_secs),
+    };
+    let name = config.model_name();
+    let dir = config.model_dir.clone();
+    server::run(config, |addr| {
+        // Tests and scripts read this line for the port.
+        eprintln!(
+            "pagellm serve: model `{name}` from {}, listening on http://{addr}",
+            dir.display()
+        );
+    })
+    .context("pagellm serve")
+}

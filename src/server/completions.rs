@@ -1,0 +1,432 @@
+//! `POST /v1/completions`: the OpenAI completions API (with vLLM's extensions: `top_k`,
+//! `min_p`, `repetition_penalty`, `ignore_eos`, `use_beam_search`, `stop_token_ids`,
+//! `length_penalty`), answered whole or streamed as Server-Sent Events.
+//!
+//! Each prompt of the request becomes one engine request with `n` samples; choice `i * n +
+//! j` is sample `j` of prompt `i`. Dropping a request's event receiver aborts it in the
+//! engine, so a client that disconnects (the response body or the handler future is
+//! dropped) frees its blocks at the next engine step.
+
+use super::error::ApiError;
+use super::state::{AppState, InFlight};
+use super::timing::Timing;
+use crate::engine::{FinishReason, Prompt, RequestEvent, RequestOutput, TokenLogprob};
+use crate::sampling::SamplingParams;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::stream::{self, Stream, StreamExt};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::sync::Arc;
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum PromptInput {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum StopInput {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+/// The request body. Fields OpenAI defines that pagellm does not use (`user`, `suffix`)
+/// are accepted and ignored, as vLLM does; a known field of the wrong type is a 400.
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    pub model: Option<String>,
+    pub prompt: PromptInput,
+    pub max_tokens: Option<usize>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub n: Option<usize>,
+    pub stop: Option<StopInput>,
+    pub seed: Option<u64>,
+    pub logprobs: Option<usize>,
+    pub echo: Option<bool>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub ignore_eos: Option<bool>,
+    pub use_beam_search: Option<bool>,
+    pub best_of: Option<usize>,
+    pub length_penalty: Option<f32>,
+    pub stop_token_ids: Option<Vec<u32>>,
+}
+
+impl CompletionRequest {
+    pub fn prompts(&self) -> Result<Vec<Prompt>, ApiError> {
+        let v: Vec<Prompt> = match &self.prompt {
+            PromptInput::Text(t) => vec![Prompt::Text(t.clone())],
+            PromptInput::Texts(ts) => ts.iter().cloned().map(Prompt::Text).collect(),
+            PromptInput::Tokens(ids) => vec![Prompt::Tokens(ids.clone())],
+            PromptInput::TokenLists(ls) => ls.iter().cloned().map(Prompt::Tokens).collect(),
+        };
+        if v.is_empty() {
+            return Err(ApiError::invalid("`prompt` holds no prompt").with_param("prompt"));
+        }
+        Ok(v)
+    }
+
+    /// OpenAI's and vLLM's defaults where the request is silent.
+    pub fn sampling_params(&self) -> Result<SamplingParams, ApiError> {
+        let n = self.n.unwrap_or(1);
+        let beam = self.use_beam_search.unwrap_or(false);
+        let top_k = match self.top_k {
+            None | Some(-1) | Some(0) => None,
+            Some(k) if k > 0 => Some(k as usize),
+            Some(k) => {
+                return Err(ApiError::invalid(format!(
+                    "top_k must be -1 (off) or positive, got {k}"
+                ))
+                .with_param("top_k"))
+            }
+        };
+        if let Some(b) = self.best_of {
+            if b < n {
+                return Err(
+                    ApiError::invalid(format!("best_of ({b}) must be at least n ({n})"))
+                        .with_param("best_of"),
+                );
+            }
+            if !beam && b != n {
+                return Err(ApiError::invalid(
+                    "best_of other than n is only supported with use_beam_search",
+                )
+                .with_param("best_of"));
+            }
+        }
+        Ok(SamplingParams {
+            n,
+            temperature: self.temperature.unwrap_or(if beam { 0.0 } else { 1.0 }),
+            top_k,
+            top_p: self.top_p.unwrap_or(1.0),
+            min_p: self.min_p.unwrap_or(0.0),
+            seed: self.seed,
+            max_tokens: self.max_tokens.unwrap_or(16),
+            stop: match &self.stop {
+                None => Vec::new(),
+                Some(StopInput::One(s)) => vec![s.clone()],
+                Some(StopInput::Many(v)) => v.clone(),
+            },
+            stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+            logprobs: self.logprobs,
+            beam_width: beam.then(|| self.best_of.unwrap_or(n)),
+            length_penalty: self.length_penalty.unwrap_or(1.0),
+            presence_penalty: self.presence_penalty.unwrap_or(0.0),
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
+        })
+    }
+}
+
+pub async fn completions(
+    State(app): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: CompletionRequest = app.parse_body(body)?;
+    app.check_model(req.model.as_deref())?;
+    let prompts = req.prompts()?;
+    let params = req.sampling_params()?;
+    let echo = req.echo.unwrap_or(false);
+    if echo && params.beam_width.is_some() {
+        return Err(ApiError::invalid("echo is not supported with beam search").with_param("echo"));
+    }
+    let guard = app.admit(prompts.len())?;
+    // Echo returns each prompt as given (token-id prompts decoded).
+    let echoes: Vec<String> = prompts
+        .iter()
+        .map(|p| match (echo, p) {
+            (false, _) => String::new(),
+            (true, Prompt::Text(t)) => t.clone(),
+            (true, Prompt::Tokens(ids)) => app.decode(ids),
+        })
+        .collect();
+    let mut handles = Vec::with_capacity(prompts.len());
+    for p in prompts {
+        handles.push(app.add_request(p, params.clone()).await?);
+    }
+    let ctx = Ctx {
+        app: app.clone(),
+        id: format!("cmpl-{}", app.next_id()),
+        created: now_secs(),
+        n: params.n,
+        echoes,
+        logprobs: params.logprobs.is_some(),
+    };
+    if req.stream.unwrap_or(false) {
+        let usage = req
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false);
+        Ok(stream_response(ctx, handles, usage, guard).into_response())
+    } else {
+        whole_response(ctx, handles, guard).await
+    }
+}
+
+/// What building the response needs besides the events.
+struct Ctx {
+    app: Arc<AppState>,
+    id: String,
+    created: u64,
+    n: usize,
+    /// Per prompt: the text `echo` puts before each of its choices (empty without echo).
+    echoes: Vec<String>,
+    logprobs: bool,
+}
+
+impl Ctx {
+    fn finish_reason(r: FinishReason) -> &'static str {
+        match r {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+        }
+    }
+
+    /// The legacy completions `logprobs` object for `lps`, offsets counted from `offset`.
+    fn logprobs_json(&self, lps: &[TokenLogprob], mut offset: usize) -> Value {
+        let tok = |id: u32| self.app.token_text(id);
+        let mut tokens = Vec::with_capacity(lps.len());
+        let mut offsets = Vec::with_capacity(lps.len());
+        for l in lps {
+            let t = tok(l.token_id);
+            offsets.push(offset);
+            offset += t.len();
+            tokens.push(t);
+        }
+        json!({
+            "tokens": tokens,
+            "token_logprobs": lps.iter().map(|l| l.logprob).collect::<Vec<_>>(),
+            "top_logprobs": lps.iter().map(|l| {
+                l.top.iter().map(|&(id, lp)| (tok(id), json!(lp))).collect::<serde_json::Map<_, _>>()
+            }).collect::<Vec<_>>(),
+            "text_offset": offsets,
+        })
+    }
+
+    fn chunk(&self, choices: Vec<Value>) -> Value {
+        json!({
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.app.model_name,
+            "choices": choices,
+        })
+    }
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    })
+}
+
+/// Waits for every prompt's final output, then answers in one JSON body.
+async fn whole_response(
+    ctx: Ctx,
+    handles: Vec<crate::engine::RequestHandle>,
+    _guard: InFlight,
+) -> Result<Response, ApiError> {
+    let mut outputs: Vec<RequestOutput> = Vec::with_capacity(handles.len());
+    for h in handles {
+        let mut timing = Timing::start(&ctx.app.metrics);
+        let out = loop {
+            match h.events.recv_async().await {
+                Ok(RequestEvent::Token { index, .. }) => timing.token(index),
+                Ok(RequestEvent::Finished(out)) => break out,
+                Ok(RequestEvent::Failed(msg)) => return Err(failure(msg)),
+                Err(_) => return Err(ApiError::internal("the engine stopped")),
+            }
+        };
+        timing.finish(&out);
+        outputs.push(out);
+    }
+    let mut choices = Vec::new();
+    let (mut prompt_tokens, mut completion_tokens) = (0, 0);
+    for (pi, out) in outputs.iter().enumerate() {
+        prompt_tokens += out.prompt_token_ids.len();
+        let prefix = &ctx.echoes[pi];
+        for o in &out.outputs {
+            completion_tokens += o.token_ids.len();
+            let logprobs = if ctx.logprobs {
+                ctx.logprobs_json(&o.logprobs, prefix.len())
+            } else {
+                Value::Null
+            };
+            choices.push(json!({
+                "index": pi * ctx.n + o.index,
+                "text": format!("{prefix}{}", o.text),
+                "logprobs": logprobs,
+                "finish_reason": Ctx::finish_reason(o.finish_reason),
+            }));
+        }
+    }
+    let mut body = ctx.chunk(choices);
+    body["usage"] = usage(prompt_tokens, completion_tokens);
+    Ok(axum::Json(body).into_response())
+}
+
+/// A request the engine accepted but could not complete.
+fn failure(msg: String) -> ApiError {
+    if msg.starts_with("the engine step failed") {
+        ApiError::internal(msg)
+    } else {
+        ApiError::invalid(msg)
+    }
+}
+
+/// State of a streamed response.
+struct Streamed {
+    ctx: Ctx,
+    events: stream::SelectAll<stream::BoxStream<'static, (usize, RequestEvent)>>,
+    timings: Vec<Timing>,
+    /// Per choice: bytes of text sent so far (for logprob offsets).
+    sent: Vec<usize>,
+    open: usize,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    include_usage: bool,
+    done: bool,
+    _guard: InFlight,
+}
+
+fn stream_response(
+    ctx: Ctx,
+    handles: Vec<crate::engine::RequestHandle>,
+    include_usage: bool,
+    guard: InFlight,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let open = handles.len();
+    let choices = open * ctx.n;
+    let timings = (0..open).map(|_| Timing::start(&ctx.app.metrics)).collect();
+    let events = stream::select_all(
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(pi, h)| h.events.into_stream().map(move |ev| (pi, ev)).boxed()),
+    );
+    let state = Streamed {
+        ctx,
+        events,
+        timings,
+        sent: vec![0; choices],
+        open,
+        prompt_tokens: 0,
+        completion_tokens: 0,
+        include_usage,
+        done: false,
+        _guard: guard,
+    };
+    let body = stream::unfold(state, |mut st| async move {
+        if st.done {
+            return None;
+        }
+        let events = next_events(&mut st).await;
+        Some((stream::iter(events.into_iter().map(Ok)), st))
+    })
+    .flatten();
+    Sse::new(body).keep_alive(KeepAlive::default())
+}
+
+/// The SSE events for the next engine event (several at the end of a prompt).
+async fn next_events(st: &mut Streamed) -> Vec<Event> {
+    let data = |v: Value| Event::default().data(v.to_string());
+    let Some((pi, ev)) = st.events.next().await else {
+        // Every prompt has finished (or the engine went away).
+        st.done = true;
+        let mut out = Vec::new();
+        if st.include_usage {
+            let mut u = st.ctx.chunk(Vec::new());
+            u["usage"] = usage(st.prompt_tokens, st.completion_tokens);
+            out.push(data(u));
+        }
+        out.push(Event::default().data("[DONE]"));
+        return out;
+    };
+    let n = st.ctx.n;
+    match ev {
+        RequestEvent::Token {
+            index,
+            text,
+            logprob,
+            ..
+        } => {
+            st.timings[pi].token(index);
+            let c = pi * n + index;
+            let mut out = Vec::new();
+            let echo = &st.ctx.echoes[pi];
+            if !echo.is_empty() && st.timings[pi].tokens_of(index) == 1 {
+                // The prompt goes first, once per choice.
+                st.sent[c] += echo.len();
+                out.push(data(st.ctx.chunk(vec![json!({
+                    "index": c, "text": echo, "logprobs": null, "finish_reason": null,
+                })])));
+            }
+            let logprobs = match (&logprob, st.ctx.logprobs) {
+                (Some(l), true) => st.ctx.logprobs_json(std::slice::from_ref(l), st.sent[c]),
+                _ => Value::Null,
+            };
+            st.sent[c] += text.len();
+            out.push(data(st.ctx.chunk(vec![json!({
+                "index": c, "text": text, "logprobs": logprobs, "finish_reason": null,
+            })])));
+            out
+        }
+        RequestEvent::Finished(output) => {
+            st.timings[pi].finish(&output);
+            st.open -= 1;
+            st.prompt_tokens += output.prompt_token_ids.len();
+            let beams = st.timings[pi].streamed() == 0;
+            output
+                .outputs
+                .iter()
+                .map(|o| {
+                    st.completion_tokens += o.token_ids.len();
+                    let c = pi * n + o.index;
+                    // Beam search streams nothing until it ends: its whole text goes here.
+                    let text = if beams { o.text.clone() } else { String::new() };
+                    data(st.ctx.chunk(vec![json!({
+                        "index": c,
+                        "text": text,
+                        "logprobs": null,
+                        "finish_reason": Ctx::finish_reason(o.finish_reason),
+                    })]))
+                })
+                .collect()
+        }
+        RequestEvent::Failed(msg) => {
+            st.open -= 1;
+            vec![data(failure(msg).body())]
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! `GET /metrics`: Prometheus text exposition (through the `prometheus-client` crate).
+//! Engine figures come from the engine thread's latest statistics; latencies and token
+//! counts from the handlers (`timing.rs`). Names follow vLLM's, under `pagellm_`.
+
+use crate::engine::EngineStats;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabel {
+    pub pool: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModeLabel {
+    pub mode: &'static str,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    running: Gauge,
+    waiting: Gauge,
+    swapped: Gauge,
+    kv_usage: Family<PoolLabel, Gauge<f64, AtomicU64>>,
+    preemptions: Family<ModeLabel, Counter>,
+    prefix_queries: Counter,
+    prefix_hits: Counter,
+    pub prompt_tokens: Counter,
+    pub generation_tokens: Counter,
+    pub time_to_first_token: Histogram,
+    pub inter_token_latency: Histogram,
+    pub e2e_latency: Histogram,
+    /// Engine counters as last exported, to turn totals into increments.
+    last: Mutex<[u64; 4]>,
+}
+
+fn seconds() -> impl Iterator<Item = f64> {
+    // 1 ms to ~65 s.
+    exponential_buckets(0.001, 2.0, 17)
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("pagellm");
+        let m = Metrics {
+            running: Gauge::default(),
+            waiting: Gauge::default(),
+            swapped: Gauge::default(),
+            kv_usage: Family::default(),
+            preemptions: Family::default(),
+            prefix_queries: Counter::default(),
+            prefix_hits: Counter::default(),
+            prompt_tokens: Counter::default(),
+            generation_tokens: Counter::default(),
+            time_to_first_token: Histogram::new(seconds()),
+            inter_token_latency: Histogram::new(seconds()),
+            e2e_latency: Histogram::new(seconds()),
+            last: Mutex::new([0; 4]),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "num_requests_running",
+            "Requests running on the device",
+            m.running.clone(),
+        );
+        registry.register(
+            "num_requests_waiting",
+            "Requests waiting for admission",
+            m.waiting.clone(),
+        );
+        registry.register(
+            "num_requests_swapped",
+            "Requests swapped out to host memory",
+            m.swapped.clone(),
+        );
+        registry.register(
+            "kv_cache_usage_ratio",
+            "Fraction of KV blocks in use, per pool",
+            m.kv_usage.clone(),
+        );
+        registry.register(
+            "preemptions",
+            "Preemptions by recovery mode",
+            m.preemptions.clone(),
+        );
+        registry.register(
+            "prefix_cache_queries",
+            "Prompt blocks looked up in the prefix cache",
+            m.prefix_queries.clone(),
+        );
+        registry.register(
+            "prefix_cache_hits",
+            "Prompt blocks found in the prefix cache",
+            m.prefix_hits.clone(),
+        );
+        registry.register(
+            "prompt_tokens",
+            "Prompt tokens of finished requests",
+            m.prompt_tokens.clone(),
+        );
+        registry.register(
+            "generation_tokens",
+            "Generated tokens of finished requests",
+            m.generation_tokens.clone(),
+        );
+        registry.register(
+            "time_to_first_token_seconds",
+            "Time from arrival to the first token",
+            m.time_to_first_token.clone(),
+        );
+        registry.register(
+            "inter_token_latency_seconds",
+            "Time between consecutive tokens of a sequence",
+            m.inter_token_latency.clone(),
+        );
+        registry.register(
+            "e2e_request_latency_seconds",
+            "Time from arrival to the last token",
+            m.e2e_latency.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// Updates the engine figures from `s`.
+    pub fn observe_engine(&self, s: &EngineStats) {
+        self.running.set(s.num_running as i64);
+        self.waiting.set(s.num_waiting as i64);
+        self.swapped.set(s.num_swapped as i64);
+        let frac = |p: &crate::cache::PoolStats| {
+            if p.total == 0 {
+                0.0
+            } else {
+                p.used as f64 / p.total as f64
+            }
+        };
+        self.kv_usage
+            .get_or_create(&PoolLabel { pool: "device" })
+            .set(frac(&s.cache.device));
+        self.kv_usage
+            .get_or_create(&PoolLabel { pool: "host" })
+            .set(frac(&s.cache.host));
+        let now = [
+            s.scheduler.preempted_by_swap,
+            s.scheduler.preempted_by_recompute,
+            s.cache.prefix_hits + s.cache.prefix_misses,
+            s.cache.prefix_hits,
+        ];
+        let Ok(mut last) = self.last.lock() else {
+            return;
+        };
+        let delta = |i: usize| now[i].saturating_sub(last[i]);
+        self.preemptions
+            .get_or_create(&ModeLabel { mode: "swap" })
+            .inc_by(delta(0));
+        self.preemptions
+            .get_or_create(&ModeLabel { mode: "recompute" })
+            .inc_by(delta(1));
+        self.prefix_queries.inc_by(delta(2));
+        self.prefix_hits.inc_by(delta(3));
+        *last = now;
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,162 @@
+//! What every handler shares: the engine thread's command channel and published state,
+//! the tokenizer (for logprob token strings and echo), the metrics, and the limits.
+
+use super::error::ApiError;
+use super::metrics::Metrics;
+use super::worker::{Command, Health, Shared};
+use crate::engine::{Prompt, RequestHandle};
+use crate::sampling::SamplingParams;
+use crate::tokenizer::Tokenizer;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use serde::de::DeserializeOwned;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+pub struct AppState {
+    pub engine: flume::Sender<Command>,
+    pub shared: Arc<Shared>,
+    pub tokenizer: Tokenizer,
+    pub metrics: Arc<Metrics>,
+    pub model_name: String,
+    pub api_key: Option<String>,
+    pub max_body_bytes: usize,
+    /// Most requests (prompts) admitted and not yet answered.
+    pub max_queued: usize,
+    in_flight: Arc<AtomicUsize>,
+    pub draining: AtomicBool,
+    ids: AtomicU64,
+}
+
+/// A slot among the admitted requests, released when the response is done (or dropped).
+pub struct InFlight {
+    count: Arc<AtomicUsize>,
+    n: usize,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.count.fetch_sub(self.n, Ordering::AcqRel);
+    }
+}
+
+impl AppState {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        engine: flume::Sender<Command>,
+        shared: Arc<Shared>,
+        tokenizer: Tokenizer,
+        model_name: String,
+        api_key: Option<String>,
+        max_body_bytes: usize,
+        max_queued: usize,
+    ) -> Self {
+        AppState {
+            engine,
+            shared,
+            tokenizer,
+            metrics: Arc::new(Metrics::new()),
+            model_name,
+            api_key,
+            max_body_bytes,
+            max_queued,
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            draining: AtomicBool::new(false),
+            ids: AtomicU64::new(0),
+        }
+    }
+
+    pub fn next_id(&self) -> u64 {
+        self.ids.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Takes `n` request slots, or refuses with 503 when the queue is full, the model is
+    /// not loaded, or the server is shutting down.
+    pub fn admit(&self, n: usize) -> Result<InFlight, ApiError> {
+        if self.draining.load(Ordering::Acquire) {
+            return Err(ApiError::unavailable("the server is shutting down"));
+        }
+        match self.shared.health() {
+            Health::Ready => {}
+            Health::Loading => return Err(ApiError::unavailable("the model is still loading")),
+            Health::Failed => {
+                let why = self.shared.failure.lock().ok().and_then(|f| f.clone());
+                return Err(ApiError::unavailable(format!(
+                    "the engine is unusable: {}",
+                    why.unwrap_or_default()
+                )));
+            }
+        }
+        let before = self.in_flight.fetch_add(n, Ordering::AcqRel);
+        let slot = InFlight {
+            count: self.in_flight.clone(),
+            n,
+        };
+        if before + n > self.max_queued {
+            return Err(ApiError::unavailable(format!(
+                "{before} requests are queued, the limit is {} (--max-queued-requests); retry later",
+                self.max_queued
+            )));
+        }
+        Ok(slot)
+    }
+
+    /// Parses a JSON body, mapping every failure to an OpenAI-style 4xx.
+    pub fn parse_body<T: DeserializeOwned>(
+        &self,
+        body: Result<Bytes, BytesRejection>,
+    ) -> Result<T, ApiError> {
+        let bytes = body.map_err(|e| {
+            if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::too_large(self.max_body_bytes)
+            } else {
+                ApiError::invalid(format!("reading the request body: {e}"))
+            }
+        })?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::invalid(format!("the request body is not valid: {e}")))
+    }
+
+    /// A request naming a model must name this one.
+    pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        match model {
+            Some(m) if m != self.model_name => Err(ApiError::model_not_found(m, &self.model_name)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Hands a request to the engine thread and waits (asynchronously) for its handle.
+    pub async fn add_request(
+        &self,
+        prompt: Prompt,
+        params: SamplingParams,
+    ) -> Result<RequestHandle, ApiError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.engine
+            .send(Command::Add {
+                prompt,
+                params,
+                reply,
+            })
+            .map_err(|_| ApiError::unavailable("the engine has stopped"))?;
+        let handle = answer
+            .await
+            .map_err(|_| ApiError::unavailable("the engine has stopped"))??;
+        Ok(handle)
+    }
+
+    /// The text of one token, as the logprobs of the completions API list it.
+    pub fn token_text(&self, id: u32) -> String {
+        self.tokenizer
+            .decode(&[id], false)
+            .unwrap_or_else(|_| format!("<{id}>"))
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> String {
+        self.tokenizer.decode(ids, true).unwrap_or_default()
+    }
+}

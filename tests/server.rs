@@ -1,0 +1,634 @@
+//! `pagellm serve` over real HTTP on loopback: the binary is started on a free port and
+//! driven with an HTTP client. Greedy completions (whole and streamed) equal `pagellm
+//! generate --json` token for token with logprobs; 32 concurrent streams through a pool
+//! small enough to preempt all complete with their solo outputs; a client that disconnects
+//! mid-stream frees its blocks; bad requests get the right status and error type; the
+//! queue limit answers 503 with Retry-After; SIGTERM with requests in flight exits cleanly.
+
+mod common;
+use common::golden;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Server {
+    fn start(args: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pagellm"))
+            .arg("serve")
+            .args(["--port", "0"])
+            .args(args)
+            .env("RUST_BACKTRACE", "0")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start pagellm serve");
+        let stderr = child.stderr.take().unwrap();
+        let mut lines = BufReader::new(stderr).lines();
+        let base = loop {
+            let line = lines
+                .next()
+                .expect("pagellm serve exited before listening")
+                .unwrap();
+            if let Some(i) = line.find("listening on ") {
+                break line[i + "listening on ".len()..].trim().to_string();
+            }
+        };
+        // Keep draining stderr so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        let s = Server { child, base };
+        s.wait_healthy();
+        s
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn wait_healthy(&self) {
+        let start = Instant::now();
+        loop {
+            let (status, _) = get(&self.url("/health"));
+            if status == 200 {
+                return;
+            }
+            assert!(start.elapsed() < Duration::from_secs(60), "never healthy");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        let (_, text) = get(&self.url("/metrics"));
+        text.lines()
+            .find(|l| l.starts_with(name) && !l.starts_with('#'))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no metric {name} in\n{text}"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(120)))
+        .build()
+        .into()
+}
+
+fn get(url: &str) -> (u16, String) {
+    match agent().get(url).call() {
+        Ok(mut r) => (
+            r.status().as_u16(),
+            r.body_mut().read_to_string().unwrap_or_default(),
+        ),
+        Err(_) => (0, String::new()),
+    }
+}
+
+fn post(url: &str, body: &str, headers: &[(&str, &str)]) -> (u16, Value, Option<String>) {
+    let mut req = agent().post(url).header("Content-Type", "application/json");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let mut r = req.send(body).expect("request");
+    let status = r.status().as_u16();
+    let retry = r
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .map(String::from);
+    let text = r.body_mut().read_to_string().unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        retry,
+    )
+}
+
+/// Every `data:` payload of a streamed completion, until `[DONE]`.
+fn stream(url: &str, body: &Value) -> Vec<Value> {
+    let r = agent()
+        .post(url)
+        .header("Content-Type", "application/json")
+        .send(body.to_string())
+        .expect("stream request");
+    assert_eq!(r.status().as_u16(), 200);
+    let mut out = Vec::new();
+    for line in BufReader::new(r.into_body().into_reader()).lines() {
+        let line = line.unwrap();
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            return out;
+        }
+        out.push(serde_json::from_str(data).unwrap());
+    }
+    panic!("the stream ended without [DONE]: {out:?}");
+}
+
+/// Per choice index: concatenated text, token logprobs, finish reason.
+fn collect(chunks: &[Value]) -> Vec<(String, Vec<f64>, String)> {
+    let mut v: Vec<(String, Vec<f64>, String)> = Vec::new();
+    for c in chunks {
+        for ch in c["choices"].as_array().unwrap() {
+            let i = ch["index"].as_u64().unwrap() as usize;
+            if v.len() <= i {
+                v.resize(i + 1, Default::default());
+            }
+            v[i].0.push_str(ch["text"].as_str().unwrap());
+            if let Some(lps) = ch["logprobs"]["token_logprobs"].as_array() {
+                v[i].1.extend(lps.iter().map(|x| x.as_f64().unwrap()));
+            }
+            if let Some(r) = ch["finish_reason"].as_str() {
+                v[i].2 = r.to_string();
+            }
+        }
+    }
+    v
+}
+
+fn skip() -> bool {
+    common::contexts().is_empty()
+}
+
+fn fixture() -> String {
+    golden::fixture_dir("llama-gqa")
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn greedy_completions_equal_generate_json_whole_and_streamed() {
+    if skip() {
+        return;
+    }
+    let f = golden::load("llama-gqa");
+    let dir = fixture();
+    let server = Server::start(&["--model", &dir]);
+    for case in &f.cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_pagellm"))
+            .args(["generate", "--model", &dir, "--prompt", &case.prompt])
+            .args(["--temperature", "0", "--max-tokens", "16", "--ignore-eos"])
+            .args(["--json", "--logprobs", "2"])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let want: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let want = &want["outputs"][0];
+        let want_lps: Vec<f64> = want["logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["logprob"].as_f64().unwrap())
+            .collect();
+        let body = json!({
+            "model": "llama-gqa", "prompt": case.prompt, "max_tokens": 16,
+            "temperature": 0, "ignore_eos": true, "logprobs": 2,
+        });
+        let (status, whole, _) = post(&server.url("/v1/completions"), &body.to_string(), &[]);
+        assert_eq!(status, 200, "{whole}");
+        let choice = &whole["choices"][0];
+        assert_eq!(choice["text"], want["text"], "{:?}", case.prompt);
+        let lps: Vec<f64> = choice["logprobs"]["token_logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert_eq!(lps, want_lps, "{:?}", case.prompt);
+        assert_eq!(whole["usage"]["completion_tokens"], 16);
+        assert_eq!(
+            whole["usage"]["prompt_tokens"],
+            json!(case.prompt_ids.len())
+        );
+        // The same request streamed: the pieces add up to the same text and logprobs.
+        let mut sbody = body.clone();
+        sbody["stream"] = json!(true);
+        sbody["stream_options"] = json!({"include_usage": true});
+        let chunks = stream(&server.url("/v1/completions"), &sbody);
+        let got = collect(&chunks);
+        assert_eq!(got[0].0, want["text"].as_str().unwrap());
+        assert_eq!(got[0].1, want_lps);
+        assert_eq!(got[0].2, "length");
+        assert_eq!(chunks.last().unwrap()["usage"], whole["usage"]);
+    }
+}
+
+#[test]
+fn many_prompts_samples_stops_and_echo() {
+    if skip() {
+        return;
+    }
+    let server = Server::start(&["--model", &fixture()]);
+    let url = server.url("/v1/completions");
+    // Two prompts, two seeded samples each: choices 0-3, whole and streamed alike.
+    let body = json!({
+        "prompt": ["the cat", "a dog"], "n": 2, "max_tokens": 8, "seed": 3,
+        "temperature": 0.8, "ignore_eos": true,
+    });
+    let (status, whole, _) = post(&url, &body.to_string(), &[]);
+    assert_eq!(status, 200, "{whole}");
+    let choices = whole["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 4);
+    let mut sbody = body.clone();
+    sbody["stream"] = json!(true);
+    let streamed = collect(&stream(&url, &sbody));
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], json!(i));
+        assert_eq!(streamed[i].0, c["text"].as_str().unwrap(), "choice {i}");
+    }
+    // A stop string ends the text before it, in both forms.
+    let text = choices[0]["text"].as_str().unwrap().to_string();
+    let stop: String = text.chars().skip(3).take(2).collect();
+    if !stop.trim().is_empty() {
+        let b = json!({
+            "prompt": "the cat", "n": 2, "max_tokens": 8, "seed": 3, "temperature": 0.8,
+            "ignore_eos": true, "stop": stop,
+        });
+        let (_, w, _) = post(&url, &b.to_string(), &[]);
+        let cut = w["choices"][0]["text"].as_str().unwrap();
+        assert!(
+            text.starts_with(cut) && !cut.contains(&stop),
+            "{cut:?} / {stop:?}"
+        );
+        assert_eq!(w["choices"][0]["finish_reason"], "stop");
+        let mut sb = b.clone();
+        sb["stream"] = json!(true);
+        assert_eq!(collect(&stream(&url, &sb))[0].0, cut);
+    }
+    // Echo puts the prompt first.
+    let b = json!({"prompt": "the cat", "max_tokens": 4, "temperature": 0, "echo": true});
+    let (_, w, _) = post(&url, &b.to_string(), &[]);
+    assert!(w["choices"][0]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with("the cat"));
+    // Token-id prompts work too.
+    let b = json!({"prompt": [[5, 6, 7], [8, 9]], "max_tokens": 3, "temperature": 0});
+    let (status, w, _) = post(&url, &b.to_string(), &[]);
+    assert_eq!(status, 200, "{w}");
+    assert_eq!(w["usage"]["prompt_tokens"], 5);
+}
+
+#[test]
+fn concurrent_streams_through_a_small_pool_equal_their_solo_runs() {
+    if skip() {
+        return;
+    }
+    let dir = fixture();
+    let prompts: Vec<String> = (0..32)
+        .map(|i| format!("request {i} is about {} things", i * 7 % 13))
+        .collect();
+    let body = |p: &str, stream: bool| {
+        json!({
+            "prompt": p, "max_tokens": 24, "temperature": 0, "ignore_eos": true,
+            "logprobs": 1, "stream": stream,
+        })
+    };
+    let solo: Vec<(String, Vec<f64>)> = {
+        let s = Server::start(&["--model", &dir]);
+        prompts
+            .iter()
+            .map(|p| {
+                let (_, w, _) = post(&s.url("/v1/completions"), &body(p, false).to_string(), &[]);
+                let c = collect(std::slice::from_ref(&w));
+                (c[0].0.clone(), c[0].1.clone())
+            })
+            .collect()
+    };
+    // 12 blocks of 16 tokens for 32 sequences of ~34 tokens: constant preemption.
+    let s = Server::start(&[
+        "--model",
+        &dir,
+        "--num-gpu-blocks",
+        "12",
+        "--max-model-len",
+        "64",
+        "--num-cpu-blocks",
+        "64",
+        "--max-batched-tokens",
+        "64",
+    ]);
+    let url = s.url("/v1/completions");
+    let threads: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let (url, b) = (url.clone(), body(p, true));
+            std::thread::spawn(move || collect(&stream(&url, &b)).remove(0))
+        })
+        .collect();
+    for (i, t) in threads.into_iter().enumerate() {
+        let (text, lps, finish) = t.join().unwrap();
+        assert_eq!((text, lps), solo[i].clone(), "request {i}");
+        assert_eq!(finish, "length");
+    }
+    let swaps = s.metric("pagellm_preemptions_total{mode=\"swap\"}");
+    let recomputes = s.metric("pagellm_preemptions_total{mode=\"recompute\"}");
+    assert!(swaps + recomputes > 0.0, "no preemption was counted");
+    assert_eq!(s.metric("pagellm_generation_tokens_total"), 32.0 * 24.0);
+}
+
+#[test]
+fn a_client_that_disconnects_mid_stream_frees_its_blocks() {
+    if skip() {
+        return;
+    }
+    let s = Server::start(&["--model", &fixture(), "--max-model-len", "256"]);
+    let body = json!({
+        "prompt": "a long story", "max_tokens": 240, "temperature": 0,
+        "ignore_eos": true, "stream": true, "n": 3,
+    });
+    {
+        let r = agent()
+            .post(&s.url("/v1/completions"))
+            .header("Content-Type", "application/json")
+            .send(body.to_string())
+            .unwrap();
+        let mut reader = r.into_body().into_reader();
+        let mut buf = [0u8; 256];
+        reader.read_exact(&mut buf).unwrap();
+        assert!(s.metric("pagellm_kv_cache_usage_ratio{pool=\"device\"}") > 0.0);
+        // The connection closes here, long before 240 tokens.
+    }
+    let start = Instant::now();
+    loop {
+        let used = s.metric("pagellm_kv_cache_usage_ratio{pool=\"device\"}");
+        let running = s.metric("pagellm_num_requests_running");
+        if used == 0.0 && running == 0.0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "blocks still used ({used}) or requests running ({running}) after the disconnect"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(s.metric("pagellm_generation_tokens_total") < 3.0 * 240.0);
+}
+
+#[test]
+fn bad_requests_get_the_right_status_and_error() {
+    if skip() {
+        return;
+    }
+    let s = Server::start(&[
+        "--model",
+        &fixture(),
+        "--api-key",
+        "sekrit",
+        "--max-body-bytes",
+        "4096",
+        "--served-model-name",
+        "tiny",
+    ]);
+    let url = s.url("/v1/completions");
+    let auth = [("Authorization", "Bearer sekrit")];
+    let big = format!("{{\"prompt\": \"{}\"}}", "a".repeat(5000));
+    let cases: Vec<(&str, String, u16, &str, Option<&str>)> = vec![
+        (
+            "malformed JSON",
+            "{not json".into(),
+            400,
+            "invalid_request_error",
+            None,
+        ),
+        (
+            "wrong type",
+            r#"{"prompt": "x", "max_tokens": "ten"}"#.into(),
+            400,
+            "invalid_request_error",
+            None,
+        ),
+        (
+            "no prompt",
+            r#"{"max_tokens": 3}"#.into(),
+            400,
+            "invalid_request_error",
+            None,
+        ),
+        (
+            "empty prompt list",
+            r#"{"prompt": []}"#.into(),
+            400,
+            "invalid_request_error",
+            Some("prompt"),
+        ),
+        (
+            "zero max_tokens",
+            r#"{"prompt": "x", "max_tokens": 0}"#.into(),
+            400,
+            "invalid_request_error",
+            Some("max_tokens"),
+        ),
+        (
+            "negative temperature",
+            r#"{"prompt": "x", "temperature": -1}"#.into(),
+            400,
+            "invalid_request_error",
+            Some("temperature"),
+        ),
+        (
+            "top_p of 0",
+            r#"{"prompt": "x", "top_p": 0}"#.into(),
+            400,
+            "invalid_request_error",
+            Some("top_p"),
+        ),
+        (
+            "presence penalty 3",
+            r#"{"prompt": "x", "presence_penalty": 3}"#.into(),
+            400,
+            "invalid_request_error",
+            Some("presence_penalty"),
+        ),
+        (
+            "n of 0",
+            r#"{"prompt": "x", "n": 0}"#.into(),
+            400,
+            "invalid_request_error",
+            Some("n"),
+        ),
+        (
+            "best_of below n",
+            r#"{"prompt": "x", "n": 3, "best_of": 2}"#.into(),
+            400,
+            "invalid_request_error",
+            Some("best_of"),
+        ),
+        (
+            "too long for the context",
+            r#"{"prompt": "x", "max_tokens": 100000}"#.into(),
+            400,
+            "invalid_request_error",
+            None,
+        ),
+        (
+            "token id outside the vocabulary",
+            r#"{"prompt": [100000]}"#.into(),
+            400,
+            "invalid_request_error",
+            None,
+        ),
+        (
+            "unknown model",
+            r#"{"prompt": "x", "model": "gpt-4"}"#.into(),
+            404,
+            "invalid_request_error",
+            Some("model"),
+        ),
+        (
+            "body over the limit",
+            big,
+            413,
+            "invalid_request_error",
+            None,
+        ),
+    ];
+    for (what, body, status, kind, param) in cases {
+        let (got, v, _) = post(&url, &body, &auth);
+        assert_eq!(got, status, "{what}: {v}");
+        assert_eq!(v["error"]["type"], kind, "{what}: {v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{what}"
+        );
+        if let Some(p) = param {
+            assert_eq!(v["error"]["param"], p, "{what}: {v}");
+        }
+    }
+    for headers in [&[][..], &[("Authorization", "Bearer wrong")][..]] {
+        let (got, v, _) = post(&url, r#"{"prompt": "x"}"#, headers);
+        assert_eq!(got, 401, "{v}");
+        assert_eq!(v["error"]["type"], "authentication_error");
+    }
+    // The server is unharmed, and health and metrics need no key.
+    let (got, v, _) = post(
+        &url,
+        r#"{"prompt": "x", "max_tokens": 2, "model": "tiny"}"#,
+        &auth,
+    );
+    assert_eq!(got, 200, "{v}");
+    assert_eq!(get(&s.url("/health")).0, 200);
+    let (_, models) = get(&s.url("/v1/models"));
+    assert!(models.contains("authentication_error"), "{models}");
+    let (got, _) = get(&s.url("/nope"));
+    assert_eq!(got, 404);
+}
+
+#[test]
+fn a_full_queue_answers_503_with_retry_after() {
+    if skip() {
+        return;
+    }
+    let s = Server::start(&["--model", &fixture(), "--max-queued-requests", "1"]);
+    let url = s.url("/v1/completions");
+    let long = json!({
+        "prompt": "x", "max_tokens": 200, "temperature": 0, "ignore_eos": true, "stream": true,
+    });
+    let r = agent()
+        .post(&url)
+        .header("Content-Type", "application/json")
+        .send(long.to_string())
+        .unwrap();
+    let mut reader = r.into_body().into_reader();
+    let mut buf = [0u8; 64];
+    reader.read_exact(&mut buf).unwrap();
+    let (status, v, retry) = post(&url, r#"{"prompt": "y", "max_tokens": 2}"#, &[]);
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(retry.as_deref(), Some("1"));
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("--max-queued-requests"));
+}
+
+#[test]
+fn sigterm_with_requests_in_flight_exits_cleanly() {
+    if skip() {
+        return;
+    }
+    let mut s = Server::start(&["--model", &fixture(), "--shutdown-grace-secs", "1"]);
+    let url = s.url("/v1/completions");
+    let long = json!({
+        "prompt": "x", "max_tokens": 240, "temperature": 0, "ignore_eos": true,
+        "stream": true, "model": "llama-gqa",
+    });
+    let client = std::thread::spawn(move || collect(&stream(&url, &long)));
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = s.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let got = client.join().unwrap();
+    // The stream ended properly: finished within the grace period, or aborted after it.
+    assert!(["length", "abort"].contains(&got[0].2.as_str()), "{got:?}");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "still running after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn health_is_503_when_the_model_fails_to_load() {
+    if skip() {
+        return;
+    }
+    // A tokenizer and a config but no weights.
+    let dir = std::env::temp_dir().join(format!("pagellm-noweights-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(golden::fixture_dir("llama-gqa").join(f), dir.join(f)).unwrap();
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pagellm"))
+        .args(["serve", "--port", "0", "--model", dir.to_str().unwrap()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let base = loop {
+        let line = lines.next().unwrap().unwrap();
+        if let Some(i) = line.find("listening on ") {
+            break line[i + 13..].trim().to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    let start = Instant::now();
+    let (status, body) = loop {
+        let (status, body) = get(&format!("{base}/health"));
+        if body.contains("safetensors") || start.elapsed() > Duration::from_secs(20) {
+            break (status, body);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status, 503, "{body}");
+    let (status, v, _) = post(&format!("{base}/v1/completions"), r#"{"prompt": "x"}"#, &[]);
+    assert_eq!(status, 503, "{v}");
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
