@@ -632,3 +632,146 @@ fn health_is_503_when_the_model_fails_to_load() {
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A copy of the llama-gqa fixture whose tokenizer_config.json carries `template`.
+fn model_with_template(template: &str) -> std::path::PathBuf {
+    let src = golden::fixture_dir("llama-gqa");
+    let dir = std::env::temp_dir().join(format!(
+        "pagellm-chat-{}-{}",
+        std::process::id(),
+        template.len()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+    }
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("tokenizer_config.json")).unwrap())
+            .unwrap();
+    cfg["chat_template"] = json!(template);
+    std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    dir
+}
+
+fn chat_fixture() -> Value {
+    let p =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat/expected.json");
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+#[test]
+fn chat_completions_render_the_models_template_as_transformers_does() {
+    if skip() {
+        return;
+    }
+    let f = chat_fixture();
+    let case = f["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| {
+            c["template"] == "headers"
+                && c["conversation"] == 1
+                && c["add_generation_prompt"] == true
+        })
+        .unwrap();
+    let dir = model_with_template(f["templates"]["headers"].as_str().unwrap());
+    let s = Server::start(&[
+        "--model",
+        dir.to_str().unwrap(),
+        "--served-model-name",
+        "chat",
+    ]);
+    let messages = &f["conversations"][1];
+    let params = json!({"max_tokens": 10, "temperature": 0, "ignore_eos": true});
+    // The chat request equals a completion of transformers' rendered prompt ids.
+    let mut chat =
+        json!({"model": "chat", "messages": messages, "logprobs": true, "top_logprobs": 2});
+    let mut plain = json!({"model": "chat", "prompt": case["ids"], "logprobs": 2});
+    for (k, v) in params.as_object().unwrap() {
+        chat[k] = v.clone();
+        plain[k] = v.clone();
+    }
+    let (st, c, _) = post(&s.url("/v1/chat/completions"), &chat.to_string(), &[]);
+    assert_eq!(st, 200, "{c}");
+    let (st, p, _) = post(&s.url("/v1/completions"), &plain.to_string(), &[]);
+    assert_eq!(st, 200, "{p}");
+    assert_eq!(c["object"], "chat.completion");
+    let msg = &c["choices"][0]["message"];
+    assert_eq!(msg["role"], "assistant");
+    assert_eq!(msg["content"], p["choices"][0]["text"]);
+    assert_eq!(c["usage"], p["usage"]);
+    let chat_lps: Vec<f64> = c["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["logprob"].as_f64().unwrap())
+        .collect();
+    let plain_lps: Vec<f64> = p["choices"][0]["logprobs"]["token_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    assert_eq!(chat_lps, plain_lps);
+    assert_eq!(
+        c["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    // Streamed: the role first, then content deltas that add up to the same reply.
+    chat["stream"] = json!(true);
+    let chunks = stream(&s.url("/v1/chat/completions"), &chat);
+    assert_eq!(chunks[0]["object"], "chat.completion.chunk");
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, msg["content"].as_str().unwrap());
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "length"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn chat_without_a_template_or_against_it_is_a_clear_400() {
+    if skip() {
+        return;
+    }
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let s = Server::start(&["--model", &fixture()]);
+    let (st, v, _) = post(&s.url("/v1/chat/completions"), &body.to_string(), &[]);
+    assert_eq!(st, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("chat_template.jinja"),
+        "{v}"
+    );
+    drop(s);
+    let f = chat_fixture();
+    let dir = model_with_template(f["templates"]["inst"].as_str().unwrap());
+    let s = Server::start(&["--model", dir.to_str().unwrap()]);
+    let twice =
+        json!({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]});
+    let (st, v, _) = post(&s.url("/v1/chat/completions"), &twice.to_string(), &[]);
+    assert_eq!(st, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("must alternate"),
+        "{v}"
+    );
+    // No max_tokens: the reply may use the rest of the context.
+    let (st, v, _) = post(&s.url("/v1/chat/completions"), &body.to_string(), &[]);
+    assert_eq!(st, 200, "{v}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

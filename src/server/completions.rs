@@ -166,6 +166,7 @@ pub async fn completions(
         handles.push(app.add_request(p, params.clone()).await?);
     }
     let ctx = Ctx {
+        api: Api::Completions,
         app: app.clone(),
         id: format!("cmpl-{}", app.next_id()),
         created: now_secs(),
@@ -185,15 +186,23 @@ pub async fn completions(
     }
 }
 
+/// Which API the response speaks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Api {
+    Completions,
+    Chat,
+}
+
 /// What building the response needs besides the events.
-struct Ctx {
-    app: Arc<AppState>,
-    id: String,
-    created: u64,
-    n: usize,
+pub(super) struct Ctx {
+    pub api: Api,
+    pub app: Arc<AppState>,
+    pub id: String,
+    pub created: u64,
+    pub n: usize,
     /// Per prompt: the text `echo` puts before each of its choices (empty without echo).
-    echoes: Vec<String>,
-    logprobs: bool,
+    pub echoes: Vec<String>,
+    pub logprobs: bool,
 }
 
 impl Ctx {
@@ -226,10 +235,81 @@ impl Ctx {
         })
     }
 
+    /// Logprobs of `lps` in this API's shape.
+    fn lp_json(&self, lps: &[TokenLogprob], offset: usize) -> Value {
+        match self.api {
+            Api::Completions => self.logprobs_json(lps, offset),
+            Api::Chat => {
+                let entry = |id: u32, lp: f64| {
+                    let t = self.app.token_text(id);
+                    json!({"token": t, "logprob": lp, "bytes": t.as_bytes()})
+                };
+                json!({"content": lps.iter().map(|l| {
+                    let mut e = entry(l.token_id, l.logprob);
+                    e["top_logprobs"] = l.top.iter().map(|&(id, lp)| entry(id, lp)).collect();
+                    e
+                }).collect::<Vec<_>>()})
+            }
+        }
+    }
+
+    /// A streamed piece of choice `c`.
+    fn piece(&self, c: usize, text: &str, logprobs: Value) -> Value {
+        match self.api {
+            Api::Completions => {
+                json!({"index": c, "text": text, "logprobs": logprobs, "finish_reason": null})
+            }
+            Api::Chat => json!({
+                "index": c, "delta": {"content": text}, "logprobs": logprobs, "finish_reason": null,
+            }),
+        }
+    }
+
+    /// The last streamed chunk of choice `c` (carrying the whole text for beam search).
+    fn last_piece(&self, c: usize, text: &str, reason: &str) -> Value {
+        match self.api {
+            Api::Completions => {
+                json!({"index": c, "text": text, "logprobs": null, "finish_reason": reason})
+            }
+            Api::Chat => {
+                let delta = if text.is_empty() {
+                    json!({})
+                } else {
+                    json!({"content": text})
+                };
+                json!({"index": c, "delta": delta, "logprobs": null, "finish_reason": reason})
+            }
+        }
+    }
+
+    /// Choice `c` of a whole (non-streamed) response.
+    fn whole_choice(&self, c: usize, text: String, logprobs: Value, reason: &str) -> Value {
+        match self.api {
+            Api::Completions => {
+                json!({"index": c, "text": text, "logprobs": logprobs, "finish_reason": reason})
+            }
+            Api::Chat => json!({
+                "index": c,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": logprobs,
+                "finish_reason": reason,
+            }),
+        }
+    }
+
     fn chunk(&self, choices: Vec<Value>) -> Value {
+        self.envelope(choices, true)
+    }
+
+    fn envelope(&self, choices: Vec<Value>, streamed: bool) -> Value {
+        let object = match (self.api, streamed) {
+            (Api::Completions, _) => "text_completion",
+            (Api::Chat, true) => "chat.completion.chunk",
+            (Api::Chat, false) => "chat.completion",
+        };
         json!({
             "id": self.id,
-            "object": "text_completion",
+            "object": object,
             "created": self.created,
             "model": self.app.model_name,
             "choices": choices,
@@ -237,7 +317,7 @@ impl Ctx {
     }
 }
 
-fn now_secs() -> u64 {
+pub(super) fn now_secs() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -252,7 +332,7 @@ fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
 }
 
 /// Waits for every prompt's final output, then answers in one JSON body.
-async fn whole_response(
+pub(super) async fn whole_response(
     ctx: Ctx,
     handles: Vec<crate::engine::RequestHandle>,
     _guard: InFlight,
@@ -279,19 +359,19 @@ async fn whole_response(
         for o in &out.outputs {
             completion_tokens += o.token_ids.len();
             let logprobs = if ctx.logprobs {
-                ctx.logprobs_json(&o.logprobs, prefix.len())
+                ctx.lp_json(&o.logprobs, prefix.len())
             } else {
                 Value::Null
             };
-            choices.push(json!({
-                "index": pi * ctx.n + o.index,
-                "text": format!("{prefix}{}", o.text),
-                "logprobs": logprobs,
-                "finish_reason": Ctx::finish_reason(o.finish_reason),
-            }));
+            choices.push(ctx.whole_choice(
+                pi * ctx.n + o.index,
+                format!("{prefix}{}", o.text),
+                logprobs,
+                Ctx::finish_reason(o.finish_reason),
+            ));
         }
     }
-    let mut body = ctx.chunk(choices);
+    let mut body = ctx.envelope(choices, false);
     body["usage"] = usage(prompt_tokens, completion_tokens);
     Ok(axum::Json(body).into_response())
 }
@@ -320,7 +400,7 @@ struct Streamed {
     _guard: InFlight,
 }
 
-fn stream_response(
+pub(super) fn stream_response(
     ctx: Ctx,
     handles: Vec<crate::engine::RequestHandle>,
     include_usage: bool,
@@ -358,6 +438,29 @@ fn stream_response(
     Sse::new(body).keep_alive(KeepAlive::default())
 }
 
+impl Streamed {
+    /// What goes before choice `c`'s first token: the echoed prompt (completions) or the
+    /// assistant role (chat).
+    fn opening(&mut self, pi: usize, c: usize) -> Vec<Value> {
+        match self.ctx.api {
+            Api::Completions => {
+                let echo = self.ctx.echoes[pi].clone();
+                if echo.is_empty() {
+                    return Vec::new();
+                }
+                self.sent[c] += echo.len();
+                vec![self.ctx.chunk(vec![self.ctx.piece(c, &echo, Value::Null)])]
+            }
+            Api::Chat => vec![self.ctx.chunk(vec![json!({
+                "index": c,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": null,
+                "finish_reason": null,
+            })])],
+        }
+    }
+}
+
 /// The SSE events for the next engine event (several at the end of a prompt).
 async fn next_events(st: &mut Streamed) -> Vec<Event> {
     let data = |v: Value| Event::default().data(v.to_string());
@@ -384,22 +487,16 @@ async fn next_events(st: &mut Streamed) -> Vec<Event> {
             st.timings[pi].token(index);
             let c = pi * n + index;
             let mut out = Vec::new();
-            let echo = &st.ctx.echoes[pi];
-            if !echo.is_empty() && st.timings[pi].tokens_of(index) == 1 {
-                // The prompt goes first, once per choice.
-                st.sent[c] += echo.len();
-                out.push(data(st.ctx.chunk(vec![json!({
-                    "index": c, "text": echo, "logprobs": null, "finish_reason": null,
-                })])));
+            let first = st.timings[pi].tokens_of(index) == 1;
+            if first {
+                out.extend(st.opening(pi, c).into_iter().map(data));
             }
             let logprobs = match (&logprob, st.ctx.logprobs) {
-                (Some(l), true) => st.ctx.logprobs_json(std::slice::from_ref(l), st.sent[c]),
+                (Some(l), true) => st.ctx.lp_json(std::slice::from_ref(l), st.sent[c]),
                 _ => Value::Null,
             };
             st.sent[c] += text.len();
-            out.push(data(st.ctx.chunk(vec![json!({
-                "index": c, "text": text, "logprobs": logprobs, "finish_reason": null,
-            })])));
+            out.push(data(st.ctx.chunk(vec![st.ctx.piece(c, &text, logprobs)])));
             out
         }
         RequestEvent::Finished(output) => {
@@ -407,22 +504,23 @@ async fn next_events(st: &mut Streamed) -> Vec<Event> {
             st.open -= 1;
             st.prompt_tokens += output.prompt_token_ids.len();
             let beams = st.timings[pi].streamed() == 0;
-            output
-                .outputs
-                .iter()
-                .map(|o| {
-                    st.completion_tokens += o.token_ids.len();
-                    let c = pi * n + o.index;
-                    // Beam search streams nothing until it ends: its whole text goes here.
-                    let text = if beams { o.text.clone() } else { String::new() };
-                    data(st.ctx.chunk(vec![json!({
-                        "index": c,
-                        "text": text,
-                        "logprobs": null,
-                        "finish_reason": Ctx::finish_reason(o.finish_reason),
-                    })]))
-                })
-                .collect()
+            let mut out = Vec::new();
+            for o in &output.outputs {
+                st.completion_tokens += o.token_ids.len();
+                let c = pi * n + o.index;
+                // Beam search streams nothing until it ends: its whole text goes here.
+                let text = if beams {
+                    out.extend(st.opening(pi, c).into_iter().map(data));
+                    o.text.clone()
+                } else {
+                    String::new()
+                };
+                let reason = Ctx::finish_reason(o.finish_reason);
+                out.push(data(
+                    st.ctx.chunk(vec![st.ctx.last_piece(c, &text, reason)]),
+                ));
+            }
+            out
         }
         RequestEvent::Failed(msg) => {
             st.open -= 1;

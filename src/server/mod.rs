@@ -3,12 +3,15 @@
 //! One thread owns the engine and steps it while work exists (`worker.rs`); handlers send it
 //! add and abort commands and read each request's events from its own async-capable
 //! channel, so the async runtime never waits on the GPU. Endpoints: `POST /v1/completions`
-//! (`completions.rs`, streamed as Server-Sent Events on request), `GET /v1/models`,
+//! (`completions.rs`, streamed as Server-Sent Events on request), `POST
+//! /v1/chat/completions` (`chat.rs`: the model's chat template, then the same path),
+//! `GET /v1/models`,
 //! `GET /health` (200 once the model is loaded, 503 while loading or after the engine
 //! failed), `GET /metrics` (Prometheus text, `metrics.rs`). Errors are OpenAI-shaped
 //! (`error.rs`). SIGINT or SIGTERM stops accepting, lets running requests finish for a grace
 //! period, aborts the rest and returns.
 
+mod chat;
 mod completions;
 mod error;
 mod metrics;
@@ -20,7 +23,7 @@ pub use error::ApiError;
 pub use state::AppState;
 
 use crate::engine::EngineConfig;
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{ChatTemplate, Tokenizer};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
@@ -81,6 +84,7 @@ pub enum ServerError {
 pub fn router(app: Arc<AppState>) -> Router {
     let v1 = Router::new()
         .route("/v1/completions", post(completions::completions))
+        .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/models", get(models))
         .route_layer(middleware::from_fn_with_state(app.clone(), authorize));
     Router::new()
@@ -107,6 +111,7 @@ async fn serve(
     on_listening: impl FnOnce(SocketAddr),
 ) -> Result<(), ServerError> {
     let tokenizer = Tokenizer::from_dir(&config.model_dir)?;
+    let chat_template = ChatTemplate::from_dir(&config.model_dir).map_err(|e| e.to_string());
     let shared = Arc::new(Shared::new());
     let (engine, thread) = worker::spawn(
         config.model_dir.clone(),
@@ -117,6 +122,7 @@ async fn serve(
         engine.clone(),
         shared,
         tokenizer,
+        chat_template,
         config.model_name(),
         config.api_key.clone(),
         config.max_body_bytes,

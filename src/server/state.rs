@@ -6,7 +6,7 @@ use super::metrics::Metrics;
 use super::worker::{Command, Health, Shared};
 use crate::engine::{Prompt, RequestHandle};
 use crate::sampling::SamplingParams;
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{ChatTemplate, Tokenizer};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use serde::de::DeserializeOwned;
@@ -17,6 +17,8 @@ pub struct AppState {
     pub engine: flume::Sender<Command>,
     pub shared: Arc<Shared>,
     pub tokenizer: Tokenizer,
+    /// The model's chat template, or why there is none.
+    pub chat_template: Result<ChatTemplate, String>,
     pub metrics: Arc<Metrics>,
     pub model_name: String,
     pub api_key: Option<String>,
@@ -46,6 +48,7 @@ impl AppState {
         engine: flume::Sender<Command>,
         shared: Arc<Shared>,
         tokenizer: Tokenizer,
+        chat_template: Result<ChatTemplate, String>,
         model_name: String,
         api_key: Option<String>,
         max_body_bytes: usize,
@@ -55,6 +58,7 @@ impl AppState {
             engine,
             shared,
             tokenizer,
+            chat_template,
             metrics: Arc::new(Metrics::new()),
             model_name,
             api_key,

@@ -113,6 +113,15 @@ impl Tokenizer {
             .map_err(|e| TokenizerError::Encode(e.to_string()))
     }
 
+    /// Token ids of `text` exactly as written, adding no special tokens (for a rendered chat
+    /// template, which writes its own BOS).
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        self.inner
+            .encode(text, false)
+            .map(|enc| enc.get_ids().to_vec())
+            .map_err(|e| TokenizerError::Encode(e.to_string()))
+    }
+
     /// Text of `ids`. Ids outside the vocabulary are skipped (as the `tokenizers` crate does);
     /// bytes that do not form valid UTF-8 come out as U+FFFD.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError> {

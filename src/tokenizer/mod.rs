@@ -12,12 +12,14 @@
 //! Nothing here touches the GPU; every function returns a [`TokenizerError`] instead of
 //! panicking on a user's files.
 
+mod chat_template;
 mod error;
 mod hf_tokenizer;
 mod incremental;
 mod special;
 mod stop;
 
+pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateError};
 pub use error::TokenizerError;
 pub use hf_tokenizer::Tokenizer;
 pub use incremental::IncrementalDecoder;
