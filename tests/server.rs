@@ -250,10 +250,17 @@ fn many_prompts_samples_stops_and_echo() {
         assert_eq!(c["index"], json!(i));
         assert_eq!(streamed[i].0, c["text"].as_str().unwrap(), "choice {i}");
     }
-    // A stop string ends the text before it, in both forms.
+    // A stop string ends the text before it, in both forms: the first non-blank piece of
+    // text after its third character.
     let text = choices[0]["text"].as_str().unwrap().to_string();
-    let stop: String = text.chars().skip(3).take(2).collect();
-    if !stop.trim().is_empty() {
+    let stop: String = text
+        .char_indices()
+        .skip(3)
+        .find(|(_, c)| !c.is_whitespace())
+        .map(|(i, _)| text[i..].chars().take(2).collect())
+        .unwrap_or_default();
+    assert!(!stop.trim().is_empty(), "no usable stop string in {text:?}");
+    {
         let b = json!({
             "prompt": "the cat", "n": 2, "max_tokens": 8, "seed": 3, "temperature": 0.8,
             "ignore_eos": true, "stop": stop,
@@ -276,6 +283,20 @@ fn many_prompts_samples_stops_and_echo() {
         .as_str()
         .unwrap()
         .starts_with("the cat"));
+    // Beam search (vLLM's use_beam_search with best_of), whole and streamed.
+    let b = json!({
+        "prompt": "the cat", "max_tokens": 6, "n": 2, "best_of": 3, "use_beam_search": true,
+        "ignore_eos": true,
+    });
+    let (status, w, _) = post(&url, &b.to_string(), &[]);
+    assert_eq!(status, 200, "{w}");
+    assert_eq!(w["choices"].as_array().unwrap().len(), 2);
+    let mut sb = b.clone();
+    sb["stream"] = json!(true);
+    let streamed = collect(&stream(&url, &sb));
+    for i in 0..2 {
+        assert_eq!(streamed[i].0, w["choices"][i]["text"].as_str().unwrap());
+    }
     // Token-id prompts work too.
     let b = json!({"prompt": [[5, 6, 7], [8, 9]], "max_tokens": 3, "temperature": 0});
     let (status, w, _) = post(&url, &b.to_string(), &[]);
@@ -377,6 +398,38 @@ fn a_client_that_disconnects_mid_stream_frees_its_blocks() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(s.metric("pagellm_generation_tokens_total") < 3.0 * 240.0);
+    assert_eq!(s.metric("pagellm_requests_abandoned_total"), 1.0);
+}
+
+#[test]
+fn a_non_streaming_client_that_gives_up_frees_its_blocks() {
+    if skip() {
+        return;
+    }
+    let s = Server::start(&["--model", &fixture(), "--max-model-len", "256"]);
+    let impatient: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_millis(300)))
+        .build()
+        .into();
+    let body =
+        json!({"prompt": "x", "max_tokens": 240, "temperature": 0, "ignore_eos": true, "n": 4});
+    let r = impatient
+        .post(&s.url("/v1/completions"))
+        .header("Content-Type", "application/json")
+        .send(body.to_string());
+    assert!(r.is_err(), "the 960-token request finished within 300 ms");
+    let start = Instant::now();
+    while s.metric("pagellm_kv_cache_usage_ratio{pool=\"device\"}") > 0.0
+        || s.metric("pagellm_num_requests_running") > 0.0
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the abandoned request still runs"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(s.metric("pagellm_generation_tokens_total"), 0.0);
+    assert_eq!(s.metric("pagellm_requests_abandoned_total"), 1.0);
 }
 
 #[test]

@@ -31,13 +31,14 @@ pub struct Metrics {
     preemptions: Family<ModeLabel, Counter>,
     prefix_queries: Counter,
     prefix_hits: Counter,
+    abandoned: Counter,
     pub prompt_tokens: Counter,
     pub generation_tokens: Counter,
     pub time_to_first_token: Histogram,
     pub inter_token_latency: Histogram,
     pub e2e_latency: Histogram,
     /// Engine counters as last exported, to turn totals into increments.
-    last: Mutex<[u64; 4]>,
+    last: Mutex<[u64; 5]>,
 }
 
 fn seconds() -> impl Iterator<Item = f64> {
@@ -56,12 +57,13 @@ impl Metrics {
             preemptions: Family::default(),
             prefix_queries: Counter::default(),
             prefix_hits: Counter::default(),
+            abandoned: Counter::default(),
             prompt_tokens: Counter::default(),
             generation_tokens: Counter::default(),
             time_to_first_token: Histogram::new(seconds()),
             inter_token_latency: Histogram::new(seconds()),
             e2e_latency: Histogram::new(seconds()),
-            last: Mutex::new([0; 4]),
+            last: Mutex::new([0; 5]),
             registry: Registry::default(),
         };
         registry.register(
@@ -98,6 +100,11 @@ impl Metrics {
             "prefix_cache_hits",
             "Prompt blocks found in the prefix cache",
             m.prefix_hits.clone(),
+        );
+        registry.register(
+            "requests_abandoned",
+            "Requests aborted because the client went away",
+            m.abandoned.clone(),
         );
         registry.register(
             "prompt_tokens",
@@ -150,6 +157,7 @@ impl Metrics {
             s.scheduler.preempted_by_recompute,
             s.cache.prefix_hits + s.cache.prefix_misses,
             s.cache.prefix_hits,
+            s.abandoned_requests,
         ];
         let Ok(mut last) = self.last.lock() else {
             return;
@@ -163,6 +171,7 @@ impl Metrics {
             .inc_by(delta(1));
         self.prefix_queries.inc_by(delta(2));
         self.prefix_hits.inc_by(delta(3));
+        self.abandoned.inc_by(delta(4));
         *last = now;
     }
 
