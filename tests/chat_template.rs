@@ -61,7 +61,7 @@ fn templates_render_as_transformers_renders_them() {
         }
         checked += 1;
     }
-    assert_eq!(checked, 18);
+    assert_eq!(checked, 24);
 }
 
 #[test]

@@ -6,8 +6,10 @@ Needs only transformers and jinja2 (no torch):
     python3 -m venv .venv-chat && .venv-chat/bin/pip install transformers jinja2
     .venv-chat/bin/python tools/make_chat_fixtures.py
 
-The tokenizer is the 512-token byte-level BPE of tests/fixtures/llama-gqa. The three
-templates are written for these tests in the shapes chat models use: "chatml" (role
+The tokenizer is the 512-token byte-level BPE of tests/fixtures/llama-gqa. The four
+templates are written for these tests in the shapes chat models use: "multiline" (plain
+block tags on lines of their own, which render right only with trim_blocks and
+lstrip_blocks, as transformers sets them), "chatml" (role
 headers between <|im_start|> and <|im_end|> markers, Python string methods), "headers"
 (a BOS, header markers around each role, `~` concatenation, trimmed contents), and "inst"
 (system prompt folded into the first user turn, [INST] ... [/INST] turns, assistant turns
@@ -27,6 +29,17 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "fixtures" / "chat"
 
 TEMPLATES = {
+    # Plain {% %} tags on lines of their own: only right with trim_blocks and lstrip_blocks.
+    "multiline": """{% for message in messages %}
+    {% if message.role == 'system' %}
+<<SYS>>{{ message.content }}<</SYS>>
+    {% else %}
+[{{ message.role | upper }}] {{ message.content }}
+    {% endif %}
+{% endfor %}
+{% if add_generation_prompt %}
+[ASSISTANT]
+{% endif %}""",
     "chatml": (
         "{%- for message in messages -%}"
         "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'].strip() + '<|im_end|>\\n' -}}"

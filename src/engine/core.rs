@@ -266,7 +266,7 @@ impl Engine {
                 "token id {bad} is outside the vocabulary of {vocab}"
             )));
         }
-        if ids.len() + params.max_tokens > self.max_model_len {
+        if ids.len().saturating_add(params.max_tokens) > self.max_model_len {
             return Err(EngineError::InvalidRequest(format!(
                 "the prompt has {} tokens and max_tokens is {}, together more than the context \
                  of {} tokens; shorten the prompt, lower max_tokens, or raise --max-model-len \
@@ -301,7 +301,7 @@ impl Engine {
         self.next_request += 1;
         let (tx, rx) = flume::unbounded();
         let first = Sequence::new(self.new_seq_id(), 0, &ids, SeqOutput::new(&ids, &params, 0));
-        let max_len = ids.len() + params.max_tokens;
+        let max_len = ids.len().saturating_add(params.max_tokens);
         let side = RequestSide {
             params,
             prompt_ids: ids,
@@ -428,7 +428,8 @@ impl Engine {
             self.idle_steps += 1;
             if self.idle_steps > 3 {
                 self.idle_steps = 0;
-                let msg = "requests are pending but none can be scheduled (a scheduler fault)";
+                let msg = "the engine step failed: requests are pending but none can be \
+                           scheduled (a scheduler fault)";
                 self.fail_all(msg);
                 return Err(EngineError::Internal(msg.into()));
             }

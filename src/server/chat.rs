@@ -154,19 +154,29 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let req: ChatRequest = app.parse_body(body)?;
     app.check_model(req.model.as_deref())?;
-    let template = app
-        .chat_template
-        .as_ref()
-        .map_err(|why| ApiError::invalid(why.clone()).with_param("messages"))?;
+    if let Err(why) = &app.chat_template {
+        return Err(ApiError::invalid(why.clone()).with_param("messages"));
+    }
     let messages = req.messages()?;
     let mut params = req.sampling_params()?;
-    let text = template
-        .render(&messages, req.add_generation_prompt.unwrap_or(true))
-        .map_err(|e| ApiError::invalid(e.to_string()).with_param("messages"))?;
-    let ids = app
-        .tokenizer
-        .encode_plain(&text)
-        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    // Rendering and tokenizing run off the async threads.
+    let agp = req.add_generation_prompt.unwrap_or(true);
+    let worker = app.clone();
+    let ids = tokio::task::spawn_blocking(move || -> Result<Vec<u32>, ApiError> {
+        let template = worker
+            .chat_template
+            .as_ref()
+            .map_err(|w| ApiError::invalid(w.clone()))?;
+        let text = template
+            .render(&messages, agp)
+            .map_err(|e| ApiError::invalid(e.to_string()).with_param("messages"))?;
+        worker
+            .tokenizer
+            .encode_plain(&text)
+            .map_err(|e| ApiError::invalid(e.to_string()))
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))??;
     if req.max_completion_tokens.or(req.max_tokens).is_none() {
         let context = app.shared.max_model_len.lock().ok().and_then(|m| *m);
         params.max_tokens = context.map_or(16, |c| c.saturating_sub(ids.len()).max(1));

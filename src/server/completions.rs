@@ -163,7 +163,8 @@ pub async fn completions(
         .collect();
     let mut handles = Vec::with_capacity(prompts.len());
     for p in prompts {
-        handles.push(app.add_request(p, params.clone()).await?);
+        let ids = app.tokenize(p).await?;
+        handles.push(app.add_request(Prompt::Tokens(ids), params.clone()).await?);
     }
     let ctx = Ctx {
         api: Api::Completions,
@@ -337,20 +338,27 @@ pub(super) async fn whole_response(
     handles: Vec<crate::engine::RequestHandle>,
     _guard: InFlight,
 ) -> Result<Response, ApiError> {
-    let mut outputs: Vec<RequestOutput> = Vec::with_capacity(handles.len());
-    for h in handles {
-        let mut timing = Timing::start(&ctx.app.metrics);
-        let out = loop {
-            match h.events.recv_async().await {
-                Ok(RequestEvent::Token { index, .. }) => timing.token(index),
-                Ok(RequestEvent::Finished(out)) => break out,
-                Ok(RequestEvent::Failed(msg)) => return Err(failure(msg)),
-                Err(_) => return Err(ApiError::internal("the engine stopped")),
+    // All prompts at once, so that each one's latencies are its own.
+    let mut timings: Vec<Timing> = handles
+        .iter()
+        .map(|_| Timing::start(&ctx.app.metrics))
+        .collect();
+    let mut slots: Vec<Option<RequestOutput>> = handles.iter().map(|_| None).collect();
+    let mut events = merged(handles);
+    while let Some((pi, ev)) = events.next().await {
+        match ev {
+            RequestEvent::Token { index, .. } => timings[pi].token(index),
+            RequestEvent::Finished(out) => {
+                timings[pi].finish(&out);
+                slots[pi] = Some(out);
             }
-        };
-        timing.finish(&out);
-        outputs.push(out);
+            RequestEvent::Failed(msg) => return Err(failure(msg)),
+        }
     }
+    let outputs: Vec<RequestOutput> = slots
+        .into_iter()
+        .collect::<Option<_>>()
+        .ok_or_else(|| ApiError::internal("the engine stopped before the request finished"))?;
     let mut choices = Vec::new();
     let (mut prompt_tokens, mut completion_tokens) = (0, 0);
     for (pi, out) in outputs.iter().enumerate() {
@@ -376,6 +384,18 @@ pub(super) async fn whole_response(
     Ok(axum::Json(body).into_response())
 }
 
+type Events = stream::SelectAll<stream::BoxStream<'static, (usize, RequestEvent)>>;
+
+/// Every prompt's events in one stream, each tagged with its prompt's index.
+fn merged(handles: Vec<crate::engine::RequestHandle>) -> Events {
+    stream::select_all(
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(pi, h)| h.events.into_stream().map(move |ev| (pi, ev)).boxed()),
+    )
+}
+
 /// A request the engine accepted but could not complete.
 fn failure(msg: String) -> ApiError {
     if msg.starts_with("the engine step failed") {
@@ -388,7 +408,7 @@ fn failure(msg: String) -> ApiError {
 /// State of a streamed response.
 struct Streamed {
     ctx: Ctx,
-    events: stream::SelectAll<stream::BoxStream<'static, (usize, RequestEvent)>>,
+    events: Events,
     timings: Vec<Timing>,
     /// Per choice: bytes of text sent so far (for logprob offsets).
     sent: Vec<usize>,
@@ -465,9 +485,13 @@ impl Streamed {
 async fn next_events(st: &mut Streamed) -> Vec<Event> {
     let data = |v: Value| Event::default().data(v.to_string());
     let Some((pi, ev)) = st.events.next().await else {
-        // Every prompt has finished (or the engine went away).
+        // Every prompt has finished, or the engine went away.
         st.done = true;
         let mut out = Vec::new();
+        if st.open > 0 {
+            let e = ApiError::internal("the engine stopped before the request finished");
+            out.push(data(e.body()));
+        }
         if st.include_usage {
             let mut u = st.ctx.chunk(Vec::new());
             u["usage"] = usage(st.prompt_tokens, st.completion_tokens);

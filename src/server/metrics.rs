@@ -162,6 +162,7 @@ impl Metrics {
         let Ok(mut last) = self.last.lock() else {
             return;
         };
+        // A scrape that read older statistics than the previous one adds nothing.
         let delta = |i: usize| now[i].saturating_sub(last[i]);
         self.preemptions
             .get_or_create(&ModeLabel { mode: "swap" })
@@ -172,7 +173,9 @@ impl Metrics {
         self.prefix_queries.inc_by(delta(2));
         self.prefix_hits.inc_by(delta(3));
         self.abandoned.inc_by(delta(4));
-        *last = now;
+        for (l, n) in last.iter_mut().zip(now) {
+            *l = (*l).max(n);
+        }
     }
 
     pub fn encode(&self) -> String {

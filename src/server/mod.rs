@@ -29,6 +29,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use axum::Router;
 use serde_json::json;
 use std::net::SocketAddr;
@@ -78,6 +79,8 @@ pub enum ServerError {
     Tokenizer(#[from] crate::tokenizer::TokenizerError),
     #[error("serving: {0}")]
     Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Config(String),
 }
 
 /// Builds the router over `app`.
@@ -110,6 +113,11 @@ async fn serve(
     config: ServerConfig,
     on_listening: impl FnOnce(SocketAddr),
 ) -> Result<(), ServerError> {
+    if config.api_key.as_deref() == Some("") {
+        return Err(ServerError::Config(
+            "--api-key is empty; give a key, or leave the option out to serve without one".into(),
+        ));
+    }
     let tokenizer = Tokenizer::from_dir(&config.model_dir)?;
     let chat_template = ChatTemplate::from_dir(&config.model_dir).map_err(|e| e.to_string());
     let shared = Arc::new(Shared::new());
@@ -139,17 +147,32 @@ async fn serve(
     let grace = config.shutdown_grace;
     let draining = app.clone();
     let stopper = engine.clone();
-    axum::serve(listener, router(app))
-        .with_graceful_shutdown(async move {
-            shutdown_signal().await;
-            tracing::info!("shutting down: finishing running requests for up to {grace:?}");
-            draining.draining.store(true, Ordering::Release);
-            tokio::spawn(async move {
-                tokio::time::sleep(grace).await;
-                let _ = stopper.send(Command::AbortAll);
-            });
-        })
-        .await?;
+    let (signalled, mut deadline) = tokio::sync::watch::channel(false);
+    // Per-token SSE writes are small: send each at once.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let server = axum::serve(listener, router(app)).with_graceful_shutdown(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: finishing running requests for up to {grace:?}");
+        draining.draining.store(true, Ordering::Release);
+        let _ = signalled.send(true);
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            let _ = stopper.send(Command::AbortAll);
+        });
+    });
+    // The grace period bounds the shutdown: once it is over (and aborted streams have had
+    // a moment to end), connections still open, say to a client that stopped reading,
+    // are dropped.
+    let bounded = async move {
+        let _ = deadline.wait_for(|&s| s).await;
+        tokio::time::sleep(grace + Duration::from_secs(5)).await;
+    };
+    tokio::select! {
+        r = server => r?,
+        _ = bounded => tracing::warn!("connections still open after the grace period; closing them"),
+    }
     let _ = engine.send(Command::Stop);
     drop(engine);
     let _ = tokio::task::spawn_blocking(move || thread.join()).await;
@@ -188,7 +211,10 @@ async fn authorize(
         let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(|v| {
+                let (scheme, key) = v.split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then_some(key.trim())
+            })
             .unwrap_or("");
         if !bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
             return ApiError::unauthorized().into_response();

@@ -95,6 +95,13 @@ impl AppState {
                 )));
             }
         }
+        if n > self.max_queued {
+            return Err(ApiError::invalid(format!(
+                "{n} prompts in one request exceed --max-queued-requests {}",
+                self.max_queued
+            ))
+            .with_param("prompt"));
+        }
         let before = self.in_flight.fetch_add(n, Ordering::AcqRel);
         let slot = InFlight {
             count: self.in_flight.clone(),
@@ -151,6 +158,21 @@ impl AppState {
             .await
             .map_err(|_| ApiError::unavailable("the engine has stopped"))??;
         Ok(handle)
+    }
+
+    /// Token ids of a prompt, tokenized off the async threads (and off the engine thread,
+    /// which would otherwise stall every stream on a long prompt).
+    pub async fn tokenize(self: &Arc<Self>, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
+        match prompt {
+            Prompt::Tokens(ids) => Ok(ids),
+            Prompt::Text(text) => {
+                let app = self.clone();
+                tokio::task::spawn_blocking(move || app.tokenizer.encode(&text))
+                    .await
+                    .map_err(|e| ApiError::internal(e.to_string()))?
+                    .map_err(|e| ApiError::invalid(e.to_string()).with_param("prompt"))
+            }
+        }
     }
 
     /// The text of one token, as the logprobs of the completions API list it.

@@ -89,7 +89,19 @@ pub fn spawn(
     (tx, thread)
 }
 
+/// Marks the engine failed if its thread ends by panicking, so `/health` tells.
+struct PanicGuard(Arc<Shared>);
+
+impl Drop for PanicGuard {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.set_failed("the engine thread panicked".into());
+        }
+    }
+}
+
 fn run(dir: PathBuf, config: EngineConfig, shared: Arc<Shared>, rx: flume::Receiver<Command>) {
+    let _guard = PanicGuard(shared.clone());
     let mut engine = match Engine::new(&dir, config) {
         Ok(e) => e,
         Err(e) => {
@@ -116,12 +128,13 @@ fn run(dir: PathBuf, config: EngineConfig, shared: Arc<Shared>, rx: flume::Recei
     publish(&engine, &shared);
     shared.health.store(Health::Ready as u8, Ordering::Release);
     tracing::info!(adapter = %engine.ctx.describe(), "model loaded");
+    let mut aborting = false;
     loop {
         // Block for work when idle; otherwise take what has arrived and step.
         if !engine.has_unfinished() {
             match rx.recv() {
                 Ok(cmd) => {
-                    if !handle(&mut engine, cmd) {
+                    if !handle(&mut engine, cmd, &mut aborting) {
                         break;
                     }
                 }
@@ -130,7 +143,7 @@ fn run(dir: PathBuf, config: EngineConfig, shared: Arc<Shared>, rx: flume::Recei
         }
         let mut stop = false;
         while let Ok(cmd) = rx.try_recv() {
-            if !handle(&mut engine, cmd) {
+            if !handle(&mut engine, cmd, &mut aborting) {
                 stop = true;
                 break;
             }
@@ -154,9 +167,16 @@ fn run(dir: PathBuf, config: EngineConfig, shared: Arc<Shared>, rx: flume::Recei
     publish(&engine, &shared);
 }
 
-/// Carries out one command; false to stop.
-fn handle(engine: &mut Engine, cmd: Command) -> bool {
+/// Carries out one command; false to stop. After `AbortAll` (the end of a shutdown's
+/// grace period) new requests are refused too.
+fn handle(engine: &mut Engine, cmd: Command, aborting: &mut bool) -> bool {
     match cmd {
+        Command::Add { reply, .. } if *aborting => {
+            let _ = reply.send(Err(crate::engine::EngineError::Config(
+                "the server is shutting down".into(),
+            )));
+            true
+        }
         Command::Add {
             prompt,
             params,
@@ -166,6 +186,7 @@ fn handle(engine: &mut Engine, cmd: Command) -> bool {
             true
         }
         Command::AbortAll => {
+            *aborting = true;
             let n = engine.abort_all();
             tracing::info!("aborted {n} requests");
             true
