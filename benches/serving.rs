@@ -17,7 +17,7 @@
 
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -42,49 +42,9 @@ fn prompts() -> Vec<String> {
         .collect()
 }
 
-struct Server(Child, String);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_server() -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pagellm"))
-        .args(["serve", "--port", "0"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start pagellm serve");
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines.next().expect("server exited").unwrap();
-        if let Some(i) = line.find("listening on ") {
-            break line[i + 13..].trim().to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    let s = Server(child, addr);
-    let start = Instant::now();
-    while agent()
-        .get(&format!("{}/health", s.1))
-        .call()
-        .map_or(true, |r| r.status() != 200)
-    {
-        assert!(start.elapsed() < Duration::from_secs(120));
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    s
-}
-
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(600)))
-        .build()
-        .into()
-}
+#[path = "../tests/support/http.rs"]
+mod http;
+use http::{agent, serve};
 
 /// One streamed request: time to first token, the gaps after it, and the text.
 fn one(url: &str, prompt: &str) -> (Duration, Vec<Duration>, String) {
@@ -219,8 +179,8 @@ fn main() {
         "workload: {REQUESTS} requests, prompts of 10-40 tokens, greedy, {TOKENS} new tokens each \
          (ignore_eos), streamed; shipped model (models/fortunes-llama)"
     );
-    let server = start_server();
-    let url = format!("{}/v1/completions", server.1);
+    let server = serve(env!("CARGO_BIN_EXE_pagellm"), &[]);
+    let url = format!("{}/v1/completions", server.base);
     // Warm-up: compile the pipelines.
     one(&url, "warm up");
     println!();

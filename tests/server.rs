@@ -9,57 +9,35 @@ mod common;
 use common::golden;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-struct Server {
-    child: Child,
-    base: String,
+#[path = "support/http.rs"]
+mod http;
+use http::{agent, listening, serve, Served};
+
+struct Server(Served);
+
+impl std::ops::Deref for Server {
+    type Target = Served;
+    fn deref(&self) -> &Served {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Server {
+    fn deref_mut(&mut self) -> &mut Served {
+        &mut self.0
+    }
 }
 
 impl Server {
     fn start(args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_pagellm"))
-            .arg("serve")
-            .args(["--port", "0"])
-            .args(args)
-            .env("RUST_BACKTRACE", "0")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start pagellm serve");
-        let stderr = child.stderr.take().unwrap();
-        let mut lines = BufReader::new(stderr).lines();
-        let base = loop {
-            let line = lines
-                .next()
-                .expect("pagellm serve exited before listening")
-                .unwrap();
-            if let Some(i) = line.find("listening on ") {
-                break line[i + "listening on ".len()..].trim().to_string();
-            }
-        };
-        // Keep draining stderr so the server never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
-        let s = Server { child, base };
-        s.wait_healthy();
-        s
+        Server(serve(env!("CARGO_BIN_EXE_pagellm"), args))
     }
 
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
-    }
-
-    fn wait_healthy(&self) {
-        let start = Instant::now();
-        loop {
-            let (status, _) = get(&self.url("/health"));
-            if status == 200 {
-                return;
-            }
-            assert!(start.elapsed() < Duration::from_secs(60), "never healthy");
-            std::thread::sleep(Duration::from_millis(50));
-        }
     }
 
     fn metric(&self, name: &str) -> f64 {
@@ -70,21 +48,6 @@ impl Server {
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("no metric {name} in\n{text}"))
     }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(120)))
-        .build()
-        .into()
 }
 
 fn get(url: &str) -> (u16, String) {
@@ -746,14 +709,7 @@ fn health_is_503_when_the_model_fails_to_load() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let base = loop {
-        let line = lines.next().unwrap().unwrap();
-        if let Some(i) = line.find("listening on ") {
-            break line[i + 13..].trim().to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
+    let base = listening(&mut child);
     let start = Instant::now();
     let (status, body) = loop {
         let (status, body) = get(&format!("{base}/health"));

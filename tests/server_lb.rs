@@ -14,6 +14,10 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "support/http.rs"]
+mod http;
+use http::{agent, serve, Served};
+
 struct Proc(Child);
 
 impl Drop for Proc {
@@ -23,38 +27,11 @@ impl Drop for Proc {
     }
 }
 
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(120)))
-        .build()
-        .into()
-}
-
-fn replica(dir: &str) -> (Proc, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pagellm"))
-        .args(["serve", "--port", "0", "--model", dir])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines.next().expect("replica exited").unwrap();
-        if let Some(i) = line.find("listening on http://") {
-            break line[i + 20..].trim().to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    let start = Instant::now();
-    while agent()
-        .get(&format!("http://{addr}/health"))
-        .call()
-        .map_or(true, |r| r.status() != 200)
-    {
-        assert!(start.elapsed() < Duration::from_secs(60));
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    (Proc(child), addr)
+/// A replica and its `host:port`.
+fn replica(dir: &str) -> (Served, String) {
+    let s = serve(env!("CARGO_BIN_EXE_pagellm"), &["--model", dir]);
+    let addr = s.base.trim_start_matches("http://").to_string();
+    (s, addr)
 }
 
 fn nginx() -> Option<PathBuf> {

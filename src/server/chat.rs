@@ -6,10 +6,9 @@
 //! `add_generation_prompt`). Streaming sends the assistant role in each choice's first
 //! chunk, then content deltas.
 
-use super::completions::{
-    now_secs, stream_response, whole_response, Api, Ctx, StopInput, StreamOptions,
-};
+use super::completions::{now_secs, stream_response, whole_response, Api, Ctx};
 use super::error::ApiError;
+use super::fields::Common;
 use super::state::AppState;
 use crate::engine::Prompt;
 use crate::sampling::SamplingParams;
@@ -42,28 +41,17 @@ pub struct Message {
     pub content: Option<Content>,
 }
 
+/// The request body: the shared fields, and the chat API's own.
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
-    pub model: Option<String>,
+    #[serde(flatten)]
+    pub common: Common,
     pub messages: Vec<Message>,
     pub max_tokens: Option<usize>,
     pub max_completion_tokens: Option<usize>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub n: Option<usize>,
-    pub stop: Option<StopInput>,
-    pub seed: Option<u64>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<usize>,
-    pub presence_penalty: Option<f32>,
-    pub frequency_penalty: Option<f32>,
-    pub stream: Option<bool>,
-    pub stream_options: Option<StreamOptions>,
-    pub top_k: Option<i64>,
-    pub min_p: Option<f32>,
-    pub repetition_penalty: Option<f32>,
-    pub ignore_eos: Option<bool>,
-    pub stop_token_ids: Option<Vec<u32>>,
+    /// vLLM: open the assistant's turn (default true).
     pub add_generation_prompt: Option<bool>,
 }
 
@@ -103,17 +91,9 @@ impl ChatRequest {
             .collect()
     }
 
+    /// The engine's parameters; without a token limit, 0 stands for "the rest of the
+    /// context", which the handler sets once it knows the prompt's length.
     fn sampling_params(&self) -> Result<SamplingParams, ApiError> {
-        let top_k = match self.top_k {
-            None | Some(-1) | Some(0) => None,
-            Some(k) if k > 0 => Some(k as usize),
-            Some(k) => {
-                return Err(ApiError::invalid(format!(
-                    "top_k must be -1 (off) or positive, got {k}"
-                ))
-                .with_param("top_k"))
-            }
-        };
         let logprobs = match (self.logprobs.unwrap_or(false), self.top_logprobs) {
             (true, k) => Some(k.unwrap_or(0)),
             (false, Some(_)) => {
@@ -122,29 +102,8 @@ impl ChatRequest {
             }
             (false, None) => None,
         };
-        Ok(SamplingParams {
-            n: self.n.unwrap_or(1),
-            temperature: self.temperature.unwrap_or(1.0),
-            top_k,
-            top_p: self.top_p.unwrap_or(1.0),
-            min_p: self.min_p.unwrap_or(0.0),
-            seed: self.seed,
-            // Without a limit a reply may use the rest of the context (set by the handler
-            // once the prompt's length is known).
-            max_tokens: self.max_completion_tokens.or(self.max_tokens).unwrap_or(0),
-            stop: match &self.stop {
-                None => Vec::new(),
-                Some(StopInput::One(s)) => vec![s.clone()],
-                Some(StopInput::Many(v)) => v.clone(),
-            },
-            stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
-            ignore_eos: self.ignore_eos.unwrap_or(false),
-            logprobs,
-            presence_penalty: self.presence_penalty.unwrap_or(0.0),
-            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
-            repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
-            ..SamplingParams::default()
-        })
+        let max_tokens = self.max_completion_tokens.or(self.max_tokens).unwrap_or(0);
+        self.common.params(max_tokens, logprobs, 1.0)
     }
 }
 
@@ -153,7 +112,7 @@ pub async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: ChatRequest = app.parse_body(body)?;
-    app.check_model(req.model.as_deref())?;
+    app.check_model(req.common.model.as_deref())?;
     if let Err(why) = &app.chat_template {
         return Err(ApiError::invalid(why.clone()).with_param("messages"));
     }
@@ -192,12 +151,8 @@ pub async fn chat_completions(
         echoes: vec![String::new()],
         logprobs: params.logprobs.is_some(),
     };
-    if req.stream.unwrap_or(false) {
-        let usage = req
-            .stream_options
-            .as_ref()
-            .and_then(|o| o.include_usage)
-            .unwrap_or(false);
+    if req.common.streamed() {
+        let usage = req.common.include_usage();
         Ok(stream_response(ctx, vec![handle], usage, guard).into_response())
     } else {
         whole_response(ctx, vec![handle], guard).await

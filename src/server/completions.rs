@@ -8,6 +8,7 @@
 //! dropped) frees its blocks at the next engine step.
 
 use super::error::ApiError;
+use super::fields::Common;
 use super::state::{AppState, InFlight};
 use super::timing::Timing;
 use crate::engine::{FinishReason, Prompt, RequestEvent, RequestOutput, TokenLogprob};
@@ -32,44 +33,18 @@ pub enum PromptInput {
     TokenLists(Vec<Vec<u32>>),
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum StopInput {
-    One(String),
-    Many(Vec<String>),
-}
-
-#[derive(Debug, Default, Deserialize)]
-pub struct StreamOptions {
-    pub include_usage: Option<bool>,
-}
-
-/// The request body. Fields OpenAI defines that pagellm does not use (`user`, `suffix`)
-/// are accepted and ignored, as vLLM does; a known field of the wrong type is a 400.
+/// The request body: the shared fields, and the completions API's own.
 #[derive(Debug, Deserialize)]
 pub struct CompletionRequest {
-    pub model: Option<String>,
+    #[serde(flatten)]
+    pub common: Common,
     pub prompt: PromptInput,
     pub max_tokens: Option<usize>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub n: Option<usize>,
-    pub stop: Option<StopInput>,
-    pub seed: Option<u64>,
     pub logprobs: Option<usize>,
     pub echo: Option<bool>,
-    pub presence_penalty: Option<f32>,
-    pub frequency_penalty: Option<f32>,
-    pub stream: Option<bool>,
-    pub stream_options: Option<StreamOptions>,
-    pub top_k: Option<i64>,
-    pub min_p: Option<f32>,
-    pub repetition_penalty: Option<f32>,
-    pub ignore_eos: Option<bool>,
     pub use_beam_search: Option<bool>,
     pub best_of: Option<usize>,
     pub length_penalty: Option<f32>,
-    pub stop_token_ids: Option<Vec<u32>>,
 }
 
 impl CompletionRequest {
@@ -88,18 +63,8 @@ impl CompletionRequest {
 
     /// OpenAI's and vLLM's defaults where the request is silent.
     pub fn sampling_params(&self) -> Result<SamplingParams, ApiError> {
-        let n = self.n.unwrap_or(1);
+        let n = self.common.n.unwrap_or(1);
         let beam = self.use_beam_search.unwrap_or(false);
-        let top_k = match self.top_k {
-            None | Some(-1) | Some(0) => None,
-            Some(k) if k > 0 => Some(k as usize),
-            Some(k) => {
-                return Err(ApiError::invalid(format!(
-                    "top_k must be -1 (off) or positive, got {k}"
-                ))
-                .with_param("top_k"))
-            }
-        };
         if let Some(b) = self.best_of {
             if b < n {
                 return Err(
@@ -114,28 +79,13 @@ impl CompletionRequest {
                 .with_param("best_of"));
             }
         }
-        Ok(SamplingParams {
-            n,
-            temperature: self.temperature.unwrap_or(if beam { 0.0 } else { 1.0 }),
-            top_k,
-            top_p: self.top_p.unwrap_or(1.0),
-            min_p: self.min_p.unwrap_or(0.0),
-            seed: self.seed,
-            max_tokens: self.max_tokens.unwrap_or(16),
-            stop: match &self.stop {
-                None => Vec::new(),
-                Some(StopInput::One(s)) => vec![s.clone()],
-                Some(StopInput::Many(v)) => v.clone(),
-            },
-            stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
-            ignore_eos: self.ignore_eos.unwrap_or(false),
-            logprobs: self.logprobs,
-            beam_width: beam.then(|| self.best_of.unwrap_or(n)),
-            length_penalty: self.length_penalty.unwrap_or(1.0),
-            presence_penalty: self.presence_penalty.unwrap_or(0.0),
-            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
-            repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
-        })
+        let temperature = if beam { 0.0 } else { 1.0 };
+        let mut p =
+            self.common
+                .params(self.max_tokens.unwrap_or(16), self.logprobs, temperature)?;
+        p.beam_width = beam.then(|| self.best_of.unwrap_or(n));
+        p.length_penalty = self.length_penalty.unwrap_or(1.0);
+        Ok(p)
     }
 }
 
@@ -144,7 +94,7 @@ pub async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: CompletionRequest = app.parse_body(body)?;
-    app.check_model(req.model.as_deref())?;
+    app.check_model(req.common.model.as_deref())?;
     let prompts = req.prompts()?;
     let params = req.sampling_params()?;
     let echo = req.echo.unwrap_or(false);
@@ -175,12 +125,8 @@ pub async fn completions(
         echoes,
         logprobs: params.logprobs.is_some(),
     };
-    if req.stream.unwrap_or(false) {
-        let usage = req
-            .stream_options
-            .as_ref()
-            .and_then(|o| o.include_usage)
-            .unwrap_or(false);
+    if req.common.streamed() {
+        let usage = req.common.include_usage();
         Ok(stream_response(ctx, handles, usage, guard).into_response())
     } else {
         whole_response(ctx, handles, guard).await

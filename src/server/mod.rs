@@ -14,6 +14,7 @@
 mod chat;
 mod completions;
 mod error;
+mod fields;
 mod metrics;
 mod state;
 mod timing;
