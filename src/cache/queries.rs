@@ -74,6 +74,12 @@ impl BlockManager {
         self.device.available()
     }
 
+    /// Device blocks referenced by a block table or held by the pending plan (what
+    /// `stats().device.used` reports, without walking the tables).
+    pub fn num_used_device_blocks(&self) -> usize {
+        self.device.num_blocks() - self.device.num_free() - self.device.num_evictable()
+    }
+
     pub fn num_free_host_blocks(&self) -> usize {
         self.host.num_free()
     }

@@ -9,6 +9,9 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::oneshot;
 
+/// Longest a busy engine goes without publishing its statistics for `/metrics`.
+const PUBLISH_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// What a handler asks of the engine thread.
 pub enum Command {
     /// Queue a request; the reply carries its handle or the reason it was refused.
@@ -129,6 +132,7 @@ fn run(dir: PathBuf, config: EngineConfig, shared: Arc<Shared>, rx: flume::Recei
     shared.health.store(Health::Ready as u8, Ordering::Release);
     tracing::info!(adapter = %engine.ctx.describe(), "model loaded");
     let mut aborting = false;
+    let mut published = std::time::Instant::now();
     loop {
         // Block for work when idle; otherwise take what has arrived and step.
         if !engine.has_unfinished() {
@@ -161,7 +165,12 @@ fn run(dir: PathBuf, config: EngineConfig, shared: Arc<Shared>, rx: flume::Recei
                 }
             }
         }
-        publish(&engine, &shared);
+        // Statistics walk every block table: publish them at most every 50 ms while busy,
+        // and always before waiting idle.
+        if !engine.has_unfinished() || published.elapsed() >= PUBLISH_EVERY {
+            publish(&engine, &shared);
+            published = std::time::Instant::now();
+        }
     }
     engine.abort_all();
     publish(&engine, &shared);

@@ -164,6 +164,13 @@ impl Driver {
             .blocks
             .check_invariants()
             .map_err(|e| format!("step {}: block manager: {e}", self.steps))?;
+        let bm = &self.sched.blocks;
+        if bm.num_used_device_blocks() != bm.stats().device.used {
+            return Err(format!(
+                "step {}: used-block count disagrees with stats",
+                self.steps
+            ));
+        }
         if out.scheduled.is_empty() && out.ops.is_empty() && !self.groups.is_empty() {
             self.idle += 1;
             if self.idle > 2 {

@@ -387,7 +387,7 @@ impl Scheduler {
     }
 
     fn record_peaks<D, R>(&mut self, groups: &Groups<D, R>) {
-        let used = self.blocks.stats().device.used;
+        let used = self.blocks.num_used_device_blocks();
         self.stats.peak_blocks_used = self.stats.peak_blocks_used.max(used);
         let seqs: usize = self
             .running
