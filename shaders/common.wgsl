@@ -7,6 +7,9 @@
 const DTYPE_F32: u32 = 0u;
 const DTYPE_F16: u32 = 1u;
 const DTYPE_BF16: u32 = 2u;
+// KV pools only: quantized tiles (src/pool/quant.rs has the format).
+const DTYPE_INT8: u32 = 3u;
+const DTYPE_INT4: u32 = 4u;
 
 // bf16 is the top half of an f32, so widening is an exact shift.
 fn unpack_bf16x2(w: u32) -> vec2<f32> {

@@ -4,11 +4,11 @@
 // This variant reads q, probabilities and value-row offsets from workgroup memory one
 // element at a time; paged_attention_sg.wgsl shares them through subgroup broadcasts.
 
-// q · K[row at word `base`] (q already scaled).
+// q · K[pool row `base`] (q already scaled).
 fn score(base: u32, lane: u32) -> f32 {
     var dot = 0.0;
     for (var e = 0u; e < p.head_dim / 2u; e++) {
-        let kp = load_pair(base, e);
+        let kp = load_pair(0u, base, e);
         dot += q_s[2u * e] * kp.x + q_s[2u * e + 1u] * kp.y;
     }
     return dot;
@@ -20,7 +20,7 @@ fn values(a0: vec2<f32>, e: u32, n_valid: u32, v_half: u32, lane: u32) -> vec2<f
     for (var j = 0u; j < n_valid; j++) {
         let rb = row[j];
         if rb != NO_ROW {
-            a += prob[j] * load_pair(v_half + rb, e);
+            a += prob[j] * load_pair(v_half, rb, e);
         }
     }
     return a;

@@ -17,7 +17,8 @@
 // phase a thread owns one key position of the tile; in the value phase it owns pairs of
 // output elements.
 
-override KV_DTYPE: u32 = 1u;  // DTYPE_F32 or DTYPE_F16
+override KV_DTYPE: u32 = 1u;  // DTYPE_F32, DTYPE_F16, DTYPE_INT8 or DTYPE_INT4
+override KV_GROUP: u32 = 64u; // values per scale (quantized pools)
 // Benchmark baseline: the cache is contiguous per sequence (sequence s owns "block" s, whose
 // block_size is the longest context) and no block table is read.
 override CONTIGUOUS: bool = false;
@@ -52,15 +53,57 @@ const NO_ROW: u32 = 0xffffffffu;
 
 var<workgroup> q_s: array<f32, MAX_HEAD_DIM>;
 var<workgroup> prob: array<f32, WG>;
-var<workgroup> row: array<u32, WG>;  // word offset of each tile position's key row, or NO_ROW
+var<workgroup> row: array<u32, WG>;  // pool row index of each tile position, or NO_ROW
 var<workgroup> red: array<f32, WG>;
 
-// Elements 2e and 2e+1 of the row starting at word `base`.
-fn load_pair(base: u32, e: u32) -> vec2<f32> {
+// u32 words of one row's values (one token, one KV head), scales not counted.
+fn kv_row_words() -> u32 {
+    switch KV_DTYPE {
+        case DTYPE_F32: { return p.head_dim; }
+        case DTYPE_INT8: { return p.head_dim / 4u; }
+        case DTYPE_INT4: { return p.head_dim / 8u; }
+        default: { return p.head_dim / 2u; }
+    }
+}
+
+// u32 words of one (block, KV head) tile: block_size rows, then (quantized) their scales.
+fn kv_tile_words() -> u32 {
+    let values = p.block_size * kv_row_words();
+    if KV_DTYPE == DTYPE_INT8 || KV_DTYPE == DTYPE_INT4 {
+        return values + (p.block_size * (p.head_dim / KV_GROUP) + 1u) / 2u;
+    }
+    return values;
+}
+
+// Elements 2e and 2e+1 of pool row r ((local block, KV head) tile r / block_size, row
+// r % block_size) of the half starting at word `half` (0 for K, v_half for V), decoded.
+// The quantized layout is src/pool/quant.rs's.
+fn load_pair(half: u32, r: u32, e: u32) -> vec2<f32> {
     if KV_DTYPE == DTYPE_F32 {
+        let base = half + r * p.head_dim;
         return vec2<f32>(bitcast<f32>(kv[base + 2u * e]), bitcast<f32>(kv[base + 2u * e + 1u]));
     }
-    return unpack2x16float(kv[base + e]);
+    if KV_DTYPE == DTYPE_F16 {
+        return unpack2x16float(kv[half + r * (p.head_dim / 2u) + e]);
+    }
+    let tile = r / p.block_size;
+    let off = r - tile * p.block_size;
+    let rw = kv_row_words();
+    let tb = half + tile * kv_tile_words();
+    let idx = off * (p.head_dim / KV_GROUP) + (2u * e) / KV_GROUP;
+    let sw = unpack2x16float(kv[tb + p.block_size * rw + idx / 2u]);
+    let s = select(sw.x, sw.y, (idx & 1u) == 1u);
+    var c: vec2<i32>;
+    if KV_DTYPE == DTYPE_INT8 {
+        let w = bitcast<i32>(kv[tb + off * rw + e / 2u]);
+        let sh = 16u * (e & 1u);
+        c = vec2<i32>(extractBits(w, sh, 8u), extractBits(w, sh + 8u, 8u));
+    } else {
+        let w = bitcast<i32>(kv[tb + off * rw + e / 4u]);
+        let sh = 8u * (e & 3u);
+        c = vec2<i32>(extractBits(w, sh, 4u), extractBits(w, sh + 4u, 4u));
+    }
+    return vec2<f32>(c) * s;
 }
 
 fn reduce_max(tid: u32, v: f32) -> f32 {
@@ -100,8 +143,7 @@ fn attention_body(wg: vec3<u32>, tid: u32, lane: u32) {
     let seq = tp.x;
     let ctx_len = tp.y + 1u;
     let kvh = h / (p.num_heads / p.num_kv_heads);
-    let row_words = select(p.head_dim / 2u, p.head_dim, KV_DTYPE == DTYPE_F32);
-    let v_half = p.shard_num_blocks * p.num_kv_heads * p.block_size * row_words;
+    let v_half = p.shard_num_blocks * p.num_kv_heads * kv_tile_words();
     let half_dim = p.head_dim / 2u;
 
     for (var i = tid; i < p.head_dim; i += WG) {
@@ -126,7 +168,7 @@ fn attention_body(wg: vec3<u32>, tid: u32, lane: u32) {
             }
             if block >= p.shard_first_block && block - p.shard_first_block < p.shard_num_blocks {
                 let local_block = block - p.shard_first_block;
-                base = ((local_block * p.num_kv_heads + kvh) * p.block_size + pos % p.block_size) * row_words;
+                base = (local_block * p.num_kv_heads + kvh) * p.block_size + pos % p.block_size;
             }
         }
         // Every lane scores a row (row 0 stands in for a missing one) so that score() runs

@@ -6,18 +6,18 @@
 // subgroupBroadcast: CPU adapters turn every load whose address they cannot prove uniform
 // into a per-lane gather. Terms are added in the same order as paged_attention.wgsl.
 
-// q · K[row at word `base`] (q already scaled).
+// q · K[pool row `base`] (q already scaled).
 fn score(base: u32, lane: u32) -> f32 {
     var dot = 0.0;
     for (var e8 = 0u; e8 < p.head_dim / 8u; e8++) {
         let ql = q_s[8u * e8 + (lane & 7u)];
-        let k0 = load_pair(base, 4u * e8);
+        let k0 = load_pair(0u, base, 4u * e8);
         dot += subgroupBroadcast(ql, 0u) * k0.x + subgroupBroadcast(ql, 1u) * k0.y;
-        let k1 = load_pair(base, 4u * e8 + 1u);
+        let k1 = load_pair(0u, base, 4u * e8 + 1u);
         dot += subgroupBroadcast(ql, 2u) * k1.x + subgroupBroadcast(ql, 3u) * k1.y;
-        let k2 = load_pair(base, 4u * e8 + 2u);
+        let k2 = load_pair(0u, base, 4u * e8 + 2u);
         dot += subgroupBroadcast(ql, 4u) * k2.x + subgroupBroadcast(ql, 5u) * k2.y;
-        let k3 = load_pair(base, 4u * e8 + 3u);
+        let k3 = load_pair(0u, base, 4u * e8 + 3u);
         dot += subgroupBroadcast(ql, 6u) * k3.x + subgroupBroadcast(ql, 7u) * k3.y;
     }
     return dot;
@@ -26,7 +26,7 @@ fn score(base: u32, lane: u32) -> f32 {
 // One position's term: a + pr * V[row rb], pair e, when the position exists and has a row.
 fn value_term(a: vec2<f32>, ok: bool, pr: f32, rb: u32, v_half: u32, e: u32) -> vec2<f32> {
     if ok && rb != NO_ROW {
-        return a + pr * load_pair(v_half + rb, e);
+        return a + pr * load_pair(v_half, rb, e);
     }
     return a;
 }

@@ -70,7 +70,7 @@ fn swap_round_trip(ctx: &pagellm::GpuContext, pool: KvPool) {
 #[test]
 fn swap_out_and_in_preserves_every_byte() {
     for ctx in contexts() {
-        for dtype in [KvDtype::F16, KvDtype::F32] {
+        for dtype in KvDtype::ALL {
             swap_round_trip(ctx, filled_pool(ctx, layout(dtype), 12, None, 0));
         }
     }

@@ -3,8 +3,8 @@
 //! shuffled block tables of the paged pool. Covers the edge cases of DESIGN.md: context
 //! lengths 1, block_size - 1, block_size, block_size + 1; GQA 4:1 and MQA; out-of-order
 //! physical blocks; several sequences of different lengths in one batch mixing prefill
-//! chunks and decode tokens; head sizes 64/96/128; block sizes 8/16/32; f16 and f32 pools;
-//! a pool split over several buffers.
+//! chunks and decode tokens; head sizes 64/96/128 (and 80 for quantized pools); block sizes
+//! 8/16/32; f16, f32, int8 and int4 pools; a pool split over several buffers.
 
 mod common;
 use common::*;
@@ -13,7 +13,7 @@ use pagellm::kernels::paged_attention::{
     paged_attention_with, AttentionKernel, AttentionMetadata, SeqSlice,
 };
 use pagellm::kernels::reshape_and_cache::reshape_and_cache;
-use pagellm::pool::{KvDtype, KvLayout, KvPool, PoolSize};
+use pagellm::pool::{quant, KvDtype, KvLayout, KvPool, PoolSize};
 use pagellm::reference as r;
 use rand::seq::SliceRandom;
 
@@ -126,21 +126,24 @@ fn run(ctx: &pagellm::GpuContext, seed: u64, c: &Case) {
     reshape_and_cache(&mut b, &pool, layer, &nkb, &nvb, bufs.slot_mapping(), t).unwrap();
     b.submit().unwrap();
 
-    let store = |v: &[f32]| match c.dtype {
-        KvDtype::F16 => r::round_f16(v),
-        KvDtype::F32 => v.to_vec(),
-    };
+    // The reference attends over what the pool holds. Float pools: the values rounded to
+    // the pool's dtype. Quantized pools: the pool's own codes and scales, read back and
+    // decoded in plain Rust; tests/kv_quant.rs checks those codes against the plain-Rust
+    // quantizer (here a near-tie rounding difference would blur the comparison).
     let mut want = Vec::new();
     for i in 0..c.seqs.len() {
-        want.extend(r::causal_attention(
-            &q[i],
-            &store(&k_hist[i]),
-            &store(&v_hist[i]),
-            nh,
-            nkv,
-            hd,
-            scale,
-        ));
+        let (k, v) = if c.dtype.is_quantized() {
+            let slots: Vec<usize> = (0..c.seqs[i].0)
+                .map(|pos| tables[i][pos / bs] as usize * bs + pos % bs)
+                .collect();
+            read_rows(ctx, &pool, layer, &slots)
+        } else {
+            (
+                quant::round_trip(c.dtype, hd, &k_hist[i]),
+                quant::round_trip(c.dtype, hd, &v_hist[i]),
+            )
+        };
+        want.extend(r::causal_attention(&q[i], &k, &v, nh, nkv, hd, scale));
     }
     // Every kernel the adapter supports, each against the reference; the two add the same
     // terms in the same order, so they must also agree bit for bit.
@@ -252,7 +255,60 @@ fn pool_split_over_several_buffers_merges_partials() {
 }
 
 fn dtype_bytes(d: KvDtype) -> usize {
-    d.bytes()
+    d.bits() / 8
+}
+
+#[test]
+fn quantized_pools_with_gqa_mqa_and_odd_head_sizes() {
+    for ctx in contexts() {
+        for dtype in [KvDtype::Int8, KvDtype::Int4] {
+            for (i, (hd, nh, nkv, bs)) in [
+                (64, 4, 4, 16),
+                (128, 8, 2, 16),
+                (80, 4, 1, 8),
+                (96, 6, 3, 32),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let case = Case {
+                    head_dim: hd,
+                    block_size: bs,
+                    num_heads: nh,
+                    num_kv_heads: nkv,
+                    dtype,
+                    seqs: vec![(37, 37), (50, 20), (1, 1), (bs + 1, 1), (150, 3)],
+                    arena_limit: None,
+                };
+                run(ctx, 500 + i as u64, &case);
+            }
+        }
+    }
+}
+
+#[test]
+fn quantized_pool_split_over_several_buffers() {
+    for ctx in contexts() {
+        for dtype in [KvDtype::Int8, KvDtype::Int4] {
+            let layout = KvLayout {
+                num_layers: 2,
+                num_kv_heads: 2,
+                head_dim: 64,
+                block_size: 16,
+                dtype,
+            };
+            let case = Case {
+                head_dim: 64,
+                block_size: 16,
+                num_heads: 4,
+                num_kv_heads: 2,
+                dtype,
+                seqs: vec![(100, 1), (60, 30), (5, 5), (33, 1)],
+                arena_limit: Some(4 * 2 * layout.block_bytes()),
+            };
+            run(ctx, 600, &case);
+        }
+    }
 }
 
 #[test]

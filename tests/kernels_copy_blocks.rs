@@ -38,7 +38,7 @@ fn check_copies(ctx: &pagellm::GpuContext, pool: &KvPool, pairs: &[(u32, u32)]) 
 #[test]
 fn one_buffer_pool_copies_every_layer_in_one_dispatch() {
     for ctx in contexts() {
-        for dtype in [KvDtype::F16, KvDtype::F32] {
+        for dtype in KvDtype::ALL {
             let layout = KvLayout {
                 num_layers: 3,
                 num_kv_heads: 2,

@@ -14,6 +14,7 @@ use pagellm::kernels::{
     rope::RopeParams,
     silu_mul::SiluMulParams,
     KernelParams, ALL, MATMUL_SKINNY, MATMUL_SKINNY_SG, MATMUL_SKINNY_VEC, PAGED_ATTENTION_SG,
+    RESHAPE_AND_CACHE_Q,
 };
 
 /// (kernel name, [(field, offset)], size) of the uniform at @group(0) @binding(0).
@@ -79,6 +80,7 @@ fn every_params_struct_matches_its_shader() {
         check::<SiluMulParams>(),
         check::<AddParams>(),
         check::<ReshapeAndCacheParams>(),
+        check_kernel::<ReshapeAndCacheParams>(RESHAPE_AND_CACHE_Q),
         check::<PagedAttentionParams>(),
         check_kernel::<PagedAttentionParams>(PAGED_ATTENTION_SG),
         check::<PagedAttentionReduceParams>(),

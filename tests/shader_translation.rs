@@ -19,7 +19,8 @@ use std::process::Command;
 fn override_values(name: &str) -> Vec<f64> {
     match name {
         "WEIGHT_DTYPE" => vec![0.0, 1.0, 2.0],
-        "KV_DTYPE" => vec![0.0, 1.0],
+        "KV_DTYPE" => vec![0.0, 1.0, 3.0, 4.0],
+        "KV_GROUP" => vec![1.0, 16.0, 64.0],
         "CONTIGUOUS" => vec![0.0, 1.0],
         "ROWS" => vec![1.0, 2.0, 4.0, 8.0],
         other => panic!("test does not know the values of override {other}"),

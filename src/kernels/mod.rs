@@ -57,6 +57,7 @@ kernel!(ROPE, "rope");
 kernel!(SILU_MUL, "silu_mul");
 kernel!(ADD, "add");
 kernel!(RESHAPE_AND_CACHE, "reshape_and_cache");
+kernel!(RESHAPE_AND_CACHE_Q, "reshape_and_cache_q");
 kernel!(
     PAGED_ATTENTION,
     "paged_attention",
@@ -84,6 +85,7 @@ pub const ALL: &[KernelSource] = &[
     SILU_MUL,
     ADD,
     RESHAPE_AND_CACHE,
+    RESHAPE_AND_CACHE_Q,
     PAGED_ATTENTION,
     PAGED_ATTENTION_SG,
     PAGED_ATTENTION_REDUCE,

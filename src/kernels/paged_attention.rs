@@ -364,6 +364,8 @@ fn attention(
             source,
             &[
                 ("KV_DTYPE", l.dtype.code()),
+                // Float pools ignore it; one value keeps them to one pipeline each.
+                ("KV_GROUP", l.group_size().max(1) as f64),
                 ("CONTIGUOUS", contiguous as u32 as f64),
             ],
             &p,

@@ -1,6 +1,6 @@
 //! Launcher for `shaders/reshape_and_cache.wgsl`: the step's new K and V into their slots.
 
-use super::{check_len, groups, params, RESHAPE_AND_CACHE};
+use super::{check_len, groups, params, RESHAPE_AND_CACHE, RESHAPE_AND_CACHE_Q};
 use crate::error::{GpuError, Result};
 use crate::gpu::{Batch, Bind};
 use crate::pool::KvPool;
@@ -18,7 +18,8 @@ params!(ReshapeAndCacheParams for RESHAPE_AND_CACHE {
 
 /// Writes `key`/`value` (`[num_tokens, num_kv_heads, head_dim]` f32) of layer `layer` into the
 /// pool at `slot_mapping` (`[num_tokens]` i32, slot = block * block_size + offset, negative =
-/// skip). One dispatch per pool shard.
+/// skip). One dispatch per pool shard. A quantized pool quantizes each scale group as it
+/// stores it (`shaders/reshape_and_cache_q.wgsl`, format in [`crate::pool::quant`]).
 pub fn reshape_and_cache<'a>(
     batch: &mut Batch,
     pool: &KvPool,
@@ -51,16 +52,32 @@ pub fn reshape_and_cache<'a>(
             shard_num_blocks: count as u32,
             ..Default::default()
         };
+        let bindings = [
+            key.into(),
+            value.into(),
+            slot_mapping,
+            pool.slab(layer, shard),
+        ];
+        if l.dtype.is_quantized() {
+            let group = l.group_size();
+            batch.dispatch(
+                RESHAPE_AND_CACHE_Q,
+                &[("KV_DTYPE", l.dtype.code()), ("KV_GROUP", group as f64)],
+                &p,
+                &bindings,
+                [
+                    groups(l.num_kv_heads * l.head_dim / group, 64),
+                    num_tokens as u32,
+                    1,
+                ],
+            )?;
+            continue;
+        }
         batch.dispatch(
             RESHAPE_AND_CACHE,
             &[("KV_DTYPE", l.dtype.code())],
             &p,
-            &[
-                key.into(),
-                value.into(),
-                slot_mapping,
-                pool.slab(layer, shard),
-            ],
+            &bindings,
             [
                 groups(l.num_kv_heads * l.row_words(), 64),
                 num_tokens as u32,

@@ -163,3 +163,36 @@ pub fn rounded(v: &[f32], dtype: pagellm::kernels::WeightDtype) -> Vec<f32> {
         WeightDtype::BF16 => pagellm::reference::round_bf16(v),
     }
 }
+
+/// The K and V rows (`[slots.len(), num_kv_heads, head_dim]` each) that layer `layer` of the
+/// pool holds at `slots`, decoded from the pool's bytes by the plain-Rust format.
+pub fn read_rows(
+    ctx: &GpuContext,
+    pool: &KvPool,
+    layer: usize,
+    slots: &[usize],
+) -> (Vec<f32>, Vec<f32>) {
+    use pagellm::pool::quant::decode_half;
+    let l = pool.layout;
+    let half = l.block_bytes() as usize;
+    let (hd, bs) = (l.head_dim, l.block_size);
+    let mut cache = std::collections::HashMap::new();
+    let (mut k, mut v) = (Vec::new(), Vec::new());
+    for &slot in slots {
+        let (block, off) = (slot / bs, slot % bs);
+        let (dk, dv) = cache.entry(block).or_insert_with(|| {
+            let bytes = pool.read_block(ctx, block).unwrap();
+            let at = layer * 2 * half;
+            (
+                decode_half(&l, &bytes[at..at + half]).values,
+                decode_half(&l, &bytes[at + half..at + 2 * half]).values,
+            )
+        });
+        for h in 0..l.num_kv_heads {
+            let r = (h * bs + off) * hd;
+            k.extend_from_slice(&dk[r..r + hd]);
+            v.extend_from_slice(&dv[r..r + hd]);
+        }
+    }
+    (k, v)
+}

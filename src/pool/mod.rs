@@ -1,7 +1,9 @@
 //! GPU storage of the paged KV cache: the pool of fixed-size blocks for every layer.
 //!
 //! Logical layout per layer, as in DESIGN.md: K and V each `[num_blocks, num_kv_heads,
-//! block_size, head_dim]`, f16 (packed two per u32) by default or f32. Physically the pool
+//! block_size, head_dim]`, f16 (packed two per u32) by default, f32, or quantized to 8 or 4
+//! bits with the scales inside each (block, KV head) tile (see [`quant`]), so that a block
+//! stays one self-contained run of bytes whatever the dtype. Physically the pool
 //! is a grid of buffers ("arenas"): blocks are split into shards so that one layer's K and V
 //! for a shard fit one storage binding, and consecutive layers share an arena when they fit
 //! together, so that `copy_blocks` can serve every layer of an arena in one dispatch. An
@@ -12,28 +14,72 @@
 use crate::error::{GpuError, Result};
 use crate::gpu::{Bind, GpuContext};
 
+pub mod quant;
+
 /// Precision of the KV pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum KvDtype {
     #[default]
     F16,
     F32,
+    /// Symmetric 8-bit codes, one f16 scale per group of (up to) 64 values of a row.
+    Int8,
+    /// Symmetric 4-bit codes, one f16 scale per group of (up to) 32 values of a row.
+    Int4,
 }
 
 impl KvDtype {
-    /// Value of the kernels' `KV_DTYPE` override (DTYPE_F32 = 0, DTYPE_F16 = 1).
+    pub const ALL: [KvDtype; 4] = [KvDtype::F16, KvDtype::F32, KvDtype::Int8, KvDtype::Int4];
+
+    /// Value of the kernels' `KV_DTYPE` override (`DTYPE_*` in common.wgsl).
     pub fn code(self) -> f64 {
         match self {
             KvDtype::F32 => 0.0,
             KvDtype::F16 => 1.0,
+            KvDtype::Int8 => 3.0,
+            KvDtype::Int4 => 4.0,
         }
     }
 
-    pub fn bytes(self) -> usize {
+    /// Bits of one stored value, scales not counted.
+    pub fn bits(self) -> usize {
         match self {
-            KvDtype::F32 => 4,
-            KvDtype::F16 => 2,
+            KvDtype::F32 => 32,
+            KvDtype::F16 => 16,
+            KvDtype::Int8 => 8,
+            KvDtype::Int4 => 4,
         }
+    }
+
+    pub fn is_quantized(self) -> bool {
+        matches!(self, KvDtype::Int8 | KvDtype::Int4)
+    }
+
+    /// The name the command line takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+            KvDtype::Int8 => "int8",
+            KvDtype::Int4 => "int4",
+        }
+    }
+}
+
+impl std::fmt::Display for KvDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for KvDtype {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        KvDtype::ALL
+            .into_iter()
+            .find(|d| d.name() == s)
+            .ok_or_else(|| format!("unknown KV dtype {s:?} (expected f16, f32, int8 or int4)"))
     }
 }
 
@@ -50,7 +96,7 @@ pub struct KvLayout {
 impl KvLayout {
     /// Bytes of one block of one layer's K (or V).
     pub fn block_bytes(&self) -> u64 {
-        (self.num_kv_heads * self.block_size * self.head_dim * self.dtype.bytes()) as u64
+        (self.num_kv_heads * self.tile_words() * 4) as u64
     }
 
     /// Bytes one block costs across all layers, K and V.
@@ -58,9 +104,55 @@ impl KvLayout {
         self.block_bytes() * 2 * self.num_layers as u64
     }
 
-    /// u32 words of one token row (one KV head) in the pool.
+    /// Bytes of cache one token takes across all layers, K and V, scales included.
+    pub fn bytes_per_token(&self) -> f64 {
+        self.block_bytes_all_layers() as f64 / self.block_size as f64
+    }
+
+    /// u32 words of one token row's values (one KV head), scales not counted.
     pub fn row_words(&self) -> usize {
-        self.head_dim * self.dtype.bytes() / 4
+        self.head_dim * self.dtype.bits() / 32
+    }
+
+    /// Values that share one scale (quantized pools), or 0 (float pools).
+    pub fn group_size(&self) -> usize {
+        quant::group_size(self.dtype, self.head_dim).unwrap_or(0)
+    }
+
+    /// u32 words of one (block, KV head) tile: `block_size` rows of values, then (quantized
+    /// pools) the rows' scales as f16, two per word, row after row.
+    pub fn tile_words(&self) -> usize {
+        let values = self.block_size * self.row_words();
+        match self.group_size() {
+            0 => values,
+            g => values + (self.block_size * self.head_dim / g).div_ceil(2),
+        }
+    }
+
+    /// Checks that a pool can store this layout.
+    pub fn validate(&self) -> Result<()> {
+        if self.num_layers == 0 || self.num_kv_heads == 0 || self.block_size == 0 {
+            return Err(GpuError::invalid(
+                "kv pool",
+                format!("empty layout {self:?}"),
+            ));
+        }
+        if self.head_dim % 2 != 0 {
+            return Err(GpuError::invalid(
+                "kv pool",
+                format!("head_dim {} must be even", self.head_dim),
+            ));
+        }
+        if self.dtype.is_quantized() && quant::group_size(self.dtype, self.head_dim).is_none() {
+            return Err(GpuError::invalid(
+                "kv pool",
+                format!(
+                    "a {} KV cache needs a head_dim divisible by 8; this one is {}",
+                    self.dtype, self.head_dim
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -98,18 +190,7 @@ impl KvPool {
         size: PoolSize,
         max_arena_bytes: u64,
     ) -> Result<Self> {
-        if layout.num_layers == 0 || layout.num_kv_heads == 0 || layout.block_size == 0 {
-            return Err(GpuError::invalid(
-                "kv pool",
-                format!("empty layout {layout:?}"),
-            ));
-        }
-        if layout.head_dim % 2 != 0 {
-            return Err(GpuError::invalid(
-                "kv pool",
-                format!("head_dim {} must be even", layout.head_dim),
-            ));
-        }
+        layout.validate()?;
         let num_blocks = match size {
             PoolSize::Blocks(n) => n,
             PoolSize::Bytes(b) => (b / layout.block_bytes_all_layers()) as usize,
