@@ -79,6 +79,67 @@ fn greedy_tokens_equal_transformers_on_every_backend() {
 }
 
 #[test]
+fn an_int8_cache_gives_transformers_greedy_tokens_but_at_near_ties() {
+    // The f16 cache gives transformers' greedy tokens exactly (the test above). These
+    // random-weight fixtures are very sensitive to the cache's precision: f16 rounding alone
+    // moves their logprobs by up to 0.1 (tests/golden_gpu.rs), and int8 codes carry about
+    // 16x f16's error, so a step where transformers' top two tokens are a few tenths of a
+    // nat apart may flip (measured: 12 of 56 sequences, at gaps of 0.017 to 0.33 nats, the
+    // same on Vulkan and GL). Allowed: a sequence diverges only at such a step, to a token of
+    // transformers' top 5 within `NEAR_TIE` nats of the top; each divergence is printed
+    // with its gap. The trained shipped model keeps every greedy token with int8 and int4
+    // (tests/shipped_model.rs).
+    const NEAR_TIE: f64 = 0.5;
+    let (mut cases, mut diverged, mut same_tokens, mut tokens) = (0, 0, 0, 0);
+    for ctx in contexts() {
+        for f in golden::all() {
+            let cfg = EngineConfig {
+                kv_dtype: pagellm::pool::KvDtype::Int8,
+                ..EngineConfig::default()
+            };
+            let mut e = engine(ctx, &f.dir, cfg);
+            let work: Vec<_> = f.cases.iter().map(|c| (c.prompt_ids.clone(), 16)).collect();
+            let got = run_all(&mut e, &work);
+            for (g, c) in got.iter().zip(&f.cases) {
+                cases += 1;
+                tokens += c.greedy_ids.len();
+                assert_eq!(g.len(), c.greedy_ids.len());
+                let Some(step) = g.iter().zip(&c.greedy_ids).position(|(a, b)| a != b) else {
+                    same_tokens += c.greedy_ids.len();
+                    continue;
+                };
+                same_tokens += step;
+                diverged += 1;
+                let top = &c.top5[step];
+                let what = format!(
+                    "{} {:?} on {}: step {step} chose {} where transformers chose {}",
+                    f.name,
+                    c.prompt,
+                    common::backend(ctx),
+                    g[step],
+                    c.greedy_ids[step]
+                );
+                let gap = top
+                    .iter()
+                    .find(|(id, _)| *id == g[step])
+                    .map(|(_, lp)| top[0].1 - lp)
+                    .unwrap_or_else(|| panic!("{what}, outside transformers' top 5 {top:?}"));
+                eprintln!("near tie: {what}, {gap:.4} nats below it");
+                assert!(
+                    gap < NEAR_TIE,
+                    "{what}: {gap:.4} nats below it is no near tie"
+                );
+            }
+        }
+    }
+    eprintln!("int8: {same_tokens} of {tokens} greedy tokens equal; {diverged} of {cases} sequences diverged at a near tie");
+    assert!(
+        diverged * 4 <= cases,
+        "{diverged} of {cases} sequences diverged"
+    );
+}
+
+#[test]
 fn batching_and_prefix_caching_do_not_change_greedy_tokens() {
     let Some(&ctx) = contexts().first() else {
         return;
