@@ -7,6 +7,18 @@
 // q · K[pool row `base`] (q already scaled).
 fn score(base: u32, lane: u32) -> f32 {
     var dot = 0.0;
+    if KV_DTYPE == DTYPE_INT8 || KV_DTYPE == DTYPE_INT4 {
+        // Eight at a time, the terms grouped in pairs as below.
+        for (var o = 0u; o < p.head_dim / 8u; o++) {
+            let k = load_oct(0u, base, o);
+            let i = 8u * o;
+            dot += q_s[i] * k[0].x + q_s[i + 1u] * k[0].y;
+            dot += q_s[i + 2u] * k[0].z + q_s[i + 3u] * k[0].w;
+            dot += q_s[i + 4u] * k[1].x + q_s[i + 5u] * k[1].y;
+            dot += q_s[i + 6u] * k[1].z + q_s[i + 7u] * k[1].w;
+        }
+        return dot;
+    }
     for (var e = 0u; e < p.head_dim / 2u; e++) {
         let kp = load_pair(0u, base, e);
         dot += q_s[2u * e] * kp.x + q_s[2u * e + 1u] * kp.y;

@@ -55,7 +55,6 @@ var<workgroup> q_s: array<f32, MAX_HEAD_DIM>;
 var<workgroup> prob: array<f32, WG>;
 var<workgroup> row: array<u32, WG>;  // pool row index of each tile position, or NO_ROW
 var<workgroup> red: array<f32, WG>;
-
 // u32 words of one row's values (one token, one KV head), scales not counted.
 fn kv_row_words() -> u32 {
     switch KV_DTYPE {
@@ -104,6 +103,32 @@ fn load_pair(half: u32, r: u32, e: u32) -> vec2<f32> {
         c = vec2<i32>(extractBits(w, sh, 4u), extractBits(w, sh + 4u, 4u));
     }
     return vec2<f32>(c) * s;
+}
+
+// Elements 8o .. 8o+7 of pool row r of the half starting at word `half`, decoded, for
+// quantized pools: one or two code words and one scale (a group is a whole number of
+// eights), where load_pair would fetch them once per pair.
+fn load_oct(half: u32, r: u32, o: u32) -> array<vec4<f32>, 2> {
+    let tile = r / p.block_size;
+    let off = r - tile * p.block_size;
+    let rw = kv_row_words();
+    let tb = half + tile * kv_tile_words();
+    let idx = off * (p.head_dim / KV_GROUP) + (8u * o) / KV_GROUP;
+    let sw = unpack2x16float(kv[tb + p.block_size * rw + idx / 2u]);
+    let s = select(sw.x, sw.y, (idx & 1u) == 1u);
+    var lo: vec4<i32>;
+    var hi: vec4<i32>;
+    if KV_DTYPE == DTYPE_INT8 {
+        let w0 = bitcast<i32>(kv[tb + off * rw + 2u * o]);
+        let w1 = bitcast<i32>(kv[tb + off * rw + 2u * o + 1u]);
+        lo = vec4<i32>(extractBits(w0, 0u, 8u), extractBits(w0, 8u, 8u), extractBits(w0, 16u, 8u), extractBits(w0, 24u, 8u));
+        hi = vec4<i32>(extractBits(w1, 0u, 8u), extractBits(w1, 8u, 8u), extractBits(w1, 16u, 8u), extractBits(w1, 24u, 8u));
+    } else {
+        let w = bitcast<i32>(kv[tb + off * rw + o]);
+        lo = vec4<i32>(extractBits(w, 0u, 4u), extractBits(w, 4u, 4u), extractBits(w, 8u, 4u), extractBits(w, 12u, 4u));
+        hi = vec4<i32>(extractBits(w, 16u, 4u), extractBits(w, 20u, 4u), extractBits(w, 24u, 4u), extractBits(w, 28u, 4u));
+    }
+    return array<vec4<f32>, 2>(vec4<f32>(lo) * s, vec4<f32>(hi) * s);
 }
 
 fn reduce_max(tid: u32, v: f32) -> f32 {

@@ -11,6 +11,14 @@ fn score(base: u32, lane: u32) -> f32 {
     var dot = 0.0;
     for (var e8 = 0u; e8 < p.head_dim / 8u; e8++) {
         let ql = q_s[8u * e8 + (lane & 7u)];
+        if KV_DTYPE == DTYPE_INT8 || KV_DTYPE == DTYPE_INT4 {
+            let k = load_oct(0u, base, e8);
+            dot += subgroupBroadcast(ql, 0u) * k[0].x + subgroupBroadcast(ql, 1u) * k[0].y;
+            dot += subgroupBroadcast(ql, 2u) * k[0].z + subgroupBroadcast(ql, 3u) * k[0].w;
+            dot += subgroupBroadcast(ql, 4u) * k[1].x + subgroupBroadcast(ql, 5u) * k[1].y;
+            dot += subgroupBroadcast(ql, 6u) * k[1].z + subgroupBroadcast(ql, 7u) * k[1].w;
+            continue;
+        }
         let k0 = load_pair(0u, base, 4u * e8);
         dot += subgroupBroadcast(ql, 0u) * k0.x + subgroupBroadcast(ql, 1u) * k0.y;
         let k1 = load_pair(0u, base, 4u * e8 + 1u);

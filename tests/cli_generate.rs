@@ -232,3 +232,38 @@ fn a_small_pool_serves_under_max_model_len_and_stats_show_the_preemptions() {
     assert!(!ok && stderr.contains("max_tokens is 100"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[test]
+fn kv_dtypes_report_their_capacity_and_unknown_ones_are_refused() {
+    if skip() {
+        return;
+    }
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/models/fortunes-llama");
+    // 4 layers x 2 KV heads x 64 values, K and V: 2048 bytes a token in f16; int4 codes with
+    // an f16 scale per 32 values take 4.5 bits a value: 576 bytes.
+    for (dtype, bytes) in [("f16", 2048), ("int8", 1056), ("int4", 576)] {
+        let (ok, stdout, stderr) = generate(&[
+            "--model",
+            dir,
+            "--prompt",
+            "The sea",
+            "--max-tokens",
+            "4",
+            "--kv-dtype",
+            dtype,
+            "--num-gpu-blocks",
+            "40",
+            "--stats",
+        ]);
+        assert!(ok && !stdout.is_empty(), "{dtype}: {stderr}");
+        let want = format!(
+            "KV cache:               {dtype}, {bytes} bytes/token, 40 blocks hold 640 tokens"
+        );
+        assert!(stderr.contains(&want), "{dtype}: no {want:?} in {stderr}");
+    }
+    let (ok, _, stderr) = generate(&["--model", dir, "--prompt", "x", "--kv-dtype", "int9"]);
+    assert!(
+        !ok && stderr.contains("int9") && stderr.contains("int8"),
+        "{stderr}"
+    );
+}

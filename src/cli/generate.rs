@@ -295,6 +295,14 @@ fn print_stats(engine: &Engine) {
     let s = engine.stats();
     let c = &s.cache;
     eprintln!("--- statistics ---");
+    eprintln!(
+        "KV cache:               {}, {:.0} bytes/token, {} blocks hold {} tokens in {:.1} MiB",
+        s.kv_layout.dtype,
+        s.kv_layout.bytes_per_token(),
+        s.kv_blocks,
+        s.kv_pool_tokens(),
+        s.kv_pool_bytes as f64 / (1 << 20) as f64
+    );
     eprintln!("steps:                  {}", s.scheduler.steps);
     eprintln!(
         "preemptions:            {} (swap {}, recompute {})",

@@ -74,6 +74,17 @@ pub struct EngineStats {
     pub abandoned_requests: u64,
     /// The measurements automatic preemption weighs.
     pub costs: PreemptionCosts,
+    /// The device pool: its layout (dtype included), blocks, and bytes.
+    pub kv_layout: KvLayout,
+    pub kv_blocks: usize,
+    pub kv_pool_bytes: u64,
+}
+
+impl EngineStats {
+    /// Tokens the device pool holds when full.
+    pub fn kv_pool_tokens(&self) -> usize {
+        self.kv_blocks * self.kv_layout.block_size
+    }
 }
 
 pub struct Engine {
@@ -364,6 +375,9 @@ impl Engine {
             num_swapped: self.scheduler.num_swapped(),
             abandoned_requests: self.abandoned,
             costs: self.scheduler.costs,
+            kv_layout: self.cache.device.layout,
+            kv_blocks: self.cache.device.num_blocks,
+            kv_pool_bytes: self.cache.device.total_bytes(),
         }
     }
 

@@ -1,0 +1,265 @@
+//! What a quantized KV cache costs and buys, side by side in one run on one adapter:
+//!
+//! 1. Capacity: bytes per token and tokens per GiB of pool for each dtype, for the shipped
+//!    model and for Llama-3-8B's cache shape, against f16.
+//! 2. Attention: one decode step of paged attention (Llama-3-8B shapes: 32 query heads, 8 KV
+//!    heads, head size 128, blocks of 16) over f16, int8 and int4 pools, at batch 8 and 32
+//!    and contexts 512 and 2048; the dtypes alternate so drift hits all alike.
+//! 3. Engine decode steps on the shipped model: one engine per dtype, all holding the same
+//!    requests (N sequences of greedy decoding), stepped in turn; median step time.
+//!
+//! Run: `cargo bench --bench kv_quant` (`-- --quick` for fewer repetitions, `-- --section N`
+//! for one section; adapter chosen as usual, e.g. `PAGELLM_BACKEND=gl`).
+
+use pagellm::engine::{Engine, EngineConfig, Prompt};
+use pagellm::gpu::Batch;
+use pagellm::kernels::paged_attention::{
+    paged_attention, AttentionBuffers, AttentionMetadata, SeqSlice,
+};
+use pagellm::kernels::reshape_and_cache::reshape_and_cache;
+use pagellm::pool::{KvDtype, KvLayout, KvPool, PoolSize};
+use pagellm::sampling::SamplingParams;
+use pagellm::GpuContext;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const DTYPES: [KvDtype; 3] = [KvDtype::F16, KvDtype::Int8, KvDtype::Int4];
+const HEADS: usize = 32;
+const KV_HEADS: usize = 8;
+const HEAD_DIM: usize = 128;
+const BLOCK: usize = 16;
+const DISPATCHES_PER_SUBMIT: usize = 4;
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn capacity(name: &str, layers: usize, kv_heads: usize, head_dim: usize) {
+    let f16 = KvLayout {
+        num_layers: layers,
+        num_kv_heads: kv_heads,
+        head_dim,
+        block_size: BLOCK,
+        dtype: KvDtype::F16,
+    };
+    for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Int8, KvDtype::Int4] {
+        let l = KvLayout { dtype, ..f16 };
+        let per_token = l.bytes_per_token();
+        println!(
+            "| {name} | {dtype} | {} | {per_token:.0} | {:.0} | {:.2}x |",
+            if l.group_size() > 0 {
+                l.group_size().to_string()
+            } else {
+                "-".into()
+            },
+            (1u64 << 30) as f64 / per_token,
+            f16.bytes_per_token() / per_token,
+        );
+    }
+}
+
+struct AttnSetup {
+    pool: KvPool,
+    meta: AttentionBuffers,
+}
+
+fn attn_setup(ctx: &GpuContext, dtype: KvDtype, batch: usize, ctx_len: usize) -> AttnSetup {
+    let per_seq = ctx_len.div_ceil(BLOCK);
+    let layout = KvLayout {
+        num_layers: 1,
+        num_kv_heads: KV_HEADS,
+        head_dim: HEAD_DIM,
+        block_size: BLOCK,
+        dtype,
+    };
+    let blocks = batch * per_seq;
+    let pool = KvPool::new(ctx, layout, PoolSize::Blocks(blocks)).expect("pool");
+    // Real values in every slot, so the quantized pools hold real scales.
+    let mut g = rand::rngs::StdRng::seed_from_u64(3);
+    let slots = blocks * BLOCK;
+    let row = KV_HEADS * HEAD_DIM;
+    let chunk = 4096;
+    for start in (0..slots).step_by(chunk) {
+        let n = chunk.min(slots - start);
+        let k: Vec<f32> = (0..n * row).map(|_| g.random_range(-1.0..1.0)).collect();
+        let map: Vec<i32> = (start as i32..(start + n) as i32).collect();
+        let kb = ctx.upload("k", &k).expect("k");
+        let sb = ctx.upload("slots", &map).expect("slots");
+        let mut b = Batch::new(ctx, "fill");
+        reshape_and_cache(&mut b, &pool, 0, &kb, &kb, &sb, n).expect("fill");
+        b.submit().expect("submit");
+        ctx.wait().expect("wait");
+    }
+    let mut ids: Vec<u32> = (0..blocks as u32).collect();
+    ids.shuffle(&mut rand::rngs::StdRng::seed_from_u64(7));
+    let seqs: Vec<SeqSlice> = ids
+        .chunks(per_seq)
+        .map(|t| SeqSlice {
+            query_len: 1,
+            context_len: ctx_len,
+            block_table: t,
+        })
+        .collect();
+    let meta = AttentionMetadata::build(&seqs, BLOCK)
+        .and_then(|m| m.upload(ctx))
+        .expect("metadata");
+    AttnSetup { pool, meta }
+}
+
+fn attn_once(ctx: &GpuContext, s: &AttnSetup, q: &wgpu::Buffer, out: &wgpu::Buffer) -> Duration {
+    let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+    let mut b = Batch::new(ctx, "bench");
+    for _ in 0..DISPATCHES_PER_SUBMIT {
+        paged_attention(&mut b, &s.pool, 0, &s.meta, q, out, HEADS, scale).expect("dispatch");
+    }
+    let start = Instant::now();
+    b.submit().expect("submit");
+    ctx.wait().expect("wait");
+    start.elapsed() / DISPATCHES_PER_SUBMIT as u32
+}
+
+fn attention(ctx: &GpuContext, quick: bool) {
+    println!("| batch | context | f16 (ms) | int8 (ms) | int4 (ms) | int8 / f16 | int4 / f16 |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for batch in [8, 32] {
+        for ctx_len in [512, 2048] {
+            let setups: Vec<AttnSetup> = DTYPES
+                .iter()
+                .map(|&d| attn_setup(ctx, d, batch, ctx_len))
+                .collect();
+            let q = ctx
+                .upload("q", &vec![0.01f32; batch * HEADS * HEAD_DIM])
+                .expect("q");
+            let out = ctx
+                .storage_buffer("out", (batch * HEADS * HEAD_DIM * 4) as u64)
+                .expect("out");
+            for s in &setups {
+                attn_once(ctx, s, &q, &out);
+            }
+            let budget = Duration::from_millis(if quick { 400 } else { 2000 });
+            let mut times: Vec<Vec<Duration>> = vec![Vec::new(); setups.len()];
+            let start = Instant::now();
+            while times[0].len() < 5 || (start.elapsed() < budget && times[0].len() < 200) {
+                for (s, t) in setups.iter().zip(&mut times) {
+                    t.push(attn_once(ctx, s, &q, &out));
+                }
+            }
+            let m: Vec<Duration> = times.into_iter().map(median).collect();
+            println!(
+                "| {batch} | {ctx_len} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} |",
+                ms(m[0]),
+                ms(m[1]),
+                ms(m[2]),
+                m[1].as_secs_f64() / m[0].as_secs_f64(),
+                m[2].as_secs_f64() / m[0].as_secs_f64(),
+            );
+        }
+    }
+}
+
+fn engine_decode(ctx: &Arc<GpuContext>, quick: bool) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/fortunes-llama");
+    let tokens = if quick { 48 } else { 160 };
+    println!("| sequences | context reached | f16 step (ms) | int8 step (ms) | int4 step (ms) | int8 / f16 | int4 / f16 |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for n in [1, 16] {
+        let mut engines: Vec<Engine> = DTYPES
+            .iter()
+            .map(|&kv_dtype| {
+                let cfg = EngineConfig {
+                    kv_dtype,
+                    ..EngineConfig::default()
+                };
+                Engine::with_context(ctx.clone(), &dir, cfg, |_, _| {}).expect("engine")
+            })
+            .collect();
+        let prompt = "The sea at night is".to_string();
+        let mut handles = Vec::new();
+        for e in &mut engines {
+            for i in 0..n {
+                let params = SamplingParams {
+                    max_tokens: tokens,
+                    ignore_eos: true,
+                    seed: Some(i as u64),
+                    ..SamplingParams::greedy()
+                };
+                handles.push(
+                    e.add_request(Prompt::Text(prompt.clone()), params)
+                        .expect("add"),
+                );
+            }
+        }
+        let mut times: Vec<Vec<Duration>> = vec![Vec::new(); engines.len()];
+        let mut step = 0;
+        while engines.iter().any(|e| e.has_unfinished()) {
+            for (e, t) in engines.iter_mut().zip(&mut times) {
+                if !e.has_unfinished() {
+                    continue;
+                }
+                let start = Instant::now();
+                e.step().expect("step");
+                // The first steps prefill; time decode steps only.
+                if step >= 2 {
+                    t.push(start.elapsed());
+                }
+            }
+            step += 1;
+        }
+        drop(handles);
+        let m: Vec<Duration> = times.into_iter().map(median).collect();
+        println!(
+            "| {n} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} |",
+            tokens + 6,
+            ms(m[0]),
+            ms(m[1]),
+            ms(m[2]),
+            m[1].as_secs_f64() / m[0].as_secs_f64(),
+            m[2].as_secs_f64() / m[0].as_secs_f64(),
+        );
+    }
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    // `--section N` runs one section.
+    let args: Vec<String> = std::env::args().collect();
+    let only = args
+        .iter()
+        .position(|a| a == "--section")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|n| n.parse::<u32>().ok());
+    let run = |n: u32| only.is_none_or(|o| o == n);
+    let ctx = Arc::new(GpuContext::from_env().expect("GPU context"));
+    println!("# KV cache dtypes");
+    println!();
+    println!("adapter: {}", ctx.describe());
+    println!();
+    if run(1) {
+        println!("## 1. Capacity (block size {BLOCK}; scales included)");
+        println!();
+        println!("| cache shape | dtype | values per scale | bytes per token | tokens per GiB | vs f16 |");
+        println!("|---|---|---:|---:|---:|---:|");
+        capacity("shipped model (4 layers, 2 KV heads x 64)", 4, 2, 64);
+        capacity("Llama-3-8B (32 layers, 8 KV heads x 128)", 32, 8, 128);
+        println!();
+    }
+    if run(2) {
+        println!("## 2. Paged attention, one decode step ({HEADS} query heads, {KV_HEADS} KV heads x {HEAD_DIM})");
+        println!();
+        attention(&ctx, quick);
+        println!();
+    }
+    if run(3) {
+        println!("## 3. Engine decode step, shipped model, greedy");
+        println!();
+        engine_decode(&ctx, quick);
+    }
+}
