@@ -5,8 +5,9 @@
 //! 2. Attention: one decode step of paged attention (Llama-3-8B shapes: 32 query heads, 8 KV
 //!    heads, head size 128, blocks of 16) over f16, int8 and int4 pools, at batch 8 and 32
 //!    and contexts 512 and 2048; the dtypes alternate so drift hits all alike.
-//! 3. Engine decode steps on the shipped model: one engine per dtype, all holding the same
-//!    requests (N sequences of greedy decoding), stepped in turn; median step time.
+//! 3. Engine decode steps on the shipped model: one engine per setting (f16; int8 and int4
+//!    with and without their default Hadamard rotation), all holding the same requests (N
+//!    sequences of greedy decoding), stepped in turn; median step time.
 //!
 //! Run: `cargo bench --bench kv_quant` (`-- --quick` for fewer repetitions, `-- --section N`
 //! for one section; adapter chosen as usual, e.g. `PAGELLM_BACKEND=gl`).
@@ -17,7 +18,7 @@ use pagellm::kernels::paged_attention::{
     paged_attention, AttentionBuffers, AttentionMetadata, SeqSlice,
 };
 use pagellm::kernels::reshape_and_cache::reshape_and_cache;
-use pagellm::pool::{KvDtype, KvLayout, KvPool, PoolSize};
+use pagellm::pool::{KvDtype, KvLayout, KvPool, KvRotation, PoolSize};
 use pagellm::sampling::SamplingParams;
 use pagellm::GpuContext;
 use rand::seq::SliceRandom;
@@ -165,17 +166,44 @@ fn attention(ctx: &GpuContext, quick: bool) {
     }
 }
 
+/// The engine settings section 3 compares: f16, and the quantized caches with their default
+/// Hadamard rotation and without it (what the rotation's four extra dispatches a layer cost).
+const ENGINE_SETTINGS: [(KvDtype, KvRotation); 5] = [
+    (KvDtype::F16, KvRotation::None),
+    (KvDtype::Int8, KvRotation::Hadamard),
+    (KvDtype::Int4, KvRotation::Hadamard),
+    (KvDtype::Int8, KvRotation::None),
+    (KvDtype::Int4, KvRotation::None),
+];
+
 fn engine_decode(ctx: &Arc<GpuContext>, quick: bool) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/fortunes-llama");
     let tokens = if quick { 48 } else { 160 };
-    println!("| sequences | context reached | f16 step (ms) | int8 step (ms) | int4 step (ms) | int8 / f16 | int4 / f16 |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
-    for n in [1, 16] {
-        let mut engines: Vec<Engine> = DTYPES
+    let names: Vec<String> = ENGINE_SETTINGS
+        .iter()
+        .map(|(d, r)| format!("{d} {r}"))
+        .collect();
+    println!(
+        "| sequences | context reached | {} | {} |",
+        names
             .iter()
-            .map(|&kv_dtype| {
+            .map(|n| format!("{n} step (ms)"))
+            .collect::<Vec<_>>()
+            .join(" | "),
+        names[1..]
+            .iter()
+            .map(|n| format!("{n} / f16"))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    println!("|---:|---:|{}", "---:|".repeat(2 * names.len() - 1));
+    for n in [1, 16] {
+        let mut engines: Vec<Engine> = ENGINE_SETTINGS
+            .iter()
+            .map(|&(kv_dtype, rotation)| {
                 let cfg = EngineConfig {
                     kv_dtype,
+                    kv_rotation: Some(rotation),
                     ..EngineConfig::default()
                 };
                 Engine::with_context(ctx.clone(), &dir, cfg, |_, _| {}).expect("engine")
@@ -216,13 +244,17 @@ fn engine_decode(ctx: &Arc<GpuContext>, quick: bool) {
         drop(handles);
         let m: Vec<Duration> = times.into_iter().map(median).collect();
         println!(
-            "| {n} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} |",
+            "| {n} | {} | {} | {} |",
             tokens + 6,
-            ms(m[0]),
-            ms(m[1]),
-            ms(m[2]),
-            m[1].as_secs_f64() / m[0].as_secs_f64(),
-            m[2].as_secs_f64() / m[0].as_secs_f64(),
+            m.iter()
+                .map(|d| format!("{:.3}", ms(*d)))
+                .collect::<Vec<_>>()
+                .join(" | "),
+            m[1..]
+                .iter()
+                .map(|d| format!("{:.3}", d.as_secs_f64() / m[0].as_secs_f64()))
+                .collect::<Vec<_>>()
+                .join(" | ")
         );
     }
 }

@@ -8,6 +8,7 @@ pub mod cache;
 pub mod cache_engine;
 pub mod engine;
 pub mod error;
+pub mod eval;
 pub mod gpu;
 pub mod kernels;
 pub mod model;

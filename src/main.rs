@@ -23,6 +23,9 @@ enum Command {
     Generate(Box<cli::generate::GenerateArgs>),
     /// Serve a model over the OpenAI HTTP API (completions, streaming, metrics, health).
     Serve(Box<cli::serve::ServeArgs>),
+    /// Score a text teacher-forced: perplexity, and with a saved baseline the KL divergence
+    /// and top-1 agreement of a KV cache setting.
+    Perplexity(Box<cli::perplexity::PerplexityArgs>),
 }
 
 fn main() -> Result<()> {
@@ -38,5 +41,6 @@ fn main() -> Result<()> {
         Command::Devices => cli::devices::run(),
         Command::Generate(args) => cli::generate::run(*args),
         Command::Serve(args) => cli::serve::run(*args),
+        Command::Perplexity(args) => cli::perplexity::run(*args),
     }
 }

@@ -193,3 +193,98 @@ fn head_sizes_a_quantized_pool_cannot_hold_are_refused() {
     };
     f16.validate().unwrap();
 }
+
+#[test]
+fn rotate_rows_matches_the_reference_and_inverts() {
+    use pagellm::kernels::rotate::rotate_rows;
+    use pagellm::reference as r;
+    for ctx in contexts() {
+        for (i, hd) in [64usize, 128, 256, 80, 96, 24, 2].into_iter().enumerate() {
+            let rows = 37;
+            let x = randn(&mut rng(70 + i as u64), rows * hd, 1.0);
+            let buf = ctx.upload("x", &x).unwrap();
+            let mut b = Batch::new(ctx, "rotate");
+            rotate_rows(&mut b, &buf, rows, hd, false).unwrap();
+            b.submit().unwrap();
+            let got = read_f32(ctx, &buf, x.len());
+            let mut want = x.clone();
+            r::rotate_rows(&mut want, hd, false);
+            let what = format!("rotate hd={hd} on {}", backend(ctx));
+            assert_close(&what, &got, &want, 1e-5, 1e-5);
+            // Orthogonal: norms are kept, and the inverse brings the rows back.
+            let norm = |v: &[f32]| v.iter().map(|a| a * a).sum::<f32>();
+            assert!((norm(&got[..hd]) - norm(&x[..hd])).abs() < 1e-3 * norm(&x[..hd]));
+            let mut b = Batch::new(ctx, "rotate back");
+            rotate_rows(&mut b, &buf, rows, hd, true).unwrap();
+            b.submit().unwrap();
+            assert_close(
+                &format!("{what} and back"),
+                &read_f32(ctx, &buf, x.len()),
+                &x,
+                1e-5,
+                1e-5,
+            );
+        }
+    }
+}
+
+#[test]
+fn rotate_qkv_rotates_three_buffers_in_one_dispatch() {
+    use pagellm::kernels::rotate::rotate_qkv;
+    use pagellm::reference as r;
+    for ctx in contexts() {
+        let (hd, rq, rkv) = (80, 70, 9);
+        let mut g = rng(90);
+        let (q, k, v) = (
+            randn(&mut g, rq * hd, 1.0),
+            randn(&mut g, rkv * hd, 1.0),
+            randn(&mut g, rkv * hd, 1.0),
+        );
+        let bufs: Vec<_> = [&q, &k, &v]
+            .iter()
+            .map(|x| ctx.upload("x", x).unwrap())
+            .collect();
+        let mut b = Batch::new(ctx, "rotate qkv");
+        rotate_qkv(&mut b, &bufs[0], &bufs[1], &bufs[2], rq, rkv, hd).unwrap();
+        assert_eq!(b.dispatch_count(), 1);
+        b.submit().unwrap();
+        for (name, x, buf) in [
+            ("q", &q, &bufs[0]),
+            ("k", &k, &bufs[1]),
+            ("v", &v, &bufs[2]),
+        ] {
+            let mut want = x.clone();
+            r::rotate_rows(&mut want, hd, false);
+            let what = format!("rotate_qkv {name} on {}", backend(ctx));
+            assert_close(&what, &read_f32(ctx, buf, x.len()), &want, 1e-5, 1e-5);
+        }
+    }
+}
+
+/// Hand-computed: the 4-point transform of a row after D's signs for elements 0..4.
+#[test]
+fn rotation_by_hand() {
+    use pagellm::reference as r;
+    let signs: Vec<f32> = (0..4).map(r::rotation_sign).collect();
+    let mut x = vec![1.0, 2.0, 3.0, 4.0];
+    r::rotate_rows(&mut x, 4, false);
+    let d: Vec<f32> = [1.0, 2.0, 3.0, 4.0]
+        .iter()
+        .zip(&signs)
+        .map(|(a, s)| a * s)
+        .collect();
+    let want = [
+        (d[0] + d[1] + d[2] + d[3]) / 2.0,
+        (d[0] - d[1] + d[2] - d[3]) / 2.0,
+        (d[0] + d[1] - d[2] - d[3]) / 2.0,
+        (d[0] - d[1] - d[2] + d[3]) / 2.0,
+    ];
+    for (a, b) in x.iter().zip(want) {
+        assert!((a - b).abs() < 1e-6, "{x:?} vs {want:?}");
+    }
+    assert_eq!(r::rotation_blocks(80), vec![(0, 64), (64, 16)]);
+    assert_eq!(r::rotation_blocks(24), vec![(0, 16), (16, 8)]);
+    // Not all signs alike, or D would do nothing.
+    let flips = (0..128).filter(|&i| r::rotation_sign(i) < 0.0).count();
+    assert!((40..=88).contains(&flips), "{flips} of 128 signs flipped");
+}

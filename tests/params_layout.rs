@@ -12,6 +12,7 @@ use pagellm::kernels::{
     reshape_and_cache::ReshapeAndCacheParams,
     rms_norm::RmsNormParams,
     rope::RopeParams,
+    rotate::{RotateQkvParams, RotateRowsParams},
     silu_mul::SiluMulParams,
     KernelParams, ALL, MATMUL_SKINNY, MATMUL_SKINNY_SG, MATMUL_SKINNY_VEC, PAGED_ATTENTION_SG,
     RESHAPE_AND_CACHE_Q,
@@ -87,6 +88,8 @@ fn every_params_struct_matches_its_shader() {
         check::<CopyBlocksParams>(),
         check::<GatherRowsParams>(),
         check::<ArgmaxParams>(),
+        check::<RotateRowsParams>(),
+        check::<RotateQkvParams>(),
     ];
     for k in ALL {
         assert!(

@@ -3,7 +3,7 @@
 
 use clap::{Args, ValueEnum};
 use pagellm::engine::{EngineConfig, PreemptionMode};
-use pagellm::pool::KvDtype;
+use pagellm::pool::{KvDtype, KvRotation};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum PreemptionArg {
@@ -20,6 +20,35 @@ pub enum KvDtypeArg {
     F32,
     Int8,
     Int4,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum KvRotationArg {
+    /// Hadamard for int4 caches, none for the others (measured: docs/BENCHMARKS.md).
+    Auto,
+    None,
+    Hadamard,
+}
+
+impl From<KvDtypeArg> for KvDtype {
+    fn from(a: KvDtypeArg) -> Self {
+        match a {
+            KvDtypeArg::F16 => KvDtype::F16,
+            KvDtypeArg::F32 => KvDtype::F32,
+            KvDtypeArg::Int8 => KvDtype::Int8,
+            KvDtypeArg::Int4 => KvDtype::Int4,
+        }
+    }
+}
+
+impl From<KvRotationArg> for Option<KvRotation> {
+    fn from(a: KvRotationArg) -> Self {
+        match a {
+            KvRotationArg::Auto => None,
+            KvRotationArg::None => Some(KvRotation::None),
+            KvRotationArg::Hadamard => Some(KvRotation::Hadamard),
+        }
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -52,6 +81,10 @@ pub struct EngineArgs {
     /// 64 / 32 values (1.94x / 3.56x the tokens of f16 in the same bytes).
     #[arg(long, value_enum, default_value = "f16")]
     pub kv_dtype: KvDtypeArg,
+    /// Rotate each head's keys, values and queries by a random-signed Hadamard transform
+    /// before the cache stores them, spreading outlier channels before quantization.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub kv_rotation: KvRotationArg,
 }
 
 impl EngineArgs {
@@ -69,12 +102,8 @@ impl EngineArgs {
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_batched_tokens,
             enable_prefix_caching: !self.no_prefix_caching,
-            kv_dtype: match self.kv_dtype {
-                KvDtypeArg::F16 => KvDtype::F16,
-                KvDtypeArg::F32 => KvDtype::F32,
-                KvDtypeArg::Int8 => KvDtype::Int8,
-                KvDtypeArg::Int4 => KvDtype::Int4,
-            },
+            kv_dtype: self.kv_dtype.into(),
+            kv_rotation: self.kv_rotation.into(),
             ..EngineConfig::default()
         }
     }

@@ -296,12 +296,13 @@ fn print_stats(engine: &Engine) {
     let c = &s.cache;
     eprintln!("--- statistics ---");
     eprintln!(
-        "KV cache:               {}, {:.0} bytes/token, {} blocks hold {} tokens in {:.1} MiB",
+        "KV cache:               {}, {:.0} bytes/token, {} blocks hold {} tokens in {:.1} MiB, rotation {}",
         s.kv_layout.dtype,
         s.kv_layout.bytes_per_token(),
         s.kv_blocks,
         s.kv_pool_tokens(),
-        s.kv_pool_bytes as f64 / (1 << 20) as f64
+        s.kv_pool_bytes as f64 / (1 << 20) as f64,
+        s.kv_rotation
     );
     eprintln!("steps:                  {}", s.scheduler.steps);
     eprintln!(

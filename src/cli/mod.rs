@@ -3,4 +3,5 @@
 pub mod devices;
 pub mod engine_args;
 pub mod generate;
+pub mod perplexity;
 pub mod serve;

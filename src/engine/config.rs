@@ -1,6 +1,6 @@
 //! Engine options: KV cache size and precision, scheduler limits, preemption policy.
 
-use crate::pool::KvDtype;
+use crate::pool::{KvDtype, KvRotation};
 
 /// How a preempted sequence group gets its KV cache back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,6 +23,10 @@ pub struct EngineConfig {
     pub num_cpu_blocks: Option<usize>,
     pub swap_space_bytes: u64,
     pub kv_dtype: KvDtype,
+    /// Rotation of cached keys and values before they are stored (see [`KvRotation`]);
+    /// `None` picks [`KvRotation::default_for`] the dtype: Hadamard for int4, none for the
+    /// others (measured, docs/BENCHMARKS.md).
+    pub kv_rotation: Option<KvRotation>,
     /// `None` (automatic): for each victim, swap or recompute, whichever the engine's own
     /// measurements (swap bandwidth, prefill throughput) say is cheaper; before both are
     /// measured, swap groups of several sequences and recompute single ones. Recompute
@@ -51,6 +55,7 @@ impl Default for EngineConfig {
             num_cpu_blocks: None,
             swap_space_bytes: 256 << 20,
             kv_dtype: KvDtype::F16,
+            kv_rotation: None,
             preemption_mode: None,
             max_num_seqs: 64,
             max_num_batched_tokens: 512,

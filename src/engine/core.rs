@@ -23,7 +23,7 @@ use crate::gpu::GpuContext;
 use crate::model::forward::Workspace;
 use crate::model::gpu::GpuModel;
 use crate::model::{ModelError, ModelFiles};
-use crate::pool::{KvLayout, KvPool, PoolSize};
+use crate::pool::{KvLayout, KvPool, KvRotation, PoolSize};
 use crate::sampling::{BeamSearch, BeamSearchConfig, SamplingError};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 use std::collections::HashMap;
@@ -76,6 +76,7 @@ pub struct EngineStats {
     pub costs: PreemptionCosts,
     /// The device pool: its layout (dtype included), blocks, and bytes.
     pub kv_layout: KvLayout,
+    pub kv_rotation: KvRotation,
     pub kv_blocks: usize,
     pub kv_pool_bytes: u64,
 }
@@ -161,6 +162,9 @@ impl Engine {
             block_size: config.block_size,
             dtype: config.kv_dtype,
         };
+        layout
+            .validate()
+            .map_err(|e| EngineError::Config(e.to_string()))?;
         let gpu_blocks = config
             .num_gpu_blocks
             .unwrap_or((config.kv_cache_bytes / layout.block_bytes_all_layers()) as usize);
@@ -177,7 +181,10 @@ impl Engine {
             .num_cpu_blocks
             .unwrap_or((config.swap_space_bytes / layout.block_bytes_all_layers()) as usize);
         let model = GpuModel::upload(&ctx, &files, progress)?;
-        let pool = KvPool::new(&ctx, layout, PoolSize::Blocks(gpu_blocks))?;
+        let mut pool = KvPool::new(&ctx, layout, PoolSize::Blocks(gpu_blocks))?;
+        pool.rotation = config
+            .kv_rotation
+            .unwrap_or(KvRotation::default_for(config.kv_dtype));
         let ws = Workspace::new(&ctx, &c, config.max_num_batched_tokens, config.max_num_seqs)?;
         let watermark = (gpu_blocks / 100).min(gpu_blocks.saturating_sub(needed));
         let cache_cfg = CacheConfig::new(config.block_size, gpu_blocks, cpu_blocks)
@@ -376,6 +383,7 @@ impl Engine {
             abandoned_requests: self.abandoned,
             costs: self.scheduler.costs,
             kv_layout: self.cache.device.layout,
+            kv_rotation: self.cache.device.rotation,
             kv_blocks: self.cache.device.num_blocks,
             kv_pool_bytes: self.cache.device.total_bytes(),
         }

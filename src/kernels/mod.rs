@@ -12,6 +12,7 @@ pub mod paged_attention;
 pub mod reshape_and_cache;
 pub mod rms_norm;
 pub mod rope;
+pub mod rotate;
 pub mod silu_mul;
 pub mod weight;
 
@@ -72,6 +73,8 @@ kernel!(PAGED_ATTENTION_REDUCE, "paged_attention_reduce");
 kernel!(COPY_BLOCKS, "copy_blocks");
 kernel!(GATHER_ROWS, "gather_rows");
 kernel!(ARGMAX, "argmax");
+kernel!(ROTATE_ROWS, "rotate_rows", ["rotate_common"]);
+kernel!(ROTATE_QKV, "rotate_qkv", ["rotate_common"]);
 
 /// Every kernel, for tests that check all shaders (translation, uniform layouts).
 pub const ALL: &[KernelSource] = &[
@@ -92,6 +95,8 @@ pub const ALL: &[KernelSource] = &[
     COPY_BLOCKS,
     GATHER_ROWS,
     ARGMAX,
+    ROTATE_ROWS,
+    ROTATE_QKV,
 ];
 
 /// A uniform parameter block shared with a WGSL kernel: the Rust mirror of its `Params`.

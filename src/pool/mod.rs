@@ -83,6 +83,45 @@ impl std::str::FromStr for KvDtype {
     }
 }
 
+/// Whether cached keys and values are rotated before they are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum KvRotation {
+    #[default]
+    None,
+    /// Each head's keys, values and queries are rotated by a fixed random-signed
+    /// Walsh-Hadamard transform (block-diagonal over the powers of two that sum to head_dim;
+    /// `shaders/rotate_rows.wgsl`), and the attention output rotated back.
+    Hadamard,
+}
+
+impl KvRotation {
+    /// What an unspecified rotation means for `dtype`, chosen by measurement on the shipped
+    /// model (docs/BENCHMARKS.md): Hadamard for int4, where it lowers the mean KL divergence
+    /// from an f32 cache by 20-30%; none for int8, where it lowers an already tiny divergence
+    /// (2e-5 nats) but costs ~12% of a decode step on lavapipe; none for float caches, which
+    /// it cannot help.
+    pub fn default_for(dtype: KvDtype) -> Self {
+        if dtype == KvDtype::Int4 {
+            KvRotation::Hadamard
+        } else {
+            KvRotation::None
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvRotation::None => "none",
+            KvRotation::Hadamard => "hadamard",
+        }
+    }
+}
+
+impl std::fmt::Display for KvRotation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Shape of the cache: what one block holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvLayout {
@@ -173,6 +212,9 @@ pub struct KvPool {
     pub blocks_per_shard: usize,
     /// Layers per arena (the last group may hold fewer).
     pub layers_per_arena: usize,
+    /// How what the pool holds was rotated before it was stored; writers and readers of the
+    /// pool (the forward pass) apply it. Set it before the first write.
+    pub rotation: KvRotation,
     /// Arenas indexed `[shard * num_groups + group]`.
     arenas: Vec<wgpu::Buffer>,
 }
@@ -230,6 +272,7 @@ impl KvPool {
             num_blocks,
             blocks_per_shard,
             layers_per_arena,
+            rotation: KvRotation::None,
             arenas: Vec::with_capacity(num_shards * num_groups),
         };
         for s in 0..num_shards {

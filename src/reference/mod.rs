@@ -173,3 +173,62 @@ pub fn round_bf16(x: &[f32]) -> Vec<f32> {
         .map(|&v| half::bf16::from_f32(v).to_f32())
         .collect()
 }
+
+/// The sign D applies to element `i` of a rotated row: -1 when bit 31 of `i * 0x9E3779B1`
+/// is set.
+pub fn rotation_sign(i: usize) -> f32 {
+    if (i as u32).wrapping_mul(0x9E37_79B1) >> 31 == 1 {
+        -1.0
+    } else {
+        1.0
+    }
+}
+
+/// The blocks (offset, size) the Hadamard rotation of a `head_dim` row works on: the
+/// descending powers of two that sum to it.
+pub fn rotation_blocks(head_dim: usize) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let (mut off, mut rest) = (0, head_dim);
+    while rest > 1 {
+        let n = 1 << (usize::BITS - 1 - rest.leading_zeros());
+        out.push((off, n));
+        off += n;
+        rest -= n;
+    }
+    out
+}
+
+/// Rotates every `head_dim` row of `x` in place by R = H D (H the normalized Walsh-Hadamard
+/// transform on each block of [`rotation_blocks`], D the signs of [`rotation_sign`]), or by
+/// its inverse D H: what `shaders/rotate_rows.wgsl` does.
+pub fn rotate_rows(x: &mut [f32], head_dim: usize, inverse: bool) {
+    let blocks = rotation_blocks(head_dim);
+    for row in x.chunks_mut(head_dim) {
+        if !inverse {
+            for (i, v) in row.iter_mut().enumerate() {
+                *v *= rotation_sign(i);
+            }
+        }
+        for &(off, n) in &blocks {
+            let b = &mut row[off..off + n];
+            let mut h = 1;
+            while h < n {
+                for i in (0..n).step_by(2 * h) {
+                    for j in i..i + h {
+                        let (a, c) = (b[j], b[j + h]);
+                        b[j] = a + c;
+                        b[j + h] = a - c;
+                    }
+                }
+                h *= 2;
+            }
+            let s = 1.0 / (n as f32).sqrt();
+            b.iter_mut().for_each(|v| *v *= s);
+        }
+        if inverse {
+            for (i, v) in row.iter_mut().enumerate() {
+                *v *= rotation_sign(i);
+            }
+        }
+    }
+}

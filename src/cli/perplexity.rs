@@ -1,0 +1,134 @@
+//! `pagellm perplexity`: teacher-forced scoring of a text file (see [`pagellm::eval`]).
+
+use super::engine_args::{KvDtypeArg, KvRotationArg};
+use super::generate::default_model_dir;
+use anyhow::{Context, Result};
+use clap::Args;
+use pagellm::engine::EngineConfig;
+use pagellm::eval::{score, Scorer};
+use pagellm::pool::KvRotation;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Args, Debug)]
+pub struct PerplexityArgs {
+    /// Hugging Face model folder; defaults to the small model shipped in the repository.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The text to score (UTF-8), tokenized as a whole with the tokenizer's special tokens.
+    #[arg(long)]
+    file: PathBuf,
+    /// Tokens per window; each window is scored from its own start.
+    #[arg(long, default_value_t = 256)]
+    context: usize,
+    /// Tokens per prefill chunk, so that later chunks attend to the cache earlier ones left.
+    #[arg(long, default_value_t = 64)]
+    chunk: usize,
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    #[arg(long, value_enum, default_value = "f16")]
+    kv_dtype: KvDtypeArg,
+    /// auto: Hadamard for int4, none for the others.
+    #[arg(long, value_enum, default_value = "auto")]
+    kv_rotation: KvRotationArg,
+    /// Save every scored token's log-probabilities (f32, whole vocabulary) as a baseline.
+    #[arg(long, value_name = "PATH", conflicts_with = "kl_divergence")]
+    save_logits: Option<PathBuf>,
+    /// Compare with a baseline saved by --save-logits over the same text and --context:
+    /// mean and 99th-percentile KL divergence, and top-1 agreement.
+    #[arg(long, value_name = "PATH")]
+    kl_divergence: Option<PathBuf>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: PerplexityArgs) -> Result<()> {
+    let dir = args.model.clone().unwrap_or_else(default_model_dir);
+    let text = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("reading {}", args.file.display()))?;
+    let config = EngineConfig {
+        block_size: args.block_size,
+        kv_dtype: args.kv_dtype.into(),
+        kv_rotation: args.kv_rotation.into(),
+        ..EngineConfig::default()
+    };
+    let ctx = Arc::new(pagellm::GpuContext::from_env()?);
+    let mut scorer = Scorer::new(ctx, &dir, &config, args.context, args.chunk, |_, _| {})
+        .with_context(|| format!("loading the model in {}", dir.display()))?;
+    let tokens = scorer
+        .tokenizer
+        .encode(&text)
+        .with_context(|| format!("tokenizing {}", args.file.display()))?;
+    let windows = tokens.len() / args.context + usize::from(tokens.len() % args.context >= 2);
+    let bar = indicatif::ProgressBar::new(windows as u64).with_style(
+        indicatif::ProgressStyle::with_template("scoring {bar:30} {pos}/{len} windows {eta}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let report = score(
+        &mut scorer,
+        &tokens,
+        args.save_logits.as_deref(),
+        args.kl_divergence.as_deref(),
+        |done, _| bar.set_position(done as u64),
+    )?;
+    bar.finish_and_clear();
+    let l = KvSetting {
+        dtype: config.kv_dtype.to_string(),
+        rotation: config
+            .kv_rotation
+            .unwrap_or(KvRotation::default_for(config.kv_dtype))
+            .to_string(),
+    };
+    if args.json {
+        let mut v = serde_json::json!({
+            "file": args.file.display().to_string(),
+            "tokens": tokens.len(),
+            "context": args.context,
+            "windows": report.windows,
+            "tokens_scored": report.tokens_scored,
+            "kv_dtype": l.dtype,
+            "kv_rotation": l.rotation,
+            "mean_nll": report.mean_nll,
+            "perplexity": report.perplexity(),
+        });
+        if let Some(d) = &report.divergence {
+            v["mean_kld"] = d.mean_kld.into();
+            v["p99_kld"] = d.p99_kld.into();
+            v["max_kld"] = d.max_kld.into();
+            v["top1_agreement"] = d.top1_agreement.into();
+            v["base_perplexity"] = d.base_perplexity.into();
+        }
+        println!("{v}");
+        return Ok(());
+    }
+    println!(
+        "{}: {} tokens, {} windows of {} ({} scored); KV cache {}, rotation {}",
+        args.file.display(),
+        tokens.len(),
+        report.windows,
+        args.context,
+        report.tokens_scored,
+        l.dtype,
+        l.rotation
+    );
+    println!("mean NLL:        {:.5} nats", report.mean_nll);
+    println!("perplexity:      {:.4}", report.perplexity());
+    if let Some(d) = &report.divergence {
+        println!("baseline PPL:    {:.4}", d.base_perplexity);
+        println!(
+            "KL divergence:   mean {:.6}, p99 {:.6}, max {:.6} nats",
+            d.mean_kld, d.p99_kld, d.max_kld
+        );
+        println!("top-1 agreement: {:.2}%", 100.0 * d.top1_agreement);
+    }
+    if let Some(p) = &args.save_logits {
+        println!("saved log-probabilities to {}", p.display());
+    }
+    Ok(())
+}
+
+struct KvSetting {
+    dtype: String,
+    rotation: String,
+}

@@ -1,0 +1,352 @@
+//! Teacher-forced scoring of a text: perplexity, and how far a KV cache setting moves the
+//! next-token distributions from a baseline (KL divergence, top-1 agreement).
+//!
+//! The text is cut into windows of `context` tokens. Each window is prefilled in chunks of
+//! `chunk` tokens through the same forward pass, paged KV pool and kernels as the engine, so
+//! a later chunk attends to the keys and values an earlier one left in the (possibly
+//! quantized, possibly rotated) cache; every token of a window but the first is scored
+//! given the ones before it in the window. Scores are computed in f64 from the logits.
+//!
+//! Baseline log-probabilities can be saved (`LogprobFile`, f32 values) and compared with a
+//! later run over the same tokens: mean and 99th-percentile KL(base || this), and how often
+//! both put the same token first.
+
+use crate::engine::{EngineConfig, EngineError};
+use crate::gpu::{Batch, GpuContext};
+use crate::kernels::paged_attention::{AttentionMetadata, SeqSlice};
+use crate::model::forward::{forward, StepInput, Workspace};
+use crate::model::gpu::GpuModel;
+use crate::model::{ModelConfig, ModelError, ModelFiles};
+use crate::pool::{KvLayout, KvPool, KvRotation, PoolSize};
+use crate::tokenizer::Tokenizer;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::Path;
+use std::sync::Arc;
+
+type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// Scores windows of tokens with one model and one KV cache setting.
+pub struct Scorer {
+    pub ctx: Arc<GpuContext>,
+    pub model: GpuModel,
+    pub tokenizer: Tokenizer,
+    pool: KvPool,
+    ws: Workspace,
+    context: usize,
+    chunk: usize,
+}
+
+impl Scorer {
+    /// Loads `model_dir` for windows of `context` tokens prefilled `chunk` at a time; the KV
+    /// block size, dtype and rotation come from `config`.
+    pub fn new(
+        ctx: Arc<GpuContext>,
+        model_dir: &Path,
+        config: &EngineConfig,
+        context: usize,
+        chunk: usize,
+        progress: impl FnMut(u64, u64),
+    ) -> Result<Self> {
+        let files = ModelFiles::open(model_dir)?;
+        let tokenizer = Tokenizer::from_dir(model_dir)?;
+        let c: ModelConfig = files.config.clone();
+        if tokenizer.vocab_size() > c.vocab_size {
+            return Err(ModelError::VocabMismatch {
+                tokenizer: tokenizer.vocab_size(),
+                model: c.vocab_size,
+            }
+            .into());
+        }
+        if context < 2 || context > c.max_model_len() {
+            return Err(EngineError::Config(format!(
+                "a scoring window of {context} tokens: it must hold at least 2 and at most the \
+                 model's context of {} tokens",
+                c.max_model_len()
+            )));
+        }
+        if chunk == 0 || config.block_size == 0 {
+            return Err(EngineError::Config(
+                "the prefill chunk and the block size must be positive".into(),
+            ));
+        }
+        let chunk = chunk.min(context);
+        let layout = KvLayout {
+            num_layers: c.num_layers,
+            num_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            block_size: config.block_size,
+            dtype: config.kv_dtype,
+        };
+        layout
+            .validate()
+            .map_err(|e| EngineError::Config(e.to_string()))?;
+        let model = GpuModel::upload(&ctx, &files, progress)?;
+        let blocks = context.div_ceil(config.block_size);
+        let mut pool = KvPool::new(&ctx, layout, PoolSize::Blocks(blocks))?;
+        pool.rotation = config
+            .kv_rotation
+            .unwrap_or(KvRotation::default_for(config.kv_dtype));
+        let ws = Workspace::new(&ctx, &c, chunk, chunk)?;
+        Ok(Scorer {
+            ctx,
+            model,
+            tokenizer,
+            pool,
+            ws,
+            context,
+            chunk,
+        })
+    }
+
+    pub fn context(&self) -> usize {
+        self.context
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.model.config.vocab_size
+    }
+
+    /// Runs one window (at most `context` tokens) and calls `f(position, logprobs)` for
+    /// every position but the last: the log-softmax of the logits that predict token
+    /// `position + 1`.
+    pub fn score_window(&mut self, tokens: &[u32], mut f: impl FnMut(usize, &[f32])) -> Result<()> {
+        if tokens.len() > self.context {
+            return Err(EngineError::InvalidRequest(format!(
+                "a window of {} tokens exceeds the scorer's {}",
+                tokens.len(),
+                self.context
+            )));
+        }
+        let vocab = self.vocab_size();
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(EngineError::InvalidRequest(format!(
+                "token id {bad} is outside the vocabulary of {vocab}"
+            )));
+        }
+        let bs = self.pool.layout.block_size;
+        // Blocks in reverse order, so that the window is read through a real block table.
+        let table: Vec<u32> = (0..tokens.len().div_ceil(bs) as u32).rev().collect();
+        let mut logprobs = vec![0f32; vocab];
+        for start in (0..tokens.len()).step_by(self.chunk) {
+            let end = (start + self.chunk).min(tokens.len());
+            let slice = SeqSlice {
+                query_len: end - start,
+                context_len: end,
+                block_table: &table,
+            };
+            let meta = AttentionMetadata::build(&[slice], bs)?;
+            let rows: Vec<u32> = (0..(end - start) as u32).collect();
+            let bufs = meta.upload_with(&self.ctx, &[&tokens[start..end], &rows])?;
+            let input = StepInput {
+                tokens: bufs.extra(0).expect("tokens section"),
+                meta: &bufs,
+                rows: bufs.extra(1).expect("rows section"),
+                num_rows: rows.len(),
+                argmax: false,
+            };
+            let mut b = Batch::new(&self.ctx, "score");
+            forward(&mut b, &self.model, &self.pool, &self.ws, &input)?;
+            b.submit()?;
+            let bytes = self
+                .ctx
+                .read_bytes(&self.ws.logits, 0, (rows.len() * vocab * 4) as u64)?;
+            let logits: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
+            for (i, row) in logits.chunks(vocab).enumerate() {
+                let pos = start + i;
+                if pos + 1 >= tokens.len() {
+                    break;
+                }
+                log_softmax_into(row, &mut logprobs);
+                f(pos, &logprobs);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn log_softmax_into(logits: &[f32], out: &mut [f32]) {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+    let sum: f64 = logits.iter().map(|&v| (v as f64 - max).exp()).sum();
+    let lse = max + sum.ln();
+    for (o, &v) in out.iter_mut().zip(logits) {
+        *o = (v as f64 - lse) as f32;
+    }
+}
+
+/// What one scoring run measured.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Report {
+    pub windows: usize,
+    pub tokens_scored: usize,
+    /// Mean negative log-likelihood of the scored tokens, in nats.
+    pub mean_nll: f64,
+    /// Against a saved baseline, when one was given.
+    pub divergence: Option<Divergence>,
+}
+
+impl Report {
+    pub fn perplexity(&self) -> f64 {
+        self.mean_nll.exp()
+    }
+}
+
+/// Distance of a run's next-token distributions from a baseline's, over the same tokens.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Divergence {
+    /// KL(base || this) per scored token, in nats: mean and 99th percentile.
+    pub mean_kld: f64,
+    pub p99_kld: f64,
+    pub max_kld: f64,
+    /// Fraction of scored tokens whose most likely next token is the same in both runs.
+    pub top1_agreement: f64,
+    /// The baseline's own perplexity over the same tokens.
+    pub base_perplexity: f64,
+}
+
+const MAGIC: &[u8; 8] = b"PGLLOGP2";
+
+/// A file of per-token log-probabilities over the whole vocabulary, with the tokens and
+/// window size they were computed for, so a later run can check it scores the same. The
+/// values are f32: stored as f16, their rounding alone would read as a KL divergence of
+/// ~4e-5 nats, as large as an f16 cache's own.
+pub struct LogprobFile;
+
+impl LogprobFile {
+    fn header(vocab: usize, context: usize, tokens: &[u32]) -> Vec<u8> {
+        let mut h = MAGIC.to_vec();
+        for v in [vocab as u32, context as u32, tokens.len() as u32] {
+            h.extend(v.to_le_bytes());
+        }
+        for t in tokens {
+            h.extend(t.to_le_bytes());
+        }
+        h
+    }
+}
+
+/// Scores `tokens` in windows of the scorer's context. With `save`, writes every scored
+/// token's log-probabilities there; with `base`, reads a saved file's and measures the
+/// divergence from it. `progress(windows done, windows)` is called after each window.
+pub fn score(
+    scorer: &mut Scorer,
+    tokens: &[u32],
+    save: Option<&Path>,
+    base: Option<&Path>,
+    mut progress: impl FnMut(usize, usize),
+) -> anyhow::Result<Report> {
+    use anyhow::{bail, Context};
+    let vocab = scorer.vocab_size();
+    let context = scorer.context();
+    let windows: Vec<&[u32]> = tokens.chunks(context).filter(|w| w.len() >= 2).collect();
+    if windows.is_empty() {
+        bail!(
+            "the text has {} tokens; scoring needs at least 2",
+            tokens.len()
+        );
+    }
+    let header = LogprobFile::header(vocab, context, tokens);
+    let mut writer = match save {
+        Some(p) => {
+            let f =
+                std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
+            let mut w = BufWriter::new(f);
+            w.write_all(&header)?;
+            Some(w)
+        }
+        None => None,
+    };
+    let mut reader = match base {
+        Some(p) => {
+            let f = std::fs::File::open(p).with_context(|| format!("opening {}", p.display()))?;
+            let mut r = BufReader::new(f);
+            let mut got = vec![0u8; header.len()];
+            r.read_exact(&mut got).ok();
+            if got[..8.min(got.len())] != MAGIC[..] {
+                bail!("{} is not a pagellm log-probability file", p.display());
+            }
+            if got != header {
+                bail!(
+                    "{} was saved for other tokens, another window size or another vocabulary \
+                     (the text, --context and the model must be the same as when it was saved)",
+                    p.display()
+                );
+            }
+            Some(r)
+        }
+        None => None,
+    };
+    let (mut nll, mut scored) = (0f64, 0usize);
+    let (mut base_nll, mut agree) = (0f64, 0usize);
+    let mut klds: Vec<f64> = Vec::new();
+    let mut base_row = vec![0f32; vocab];
+    let mut raw = vec![0u8; vocab * 4];
+    let mut io_error: Option<anyhow::Error> = None;
+    for (wi, w) in windows.iter().enumerate() {
+        scorer.score_window(w, |pos, lp| {
+            if io_error.is_some() {
+                return;
+            }
+            let next = w[pos + 1] as usize;
+            nll -= lp[next] as f64;
+            scored += 1;
+            if let Some(out) = writer.as_mut() {
+                let bytes: Vec<u8> = lp.iter().flat_map(|&v| v.to_le_bytes()).collect();
+                if let Err(e) = out.write_all(&bytes) {
+                    io_error = Some(e.into());
+                }
+            }
+            if let Some(r) = reader.as_mut() {
+                if let Err(e) = r.read_exact(&mut raw) {
+                    io_error = Some(anyhow::anyhow!("the baseline file ends early: {e}"));
+                    return;
+                }
+                for (b, c) in base_row.iter_mut().zip(raw.chunks_exact(4)) {
+                    *b = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+                base_nll -= base_row[next] as f64;
+                let kld: f64 = base_row
+                    .iter()
+                    .zip(lp)
+                    .map(|(&b, &q)| {
+                        let p = (b as f64).exp();
+                        if p > 0.0 {
+                            p * (b as f64 - q as f64)
+                        } else {
+                            0.0
+                        }
+                    })
+                    .sum();
+                klds.push(kld.max(0.0));
+                if crate::reference::argmax(&base_row) == crate::reference::argmax(lp) {
+                    agree += 1;
+                }
+            }
+        })?;
+        if let Some(e) = io_error.take() {
+            return Err(e);
+        }
+        progress(wi + 1, windows.len());
+    }
+    if let Some(mut w) = writer {
+        w.flush()?;
+    }
+    let divergence = reader.map(|_| {
+        let n = klds.len().max(1) as f64;
+        let mut sorted = klds.clone();
+        sorted.sort_by(f64::total_cmp);
+        let p99 = sorted[((sorted.len() as f64 * 0.99).ceil() as usize).clamp(1, sorted.len()) - 1];
+        Divergence {
+            mean_kld: klds.iter().sum::<f64>() / n,
+            p99_kld: p99,
+            max_kld: *sorted.last().unwrap_or(&0.0),
+            top1_agreement: agree as f64 / n,
+            base_perplexity: (base_nll / n).exp(),
+        }
+    });
+    Ok(Report {
+        windows: windows.len(),
+        tokens_scored: scored,
+        mean_nll: nll / scored as f64,
+        divergence,
+    })
+}
