@@ -74,6 +74,23 @@ fn kv_tile_words() -> u32 {
     return values;
 }
 
+// Where row r ((local block, KV head) tile r / block_size, row r % block_size) of a
+// quantized pool's half starting at word `half` lives: (word of its first codes, f16 index
+// of its first scale). The layout is src/pool/quant.rs's.
+fn quant_row(half: u32, r: u32) -> vec2<u32> {
+    let tile = r / p.block_size;
+    let off = r - tile * p.block_size;
+    let rw = kv_row_words();
+    let tb = half + tile * kv_tile_words();
+    return vec2<u32>(tb + off * rw, 2u * (tb + p.block_size * rw) + off * (p.head_dim / KV_GROUP));
+}
+
+// The f16 at f16 index `si` of the pool.
+fn scale_at(si: u32) -> f32 {
+    let sw = unpack2x16float(kv[si >> 1u]);
+    return select(sw.x, sw.y, (si & 1u) == 1u);
+}
+
 // Elements 2e and 2e+1 of pool row r ((local block, KV head) tile r / block_size, row
 // r % block_size) of the half starting at word `half` (0 for K, v_half for V), decoded.
 // The quantized layout is src/pool/quant.rs's.
@@ -85,20 +102,15 @@ fn load_pair(half: u32, r: u32, e: u32) -> vec2<f32> {
     if KV_DTYPE == DTYPE_F16 {
         return unpack2x16float(kv[half + r * (p.head_dim / 2u) + e]);
     }
-    let tile = r / p.block_size;
-    let off = r - tile * p.block_size;
-    let rw = kv_row_words();
-    let tb = half + tile * kv_tile_words();
-    let idx = off * (p.head_dim / KV_GROUP) + (2u * e) / KV_GROUP;
-    let sw = unpack2x16float(kv[tb + p.block_size * rw + idx / 2u]);
-    let s = select(sw.x, sw.y, (idx & 1u) == 1u);
+    let q = quant_row(half, r);
+    let s = scale_at(q.y + (2u * e) / KV_GROUP);
     var c: vec2<i32>;
     if KV_DTYPE == DTYPE_INT8 {
-        let w = bitcast<i32>(kv[tb + off * rw + e / 2u]);
+        let w = bitcast<i32>(kv[q.x + e / 2u]);
         let sh = 16u * (e & 1u);
         c = vec2<i32>(extractBits(w, sh, 8u), extractBits(w, sh + 8u, 8u));
     } else {
-        let w = bitcast<i32>(kv[tb + off * rw + e / 4u]);
+        let w = bitcast<i32>(kv[q.x + e / 4u]);
         let sh = 8u * (e & 3u);
         c = vec2<i32>(extractBits(w, sh, 4u), extractBits(w, sh + 4u, 4u));
     }
@@ -109,22 +121,17 @@ fn load_pair(half: u32, r: u32, e: u32) -> vec2<f32> {
 // quantized pools: one or two code words and one scale (a group is a whole number of
 // eights), where load_pair would fetch them once per pair.
 fn load_oct(half: u32, r: u32, o: u32) -> array<vec4<f32>, 2> {
-    let tile = r / p.block_size;
-    let off = r - tile * p.block_size;
-    let rw = kv_row_words();
-    let tb = half + tile * kv_tile_words();
-    let idx = off * (p.head_dim / KV_GROUP) + (8u * o) / KV_GROUP;
-    let sw = unpack2x16float(kv[tb + p.block_size * rw + idx / 2u]);
-    let s = select(sw.x, sw.y, (idx & 1u) == 1u);
+    let q = quant_row(half, r);
+    let s = scale_at(q.y + (8u * o) / KV_GROUP);
     var lo: vec4<i32>;
     var hi: vec4<i32>;
     if KV_DTYPE == DTYPE_INT8 {
-        let w0 = bitcast<i32>(kv[tb + off * rw + 2u * o]);
-        let w1 = bitcast<i32>(kv[tb + off * rw + 2u * o + 1u]);
+        let w0 = bitcast<i32>(kv[q.x + 2u * o]);
+        let w1 = bitcast<i32>(kv[q.x + 2u * o + 1u]);
         lo = vec4<i32>(extractBits(w0, 0u, 8u), extractBits(w0, 8u, 8u), extractBits(w0, 16u, 8u), extractBits(w0, 24u, 8u));
         hi = vec4<i32>(extractBits(w1, 0u, 8u), extractBits(w1, 8u, 8u), extractBits(w1, 16u, 8u), extractBits(w1, 24u, 8u));
     } else {
-        let w = bitcast<i32>(kv[tb + off * rw + o]);
+        let w = bitcast<i32>(kv[q.x + o]);
         lo = vec4<i32>(extractBits(w, 0u, 4u), extractBits(w, 4u, 4u), extractBits(w, 8u, 4u), extractBits(w, 12u, 4u));
         hi = vec4<i32>(extractBits(w, 16u, 4u), extractBits(w, 20u, 4u), extractBits(w, 24u, 4u), extractBits(w, 28u, 4u));
     }

@@ -11,13 +11,13 @@
 //! later run over the same tokens: mean and 99th-percentile KL(base || this), and how often
 //! both put the same token first.
 
+use crate::engine::{kv_layout, open_model};
 use crate::engine::{EngineConfig, EngineError};
 use crate::gpu::{Batch, GpuContext};
 use crate::kernels::paged_attention::{AttentionMetadata, SeqSlice};
 use crate::model::forward::{forward, StepInput, Workspace};
 use crate::model::gpu::GpuModel;
-use crate::model::{ModelConfig, ModelError, ModelFiles};
-use crate::pool::{KvLayout, KvPool, KvRotation, PoolSize};
+use crate::pool::{KvPool, KvRotation, PoolSize};
 use crate::tokenizer::Tokenizer;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::Path;
@@ -47,16 +47,8 @@ impl Scorer {
         chunk: usize,
         progress: impl FnMut(u64, u64),
     ) -> Result<Self> {
-        let files = ModelFiles::open(model_dir)?;
-        let tokenizer = Tokenizer::from_dir(model_dir)?;
-        let c: ModelConfig = files.config.clone();
-        if tokenizer.vocab_size() > c.vocab_size {
-            return Err(ModelError::VocabMismatch {
-                tokenizer: tokenizer.vocab_size(),
-                model: c.vocab_size,
-            }
-            .into());
-        }
+        let (files, tokenizer) = open_model(model_dir)?;
+        let c = files.config.clone();
         if context < 2 || context > c.max_model_len() {
             return Err(EngineError::Config(format!(
                 "a scoring window of {context} tokens: it must hold at least 2 and at most the \
@@ -70,16 +62,7 @@ impl Scorer {
             ));
         }
         let chunk = chunk.min(context);
-        let layout = KvLayout {
-            num_layers: c.num_layers,
-            num_kv_heads: c.num_kv_heads,
-            head_dim: c.head_dim,
-            block_size: config.block_size,
-            dtype: config.kv_dtype,
-        };
-        layout
-            .validate()
-            .map_err(|e| EngineError::Config(e.to_string()))?;
+        let layout = kv_layout(&c, config)?;
         let model = GpuModel::upload(&ctx, &files, progress)?;
         let blocks = context.div_ceil(config.block_size);
         let mut pool = KvPool::new(&ctx, layout, PoolSize::Blocks(blocks))?;

@@ -57,11 +57,11 @@ fn run_alone(e: &mut Engine, work: &[(Vec<u32>, usize)]) -> Vec<Vec<u32>> {
         .collect()
 }
 
-#[test]
-fn greedy_tokens_equal_transformers_on_every_backend() {
+/// Every fixture's greedy tokens under `cfg` must equal transformers'.
+fn greedy_tokens_equal_transformers_with(cfg: impl Fn() -> EngineConfig) {
     for ctx in contexts() {
         for f in golden::all() {
-            let mut e = engine(ctx, &f.dir, EngineConfig::default());
+            let mut e = engine(ctx, &f.dir, cfg());
             let work: Vec<_> = f.cases.iter().map(|c| (c.prompt_ids.clone(), 16)).collect();
             let got = run_all(&mut e, &work);
             for (g, c) in got.iter().zip(&f.cases) {
@@ -79,31 +79,19 @@ fn greedy_tokens_equal_transformers_on_every_backend() {
 }
 
 #[test]
+fn greedy_tokens_equal_transformers_on_every_backend() {
+    greedy_tokens_equal_transformers_with(EngineConfig::default);
+}
+
+#[test]
 fn a_rotated_cache_gives_transformers_greedy_tokens() {
     // Rotating q, k and v by the same orthogonal transform and the attention output back
     // changes nothing but rounding: with an f32 cache every greedy token stays.
-    for ctx in contexts() {
-        for f in golden::all() {
-            let cfg = EngineConfig {
-                kv_dtype: pagellm::pool::KvDtype::F32,
-                kv_rotation: Some(pagellm::pool::KvRotation::Hadamard),
-                ..EngineConfig::default()
-            };
-            let mut e = engine(ctx, &f.dir, cfg);
-            let work: Vec<_> = f.cases.iter().map(|c| (c.prompt_ids.clone(), 16)).collect();
-            let got = run_all(&mut e, &work);
-            for (g, c) in got.iter().zip(&f.cases) {
-                assert_eq!(
-                    g,
-                    &c.greedy_ids,
-                    "{} {:?} on {}",
-                    f.name,
-                    c.prompt,
-                    common::backend(ctx)
-                );
-            }
-        }
-    }
+    greedy_tokens_equal_transformers_with(|| EngineConfig {
+        kv_dtype: pagellm::pool::KvDtype::F32,
+        kv_rotation: Some(pagellm::pool::KvRotation::Hadamard),
+        ..EngineConfig::default()
+    });
 }
 
 #[test]

@@ -107,6 +107,35 @@ pub struct Engine {
     swap_latency_s: f64,
 }
 
+/// A model folder's checkpoint and tokenizer, checked against each other.
+pub(crate) fn open_model(model_dir: &Path) -> Result<(ModelFiles, Tokenizer)> {
+    let files = ModelFiles::open(model_dir)?;
+    let tokenizer = Tokenizer::from_dir(model_dir)?;
+    if tokenizer.vocab_size() > files.config.vocab_size {
+        return Err(ModelError::VocabMismatch {
+            tokenizer: tokenizer.vocab_size(),
+            model: files.config.vocab_size,
+        }
+        .into());
+    }
+    Ok((files, tokenizer))
+}
+
+/// The KV pool layout `config` asks of model `c`, validated.
+pub(crate) fn kv_layout(c: &crate::model::ModelConfig, config: &EngineConfig) -> Result<KvLayout> {
+    let layout = KvLayout {
+        num_layers: c.num_layers,
+        num_kv_heads: c.num_kv_heads,
+        head_dim: c.head_dim,
+        block_size: config.block_size,
+        dtype: config.kv_dtype,
+    };
+    layout
+        .validate()
+        .map_err(|e| EngineError::Config(e.to_string()))?;
+    Ok(layout)
+}
+
 impl Engine {
     /// Opens the model folder on the adapter chosen by the environment.
     pub fn new(model_dir: &Path, config: EngineConfig) -> Result<Self> {
@@ -123,16 +152,8 @@ impl Engine {
         config: EngineConfig,
         progress: impl FnMut(u64, u64),
     ) -> Result<Self> {
-        let files = ModelFiles::open(model_dir)?;
-        let tokenizer = Tokenizer::from_dir(model_dir)?;
+        let (files, tokenizer) = open_model(model_dir)?;
         let c = files.config.clone();
-        if tokenizer.vocab_size() > c.vocab_size {
-            return Err(ModelError::VocabMismatch {
-                tokenizer: tokenizer.vocab_size(),
-                model: c.vocab_size,
-            }
-            .into());
-        }
         if config.block_size == 0 || config.max_num_seqs == 0 || config.max_num_batched_tokens == 0
         {
             return Err(EngineError::Config(
@@ -155,16 +176,7 @@ impl Engine {
             Some(n) => n,
             None => c.max_model_len(),
         };
-        let layout = KvLayout {
-            num_layers: c.num_layers,
-            num_kv_heads: c.num_kv_heads,
-            head_dim: c.head_dim,
-            block_size: config.block_size,
-            dtype: config.kv_dtype,
-        };
-        layout
-            .validate()
-            .map_err(|e| EngineError::Config(e.to_string()))?;
+        let layout = kv_layout(&c, &config)?;
         let gpu_blocks = config
             .num_gpu_blocks
             .unwrap_or((config.kv_cache_bytes / layout.block_bytes_all_layers()) as usize);

@@ -11,6 +11,7 @@ pub mod scheduler;
 pub mod sequence;
 mod step_batch;
 
+pub(crate) use self::core::{kv_layout, open_model};
 pub use self::core::{Engine, EngineError, EngineStats};
 pub use config::{EngineConfig, PreemptionMode};
 pub use output::{
