@@ -40,7 +40,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;               // [num_tokens, num_heads, head_dim]
-@group(0) @binding(2) var<storage, read> kv: array<u32>;              // [2, shard_num_blocks, num_kv_heads, block_size, head_dim] in KV_DTYPE
+@group(0) @binding(2) var<storage, read> kv: array<u32>;              // [2, shard_num_blocks, num_kv_heads, tile]: float rows, or quantized tiles (pool::quant)
 @group(0) @binding(3) var<storage, read> block_tables: array<u32>;    // [num_seqs, max_blocks_per_seq]
 @group(0) @binding(4) var<storage, read> token_pos: array<vec2<u32>>; // [num_tokens] (sequence index, position)
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;       // [num_tokens, num_heads, head_dim], or with num_shards > 1

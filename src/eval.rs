@@ -65,10 +65,11 @@ impl Scorer {
         let layout = kv_layout(&c, config)?;
         let model = GpuModel::upload(&ctx, &files, progress)?;
         let blocks = context.div_ceil(config.block_size);
-        let mut pool = KvPool::new(&ctx, layout, PoolSize::Blocks(blocks))?;
-        pool.rotation = config
-            .kv_rotation
-            .unwrap_or(KvRotation::default_for(config.kv_dtype));
+        let pool = KvPool::new(&ctx, layout, PoolSize::Blocks(blocks))?.with_rotation(
+            config
+                .kv_rotation
+                .unwrap_or(KvRotation::default_for(config.kv_dtype)),
+        );
         let ws = Workspace::new(&ctx, &c, chunk, chunk)?;
         Ok(Scorer {
             ctx,
@@ -228,26 +229,29 @@ pub fn score(
         );
     }
     let header = LogprobFile::header(vocab, context, tokens);
-    let mut writer = match save {
-        Some(p) => {
-            let f =
-                std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
-            let mut w = BufWriter::new(f);
-            w.write_all(&header)?;
-            Some(w)
+    if let (Some(sp), Some(bp)) = (save, base) {
+        let same =
+            sp == bp || matches!((sp.canonicalize(), bp.canonicalize()), (Ok(a), Ok(b)) if a == b);
+        if same {
+            bail!(
+                "{} cannot be both the baseline read and the file saved",
+                bp.display()
+            );
         }
-        None => None,
-    };
+    }
+    // The baseline is checked before anything is written.
     let mut reader = match base {
         Some(p) => {
             let f = std::fs::File::open(p).with_context(|| format!("opening {}", p.display()))?;
             let mut r = BufReader::new(f);
-            let mut got = vec![0u8; header.len()];
-            r.read_exact(&mut got).ok();
-            if got[..8.min(got.len())] != MAGIC[..] {
+            let mut magic = [0u8; 8];
+            if r.read_exact(&mut magic).is_err() || &magic != MAGIC {
                 bail!("{} is not a pagellm log-probability file", p.display());
             }
-            if got != header {
+            let mut got = vec![0u8; header.len() - MAGIC.len()];
+            r.read_exact(&mut got)
+                .with_context(|| format!("{} ends inside its header", p.display()))?;
+            if got[..] != header[MAGIC.len()..] {
                 bail!(
                     "{} was saved for other tokens, another window size or another vocabulary \
                      (the text, --context and the model must be the same as when it was saved)",
@@ -255,6 +259,16 @@ pub fn score(
                 );
             }
             Some(r)
+        }
+        None => None,
+    };
+    let mut writer = match save {
+        Some(p) => {
+            let f =
+                std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
+            let mut w = BufWriter::new(f);
+            w.write_all(&header)?;
+            Some(w)
         }
         None => None,
     };

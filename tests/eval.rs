@@ -120,6 +120,20 @@ fn a_run_against_its_own_baseline_diverges_by_nothing_and_mismatches_are_refused
     let mut other = Scorer::new(arc(ctx), &shipped(), &f32_cache(), 32, 16, |_, _| {}).unwrap();
     let e = score(&mut other, &tokens, None, Some(&base), |_, _| {}).unwrap_err();
     assert!(e.to_string().contains("window size"), "{e}");
+    // A baseline cut inside its header, and a baseline named as the file to save.
+    let cut = temp("cut.lp");
+    std::fs::write(&cut, &std::fs::read(&base).unwrap()[..20]).unwrap();
+    let e = score(&mut s, &tokens, None, Some(&cut), |_, _| {}).unwrap_err();
+    assert!(e.to_string().contains("ends inside its header"), "{e}");
+    let _ = std::fs::remove_file(&cut);
+    let e = score(&mut s, &tokens, Some(&base), Some(&base), |_, _| {}).unwrap_err();
+    assert!(e.to_string().contains("cannot be both"), "{e}");
+    let again = score(&mut s, &tokens, None, Some(&base), |_, _| {}).unwrap();
+    assert_eq!(
+        again.divergence.unwrap().mean_kld,
+        0.0,
+        "the refused call left the baseline alone"
+    );
     let junk = temp("junk.lp");
     std::fs::write(&junk, b"not a baseline").unwrap();
     let e = score(&mut s, &tokens, None, Some(&junk), |_, _| {}).unwrap_err();

@@ -78,7 +78,8 @@ pub struct EngineArgs {
     #[arg(long)]
     pub no_prefix_caching: bool,
     /// Storage of the KV cache: f16, f32, or int8 / int4 codes with f16 scales per group of
-    /// 64 / 32 values (1.94x / 3.56x the tokens of f16 in the same bytes).
+    /// 64 / 32 values (1.94x / 3.56x the tokens of f16 in the same bytes for head sizes
+    /// that are multiples of 64 / 32).
     #[arg(long, value_enum, default_value = "f16")]
     pub kv_dtype: KvDtypeArg,
     /// Rotate each head's keys, values and queries by a random-signed Hadamard transform

@@ -60,8 +60,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         .tokenizer
         .encode(&text)
         .with_context(|| format!("tokenizing {}", args.file.display()))?;
-    let windows = tokens.len() / args.context + usize::from(tokens.len() % args.context >= 2);
-    let bar = indicatif::ProgressBar::new(windows as u64).with_style(
+    let bar = indicatif::ProgressBar::new(0).with_style(
         indicatif::ProgressStyle::with_template("scoring {bar:30} {pos}/{len} windows {eta}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
@@ -70,7 +69,10 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         &tokens,
         args.save_logits.as_deref(),
         args.kl_divergence.as_deref(),
-        |done, _| bar.set_position(done as u64),
+        |done, total| {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        },
     )?;
     bar.finish_and_clear();
     let l = KvSetting {

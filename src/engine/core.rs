@@ -193,10 +193,11 @@ impl Engine {
             .num_cpu_blocks
             .unwrap_or((config.swap_space_bytes / layout.block_bytes_all_layers()) as usize);
         let model = GpuModel::upload(&ctx, &files, progress)?;
-        let mut pool = KvPool::new(&ctx, layout, PoolSize::Blocks(gpu_blocks))?;
-        pool.rotation = config
-            .kv_rotation
-            .unwrap_or(KvRotation::default_for(config.kv_dtype));
+        let pool = KvPool::new(&ctx, layout, PoolSize::Blocks(gpu_blocks))?.with_rotation(
+            config
+                .kv_rotation
+                .unwrap_or(KvRotation::default_for(config.kv_dtype)),
+        );
         let ws = Workspace::new(&ctx, &c, config.max_num_batched_tokens, config.max_num_seqs)?;
         let watermark = (gpu_blocks / 100).min(gpu_blocks.saturating_sub(needed));
         let cache_cfg = CacheConfig::new(config.block_size, gpu_blocks, cpu_blocks)
@@ -395,7 +396,7 @@ impl Engine {
             abandoned_requests: self.abandoned,
             costs: self.scheduler.costs,
             kv_layout: self.cache.device.layout,
-            kv_rotation: self.cache.device.rotation,
+            kv_rotation: self.cache.device.rotation(),
             kv_blocks: self.cache.device.num_blocks,
             kv_pool_bytes: self.cache.device.total_bytes(),
         }

@@ -223,7 +223,8 @@ impl AttentionKernel {
 
 /// out[t, h, :] = softmax(q[t, h] · K[seq(t), :pos(t)+1]ᵀ · scale) · V[...] for every query
 /// token, with K/V of layer `layer` read from the pool through the block tables.
-/// `q`, `out`: `[num_tokens, num_heads, head_dim]` f32.
+/// `q`, `out`: `[num_tokens, num_heads, head_dim]` f32. With a rotated pool, `q` must be
+/// rotated alike and `out` comes out rotated (the forward pass does both).
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     batch: &mut Batch,

@@ -148,7 +148,7 @@ pub fn forward(
             c.num_heads,
             c.num_kv_heads,
         )?;
-        let rotated = pool.rotation == KvRotation::Hadamard;
+        let rotated = pool.rotation() == KvRotation::Hadamard;
         if rotated {
             let (rows_q, rows_kv) = (t * c.num_heads, t * c.num_kv_heads);
             rotate_qkv(batch, &ws.q, &ws.k, &ws.v, rows_q, rows_kv, c.head_dim)?;

@@ -98,7 +98,7 @@ impl KvRotation {
     /// What an unspecified rotation means for `dtype`, chosen by measurement on the shipped
     /// model (docs/BENCHMARKS.md): Hadamard for int4, where it lowers the mean KL divergence
     /// from an f32 cache by 20-30%; none for int8, where it lowers an already tiny divergence
-    /// (2e-5 nats) but costs ~12% of a decode step on lavapipe; none for float caches, which
+    /// (2e-5 nats) but costs 8-12% of a decode step on lavapipe; none for float caches, which
     /// it cannot help.
     pub fn default_for(dtype: KvDtype) -> Self {
         if dtype == KvDtype::Int4 {
@@ -212,9 +212,10 @@ pub struct KvPool {
     pub blocks_per_shard: usize,
     /// Layers per arena (the last group may hold fewer).
     pub layers_per_arena: usize,
-    /// How what the pool holds was rotated before it was stored; writers and readers of the
-    /// pool (the forward pass) apply it. Set it before the first write.
-    pub rotation: KvRotation,
+    /// How what the pool holds was rotated before it was stored: the forward pass applies
+    /// it (the `reshape_and_cache` and `paged_attention` launchers do not). Fixed when the
+    /// pool is made, so rotated and unrotated rows can never mix.
+    rotation: KvRotation,
     /// Arenas indexed `[shard * num_groups + group]`.
     arenas: Vec<wgpu::Buffer>,
 }
@@ -286,6 +287,16 @@ impl KvPool {
         Ok(pool)
     }
 
+    /// The same pool storing rows rotated by `rotation` (for a pool not yet written).
+    pub fn with_rotation(mut self, rotation: KvRotation) -> Self {
+        self.rotation = rotation;
+        self
+    }
+
+    pub fn rotation(&self) -> KvRotation {
+        self.rotation
+    }
+
     pub fn num_shards(&self) -> usize {
         self.num_blocks.div_ceil(self.blocks_per_shard)
     }
@@ -334,7 +345,8 @@ impl KvPool {
     }
 
     /// The binding of layer `layer`'s K and V for shard `shard`:
-    /// `[2, shard_blocks, num_kv_heads, block_size, head_dim]`.
+    /// `[2, shard_blocks, num_kv_heads, tile_words]` (float rows, or quantized tiles: see
+    /// [`quant`]).
     pub fn slab(&self, layer: usize, shard: usize) -> Bind<'_> {
         let (buffer, offset, size) = self.slab_parts(layer, shard);
         Bind::Range {
