@@ -9,6 +9,12 @@
 //!    with and without their default Hadamard rotation), all holding the same requests (N
 //!    sequences of greedy decoding), stepped in turn; median step time.
 //!
+//! 4. The int4 scale layouts one could choose at 4.5 bits a value, compared offline on the
+//!    shipped model's real keys and values (an f32 cache read back after a 256-token
+//!    window): relative squared error of a symmetric scale per 32 values (what pagellm
+//!    stores) and of a scale and minimum per 64, each with and without the rotation; a scale
+//!    and minimum per 32 (5 bits) for reference.
+//!
 //! Run: `cargo bench --bench kv_quant` (`-- --quick` for fewer repetitions, `-- --section N`
 //! for one section; adapter chosen as usual, e.g. `PAGELLM_BACKEND=gl`).
 
@@ -259,6 +265,94 @@ fn engine_decode(ctx: &Arc<GpuContext>, quick: bool) {
     }
 }
 
+/// Quantizes `x` in groups of `g` with a scale and a minimum per group (codes 0..=15), as
+/// the alternative int4 layout would, and returns the reconstruction.
+fn asymmetric_int4(x: &[f32], g: usize) -> Vec<f32> {
+    x.chunks(g)
+        .flat_map(|group| {
+            let lo = group.iter().copied().fold(f32::INFINITY, f32::min);
+            let hi = group.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let s = half::f16::from_f32((hi - lo) / 15.0).to_f32();
+            let m = half::f16::from_f32(lo).to_f32();
+            group
+                .iter()
+                .map(move |&v| {
+                    let q = if s > 0.0 {
+                        ((v - m) / s).round().clamp(0.0, 15.0)
+                    } else {
+                        0.0
+                    };
+                    m + q * s
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn int4_layouts(ctx: &Arc<GpuContext>) {
+    use pagellm::eval::Scorer;
+    use pagellm::pool::quant::{decode_half, round_trip};
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/fortunes-llama");
+    let cfg = EngineConfig {
+        kv_dtype: KvDtype::F32,
+        ..EngineConfig::default()
+    };
+    let mut s = Scorer::new(ctx.clone(), &dir, &cfg, 256, 64, |_, _| {}).expect("scorer");
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/heldout/fortunes.txt"),
+    )
+    .expect("held-out text");
+    let mut tokens = s.tokenizer.encode(&text).expect("tokens");
+    tokens.truncate(256);
+    s.score_window(&tokens, |_, _| {}).expect("window");
+    let pool = s.pool();
+    let l = pool.layout;
+    let half = l.block_bytes() as usize;
+    let hd = l.head_dim;
+    // [which (K, V)] -> rows of head_dim values, every layer, head and position.
+    let mut rows: [Vec<f32>; 2] = [Vec::new(), Vec::new()];
+    for block in 0..tokens.len().div_ceil(l.block_size) {
+        let bytes = pool.read_block(ctx, block).expect("read");
+        for layer in 0..l.num_layers {
+            for (which, r) in rows.iter_mut().enumerate() {
+                let at = (2 * layer + which) * half;
+                r.extend(decode_half(&l, &bytes[at..at + half]).values);
+            }
+        }
+    }
+    let rel = |x: &[f32], y: &[f32]| {
+        let e: f64 = x.iter().zip(y).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+        let n: f64 = x.iter().map(|a| (*a as f64).powi(2)).sum();
+        e / n
+    };
+    println!("| values | layout | bits / value | rotation | relative squared error |");
+    println!("|---|---|---:|---|---:|");
+    for (which, name) in [(0, "K"), (1, "V")] {
+        for rotated in [false, true] {
+            let mut x = rows[which].clone();
+            if rotated {
+                pagellm::reference::rotate_rows(&mut x, hd, false);
+            }
+            let rot = if rotated { "hadamard" } else { "none" };
+            let cases = [
+                (
+                    "symmetric scale / 32 (pagellm)",
+                    4.5,
+                    round_trip(KvDtype::Int4, hd, &x),
+                ),
+                ("scale + minimum / 64", 4.5, asymmetric_int4(&x, 64)),
+                ("scale + minimum / 32", 5.0, asymmetric_int4(&x, 32)),
+            ];
+            for (layout, bits, y) in cases {
+                println!(
+                    "| {name} | {layout} | {bits} | {rot} | {:.5} |",
+                    rel(&x, &y)
+                );
+            }
+        }
+    }
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     // `--section N` runs one section.
@@ -293,5 +387,11 @@ fn main() {
         println!("## 3. Engine decode step, shipped model, greedy");
         println!();
         engine_decode(&ctx, quick);
+        println!();
+    }
+    if run(4) {
+        println!("## 4. int4 scale layouts on the shipped model's keys and values");
+        println!();
+        int4_layouts(&ctx);
     }
 }

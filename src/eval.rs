@@ -86,6 +86,12 @@ impl Scorer {
         self.context
     }
 
+    /// The KV pool: after [`Self::score_window`] it holds the window's keys and values in
+    /// blocks `ceil(len / block_size) - 1` down to 0 (the window's first block is the last).
+    pub fn pool(&self) -> &KvPool {
+        &self.pool
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.model.config.vocab_size
     }
