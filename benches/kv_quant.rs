@@ -173,7 +173,8 @@ fn attention(ctx: &GpuContext, quick: bool) {
 }
 
 /// The engine settings section 3 compares: f16, and the quantized caches with their default
-/// Hadamard rotation and without it (what the rotation's two extra dispatches a layer cost).
+/// Hadamard rotation of keys and without it (what the rotation's one extra dispatch a layer
+/// costs).
 const ENGINE_SETTINGS: [(KvDtype, KvRotation); 5] = [
     (KvDtype::F16, KvRotation::None),
     (KvDtype::Int8, KvRotation::Hadamard),

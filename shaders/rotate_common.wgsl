@@ -1,11 +1,9 @@
-// Shared by rotate_rows.wgsl and rotate_qkv.wgsl: the fixed orthogonal rotation R = H D of
+// Shared by rotate_rows.wgsl and rotate_qk.wgsl: the fixed orthogonal rotation R = H D of
 // one row of head_dim values, or its inverse D H. D flips the sign of element i when bit
 // 31 of i * 0x9E3779B1 is set; H is the normalized Walsh-Hadamard transform, applied
 // block-diagonally to the descending powers of two that head_dim is the sum of (80 =
-// 64 + 16). Rotating keys and queries alike leaves q . k unchanged, and rotating values
-// makes the attention output come out rotated, so the inverse is applied to it once; what
-// changes is that each cached row's outlier channels are spread over its block before it
-// is quantized. src/reference/mod.rs (`rotate_rows`) is the plain-Rust version.
+// 64 + 16). Rotating keys and queries alike leaves q . k unchanged; what changes is that
+// each cached key's outlier channels are spread over its block before it is quantized. src/reference/mod.rs (`rotate_rows`) is the plain-Rust version.
 // One workgroup of 64 rotates MAX_HEAD_DIM / head_dim rows at once in workgroup memory,
 // so that each barrier serves several rows. (One invocation per row, with the row in a
 // private array, avoids the barriers but takes llvmpipe's GL driver over a minute to

@@ -1,6 +1,6 @@
 // rotate_rows: rotates every row of head_dim values of one buffer in place by R = H D, or
-// by its inverse (rotate_common.wgsl has the transform). The forward pass rotates the
-// attention output back with it.
+// by its inverse (rotate_common.wgsl has the transform). For tests and for callers that
+// rotate other rows than a step's queries and keys.
 // Grid: one workgroup of 64 per 256 / head_dim rows, 2-D when there are many.
 
 struct Params {

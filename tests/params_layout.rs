@@ -12,7 +12,7 @@ use pagellm::kernels::{
     reshape_and_cache::ReshapeAndCacheParams,
     rms_norm::RmsNormParams,
     rope::RopeParams,
-    rotate::{RotateQkvParams, RotateRowsParams},
+    rotate::{RotateQkParams, RotateRowsParams},
     silu_mul::SiluMulParams,
     KernelParams, ALL, MATMUL_SKINNY, MATMUL_SKINNY_SG, MATMUL_SKINNY_VEC, PAGED_ATTENTION_SG,
     RESHAPE_AND_CACHE_Q,
@@ -89,7 +89,7 @@ fn every_params_struct_matches_its_shader() {
         check::<GatherRowsParams>(),
         check::<ArgmaxParams>(),
         check::<RotateRowsParams>(),
-        check::<RotateQkvParams>(),
+        check::<RotateQkParams>(),
     ];
     for k in ALL {
         assert!(

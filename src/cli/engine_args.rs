@@ -24,7 +24,7 @@ pub enum KvDtypeArg {
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum KvRotationArg {
-    /// Hadamard for int4 caches, none for the others (measured: docs/BENCHMARKS.md).
+    /// Hadamard for int8/int4 caches, none for f16/f32 (measured: docs/BENCHMARKS.md).
     Auto,
     None,
     Hadamard,
@@ -82,8 +82,9 @@ pub struct EngineArgs {
     /// that are multiples of 64 / 32).
     #[arg(long, value_enum, default_value = "f16")]
     pub kv_dtype: KvDtypeArg,
-    /// Rotate each head's keys, values and queries by a random-signed Hadamard transform
-    /// before the cache stores them, spreading outlier channels before quantization.
+    /// Rotate each head's keys (and the queries that meet them) by a random-signed Hadamard
+    /// transform before the cache stores them, spreading outlier channels before
+    /// quantization.
     #[arg(long, value_enum, default_value = "auto")]
     pub kv_rotation: KvRotationArg,
 }

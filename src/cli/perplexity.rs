@@ -28,7 +28,7 @@ pub struct PerplexityArgs {
     block_size: usize,
     #[arg(long, value_enum, default_value = "f16")]
     kv_dtype: KvDtypeArg,
-    /// auto: Hadamard for int4, none for the others.
+    /// auto: Hadamard for int8/int4, none for f16/f32.
     #[arg(long, value_enum, default_value = "auto")]
     kv_rotation: KvRotationArg,
     /// Save every scored token's log-probabilities (f32, whole vocabulary) as a baseline.

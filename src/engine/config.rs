@@ -24,8 +24,8 @@ pub struct EngineConfig {
     pub swap_space_bytes: u64,
     pub kv_dtype: KvDtype,
     /// Rotation of cached keys and values before they are stored (see [`KvRotation`]);
-    /// `None` picks [`KvRotation::default_for`] the dtype: Hadamard for int4, none for the
-    /// others (measured, docs/BENCHMARKS.md).
+    /// `None` picks [`KvRotation::default_for`] the dtype: Hadamard for int8 and int4, none
+    /// for float caches (measured, docs/BENCHMARKS.md).
     pub kv_rotation: Option<KvRotation>,
     /// `None` (automatic): for each victim, swap or recompute, whichever the engine's own
     /// measurements (swap bandwidth, prefill throughput) say is cheaper; before both are

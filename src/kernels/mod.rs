@@ -74,7 +74,7 @@ kernel!(COPY_BLOCKS, "copy_blocks");
 kernel!(GATHER_ROWS, "gather_rows");
 kernel!(ARGMAX, "argmax");
 kernel!(ROTATE_ROWS, "rotate_rows", ["rotate_common"]);
-kernel!(ROTATE_QKV, "rotate_qkv", ["rotate_common"]);
+kernel!(ROTATE_QK, "rotate_qk", ["rotate_common"]);
 
 /// Every kernel, for tests that check all shaders (translation, uniform layouts).
 pub const ALL: &[KernelSource] = &[
@@ -96,7 +96,7 @@ pub const ALL: &[KernelSource] = &[
     GATHER_ROWS,
     ARGMAX,
     ROTATE_ROWS,
-    ROTATE_QKV,
+    ROTATE_QK,
 ];
 
 /// A uniform parameter block shared with a WGSL kernel: the Rust mirror of its `Params`.

@@ -1,7 +1,7 @@
-//! Launchers for `shaders/rotate_rows.wgsl` and `shaders/rotate_qkv.wgsl`: the Hadamard
-//! rotation of cached heads (`shaders/rotate_common.wgsl` has the transform).
+//! Launchers for `shaders/rotate_rows.wgsl` and `shaders/rotate_qk.wgsl`: the Hadamard
+//! rotation of cached keys (and the queries that meet them) (`shaders/rotate_common.wgsl` has the transform).
 
-use super::{check_len, params, ROTATE_QKV, ROTATE_ROWS};
+use super::{check_len, params, ROTATE_QK, ROTATE_ROWS};
 use crate::error::{GpuError, Result};
 use crate::gpu::{grid_2d, Batch};
 
@@ -12,9 +12,9 @@ params!(RotateRowsParams for ROTATE_ROWS {
     _pad: u32,
 });
 
-params!(RotateQkvParams for ROTATE_QKV {
+params!(RotateQkParams for ROTATE_QK {
     rows_q: u32,
-    rows_kv: u32,
+    rows_k: u32,
     head_dim: u32,
     _pad: u32,
 });
@@ -63,32 +63,29 @@ pub fn rotate_rows(
     batch.dispatch(ROTATE_ROWS, &[], &p, &[x.into()], g)
 }
 
-/// Rotates `rows_q` rows of `q` and `rows_kv` rows of each of `k` and `v` in place by R, in
-/// one dispatch.
-pub fn rotate_qkv(
+/// Rotates `rows_q` rows of `q` and `rows_k` rows of `k` in place by R, in one dispatch.
+pub fn rotate_qk(
     batch: &mut Batch,
     q: &wgpu::Buffer,
     k: &wgpu::Buffer,
-    v: &wgpu::Buffer,
     rows_q: usize,
-    rows_kv: usize,
+    rows_k: usize,
     head_dim: usize,
 ) -> Result<()> {
-    const K: &str = "rotate_qkv";
+    const K: &str = "rotate_qk";
     check_head_dim(K, head_dim)?;
-    let rows = rows_q + 2 * rows_kv;
+    let rows = rows_q + rows_k;
     if rows == 0 {
         return Ok(());
     }
     check_len(K, "q", q, rows_q * head_dim)?;
-    check_len(K, "k", k, rows_kv * head_dim)?;
-    check_len(K, "v", v, rows_kv * head_dim)?;
-    let p = RotateQkvParams {
+    check_len(K, "k", k, rows_k * head_dim)?;
+    let p = RotateQkParams {
         rows_q: rows_q as u32,
-        rows_kv: rows_kv as u32,
+        rows_k: rows_k as u32,
         head_dim: head_dim as u32,
         _pad: 0,
     };
     let g = grid(batch, rows, head_dim);
-    batch.dispatch(ROTATE_QKV, &[], &p, &[q.into(), k.into(), v.into()], g)
+    batch.dispatch(ROTATE_QK, &[], &p, &[q.into(), k.into()], g)
 }

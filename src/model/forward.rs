@@ -2,9 +2,9 @@
 //! [`Batch`] (the engine submits once per step):
 //!
 //! ```text
-//! embed → per layer [rms_norm → q/k/v (+bias) → rope (→ rotate q, k, v) → reshape_and_cache
-//!        → paged_attention (→ rotate back) → o_proj (+= residual) → rms_norm → gate, up
-//!        → silu_mul → down (+= residual)]
+//! embed → per layer [rms_norm → q/k/v (+bias) → rope (→ rotate q, k) → reshape_and_cache
+//!        → paged_attention → o_proj (+= residual) → rms_norm → gate, up → silu_mul
+//!        → down (+= residual)]
 //!       → final rms_norm → gather the sampling rows → LM head logits (→ arg-max)
 //! ```
 //!
@@ -17,7 +17,7 @@ use crate::gpu::{Batch, Bind, GpuContext};
 use crate::kernels::logits::{lm_head, LogitsBuffers};
 use crate::kernels::matmul::{matmul, Output};
 use crate::kernels::paged_attention::{paged_attention, AttentionBuffers};
-use crate::kernels::rotate::{rotate_qkv, rotate_rows};
+use crate::kernels::rotate::rotate_qk;
 use crate::kernels::{embedding, reshape_and_cache, rms_norm, rope, silu_mul};
 use crate::pool::{KvPool, KvRotation};
 
@@ -150,8 +150,8 @@ pub fn forward(
         )?;
         let rotated = pool.rotation() == KvRotation::Hadamard;
         if rotated {
-            let (rows_q, rows_kv) = (t * c.num_heads, t * c.num_kv_heads);
-            rotate_qkv(batch, &ws.q, &ws.k, &ws.v, rows_q, rows_kv, c.head_dim)?;
+            let (rows_q, rows_k) = (t * c.num_heads, t * c.num_kv_heads);
+            rotate_qk(batch, &ws.q, &ws.k, rows_q, rows_k, c.head_dim)?;
         }
         reshape_and_cache::reshape_and_cache(
             batch,
@@ -172,9 +172,7 @@ pub fn forward(
             c.num_heads,
             scale,
         )?;
-        if rotated {
-            rotate_rows(batch, &ws.attn, t * c.num_heads, c.head_dim, true)?;
-        }
+
         matmul(
             batch,
             &ws.attn,

@@ -88,20 +88,20 @@ impl std::str::FromStr for KvDtype {
 pub enum KvRotation {
     #[default]
     None,
-    /// Each head's keys, values and queries are rotated by a fixed random-signed
-    /// Walsh-Hadamard transform (block-diagonal over the powers of two that sum to head_dim;
-    /// `shaders/rotate_rows.wgsl`), and the attention output rotated back.
+    /// Each head's keys, and the queries that meet them, are rotated by a fixed
+    /// random-signed Walsh-Hadamard transform (block-diagonal over the powers of two that
+    /// sum to head_dim; `shaders/rotate_common.wgsl`) after RoPE. Values are stored as they
+    /// are: rotating them does not lower their quantization error (docs/BENCHMARKS.md).
     Hadamard,
 }
 
 impl KvRotation {
     /// What an unspecified rotation means for `dtype`, chosen by measurement on the shipped
-    /// model (docs/BENCHMARKS.md): Hadamard for int4, where it lowers the mean KL divergence
-    /// from an f32 cache by 20-30%; none for int8, where it lowers an already tiny divergence
-    /// (2e-5 nats) but costs 8-12% of a decode step on lavapipe; none for float caches, which
-    /// it cannot help.
+    /// model (docs/BENCHMARKS.md): Hadamard for quantized caches, where it lowers the mean
+    /// KL divergence from an f32 cache (int8 by 40%, int4 by 17-27%) for 3-5% of a decode
+    /// step on lavapipe; none for float caches, which it cannot help.
     pub fn default_for(dtype: KvDtype) -> Self {
-        if dtype == KvDtype::Int4 {
+        if dtype.is_quantized() {
             KvRotation::Hadamard
         } else {
             KvRotation::None
