@@ -381,6 +381,10 @@ fn concurrent_streams_through_a_small_pool_equal_their_solo_runs() {
     let recomputes = s.metric("pagellm_preemptions_total{mode=\"recompute\"}");
     assert!(swaps + recomputes > 0.0, "no preemption was counted");
     assert_eq!(s.metric("pagellm_generation_tokens_total"), 32.0 * 24.0);
+    // The pool: 12 blocks of 16 tokens; an f16 token of this fixture is 2 layers x K and V
+    // x 2 KV heads x 16 values x 2 bytes.
+    assert_eq!(s.metric("pagellm_kv_cache_capacity_tokens"), 12.0 * 16.0);
+    assert_eq!(s.metric("pagellm_kv_cache_bytes_per_token"), 256.0);
 }
 
 #[test]

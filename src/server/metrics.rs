@@ -28,6 +28,8 @@ pub struct Metrics {
     waiting: Gauge,
     swapped: Gauge,
     kv_usage: Family<PoolLabel, Gauge<f64, AtomicU64>>,
+    kv_bytes_per_token: Gauge<f64, AtomicU64>,
+    kv_capacity_tokens: Gauge,
     preemptions: Family<ModeLabel, Counter>,
     prefix_queries: Counter,
     prefix_hits: Counter,
@@ -54,6 +56,8 @@ impl Metrics {
             waiting: Gauge::default(),
             swapped: Gauge::default(),
             kv_usage: Family::default(),
+            kv_bytes_per_token: Gauge::default(),
+            kv_capacity_tokens: Gauge::default(),
             preemptions: Family::default(),
             prefix_queries: Counter::default(),
             prefix_hits: Counter::default(),
@@ -85,6 +89,16 @@ impl Metrics {
             "kv_cache_usage_ratio",
             "Fraction of KV blocks in use, per pool",
             m.kv_usage.clone(),
+        );
+        registry.register(
+            "kv_cache_bytes_per_token",
+            "Bytes of device KV cache one token takes, all layers, scales included",
+            m.kv_bytes_per_token.clone(),
+        );
+        registry.register(
+            "kv_cache_capacity_tokens",
+            "Tokens the device KV pool holds when full",
+            m.kv_capacity_tokens.clone(),
         );
         registry.register(
             "preemptions",
@@ -136,6 +150,8 @@ impl Metrics {
 
     /// Updates the engine figures from `s`.
     pub fn observe_engine(&self, s: &EngineStats) {
+        self.kv_bytes_per_token.set(s.kv_layout.bytes_per_token());
+        self.kv_capacity_tokens.set(s.kv_pool_tokens() as i64);
         self.running.set(s.num_running as i64);
         self.waiting.set(s.num_waiting as i64);
         self.swapped.set(s.num_swapped as i64);
