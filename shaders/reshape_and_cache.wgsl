@@ -1,26 +1,10 @@
 // reshape_and_cache: writes the new K and V of each token into its slot of the paged pool.
-// slot = physical_block * block_size + offset; a negative slot (padding) is skipped, and so
-// is a slot whose block lives in another shard of the pool (one dispatch per shard).
+// Padding tokens and slots in other shards are skipped (reshape_common.wgsl).
 // The bound slab is one layer's K and V for the blocks of one shard.
 // Grid: x covers (kv head, word) of a token row, 64 per workgroup; y = token.
 
 override KV_DTYPE: u32 = 1u;  // DTYPE_F32 or DTYPE_F16
 
-struct Params {
-    num_tokens: u32,
-    num_kv_heads: u32,
-    head_dim: u32,
-    block_size: u32,
-    shard_first_block: u32,  // global id of the shard's first block
-    shard_num_blocks: u32,   // blocks in the shard (stride between the K and V halves)
-    _pad0: u32,
-    _pad1: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> key: array<f32>;          // [num_tokens, num_kv_heads, head_dim]
-@group(0) @binding(2) var<storage, read> value: array<f32>;        // [num_tokens, num_kv_heads, head_dim]
-@group(0) @binding(3) var<storage, read> slot_mapping: array<i32>; // [num_tokens]
 @group(0) @binding(4) var<storage, read_write> kv: array<u32>;     // [2, shard_num_blocks, num_kv_heads, block_size, head_dim] in KV_DTYPE
 
 @compute @workgroup_size(64)
@@ -33,16 +17,12 @@ fn reshape_and_cache(@builtin(global_invocation_id) gid: vec3<u32>) {
     if t >= p.num_tokens || h >= p.num_kv_heads {
         return;
     }
-    let slot = slot_mapping[t];
-    if slot < 0 {
+    let at = local_slot(t);
+    if at.x == NO_SLOT.x {
         return;
     }
-    let block = u32(slot) / p.block_size;
-    let offset = u32(slot) % p.block_size;
-    if block < p.shard_first_block || block - p.shard_first_block >= p.shard_num_blocks {
-        return;
-    }
-    let local_block = block - p.shard_first_block;
+    let local_block = at.x;
+    let offset = at.y;
     let dst = ((local_block * p.num_kv_heads + h) * p.block_size + offset) * row_words + word;
     let v_half = p.shard_num_blocks * p.num_kv_heads * p.block_size * row_words;
     let src = (t * p.num_kv_heads + h) * p.head_dim + word * per_elem;

@@ -9,21 +9,6 @@
 override KV_DTYPE: u32 = 3u;  // DTYPE_INT8 or DTYPE_INT4
 override KV_GROUP: u32 = 64u; // values per scale
 
-struct Params {
-    num_tokens: u32,
-    num_kv_heads: u32,
-    head_dim: u32,
-    block_size: u32,
-    shard_first_block: u32,  // global id of the shard's first block
-    shard_num_blocks: u32,   // blocks in the shard (stride between the K and V halves)
-    _pad0: u32,
-    _pad1: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> key: array<f32>;          // [num_tokens, num_kv_heads, head_dim]
-@group(0) @binding(2) var<storage, read> value: array<f32>;        // [num_tokens, num_kv_heads, head_dim]
-@group(0) @binding(3) var<storage, read> slot_mapping: array<i32>; // [num_tokens]
 @group(0) @binding(4) var<storage, read_write> kv: array<atomic<u32>>; // [2, shard_num_blocks, num_kv_heads, tile]
 
 const F16_MAX: f32 = 65504.0;
@@ -97,16 +82,12 @@ fn reshape_and_cache_q(@builtin(global_invocation_id) gid: vec3<u32>) {
     if t >= p.num_tokens || h >= p.num_kv_heads {
         return;
     }
-    let slot = slot_mapping[t];
-    if slot < 0 {
+    let at = local_slot(t);
+    if at.x == NO_SLOT.x {
         return;
     }
-    let block = u32(slot) / p.block_size;
-    let offset = u32(slot) % p.block_size;
-    if block < p.shard_first_block || block - p.shard_first_block >= p.shard_num_blocks {
-        return;
-    }
-    let local_block = block - p.shard_first_block;
+    let local_block = at.x;
+    let offset = at.y;
     let per_word = select(8u, 4u, KV_DTYPE == DTYPE_INT8);
     let row_words = p.head_dim / per_word;
     let tile_words = p.block_size * row_words + (p.block_size * groups + 1u) / 2u;

@@ -57,8 +57,12 @@ kernel!(
 kernel!(ROPE, "rope");
 kernel!(SILU_MUL, "silu_mul");
 kernel!(ADD, "add");
-kernel!(RESHAPE_AND_CACHE, "reshape_and_cache");
-kernel!(RESHAPE_AND_CACHE_Q, "reshape_and_cache_q");
+kernel!(RESHAPE_AND_CACHE, "reshape_and_cache", ["reshape_common"]);
+kernel!(
+    RESHAPE_AND_CACHE_Q,
+    "reshape_and_cache_q",
+    ["reshape_common"]
+);
 kernel!(
     PAGED_ATTENTION,
     "paged_attention",
