@@ -97,6 +97,67 @@ fn an_application_device_can_be_adopted() {
 }
 
 #[test]
+fn an_application_device_opened_with_pagellms_descriptor_gets_what_pagellm_would_open() {
+    // An app that creates its device itself (a windowing toolkit's device hook) asks for
+    // GpuContext::device_descriptor and ends up with the same limits and features as a
+    // context pagellm opened on its own.
+    for ctx in contexts() {
+        let desc = GpuContext::device_descriptor(&ctx.adapter);
+        assert_eq!(desc.required_limits, ctx.adapter.limits());
+        let (device, queue) =
+            pollster::block_on(ctx.adapter.request_device(&desc)).expect("device");
+        let shared = GpuContext::from_existing(ctx.adapter.clone(), device, queue);
+        assert_eq!(shared.limits, ctx.limits, "{}", ctx.describe());
+        assert_eq!(shared.caps, ctx.caps, "{}", ctx.describe());
+        assert_eq!(
+            shared.device.features(),
+            ctx.device.features(),
+            "{}",
+            ctx.describe()
+        );
+    }
+}
+
+#[test]
+fn an_applications_adapter_list_is_chosen_from_by_pagellms_rules() {
+    for ctx in contexts() {
+        let backends = wgpu::Backends::from(ctx.info.backend);
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = backends;
+        let adapters = pollster::block_on(wgpu::Instance::new(desc).enumerate_adapters(backends));
+        assert!(!adapters.is_empty());
+        // By name, as WGPU_ADAPTER_NAME asks.
+        let by_name = AdapterRequest {
+            backends,
+            name_contains: Some(ctx.info.name.to_uppercase()),
+            ..Default::default()
+        };
+        let i = by_name
+            .choose(&adapters)
+            .expect("the context's own adapter");
+        assert_eq!(adapters[i].get_info().name, ctx.info.name);
+        // A name no adapter has: an error that lists what there is.
+        let missing = AdapterRequest {
+            backends,
+            name_contains: Some("no such adapter".into()),
+            ..Default::default()
+        };
+        let e = missing.choose(&adapters).unwrap_err().to_string();
+        assert!(
+            e.contains("WGPU_ADAPTER_NAME") && e.contains(&ctx.info.name),
+            "{e}"
+        );
+        // No adapters at all (an app whose window no adapter can present to).
+        let any = AdapterRequest {
+            backends,
+            ..Default::default()
+        };
+        let e = any.choose(&[]).unwrap_err();
+        assert!(matches!(e, GpuError::NoAdapter { .. }), "{e:?}");
+    }
+}
+
+#[test]
 fn a_lost_device_is_reported() {
     if contexts().is_empty() {
         return;

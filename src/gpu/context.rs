@@ -104,14 +104,7 @@ impl GpuContext {
         let adapters = pollster::block_on(instance.enumerate_adapters(req.backends));
         let summaries: Vec<AdapterSummary> = adapters
             .iter()
-            .map(|a| {
-                let i = a.get_info();
-                AdapterSummary {
-                    name: i.name,
-                    backend: i.backend,
-                    device_type: i.device_type,
-                }
-            })
+            .map(|a| AdapterSummary::of(&a.get_info()))
             .collect();
         if summaries.is_empty() {
             return Err(no_adapter(req));
@@ -123,17 +116,27 @@ impl GpuContext {
         Self::open(adapter)
     }
 
-    fn open(adapter: wgpu::Adapter) -> Result<Self> {
-        let info = adapter.get_info();
-        let caps = Capabilities::of(adapter.features());
-        let desc = wgpu::DeviceDescriptor {
+    /// The device pagellm would open on `adapter`: the adapter's full limits (large storage
+    /// bindings hold weights and KV pools) and the optional features pagellm's kernels use
+    /// where the adapter has them (f16 shaders, subgroups, timestamp queries). An application
+    /// that creates its own device for rendering and inference passes this to
+    /// `request_device` (or to its toolkit's device hook), then hands the device to
+    /// [`GpuContext::from_existing`]; a device opened with less still works, with the
+    /// kernels' fallbacks and the device's smaller limits.
+    pub fn device_descriptor(adapter: &wgpu::Adapter) -> wgpu::DeviceDescriptor<'static> {
+        wgpu::DeviceDescriptor {
             label: Some("pagellm"),
-            required_features: caps.features(),
+            required_features: Capabilities::of(adapter.features()).features(),
             required_limits: adapter.limits(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
-        };
+        }
+    }
+
+    fn open(adapter: wgpu::Adapter) -> Result<Self> {
+        let info = adapter.get_info();
+        let desc = Self::device_descriptor(&adapter);
         let (device, queue) = pollster::block_on(adapter.request_device(&desc)).map_err(|e| {
             GpuError::RequestDevice {
                 adapter: format!("{} ({:?})", info.name, info.backend),

@@ -97,6 +97,20 @@ fn parse_power(v: &str) -> Result<PowerPreference> {
     }
 }
 
+impl AdapterRequest {
+    /// The index of the adapter this request picks among `adapters` (by the rules of
+    /// [`choose_adapter`]). For applications whose toolkit enumerates adapters itself (for
+    /// instance one filtered to those that can present to its window) and that want
+    /// pagellm's choice and its `WGPU_ADAPTER_NAME`/`PAGELLM_BACKEND` handling.
+    pub fn choose(&self, adapters: &[wgpu::Adapter]) -> Result<usize> {
+        let summaries: Vec<AdapterSummary> = adapters
+            .iter()
+            .map(|a| AdapterSummary::of(&a.get_info()))
+            .collect();
+        choose_adapter(&summaries, self)
+    }
+}
+
 /// The facts about one adapter that choice depends on.
 #[derive(Clone, Debug)]
 pub struct AdapterSummary {
@@ -106,6 +120,14 @@ pub struct AdapterSummary {
 }
 
 impl AdapterSummary {
+    pub fn of(info: &wgpu::AdapterInfo) -> Self {
+        AdapterSummary {
+            name: info.name.clone(),
+            backend: info.backend,
+            device_type: info.device_type,
+        }
+    }
+
     pub fn describe(&self) -> String {
         format!("{} ({:?}, {:?})", self.name, self.backend, self.device_type)
     }

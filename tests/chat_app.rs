@@ -1,0 +1,312 @@
+//! The desktop chat example (`examples/chat`) under a virtual X display (Xvfb), on every
+//! backend with an adapter: the window opens its device with pagellm's descriptor, the
+//! engine shares it, two conversations stream at once, the second is stopped with its Stop
+//! button, and the window is captured before and after. The check:
+//!
+//! - the screenshot has the window's size and is not blank;
+//! - where the reply is drawn, the pixels changed from the screenshot before generation;
+//! - the replies equal what the engine generates for the same prompts in this process
+//!   (the stopped one a prefix of it, ended by the abort), so streaming into the widgets
+//!   lost nothing;
+//! - a folder that is not a model fails with a message naming it, and a reply too long for
+//!   the context is refused with the engine's reason; neither panics.
+//!
+//! This is a test without the libtest harness: winit must own the main thread, so the test
+//! re-runs its own binary as the app (`--child-app`), compiled from the example's sources,
+//! which keeps it from ever testing a stale example build. Needs `xvfb-run` (Debian: xvfb,
+//! xauth); without it the test skips unless `PAGELLM_REQUIRE_XVFB=1` (CI sets it).
+
+#[allow(dead_code)]
+#[path = "../examples/chat/app.rs"]
+mod app;
+#[allow(dead_code)]
+#[path = "../examples/chat/launch.rs"]
+mod launch;
+#[allow(dead_code)]
+#[path = "../examples/chat/script.rs"]
+mod script;
+#[allow(dead_code)]
+#[path = "../examples/chat/worker.rs"]
+mod worker;
+
+mod common;
+
+use pagellm::engine::{Engine, EngineConfig, Prompt};
+use pagellm::sampling::SamplingParams;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+const WIDTH: u32 = 960;
+const HEIGHT: u32 = 600;
+const PROMPTS: [&str; 2] = ["A wise man once said", "The secret of life is"];
+const TOKENS: usize = 20;
+const STOP_AFTER: usize = 4;
+
+fn main() {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == "--child-app") {
+        let rest = args[..1].iter().chain(&args[2..]).cloned();
+        std::process::exit(launch::main_with(rest));
+    }
+    let Some(xvfb_run) = find_on_path("xvfb-run") else {
+        if std::env::var("PAGELLM_REQUIRE_XVFB").is_ok_and(|v| v == "1") {
+            panic!("xvfb-run is required (PAGELLM_REQUIRE_XVFB=1): apt-get install xvfb xauth");
+        }
+        eprintln!("\n*** SKIPPED chat_app: no xvfb-run (apt-get install xvfb xauth) ***\n");
+        return;
+    };
+    let contexts = common::contexts();
+    for ctx in contexts {
+        let backend = match ctx.info.backend {
+            wgpu::Backend::Vulkan => "vulkan",
+            wgpu::Backend::Gl => "gl",
+            other => panic!("no test set-up for {other:?}"),
+        };
+        let t = std::time::Instant::now();
+        chat_window_streams_two_conversations(&xvfb_run, ctx, backend);
+        bad_folders_and_requests_fail_with_their_reason(&xvfb_run, backend);
+        println!(
+            "test chat_app on {} ... ok ({:.1} s)",
+            ctx.describe(),
+            t.elapsed().as_secs_f64()
+        );
+    }
+}
+
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+fn shipped_model() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("models/fortunes-llama")
+}
+
+/// Runs the app under Xvfb with `args`; returns (exit code, stdout, stderr).
+fn run_app(xvfb_run: &Path, backend: &str, args: &[&str]) -> (i32, String, String) {
+    let runtime = std::env::temp_dir().join(format!("pagellm-chat-xdg-{}", std::process::id()));
+    std::fs::create_dir_all(&runtime).unwrap();
+    let screen = format!("-screen 0 {}x{}x24", WIDTH + 100, HEIGHT + 100);
+    let out = Command::new(xvfb_run)
+        .args(["-a", "-s", &screen])
+        .arg(std::env::current_exe().unwrap())
+        .arg("--child-app")
+        .args(args)
+        .env("WGPU_BACKEND", backend)
+        .env("PAGELLM_BACKEND", backend)
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .output()
+        .expect("running xvfb-run");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn read_png(path: &Path) -> (u32, u32, Vec<u8>) {
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut reader = png::Decoder::new(std::io::BufReader::new(file))
+        .read_info()
+        .unwrap();
+    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    assert_eq!(info.color_type, png::ColorType::Rgba, "{}", path.display());
+    buf.truncate(info.buffer_size());
+    (info.width, info.height, buf)
+}
+
+/// What the engine itself generates for `prompt`, greedily, on `ctx`.
+fn engine_reply(ctx: &pagellm::GpuContext, prompt: &str) -> String {
+    let shared = pagellm::GpuContext::from_existing(
+        ctx.adapter.clone(),
+        ctx.device.clone(),
+        ctx.queue.clone(),
+    );
+    let mut engine = Engine::with_context(
+        Arc::new(shared),
+        &shipped_model(),
+        EngineConfig::default(),
+        |_, _| {},
+    )
+    .unwrap();
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_tokens: TOKENS,
+        ..SamplingParams::default()
+    };
+    let h = engine
+        .add_request(Prompt::Text(prompt.into()), params)
+        .unwrap();
+    engine.run_to_completion().unwrap();
+    h.wait().unwrap().outputs[0].text.clone()
+}
+
+fn rect_px(v: &serde_json::Value) -> [u32; 4] {
+    let f = |i: usize| v[i].as_f64().unwrap().round().max(0.0) as u32;
+    [f(0), f(1), f(2), f(3)]
+}
+
+fn chat_window_streams_two_conversations(
+    xvfb_run: &Path,
+    ctx: &pagellm::GpuContext,
+    backend: &str,
+) {
+    let dir = std::env::temp_dir().join(format!("pagellm-chat-{}-{backend}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let shot = dir.join("chat.png");
+    let (width, height) = (WIDTH.to_string(), HEIGHT.to_string());
+    let (tokens, stop) = (TOKENS.to_string(), STOP_AFTER.to_string());
+    let model = shipped_model();
+    let (code, stdout, stderr) = run_app(
+        xvfb_run,
+        backend,
+        &[
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt",
+            PROMPTS[0],
+            "--prompt",
+            PROMPTS[1],
+            "--temperature",
+            "0",
+            "--exit-after",
+            &tokens,
+            "--stop-after",
+            &stop,
+            "--width",
+            &width,
+            "--height",
+            &height,
+            "--screenshot",
+            shot.to_str().unwrap(),
+            "--timeout-s",
+            "300",
+        ],
+    );
+    assert_eq!(
+        code, 0,
+        "the app failed on {backend}\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let desc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("chat.json")).unwrap()).unwrap();
+    let ppp = desc["pixels_per_point"].as_f64().unwrap();
+    let adapter = desc["adapter"].as_str().unwrap();
+    assert!(
+        adapter.contains(&format!("{:?}", ctx.info.backend)),
+        "the window ran on {adapter}, not on {backend}"
+    );
+
+    // The right size, and not blank.
+    let (w, h, after) = read_png(&shot);
+    let (bw, bh, before) = read_png(&dir.join("chat.before.png"));
+    let want = (
+        (f64::from(WIDTH) * ppp).round() as u32,
+        (f64::from(HEIGHT) * ppp).round() as u32,
+    );
+    assert_eq!((w, h), want, "screenshot size");
+    assert_eq!((bw, bh), want, "screenshot before generation");
+    let px = |img: &[u8], x: u32, y: u32| -> [u8; 4] {
+        let i = ((y * w + x) * 4) as usize;
+        [img[i], img[i + 1], img[i + 2], img[i + 3]]
+    };
+    let mut colors = std::collections::HashSet::new();
+    for y in (0..h).step_by(3) {
+        for x in (0..w).step_by(3) {
+            colors.insert(px(&after, x, y));
+        }
+    }
+    assert!(colors.len() > 20, "a blank window: {} colors", colors.len());
+
+    let convs = desc["conversations"].as_array().unwrap();
+    assert_eq!(convs.len(), 2);
+    for (k, c) in convs.iter().enumerate() {
+        // The reply is drawn inside its conversation's transcript, and where it is drawn the
+        // window changed: text appeared on what was empty background before generation.
+        let [x0, y0, x1, y1] = rect_px(&c["reply_px"]);
+        let [tx0, ty0, tx1, ty1] = rect_px(&c["transcript_px"]);
+        assert!(
+            x1 > x0 && y1 > y0 && x0 + 1 >= tx0 && y0 + 1 >= ty0 && x1 <= tx1 + 1 && y1 <= ty1 + 1,
+            "conversation {k}: the reply at {:?} is not inside its transcript {:?}",
+            [x0, y0, x1, y1],
+            [tx0, ty0, tx1, ty1]
+        );
+        assert!(x1 <= w && y1 <= h);
+        let area = (x1 - x0) * (y1 - y0);
+        let changed = (y0..y1)
+            .flat_map(|y| (x0..x1).map(move |x| (x, y)))
+            .filter(|&(x, y)| {
+                let (a, b) = (px(&after, x, y), px(&before, x, y));
+                (0..3).any(|i| a[i].abs_diff(b[i]) > 40)
+            })
+            .count() as u32;
+        assert!(
+            changed * 20 > area && changed > 50,
+            "conversation {k}: only {changed} of {area} pixels changed where the reply is drawn"
+        );
+    }
+
+    // What the widgets show is what the engine generates.
+    let first = engine_reply(ctx, PROMPTS[0]);
+    assert_eq!(convs[0]["reply"].as_str().unwrap(), first, "{stdout}");
+    assert_eq!(convs[0]["tokens"].as_u64().unwrap(), TOKENS as u64);
+    assert_eq!(convs[0]["note"].as_str().unwrap(), "finished: max tokens");
+    let second = engine_reply(ctx, PROMPTS[1]);
+    let stopped = convs[1]["reply"].as_str().unwrap();
+    let n = convs[1]["tokens"].as_u64().unwrap() as usize;
+    assert_eq!(convs[1]["note"].as_str().unwrap(), "stopped", "{stdout}");
+    assert!(
+        (STOP_AFTER..TOKENS).contains(&n),
+        "stopped after {n} tokens, asked after {STOP_AFTER}"
+    );
+    assert!(
+        second.starts_with(stopped) && stopped.len() < second.len(),
+        "the stopped reply {stopped:?} is not a prefix of {second:?}"
+    );
+}
+
+fn bad_folders_and_requests_fail_with_their_reason(xvfb_run: &Path, backend: &str) {
+    let dir = std::env::temp_dir().join(format!("pagellm-chat-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (code, stdout, stderr) = run_app(
+        xvfb_run,
+        backend,
+        &[
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompt",
+            "hello",
+            "--exit-after",
+            "4",
+        ],
+    );
+    assert_eq!(code, 1, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        stderr.contains("loading the model failed") && stderr.contains(dir.to_str().unwrap()),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    // A reply that cannot fit the context is refused with the engine's reason, shown under
+    // the conversation; the app goes on and the scripted run reports the failure.
+    let (code, stdout, stderr) = run_app(
+        xvfb_run,
+        backend,
+        &[
+            "--model",
+            shipped_model().to_str().unwrap(),
+            "--prompt",
+            "hello",
+            "--exit-after",
+            "100000",
+        ],
+    );
+    assert_eq!(code, 1, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        stdout.contains("refused: invalid request") && stdout.contains("more than the context"),
+        "{stdout}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
