@@ -108,13 +108,33 @@ fn an_application_device_opened_with_pagellms_descriptor_gets_what_pagellm_would
             pollster::block_on(ctx.adapter.request_device(&desc)).expect("device");
         let shared = GpuContext::from_existing(ctx.adapter.clone(), device, queue);
         assert_eq!(shared.limits, ctx.limits, "{}", ctx.describe());
+        // Every optional feature the kernels use that the adapter has, and no other.
+        let adapter = ctx.adapter.features();
+        for f in [
+            wgpu::Features::SHADER_F16,
+            wgpu::Features::SUBGROUP,
+            wgpu::Features::TIMESTAMP_QUERY,
+        ] {
+            assert_eq!(
+                shared.device.features().contains(f),
+                adapter.contains(f),
+                "{f:?} on {}",
+                ctx.describe()
+            );
+        }
         assert_eq!(shared.caps, ctx.caps, "{}", ctx.describe());
         assert_eq!(
-            shared.device.features(),
-            ctx.device.features(),
-            "{}",
-            ctx.describe()
+            shared.wait_slice(),
+            (ctx.info.backend == wgpu::Backend::Gl).then_some(pagellm::gpu::SHARED_GL_WAIT_SLICE),
+            "an adopted GL device waits in slices"
         );
+        // Work and read-back on the adopted device (a sliced wait on GL).
+        let x = shared.upload("x", &[1.0f32, 2.0, 3.0]).unwrap();
+        let y = shared.upload("y", &[10.0f32, 20.0, 30.0]).unwrap();
+        let mut b = Batch::new(&shared, "on the adopted device");
+        add(&mut b, &x, &y, 3).unwrap();
+        b.submit().unwrap();
+        assert_eq!(read_f32(&shared, &x, 3), vec![11.0, 22.0, 33.0]);
     }
 }
 

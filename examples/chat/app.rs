@@ -78,6 +78,7 @@ pub struct ChatApp {
     pub settings: Settings,
     /// A fault not tied to one conversation (a failed step, the engine thread gone).
     banner: Option<String>,
+    engine_gone: bool,
     snapshot: Option<Snapshot>,
     /// Tokens streamed into conversations, with when, over the last two seconds.
     streamed: VecDeque<(Instant, usize)>,
@@ -126,6 +127,7 @@ impl ChatApp {
                 seed: args.seed.unwrap_or(1),
             },
             banner: None,
+            engine_gone: false,
             snapshot: None,
             streamed: VecDeque::new(),
             frames: FrameTimes::default(),
@@ -170,15 +172,41 @@ impl ChatApp {
         matches!(self.model, ModelState::Ready(_))
     }
 
-    /// Sends conversation `i`'s input as a new user turn and starts the reply.
-    pub fn send(&mut self, i: usize) {
-        let params = SamplingParams {
+    /// The sampling settings as the next reply will use them.
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
             temperature: self.settings.temperature,
             top_p: self.settings.top_p,
             max_tokens: self.settings.max_tokens,
             seed: self.settings.fixed_seed.then_some(self.settings.seed),
             ..SamplingParams::default()
+        }
+    }
+
+    /// The index of the conversation with id `id`, if it is still open.
+    pub fn index_of(&self, id: u64) -> Option<usize> {
+        self.convs.iter().position(|c| c.id == id)
+    }
+
+    /// Tokens conversation `i` could still generate after its pending input: the context
+    /// less the conversation's length in bytes and a few special tokens, which bounds the
+    /// prompt for byte-level tokenizers without a chat template (the shipped model's).
+    pub fn context_left(&self, i: usize) -> usize {
+        let ModelState::Ready(info) = &self.model else {
+            return 0;
         };
+        let c = &self.convs[i];
+        let chars: usize = c.turns.iter().map(|t| t.text.len()).sum::<usize>() + c.input.len();
+        info.max_model_len.saturating_sub(chars + 8)
+    }
+
+    /// Sends conversation `i`'s input as a new user turn and starts the reply.
+    pub fn send(&mut self, i: usize) {
+        self.send_with(i, self.params());
+    }
+
+    /// Like [`Self::send`] with explicit sampling parameters.
+    pub fn send_with(&mut self, i: usize, params: SamplingParams) {
         let c = &mut self.convs[i];
         if c.live.is_some() || c.input.trim().is_empty() {
             return;
@@ -193,17 +221,7 @@ impl ChatApp {
             tokens: 0,
             rect: egui::Rect::NOTHING,
         });
-        let messages = c
-            .turns
-            .iter()
-            .map(|t| ChatMessage {
-                role: match t.role {
-                    Role::User => "user".into(),
-                    Role::Model => "assistant".into(),
-                },
-                content: t.text.clone(),
-            })
-            .collect();
+        let messages = history(&c.turns);
         c.turns.push(Turn {
             role: Role::Model,
             text: String::new(),
@@ -230,6 +248,7 @@ impl ChatApp {
     }
 
     fn engine_gone(&mut self) {
+        self.engine_gone = true;
         self.banner = Some("the engine thread stopped unexpectedly; restart the app".into());
         for c in &mut self.convs {
             if c.live.take().is_some() {
@@ -245,7 +264,7 @@ impl ChatApp {
                 Ok(u) => self.apply(u),
                 Err(flume::TryRecvError::Empty) => break,
                 Err(flume::TryRecvError::Disconnected) => {
-                    if self.banner.is_none() {
+                    if !self.engine_gone {
                         self.engine_gone();
                     }
                     break;
@@ -270,8 +289,14 @@ impl ChatApp {
                     }
                     Ok(RequestEvent::Token { .. }) => {}
                     Ok(RequestEvent::Finished(out)) => {
-                        let reason = out.outputs.first().map(|o| o.finish_reason);
-                        ended = Some((finish_note(reason), false));
+                        let first = out.outputs.first();
+                        // The final text is authoritative: it includes what streaming held
+                        // back (an incomplete character at an abort).
+                        if let (Some(o), Some(t)) = (first, c.turns.last_mut()) {
+                            t.text.clone_from(&o.text);
+                            t.tokens = o.token_ids.len();
+                        }
+                        ended = Some((finish_note(first.map(|o| o.finish_reason)), false));
                         break;
                     }
                     Ok(RequestEvent::Failed(msg)) => {
@@ -311,8 +336,12 @@ impl ChatApp {
             Update::Loaded(info) => self.model = ModelState::Ready(info),
             Update::LoadFailed(e) => self.model = ModelState::Failed(e),
             Update::Started { conv, events } => {
+                // Only a reply still waiting for its start: one the user has given up on
+                // meanwhile (a reload) stays given up, and dropping `events` aborts it.
                 if let Some(c) = self.convs.iter_mut().find(|c| c.id == conv) {
-                    c.live = Some(Live::Streaming(events));
+                    if matches!(c.live, Some(Live::Queued)) {
+                        c.live = Some(Live::Streaming(events));
+                    }
                 }
             }
             Update::Refused { conv, reason } => {
@@ -398,13 +427,28 @@ impl ChatApp {
     fn side_panel(&mut self, ui: &mut egui::Ui) {
         ui.heading("Sampling");
         let s = &mut self.settings;
-        ui.add(egui::Slider::new(&mut s.temperature, 0.0..=2.0).text("temperature"));
-        ui.add(egui::Slider::new(&mut s.top_p, 0.05..=1.0).text("top-p"));
+        // Clamped only when edited here: values given on the command line are kept, and the
+        // engine refuses impossible ones with a reason shown under the conversation.
+        let clamp = egui::SliderClamping::Edits;
+        ui.add(
+            egui::Slider::new(&mut s.temperature, 0.0..=2.0)
+                .clamping(clamp)
+                .text("temperature"),
+        );
+        ui.add(
+            egui::Slider::new(&mut s.top_p, 0.05..=1.0)
+                .clamping(clamp)
+                .text("top-p"),
+        );
         let max = match &self.model {
             ModelState::Ready(i) => i.max_model_len.saturating_sub(1).max(1),
             _ => 4096,
         };
-        ui.add(egui::Slider::new(&mut s.max_tokens, 1..=max).text("max tokens"));
+        ui.add(
+            egui::Slider::new(&mut s.max_tokens, 1..=max)
+                .clamping(clamp)
+                .text("max tokens"),
+        );
         ui.horizontal(|ui| {
             ui.checkbox(&mut s.fixed_seed, "seed");
             ui.add_enabled(s.fixed_seed, egui::DragValue::new(&mut s.seed));
@@ -613,6 +657,30 @@ fn conversation_pane(ui: &mut egui::Ui, c: &mut Conversation, ready: bool) -> Op
         }
     });
     action
+}
+
+/// The messages of a conversation for the model: replies that produced nothing (refused,
+/// failed) are left out and what the user wrote in a row is joined, so that the roles
+/// alternate as chat templates require.
+fn history(turns: &[Turn]) -> Vec<ChatMessage> {
+    let mut out: Vec<ChatMessage> = Vec::new();
+    for t in turns.iter().filter(|t| !t.text.is_empty()) {
+        let role = match t.role {
+            Role::User => "user",
+            Role::Model => "assistant",
+        };
+        match out.last_mut() {
+            Some(last) if last.role == role => {
+                last.content.push('\n');
+                last.content.push_str(&t.text);
+            }
+            _ => out.push(ChatMessage {
+                role: role.into(),
+                content: t.text.clone(),
+            }),
+        }
+    }
+    out
 }
 
 fn note_last(c: &mut Conversation, note: String, failed: bool) {

@@ -102,6 +102,9 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> i32 {
         }
     };
     let exit = script.as_ref().map(Script::exit_code);
+    if let Some(s) = &script {
+        s.start_watchdog();
+    }
     let req = match AdapterRequest::from_env() {
         Ok(r) => r,
         Err(e) => {
@@ -122,7 +125,19 @@ pub fn main_with(args: impl IntoIterator<Item = std::ffi::OsString>) -> i32 {
                 .filter(|a| surface.is_none_or(|s| a.is_surface_supported(s)))
                 .cloned()
                 .collect();
-            let i = pick.choose(&fit).map_err(|e| e.to_string())?;
+            let i = pick.choose(&fit).map_err(|e| {
+                let all: Vec<String> = adapters
+                    .iter()
+                    .map(|a| {
+                        let i = a.get_info();
+                        format!("{} ({:?})", i.name, i.backend)
+                    })
+                    .collect();
+                format!(
+                    "among the adapters that can present to this window: {e} (all adapters: {})",
+                    all.join(", ")
+                )
+            })?;
             Ok(fit[i].clone())
         }));
         setup.device_descriptor = Arc::new(GpuContext::device_descriptor);

@@ -15,19 +15,32 @@ use std::time::{Duration, Instant};
 /// The prompts a frame measurement uses when none are given: two conversations.
 const BENCH_PROMPTS: [&str; 2] = ["A wise man once said", "The secret of life is"];
 
-/// The exit code a scripted run leaves for `main`.
-#[derive(Clone, Default)]
+/// Exit code of a run whose window closed before its script finished.
+const UNFINISHED: i32 = 4;
+
+/// The exit code a scripted run leaves for `main`: [`UNFINISHED`] until the script ends.
+#[derive(Clone)]
 pub struct ExitCode(Arc<AtomicI32>);
 
 impl ExitCode {
+    fn new(exits: bool) -> Self {
+        ExitCode(Arc::new(AtomicI32::new(if exits { UNFINISHED } else { 0 })))
+    }
     pub fn get(&self) -> i32 {
         self.0.load(Ordering::Relaxed)
     }
-    fn fail(&self, code: i32) {
-        // The first failure names the run.
+    /// The script ended: success unless a failure was recorded.
+    fn done(&self) {
         let _ = self
             .0
-            .compare_exchange(0, code, Ordering::Relaxed, Ordering::Relaxed);
+            .compare_exchange(UNFINISHED, 0, Ordering::Relaxed, Ordering::Relaxed);
+    }
+    /// The first failure names the run.
+    fn fail(&self, code: i32) {
+        let cur = self.get();
+        if cur == 0 || cur == UNFINISHED {
+            self.0.store(code, Ordering::Relaxed);
+        }
     }
 }
 
@@ -46,8 +59,8 @@ enum State {
 
 pub struct Script {
     prompts: Vec<String>,
-    /// Conversation indices the prompts went to.
-    convs: Vec<usize>,
+    /// Ids of the conversations the prompts went to.
+    convs: Vec<u64>,
     exit_after: Option<usize>,
     stop_after: Option<usize>,
     screenshot: Option<PathBuf>,
@@ -76,9 +89,15 @@ impl Script {
         if a.stop_after == Some(0) {
             return Err("--stop-after must be at least 1 token".into());
         }
+        if a.frame_log.is_some() && a.bench_frames.is_none() {
+            return Err("--frame-log needs --bench-frames".into());
+        }
+        if a.bench_frames.is_some() && a.screenshot.is_some() {
+            return Err("--bench-frames and --screenshot are separate runs".into());
+        }
         if !exits && a.prompt.is_empty() {
-            if a.frame_log.is_some() {
-                return Err("--frame-log needs --bench-frames".into());
+            if a.stop_after.is_some() {
+                return Err("--stop-after needs --prompt".into());
             }
             return Ok(None);
         }
@@ -116,12 +135,30 @@ impl Script {
             busy_ui_ms: Vec::new(),
             started: None,
             stopped: false,
-            exit: ExitCode::default(),
+            exit: ExitCode::new(exits),
         }))
     }
 
     pub fn exit_code(&self) -> ExitCode {
         self.exit.clone()
+    }
+
+    /// Ends the process at the deadline even if no frame comes any more (a wedged GPU, a
+    /// lost display): the deadline is otherwise only checked when a frame is drawn.
+    pub fn start_watchdog(&self) {
+        if !self.exits {
+            return;
+        }
+        let deadline = self.deadline;
+        let _ = std::thread::Builder::new()
+            .name("chat-watchdog".into())
+            .spawn(move || {
+                std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+                // A grace second for the frame-driven check to end the run cleanly.
+                std::thread::sleep(Duration::from_secs(1));
+                eprintln!("chat: the scripted run timed out (no frame reached the deadline)");
+                std::process::exit(3);
+            });
     }
 
     pub fn measures_frames(&self) -> bool {
@@ -139,6 +176,7 @@ impl Script {
 
     fn finish(&mut self, ctx: &egui::Context) {
         self.state = State::Done;
+        self.exit.done();
         if self.exits {
             ctx.send_viewport_cmd(egui::ViewportCommand::Close);
         }
@@ -151,8 +189,17 @@ impl Script {
     }
 
     fn send_all(&mut self, app: &mut ChatApp) {
-        for &i in &self.convs {
-            app.send(i);
+        let last = self.convs.len().saturating_sub(1);
+        for (k, &id) in self.convs.iter().enumerate() {
+            let Some(i) = app.index_of(id) else { continue };
+            let mut params = app.params();
+            if k == last && self.stop_after.is_some() {
+                // The reply to be stopped must still be running when Stop is pressed, however
+                // fast the adapter: let it run to the end of the context.
+                params.ignore_eos = true;
+                params.max_tokens = app.context_left(i).max(params.max_tokens);
+            }
+            app.send_with(i, params);
         }
         self.started = Some(Instant::now());
         self.state = State::Generating;
@@ -167,6 +214,9 @@ impl Script {
         let measuring = self.bench_frames.is_some();
         if measuring {
             ctx.request_repaint();
+        } else if matches!(self.state, State::Before | State::After) {
+            // A screenshot arrives a frame or two after it is asked for; keep frames coming.
+            ctx.request_repaint_after(Duration::from_millis(16));
         }
         match self.state {
             State::WaitLoad => match &app.model {
@@ -185,7 +235,7 @@ impl Script {
                             app.new_conversation()
                         };
                         app.convs[i].input = p.clone();
-                        self.convs.push(i);
+                        self.convs.push(app.convs[i].id);
                     }
                     if measuring {
                         self.state = State::Idle;
@@ -217,7 +267,8 @@ impl Script {
                     self.busy_ui_ms.push(ui_ms);
                 }
                 // The Stop button of the last conversation, pressed after K tokens.
-                if let (Some(k), Some(&i)) = (self.stop_after, self.convs.last()) {
+                let last = self.convs.last().and_then(|&id| app.index_of(id));
+                if let (Some(k), Some(i)) = (self.stop_after, last) {
                     let c = &app.convs[i];
                     let streamed = c.turns.last().map_or(0, |t| t.tokens);
                     if c.live.is_some() && streamed >= k && !self.stopped {
@@ -225,16 +276,14 @@ impl Script {
                         app.stop(i);
                     }
                 }
-                let done = self
+                // A conversation the user closed counts as done, not as failed.
+                let open: Vec<usize> = self
                     .convs
                     .iter()
-                    .all(|&i| app.convs.get(i).is_none_or(|c| c.live.is_none()));
-                if done {
-                    if self
-                        .convs
-                        .iter()
-                        .any(|&i| app.convs.get(i).is_none_or(|c| c.failed))
-                    {
+                    .filter_map(|&id| app.index_of(id))
+                    .collect();
+                if open.iter().all(|&i| app.convs[i].live.is_none()) {
+                    if open.iter().any(|&i| app.convs[i].failed) {
                         eprintln!("chat: a reply failed (see the screenshot)");
                         self.exit.fail(1);
                     }
@@ -274,12 +323,13 @@ impl Script {
     /// Prints what was generated and, when measuring, the frame times.
     fn report(&self, app: &ChatApp) {
         let secs = self.started.map_or(0.0, |t| t.elapsed().as_secs_f64());
-        for &i in &self.convs {
-            if let Some(t) = app.convs.get(i).and_then(|c| c.turns.last()) {
+        for (k, &id) in self.convs.iter().enumerate() {
+            let i = app.index_of(id);
+            if let Some(t) = i.and_then(|i| app.convs[i].turns.last()) {
                 let note = t.note.as_ref().map_or("", |(n, _)| n.as_str());
                 println!(
                     "conversation {}: {} tokens ({note}): {:?}",
-                    i + 1,
+                    k + 1,
                     t.tokens,
                     t.text
                 );
@@ -288,7 +338,7 @@ impl Script {
         let tokens: usize = self
             .convs
             .iter()
-            .filter_map(|&i| app.convs.get(i).and_then(|c| c.turns.last()))
+            .filter_map(|&id| app.index_of(id).and_then(|i| app.convs[i].turns.last()))
             .map(|t| t.tokens)
             .sum();
         println!(
@@ -337,16 +387,22 @@ impl Script {
         let path = self.screenshot.as_ref().ok_or("no --screenshot path")?;
         write_png(path, after)?;
         let before_path = path.with_extension("before.png");
-        if let Some(b) = &self.before {
-            write_png(&before_path, b)?;
-        }
+        let before = match &self.before {
+            Some(b) => {
+                write_png(&before_path, b)?;
+                before_path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+            }
+            None => None,
+        };
         let ppp = ctx.pixels_per_point();
         let convs: Vec<serde_json::Value> = self
             .convs
             .iter()
             .zip(&self.prompts)
-            .filter_map(|(&i, prompt)| {
-                let c = app.convs.get(i)?;
+            .filter_map(|(&id, prompt)| {
+                let c = &app.convs[app.index_of(id)?];
                 let reply = c.turns.last()?;
                 let r = c.transcript_rect;
                 let t = reply.rect;
@@ -366,7 +422,7 @@ impl Script {
             "pixels_per_point": ppp,
             "window_points": [screen.width(), screen.height()],
             "image_size": after.size,
-            "before": before_path.file_name().map(|n| n.to_string_lossy().into_owned()),
+            "before": before,
             "conversations": convs,
         });
         let json_path = path.with_extension("json");

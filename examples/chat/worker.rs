@@ -2,7 +2,10 @@
 //! progress), queues and aborts requests, and steps the engine while anything is pending.
 //! The UI talks to it only through [`Command`]s, [`Update`]s and each request's own event
 //! channel, and reads the latest statistics from a mutex the thread holds only to swap a
-//! value in, so no frame ever waits on the GPU or on a step.
+//! value in, so the UI code never waits for a step or for a result from the GPU. (Its frames
+//! still share the device's one queue with the steps: a frame's GPU work runs after the
+//! step work submitted before it. On GL, pagellm waits in short slices so that the
+//! backend's context lock is not held for a whole step; see `GpuContext::from_existing`.)
 
 use pagellm::engine::{Engine, EngineConfig, EngineStats, Prompt, RequestEvent};
 use pagellm::gpu::GpuContext;

@@ -65,6 +65,10 @@ fn new_instance(backends: wgpu::Backends) -> wgpu::Instance {
     wgpu::Instance::new(desc)
 }
 
+/// Longest a wait holds the GL backend's context lock on a device shared with an
+/// application (see [`GpuContext::from_existing`]).
+pub const SHARED_GL_WAIT_SLICE: std::time::Duration = std::time::Duration::from_micros(500);
+
 /// Errors noticed outside any error scope, and device loss, recorded for the next check.
 #[derive(Default)]
 struct Health {
@@ -83,6 +87,7 @@ pub struct GpuContext {
     pub caps: Capabilities,
     health: Arc<Mutex<Health>>,
     pub(crate) pipelines: PipelineCache,
+    wait_slice: Option<std::time::Duration>,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -165,13 +170,32 @@ impl GpuContext {
     /// Wraps a device that a host application already owns. pagellm uses the device's own
     /// limits and features and leaves its error and device-lost handlers alone: errors from
     /// pagellm's work are caught by error scopes and returned from the call that caused them.
+    ///
+    /// On GL, waits for the GPU are cut into slices of [`SHARED_GL_WAIT_SLICE`]: wgpu's GL
+    /// backend holds its one context lock for the whole of a wait, so an unsliced wait of
+    /// the thread that runs pagellm would stall every GL call of the application's render
+    /// thread until pagellm's work finished. Other backends wait without such a lock.
     pub fn from_existing(adapter: wgpu::Adapter, device: wgpu::Device, queue: wgpu::Queue) -> Self {
-        Self::assemble(
+        let gl = adapter.get_info().backend == wgpu::Backend::Gl;
+        let mut ctx = Self::assemble(
             adapter,
             device,
             queue,
             Arc::new(Mutex::new(Health::default())),
-        )
+        );
+        ctx.wait_slice = gl.then_some(SHARED_GL_WAIT_SLICE);
+        ctx
+    }
+
+    /// Waits for the GPU in slices of at most `slice` (releasing the backend's locks in
+    /// between), or in one blocking wait with `None`. See [`Self::from_existing`].
+    pub fn with_wait_slice(mut self, slice: Option<std::time::Duration>) -> Self {
+        self.wait_slice = slice;
+        self
+    }
+
+    pub fn wait_slice(&self) -> Option<std::time::Duration> {
+        self.wait_slice
     }
 
     fn assemble(
@@ -189,6 +213,7 @@ impl GpuContext {
             queue,
             health,
             pipelines: PipelineCache::default(),
+            wait_slice: None,
         }
     }
 
@@ -243,11 +268,32 @@ impl GpuContext {
         Ok(out)
     }
 
-    /// Blocks until all submitted work is done.
+    /// Blocks until all work submitted so far is done (in slices, see
+    /// [`Self::from_existing`]).
     pub fn wait(&self) -> Result<()> {
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| GpuError::DeviceLost(e.to_string()))?;
+        let lost = |e: wgpu::PollError| GpuError::DeviceLost(e.to_string());
+        match self.wait_slice {
+            None => {
+                self.device
+                    .poll(wgpu::PollType::wait_indefinitely())
+                    .map_err(lost)?;
+            }
+            Some(slice) => {
+                // The target is fixed at the first slice: work submitted meanwhile (the
+                // application's next frames) is not waited for.
+                let target = self.queue.submit([]);
+                loop {
+                    match self.device.poll(wgpu::PollType::Wait {
+                        submission_index: Some(target.clone()),
+                        timeout: Some(slice),
+                    }) {
+                        Ok(_) => break,
+                        Err(wgpu::PollError::Timeout) => std::thread::yield_now(),
+                        Err(e) => return Err(lost(e)),
+                    }
+                }
+            }
+        }
         self.check_health()
     }
 }

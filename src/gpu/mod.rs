@@ -8,7 +8,9 @@ pub mod select;
 
 pub use batch::{grid_2d, Batch, Bind};
 pub use buffer::{PendingRead, STORAGE};
-pub use context::{enumerate_adapters, AdapterReport, Capabilities, GpuContext};
+pub use context::{
+    enumerate_adapters, AdapterReport, Capabilities, GpuContext, SHARED_GL_WAIT_SLICE,
+};
 pub use pipeline::{KernelSource, PRELUDE};
 pub use select::AdapterRequest;
 pub use wgpu::AdapterInfo;
