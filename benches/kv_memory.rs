@@ -678,7 +678,7 @@ impl Lockstep {
             *sum += used as u64;
             *peak = (*peak).max(used);
         }
-        if tally.steps % INVARIANT_EVERY as u64 == 0 {
+        if tally.steps.is_multiple_of(INVARIANT_EVERY as u64) {
             self.check()?;
         }
         Ok(())

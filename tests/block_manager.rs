@@ -160,7 +160,7 @@ impl Sim {
             .collect();
         let pool = if there.is_empty() { live } else { there };
         match pool.len() {
-            n if n > 0 && p.0 % 8 != 0 => pool[p.0 as usize / 8 % n],
+            n if n > 0 && !p.0.is_multiple_of(8) => pool[p.0 as usize / 8 % n],
             _ => u64::from(p.0) % NUM_SEQ_IDS,
         }
     }
@@ -171,7 +171,7 @@ impl Sim {
             .filter(|s| !self.seqs.contains_key(s))
             .collect();
         match free.len() {
-            n if n > 0 && p.0 % 8 != 0 => free[p.0 as usize / 8 % n],
+            n if n > 0 && !p.0.is_multiple_of(8) => free[p.0 as usize / 8 % n],
             _ => u64::from(p.0) % NUM_SEQ_IDS,
         }
     }

@@ -89,7 +89,7 @@ impl GpuContext {
     /// A storage buffer holding `data` (at least 4 bytes; an empty slice gives one zero word).
     pub fn upload<T: bytemuck::Pod>(&self, label: &str, data: &[T]) -> Result<wgpu::Buffer> {
         let bytes: &[u8] = bytemuck::cast_slice(data);
-        if bytes.is_empty() || bytes.len() % 4 != 0 {
+        if bytes.is_empty() || !bytes.len().is_multiple_of(4) {
             let mut padded = bytes.to_vec();
             padded.resize(bytes.len().max(4).next_multiple_of(4), 0);
             return self.upload_bytes(label, &padded);
@@ -174,7 +174,7 @@ impl Batch<'_> {
         if bytes == 0 {
             return Ok(PendingRead { staging: None });
         }
-        if offset % 4 != 0 || bytes % 4 != 0 || offset + bytes > buffer.size() {
+        if !offset.is_multiple_of(4) || !bytes.is_multiple_of(4) || offset + bytes > buffer.size() {
             return Err(GpuError::Readback(format!(
                 "range {offset}+{bytes} is unaligned or outside a buffer of {} bytes",
                 buffer.size()

@@ -57,9 +57,9 @@ impl MatmulKernel {
     pub fn supports(self, ctx: &GpuContext, k: usize) -> bool {
         match self {
             MatmulKernel::Tiled | MatmulKernel::Columns => true,
-            MatmulKernel::ColumnsVec => k % 8 == 0,
+            MatmulKernel::ColumnsVec => k.is_multiple_of(8),
             MatmulKernel::ColumnsSubgroup => {
-                k % 8 == 0 && ctx.caps.subgroups && ctx.info.subgroup_min_size >= 8
+                k.is_multiple_of(8) && ctx.caps.subgroups && ctx.info.subgroup_min_size >= 8
             }
         }
     }

@@ -205,7 +205,7 @@ impl AttentionKernel {
         match self {
             AttentionKernel::Plain => true,
             AttentionKernel::Subgroup => {
-                head_dim % 8 == 0 && ctx.caps.subgroups && ctx.info.subgroup_min_size >= 8
+                head_dim.is_multiple_of(8) && ctx.caps.subgroups && ctx.info.subgroup_min_size >= 8
             }
         }
     }

@@ -101,7 +101,7 @@ impl RopeTable {
         scaling: RopeScaling,
         max_positions: usize,
     ) -> Result<Self> {
-        if head_dim % 2 != 0 || head_dim == 0 || max_positions == 0 {
+        if !head_dim.is_multiple_of(2) || head_dim == 0 || max_positions == 0 {
             return Err(GpuError::invalid(
                 "rope",
                 format!(

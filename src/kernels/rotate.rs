@@ -20,7 +20,10 @@ params!(RotateQkParams for ROTATE_QK {
 });
 
 fn check_head_dim(kernel: &'static str, head_dim: usize) -> Result<()> {
-    if head_dim % 2 != 0 || head_dim == 0 || head_dim > super::paged_attention::MAX_HEAD_DIM {
+    if !head_dim.is_multiple_of(2)
+        || head_dim == 0
+        || head_dim > super::paged_attention::MAX_HEAD_DIM
+    {
         return Err(GpuError::invalid(
             kernel,
             format!("head_dim {head_dim} must be even and at most 256"),

@@ -87,7 +87,7 @@ impl Weight {
                 format!("{name}: empty shape [{rows}, {cols}]"),
             ));
         }
-        if dtype != WeightDtype::F32 && cols % 2 != 0 {
+        if dtype != WeightDtype::F32 && !cols.is_multiple_of(2) {
             return Err(GpuError::invalid(
                 "weight upload",
                 format!("{name}: 16-bit weights need an even row length, got {cols}"),

@@ -176,7 +176,7 @@ impl KvLayout {
                 format!("empty layout {self:?}"),
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(GpuError::invalid(
                 "kv pool",
                 format!("head_dim {} must be even", self.head_dim),
@@ -261,7 +261,7 @@ impl KvPool {
         let blocks_per_shard = num_blocks.min(max_blocks_per_slab);
         let slab_bytes = 2 * block * blocks_per_shard as u64;
         let align = ctx.limits.min_storage_buffer_offset_alignment as u64;
-        let layers_per_arena = if slab_bytes % align == 0 {
+        let layers_per_arena = if slab_bytes.is_multiple_of(align) {
             ((max_arena / slab_bytes) as usize).clamp(1, layout.num_layers)
         } else {
             1

@@ -46,11 +46,11 @@ pub fn group_size(dtype: KvDtype, head_dim: usize) -> Option<usize> {
         KvDtype::Int4 => INT4_GROUP,
         KvDtype::F16 | KvDtype::F32 => return None,
     };
-    if head_dim == 0 || head_dim % 8 != 0 {
+    if head_dim == 0 || !head_dim.is_multiple_of(8) {
         return None;
     }
     (head_dim.div_ceil(nominal)..=head_dim / 8)
-        .find(|n| head_dim % n == 0 && (head_dim / n) % 8 == 0)
+        .find(|n| head_dim.is_multiple_of(*n) && (head_dim / n).is_multiple_of(8))
         .map(|n| head_dim / n)
 }
 

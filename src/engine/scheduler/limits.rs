@@ -79,7 +79,11 @@ impl Scheduler {
             GroupShape::Beams(_) => live.len() == 1,
         };
         if forks && width > 1 && live.len() == 1 {
-            return if live[0] % bs == 0 { width } else { width - 1 };
+            return if live[0].is_multiple_of(bs) {
+                width
+            } else {
+                width - 1
+            };
         }
         live.iter().filter(|&&n| n % bs == 0).count()
     }
