@@ -134,6 +134,9 @@ impl Scorer {
                 num_rows: rows.len(),
                 argmax: false,
             };
+            if let Some(p) = self.ctx.profiler() {
+                p.begin_step("score");
+            }
             let mut b = Batch::new(&self.ctx, "score");
             forward(&mut b, &self.model, &self.pool, &self.ws, &input)?;
             b.submit()?;

@@ -530,3 +530,54 @@ fn a_tokenizer_larger_than_the_model_vocabulary_is_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn a_profiled_engine_times_each_step_kind_and_keeps_its_tokens() {
+    use pagellm::gpu::TimingMethod;
+    let dir = golden::fixture_dir("llama-gqa"); // 2 layers
+    let prompt: Vec<u32> = (2..12).collect();
+    for ctx in contexts() {
+        let plain = run_all(
+            &mut engine(ctx, &dir, EngineConfig::default()),
+            &[(prompt.clone(), 6)],
+        );
+        for method in [TimingMethod::Timestamps, TimingMethod::SubmitPerDispatch] {
+            let p = arc(ctx);
+            p.enable_profiling_with(method);
+            let mut e =
+                Engine::with_context(p.clone(), &dir, EngineConfig::default(), |_, _| {}).unwrap();
+            p.profiler().unwrap().take(); // loading and calibration
+            let got = run_all(&mut e, &[(prompt.clone(), 6)]);
+            assert_eq!(got, plain, "profiling changed the tokens ({method:?})");
+            let phases = p.profiler().unwrap().take();
+            let what = format!("{method:?} on {}", ctx.describe());
+            // One step prefills the prompt and samples the first token; five decode.
+            let (prefill, decode) = (&phases["prefill"], &phases["decode"]);
+            assert_eq!((prefill.steps, decode.steps), (1, 5), "{what}");
+            let calls = |ph: &pagellm::gpu::profile::PhaseProfile, prefix: &str| -> u64 {
+                ph.kernels
+                    .iter()
+                    .filter(|(k, _)| k.starts_with(prefix))
+                    .map(|(_, t)| t.calls)
+                    .sum()
+            };
+            // Per decode step: one embedding, one attention per layer, one arg-max.
+            assert_eq!(
+                calls(decode, "embedding"),
+                5,
+                "{what}: {:?}",
+                decode.kernels
+            );
+            assert_eq!(calls(decode, "paged_attention"), 2 * 5, "{what}");
+            assert_eq!(calls(decode, "argmax"), 5, "{what}");
+            assert_eq!(calls(prefill, "paged_attention"), 2, "{what}");
+            // Kernels run inside their steps.
+            for ph in [prefill, decode] {
+                assert!(ph.wall >= ph.gpu_total(), "{what}: {ph:?}");
+                assert!(!ph.gpu_total().is_zero(), "{what}");
+            }
+            let report = p.take_profile_report().unwrap();
+            assert!(report.contains("GPU profile on"), "{report}");
+        }
+    }
+}

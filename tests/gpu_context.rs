@@ -67,6 +67,16 @@ fn oversized_buffers_are_refused_with_the_limit() {
     }
 }
 
+/// A kernel and a read-back on `ctx`, checked.
+fn adds_and_reads_back(ctx: &GpuContext) {
+    let x = ctx.upload("x", &[1.0f32, 2.0, 3.0]).unwrap();
+    let y = ctx.upload("y", &[10.0f32, 20.0, 30.0]).unwrap();
+    let mut b = Batch::new(ctx, "on an adopted device");
+    add(&mut b, &x, &y, 3).unwrap();
+    b.submit().unwrap();
+    assert_eq!(read_f32(ctx, &x, 3), vec![11.0, 22.0, 33.0]);
+}
+
 #[test]
 fn an_application_device_can_be_adopted() {
     // What a desktop app that already renders with wgpu does: it owns instance, adapter,
@@ -87,12 +97,7 @@ fn an_application_device_can_be_adopted() {
             device.limits(),
             "the app's limits are respected"
         );
-        let x = shared.upload("x", &[1.0f32, 2.0, 3.0]).unwrap();
-        let y = shared.upload("y", &[10.0f32, 20.0, 30.0]).unwrap();
-        let mut b = Batch::new(&shared, "on the app's device");
-        add(&mut b, &x, &y, 3).unwrap();
-        b.submit().unwrap();
-        assert_eq!(read_f32(&shared, &x, 3), vec![11.0, 22.0, 33.0]);
+        adds_and_reads_back(&shared);
     }
 }
 
@@ -129,12 +134,7 @@ fn an_application_device_opened_with_pagellms_descriptor_gets_what_pagellm_would
             "an adopted GL device waits in slices"
         );
         // Work and read-back on the adopted device (a sliced wait on GL).
-        let x = shared.upload("x", &[1.0f32, 2.0, 3.0]).unwrap();
-        let y = shared.upload("y", &[10.0f32, 20.0, 30.0]).unwrap();
-        let mut b = Batch::new(&shared, "on the adopted device");
-        add(&mut b, &x, &y, 3).unwrap();
-        b.submit().unwrap();
-        assert_eq!(read_f32(&shared, &x, 3), vec![11.0, 22.0, 33.0]);
+        adds_and_reads_back(&shared);
     }
 }
 
@@ -238,6 +238,103 @@ fn every_dispatch_of_a_long_batch_sees_its_own_parameters() {
         for j in 0..N {
             let want = x0[j] + (N - j) as f32 * y[j];
             assert_eq!(got[j], want, "element {j} on {}", backend(ctx));
+        }
+    }
+}
+
+#[test]
+fn profiling_counts_every_dispatch_by_kernel_and_phase_with_either_timing_method() {
+    use pagellm::gpu::TimingMethod;
+    use pagellm::kernels::rms_norm::rms_norm;
+    for ctx in contexts() {
+        for method in [TimingMethod::Timestamps, TimingMethod::SubmitPerDispatch] {
+            // A context of its own, so the shared one of the other tests stays unprofiled.
+            let p = arc(ctx);
+            assert!(p.profiler().is_none(), "profiling is off unless asked for");
+            let profiler = p.enable_profiling_with(method);
+            let stamps = ctx
+                .device
+                .features()
+                .contains(wgpu::Features::TIMESTAMP_QUERY);
+            let want = if stamps {
+                method
+            } else {
+                TimingMethod::SubmitPerDispatch
+            };
+            assert_eq!(profiler.method(), want);
+
+            // A prefill-like step: three adds and two norms in one batch, whose results
+            // must be right even when the fallback submits each dispatch on its own.
+            profiler.begin_step("prefill");
+            let x = p.upload("x", &[1.0f32, 2.0, 3.0, 4.0]).unwrap();
+            let y = p.upload("y", &[1.0f32; 4]).unwrap();
+            let w = Weight::from_f32(&p, "w", &[1.0; 4], 1, 4, WeightDtype::F32).unwrap();
+            let normed = p.storage_buffer("normed", 16).unwrap();
+            let mut b = Batch::new(&p, "profiled");
+            for _ in 0..3 {
+                add(&mut b, &x, &y, 4).unwrap();
+            }
+            rms_norm(&mut b, &x, &w, &normed, 1, 1e-6).unwrap();
+            rms_norm(&mut b, &x, &w, &normed, 1, 1e-6).unwrap();
+            b.submit().unwrap();
+            assert_eq!(read_f32(&p, &x, 4), vec![4.0, 5.0, 6.0, 7.0]);
+            let want_norm = pagellm::reference::rms_norm(&[4.0, 5.0, 6.0, 7.0], &[1.0; 4], 1e-6);
+            assert_close(
+                "rms_norm",
+                &read_f32(&p, &normed, 4),
+                &want_norm,
+                1e-5,
+                1e-5,
+            );
+            // Two decode-like steps of one add each.
+            for _ in 0..2 {
+                profiler.begin_step("decode");
+                let mut b = Batch::new(&p, "profiled decode");
+                add(&mut b, &x, &y, 4).unwrap();
+                b.submit().unwrap();
+                p.wait().unwrap();
+            }
+
+            let phases = profiler.take();
+            let what = format!("{method:?} on {}", ctx.describe());
+            let prefill = &phases["prefill"];
+            assert_eq!(prefill.steps, 1, "{what}");
+            assert_eq!(prefill.kernels["add"].calls, 3, "{what}");
+            assert_eq!(prefill.kernels["rms_norm"].calls, 2, "{what}");
+            assert_eq!(prefill.kernels.len(), 2, "{what}: {:?}", prefill.kernels);
+            let decode = &phases["decode"];
+            assert_eq!((decode.steps, decode.calls()), (2, 2), "{what}");
+            for (name, ph) in [("prefill", prefill), ("decode", decode)] {
+                assert!(!ph.gpu_total().is_zero(), "{what}: no GPU time in {name}");
+                assert!(
+                    !ph.record.is_zero() && !ph.submit.is_zero(),
+                    "{what}: {ph:?}"
+                );
+                assert!(
+                    !ph.wait.is_zero(),
+                    "{what}: {name} waited for its read-back"
+                );
+            }
+            // The first step's wall time ends where the next step begins, so it holds all
+            // of its kernels' time.
+            assert!(prefill.wall >= prefill.gpu_total(), "{what}: {prefill:?}");
+            // Taking the profile empties it.
+            assert!(profiler.take().is_empty());
+
+            let report = pagellm::gpu::profile::report(method, "test", &phases);
+            assert!(
+                report.contains("prefill: 1 steps, 5 dispatches"),
+                "{report}"
+            );
+            assert!(report.contains("decode: 2 steps, 2 dispatches"), "{report}");
+            let add_row = report
+                .lines()
+                .find(|l| l.trim_start().starts_with("add "))
+                .unwrap();
+            assert!(
+                add_row.contains(" 3 ") && add_row.ends_with('%'),
+                "{report}"
+            );
         }
     }
 }

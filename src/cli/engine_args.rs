@@ -87,6 +87,10 @@ pub struct EngineArgs {
     /// quantization.
     #[arg(long, value_enum, default_value = "auto")]
     pub kv_rotation: KvRotationArg,
+    /// Time every GPU kernel and the host's share of each step; print a table per step kind
+    /// (prefill, decode) at the end (as `PAGELLM_PROFILE=1` does).
+    #[arg(long)]
+    pub profile: bool,
 }
 
 impl EngineArgs {
@@ -106,6 +110,7 @@ impl EngineArgs {
             enable_prefix_caching: !self.no_prefix_caching,
             kv_dtype: self.kv_dtype.into(),
             kv_rotation: self.kv_rotation.into(),
+            profile: self.profile,
             ..EngineConfig::default()
         }
     }

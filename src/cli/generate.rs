@@ -252,6 +252,9 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     if args.stats {
         print_stats(&engine);
     }
+    if let Some(report) = engine.ctx.take_profile_report() {
+        eprintln!("\n{report}");
+    }
     if failed > 0 {
         bail!("{failed} of {} requests failed", handles.len());
     }

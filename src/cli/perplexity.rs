@@ -41,6 +41,9 @@ pub struct PerplexityArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Time every GPU kernel and print a table at the end (as `PAGELLM_PROFILE=1` does).
+    #[arg(long)]
+    profile: bool,
 }
 
 pub fn run(args: PerplexityArgs) -> Result<()> {
@@ -54,6 +57,15 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         ..EngineConfig::default()
     };
     let ctx = Arc::new(pagellm::GpuContext::from_env()?);
+    if args.profile {
+        ctx.enable_profiling();
+    }
+    let profile = ctx.clone();
+    let print_profile = move || {
+        if let Some(report) = profile.take_profile_report() {
+            eprintln!("\n{report}");
+        }
+    };
     let mut scorer = Scorer::new(ctx, &dir, &config, args.context, args.chunk, |_, _| {})
         .with_context(|| format!("loading the model in {}", dir.display()))?;
     let tokens = scorer
@@ -102,6 +114,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
             v["base_perplexity"] = d.base_perplexity.into();
         }
         println!("{v}");
+        print_profile();
         return Ok(());
     }
     println!(
@@ -127,6 +140,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     if let Some(p) = &args.save_logits {
         println!("saved log-probabilities to {}", p.display());
     }
+    print_profile();
     Ok(())
 }
 

@@ -44,6 +44,9 @@ pub struct EngineConfig {
     /// requests' token streams. Off serves running groups strictly oldest first (kept to
     /// measure the difference).
     pub decode_first: bool,
+    /// Time every kernel and the host's share of each step (`GpuContext::enable_profiling`;
+    /// `PAGELLM_PROFILE=1` does the same for every context).
+    pub profile: bool,
 }
 
 impl Default for EngineConfig {
@@ -62,6 +65,7 @@ impl Default for EngineConfig {
             enable_prefix_caching: true,
             max_model_len: None,
             decode_first: true,
+            profile: false,
         }
     }
 }

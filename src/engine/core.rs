@@ -154,6 +154,9 @@ impl Engine {
     ) -> Result<Self> {
         let (files, tokenizer) = open_model(model_dir)?;
         let c = files.config.clone();
+        if config.profile {
+            ctx.enable_profiling();
+        }
         if config.block_size == 0 || config.max_num_seqs == 0 || config.max_num_batched_tokens == 0
         {
             return Err(EngineError::Config(

@@ -14,6 +14,12 @@ impl Engine {
     /// Records and submits the step: block operations, the forward pass over the flat
     /// batch, and the read-back of what sampling needs.
     pub(super) fn run_forward(&mut self, sched: &SchedulerOutput) -> Result<ReadBack> {
+        if let Some(p) = self.ctx.profiler() {
+            // A step with any prompt chunk (or recomputation) is a prefill step, even when
+            // decodes ride along.
+            let prefill = sched.scheduled.iter().any(|s| s.len > 1);
+            p.begin_step(if prefill { "prefill" } else { "decode" });
+        }
         // The flat batch: each scheduled sequence's new tokens, back to back.
         let mut tokens = Vec::new();
         let mut tables = Vec::with_capacity(sched.scheduled.len());

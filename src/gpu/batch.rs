@@ -1,8 +1,10 @@
 //! A batch of GPU work recorded into one command encoder and submitted once. Kernel
 //! launchers append dispatches to a batch; the engine submits one batch per step.
 
-use super::{GpuContext, KernelSource};
+use super::profile::{Profiler, TimingMethod};
+use super::{GpuContext, KernelSource, PendingRead};
 use crate::error::{GpuError, Result};
+use std::time::{Duration, Instant};
 
 /// A storage binding: a whole buffer or a byte range of one.
 #[derive(Clone, Copy, Debug)]
@@ -59,6 +61,22 @@ pub struct Batch<'c> {
     /// last one is being filled, `uniform_used` bytes so far.
     uniforms: Vec<wgpu::Buffer>,
     uniform_used: u64,
+    /// Present while the context profiles (see `profile.rs`).
+    timing: Option<Timing<'c>>,
+}
+
+/// Timestamp queries one query set holds: a start and an end per dispatch.
+const QUERIES_PER_SET: u32 = 4096;
+
+/// A batch's share of the profile.
+struct Timing<'c> {
+    profiler: &'c Profiler,
+    created: Instant,
+    /// Host time the per-dispatch fallback spent waiting, which is not recording.
+    flushing: Duration,
+    /// Timestamps: the kernel of each timed pass, in order, and the query sets.
+    names: Vec<&'static str>,
+    sets: Vec<wgpu::QuerySet>,
 }
 
 impl<'c> Batch<'c> {
@@ -72,7 +90,58 @@ impl<'c> Batch<'c> {
             dispatches: 0,
             uniforms: Vec::new(),
             uniform_used: 0,
+            timing: ctx.profiler().map(|profiler| Timing {
+                profiler,
+                created: Instant::now(),
+                flushing: Duration::ZERO,
+                names: Vec::new(),
+                sets: Vec::new(),
+            }),
         }
+    }
+
+    fn method(&self) -> Option<TimingMethod> {
+        self.timing.as_ref().map(|t| t.profiler.method())
+    }
+
+    /// Profiling without timestamps: submits what is recorded and waits for it; returns the
+    /// time that took. The uniform arenas are unmapped for the submit, so the next dispatch
+    /// starts a new one.
+    fn flush(&mut self) -> Result<Duration> {
+        let ctx = self.ctx;
+        let t = Instant::now();
+        for b in self.uniforms.drain(..) {
+            b.unmap();
+        }
+        self.uniform_used = 0;
+        if let Some(e) = self.encoder.take() {
+            ctx.scoped("submitting GPU work", || ctx.queue.submit([e.finish()]))?;
+        }
+        ctx.wait_untimed()?;
+        let took = t.elapsed();
+        if let Some(timing) = &mut self.timing {
+            timing.flushing += took;
+        }
+        Ok(took)
+    }
+
+    /// Profiling with timestamps: the query set and indices of the next dispatch's pass.
+    fn next_timestamps(&mut self, name: &'static str) -> Option<(wgpu::QuerySet, u32)> {
+        let device = &self.ctx.device;
+        let timing = self.timing.as_mut()?;
+        let per_set = (QUERIES_PER_SET / 2) as usize;
+        let j = timing.names.len();
+        if j % per_set == 0 {
+            timing
+                .sets
+                .push(device.create_query_set(&wgpu::QuerySetDescriptor {
+                    label: Some("kernel timestamps"),
+                    ty: wgpu::QueryType::Timestamp,
+                    count: QUERIES_PER_SET,
+                }));
+        }
+        timing.names.push(name);
+        Some((timing.sets[j / per_set].clone(), 2 * (j % per_set) as u32))
     }
 
     /// Copies `bytes` into the uniform arena; returns the buffer and offset holding them.
@@ -171,17 +240,38 @@ impl<'c> Batch<'c> {
                 entries: &entries,
             })
         })?;
+        let method = self.method();
+        if method == Some(TimingMethod::SubmitPerDispatch) {
+            // What was recorded before runs first, outside this kernel's time.
+            self.flush()?;
+        }
+        let stamps = match method {
+            Some(TimingMethod::Timestamps) => self.next_timestamps(kernel.name),
+            _ => None,
+        };
         let mut pass = self
             .encoder()
             .begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some(kernel.name),
-                timestamp_writes: None,
+                timestamp_writes: stamps.as_ref().map(|(set, i)| {
+                    wgpu::ComputePassTimestampWrites {
+                        query_set: set,
+                        beginning_of_pass_write_index: Some(*i),
+                        end_of_pass_write_index: Some(*i + 1),
+                    }
+                }),
             });
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         drop(pass);
         self.dispatches += 1;
+        if method == Some(TimingMethod::SubmitPerDispatch) {
+            let took = self.flush()?;
+            if let Some(t) = &self.timing {
+                t.profiler.kernel(kernel.name, took);
+            }
+        }
         Ok(())
     }
 
@@ -201,17 +291,69 @@ impl<'c> Batch<'c> {
     /// Submits everything recorded, once.
     pub fn submit(mut self) -> Result<wgpu::SubmissionIndex> {
         let ctx = self.ctx;
-        let encoder = self.encoder.take();
+        let stamps = self.resolve_timestamps();
+        // Profiling without timestamps may have submitted everything already.
+        let encoder = self
+            .encoder
+            .take()
+            .unwrap_or_else(|| ctx.device.create_command_encoder(&Default::default()));
         for b in self.uniforms.drain(..) {
             b.unmap();
         }
-        ctx.scoped("submitting GPU work", || {
-            encoder.map(|e| ctx.queue.submit([e.finish()]))
-        })?
-        .ok_or_else(|| GpuError::Internal {
-            context: "submitting GPU work".into(),
-            message: "batch already submitted".into(),
-        })
+        let recorded = Instant::now();
+        let index = ctx.scoped("submitting GPU work", || {
+            ctx.queue.submit([encoder.finish()])
+        })?;
+        if let Some(t) = self.timing.take() {
+            let record = recorded
+                .duration_since(t.created)
+                .saturating_sub(t.flushing);
+            t.profiler.host(record, recorded.elapsed(), Duration::ZERO);
+            for (staging, names) in stamps {
+                let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(
+                    &ctx.complete_read(PendingRead::of_staging(staging))?,
+                );
+                for (pair, name) in ticks.chunks_exact(2).zip(names) {
+                    let ns = pair[1].saturating_sub(pair[0]) as f64 * t.profiler.period_ns();
+                    t.profiler.kernel(name, Duration::from_nanos(ns as u64));
+                }
+            }
+        }
+        Ok(index)
+    }
+
+    /// Records the resolve and read-back of this batch's timestamps; returns each query
+    /// set's staging buffer with the kernels it timed.
+    fn resolve_timestamps(&mut self) -> Vec<(wgpu::Buffer, Vec<&'static str>)> {
+        let Some(mut t) = self.timing.take() else {
+            return Vec::new();
+        };
+        let names = std::mem::take(&mut t.names);
+        let sets = std::mem::take(&mut t.sets);
+        self.timing = Some(t);
+        let per_set = (QUERIES_PER_SET / 2) as usize;
+        let device = &self.ctx.device;
+        let mut out = Vec::new();
+        for (set, names) in sets.iter().zip(names.chunks(per_set)) {
+            let bytes = (names.len() * 2 * 8) as u64;
+            let resolve = device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("resolved timestamps"),
+                size: bytes,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            let staging = device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("timestamps read-back"),
+                size: bytes,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            let encoder = self.encoder();
+            encoder.resolve_query_set(set, 0..(names.len() * 2) as u32, &resolve, 0);
+            encoder.copy_buffer_to_buffer(&resolve, 0, &staging, 0, bytes);
+            out.push((staging, names.to_vec()));
+        }
+        out
     }
 }
 

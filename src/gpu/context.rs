@@ -8,6 +8,7 @@
 //! panicking, and a lost device is reported on the next call.
 
 use super::pipeline::PipelineCache;
+use super::profile::{Profiler, TimingMethod};
 use super::select::{choose_adapter, no_adapter, AdapterRequest, AdapterSummary};
 use crate::error::{GpuError, Result};
 use std::sync::{Arc, Mutex};
@@ -88,6 +89,7 @@ pub struct GpuContext {
     health: Arc<Mutex<Health>>,
     pub(crate) pipelines: PipelineCache,
     wait_slice: Option<std::time::Duration>,
+    profiler: std::sync::OnceLock<Profiler>,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -204,6 +206,19 @@ impl GpuContext {
         queue: wgpu::Queue,
         health: Arc<Mutex<Health>>,
     ) -> Self {
+        let ctx = Self::build(adapter, device, queue, health);
+        if std::env::var("PAGELLM_PROFILE").is_ok_and(|v| !v.is_empty() && v != "0") {
+            ctx.enable_profiling();
+        }
+        ctx
+    }
+
+    fn build(
+        adapter: wgpu::Adapter,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        health: Arc<Mutex<Health>>,
+    ) -> Self {
         GpuContext {
             info: adapter.get_info(),
             limits: device.limits(),
@@ -214,6 +229,7 @@ impl GpuContext {
             health,
             pipelines: PipelineCache::default(),
             wait_slice: None,
+            profiler: std::sync::OnceLock::new(),
         }
     }
 
@@ -268,9 +284,59 @@ impl GpuContext {
         Ok(out)
     }
 
+    /// Turns on per-kernel timing for every batch recorded from now on (see
+    /// `gpu/profile.rs`); `PAGELLM_PROFILE=1` does this when a context is made. Returns the
+    /// profiler, whose figures [`Profiler::take`] hands out.
+    pub fn enable_profiling(&self) -> &Profiler {
+        self.enable_profiling_with(TimingMethod::Timestamps)
+    }
+
+    /// Like [`Self::enable_profiling`] with the timing method asked for (timestamps fall
+    /// back to one submit per dispatch on a device without timestamp queries). The first
+    /// call fixes the method.
+    pub fn enable_profiling_with(&self, method: TimingMethod) -> &Profiler {
+        self.profiler.get_or_init(|| {
+            let stamps = self
+                .device
+                .features()
+                .contains(wgpu::Features::TIMESTAMP_QUERY);
+            let method = match method {
+                TimingMethod::Timestamps if stamps => TimingMethod::Timestamps,
+                _ => TimingMethod::SubmitPerDispatch,
+            };
+            Profiler::new(method, self.queue.get_timestamp_period())
+        })
+    }
+
+    /// The profiler, when profiling is on.
+    pub fn profiler(&self) -> Option<&Profiler> {
+        self.profiler.get()
+    }
+
+    /// The profile so far as a table per phase (see [`super::profile::report`]), which
+    /// then starts again empty; `None` when profiling is off.
+    pub fn take_profile_report(&self) -> Option<String> {
+        let p = self.profiler()?;
+        Some(super::profile::report(
+            p.method(),
+            &self.describe(),
+            &p.take(),
+        ))
+    }
+
     /// Blocks until all work submitted so far is done (in slices, see
-    /// [`Self::from_existing`]).
+    /// [`Self::from_existing`]); a profiled context counts the time as waiting.
     pub fn wait(&self) -> Result<()> {
+        let Some(p) = self.profiler() else {
+            return self.wait_untimed();
+        };
+        let t = std::time::Instant::now();
+        let r = self.wait_untimed();
+        p.host(Default::default(), Default::default(), t.elapsed());
+        r
+    }
+
+    pub(crate) fn wait_untimed(&self) -> Result<()> {
         let lost = |e: wgpu::PollError| GpuError::DeviceLost(e.to_string());
         match self.wait_slice {
             None => {

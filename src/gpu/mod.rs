@@ -4,6 +4,7 @@ mod batch;
 mod buffer;
 mod context;
 mod pipeline;
+pub mod profile;
 pub mod select;
 
 pub use batch::{grid_2d, Batch, Bind};
@@ -12,5 +13,6 @@ pub use context::{
     enumerate_adapters, AdapterReport, Capabilities, GpuContext, SHARED_GL_WAIT_SLICE,
 };
 pub use pipeline::{KernelSource, PRELUDE};
+pub use profile::{Profiler, TimingMethod};
 pub use select::AdapterRequest;
 pub use wgpu::AdapterInfo;

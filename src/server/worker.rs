@@ -174,6 +174,9 @@ fn run(dir: PathBuf, config: EngineConfig, shared: Arc<Shared>, rx: flume::Recei
     }
     engine.abort_all();
     publish(&engine, &shared);
+    if let Some(report) = engine.ctx.take_profile_report() {
+        eprintln!("\n{report}");
+    }
 }
 
 /// Carries out one command; false to stop. After `AbortAll` (the end of a shutdown's
