@@ -34,8 +34,16 @@
 //!
 //! Run: `cargo bench --bench engine` (adapter chosen as usual, e.g. `PAGELLM_BACKEND=gl`).
 //! `-- --quick` uses tiny shapes; `-- --shapes NAME` (or `PAGELLM_BENCH_SHAPES=NAME`) picks
-//! a preset: `1b-half` (the default), `1b`, `quick`. A full run takes under a minute on
-//! lavapipe on an idle 2-core machine.
+//! a preset: `1b-half` (the default), `1b`, `quick`, `tiny15m` (the stories15M shape with a
+//! 32k vocabulary), `m110` (stories110M), `llama-3.2-1b` (all 16 layers and the 128k
+//! vocabulary). A full run of the default takes under a minute on lavapipe on an idle
+//! 2-core machine.
+//!
+//! `-- --f16` stores the weights as f16 instead of bf16. `-- --profile` runs only the
+//! profile section instead: per-kernel GPU time of decode
+//! (1 and 16 sequences, 128-token prompts, 64 tokens each) and of one 128-token prefill,
+//! with the host's recording, submit and wait per step (`GpuContext::enable_profiling`);
+//! `--profile-seqs 1,16` and `--profile-tokens 64` change the decode runs.
 
 use pagellm::cache::{BlockOps, DeviceBlockId, HostBlockId};
 use pagellm::cache_engine::CacheEngine;
@@ -76,7 +84,40 @@ struct Shapes {
     vocab: usize,
 }
 
-const PRESETS: [Shapes; 3] = [
+const PRESETS: [Shapes; 6] = [
+    // The stories15M shape (llama2.c) with a 32k vocabulary, as issue reports use.
+    Shapes {
+        name: "tiny15m",
+        hidden: 288,
+        intermediate: 768,
+        heads: 6,
+        kv_heads: 6,
+        head_dim: 48,
+        layers: 6,
+        vocab: 32000,
+    },
+    // The stories110M shape.
+    Shapes {
+        name: "m110",
+        hidden: 768,
+        intermediate: 2048,
+        heads: 12,
+        kv_heads: 12,
+        head_dim: 64,
+        layers: 12,
+        vocab: 32000,
+    },
+    // Llama-3.2-1B whole: 16 layers and its 128256-token vocabulary (2.5 GB of weights).
+    Shapes {
+        name: "llama-3.2-1b",
+        hidden: 2048,
+        intermediate: 8192,
+        heads: 32,
+        kv_heads: 8,
+        head_dim: 64,
+        layers: 16,
+        vocab: 128256,
+    },
     // Llama-3.2-1B layers (its vocabulary is 128256 and it has 16 layers).
     Shapes {
         name: "1b",
@@ -167,12 +208,23 @@ fn config_json(s: &Shapes) -> serde_json::Value {
 }
 
 /// Writes config, random bf16 weights and the fixture tokenizer into a fresh temp dir.
-fn write_model(s: &Shapes) -> TempDir {
+/// Writes the random model; `f16` stores its weights as f16 instead of bf16.
+fn write_model(s: &Shapes, f16: bool) -> TempDir {
     let dir = std::env::temp_dir().join(format!("pagellm-bench-engine-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create the temp model dir");
     let tmp = TempDir(dir.clone());
-    let cfg_value = config_json(s);
+    let mut cfg_value = config_json(s);
+    if f16 {
+        cfg_value["torch_dtype"] = "float16".into();
+    }
+    let encode = move |x: f32| -> [u8; 2] {
+        if f16 {
+            half::f16::from_f32(x).to_le_bytes()
+        } else {
+            half::bf16::from_f32(x).to_le_bytes()
+        }
+    };
     std::fs::write(
         dir.join("config.json"),
         serde_json::to_string_pretty(&cfg_value).expect("json"),
@@ -199,13 +251,12 @@ fn write_model(s: &Shapes) -> TempDir {
                     let count: usize = shape.iter().product();
                     let mut bytes = Vec::with_capacity(count * 2);
                     if name.ends_with("norm.weight") {
-                        let one = half::bf16::from_f32(1.0).to_le_bytes();
+                        let one = encode(1.0);
                         (0..count).for_each(|_| bytes.extend_from_slice(&one));
                     } else {
                         let mut rng = ChaCha8Rng::seed_from_u64(i as u64);
                         for _ in 0..count {
-                            let x = half::bf16::from_f32(normal.sample(&mut rng));
-                            bytes.extend_from_slice(&x.to_le_bytes());
+                            bytes.extend_from_slice(&encode(normal.sample(&mut rng)));
                         }
                     }
                     (name, shape, bytes)
@@ -219,7 +270,8 @@ fn write_model(s: &Shapes) -> TempDir {
     let views: Vec<(String, TensorView<'_>)> = data
         .iter()
         .map(|(name, shape, bytes)| {
-            let v = TensorView::new(Dtype::BF16, shape.clone(), bytes).expect("tensor view");
+            let dtype = if f16 { Dtype::F16 } else { Dtype::BF16 };
+            let v = TensorView::new(dtype, shape.clone(), bytes).expect("tensor view");
             (name.clone(), v)
         })
         .collect();
@@ -525,6 +577,61 @@ fn pressure_workload(
 
 // ---------------------------------------------------------------------------------------
 
+/// The profile section: decode at each of `seqs` sequences, then one prefill, each profiled
+/// alone.
+fn profile_section(ctx: &GpuContext, e: &mut Engine, seqs: &[usize], tokens: usize) {
+    const PROMPT: usize = 128;
+    let profiler = ctx.enable_profiling();
+    println!();
+    println!(
+        "## Profile ({:?}; {PROMPT}-token prompts, greedy, {tokens} tokens each)",
+        profiler.method()
+    );
+    for &n in seqs {
+        profiler.take();
+        let t = Instant::now();
+        let d = decode(e, n, PROMPT, tokens);
+        let wall = t.elapsed();
+        let phases = profiler.take();
+        println!();
+        println!(
+            "### Decode, {n} sequence(s): {:.1} tokens/s over the timed steps (median step {:.1} ms, profiling on), {:.1} s in all",
+            d.tokens as f64 / d.time.as_secs_f64(),
+            ms(median(d.steps)),
+            wall.as_secs_f64()
+        );
+        println!();
+        println!("```");
+        print!(
+            "{}",
+            pagellm::gpu::profile::report(profiler.method(), &ctx.describe(), &phases)
+        );
+        println!("```");
+    }
+    profiler.take();
+    let t = Instant::now();
+    let h = e
+        .add_request(Prompt::Tokens(prompt(7777, PROMPT)), greedy(1))
+        .expect("add");
+    e.run_to_completion().expect("prefill");
+    drain(&h);
+    let took = t.elapsed();
+    let phases = profiler.take();
+    println!();
+    println!(
+        "### Prefill, 1 x {PROMPT} tokens: {:.1} ms ({:.0} tokens/s, profiling on)",
+        ms(took),
+        PROMPT as f64 / took.as_secs_f64()
+    );
+    println!();
+    println!("```");
+    print!(
+        "{}",
+        pagellm::gpu::profile::report(profiler.method(), &ctx.describe(), &phases)
+    );
+    println!("```");
+}
+
 fn main() {
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -560,7 +667,7 @@ fn main() {
     println!("adapter: {}", ctx.describe());
     println!(
         "shapes ({}): hidden {}, intermediate {}, {} heads, {} KV heads, head size {}, {} layers, \
-         vocab {} (tied embeddings), {:.1} M parameters; bf16 weights ~ N(0, 0.02), norms 1.0; \
+         vocab {} (tied embeddings), {:.1} M parameters; {} weights ~ N(0, 0.02), norms 1.0; \
          f16 KV cache, block size {BLOCK}",
         shapes.name,
         shapes.hidden,
@@ -571,9 +678,15 @@ fn main() {
         shapes.layers,
         shapes.vocab,
         shapes.params() as f64 / 1e6,
+        if args.iter().any(|a| a == "--f16") {
+            "f16"
+        } else {
+            "bf16"
+        },
     );
     let t = Instant::now();
-    let model = write_model(&shapes);
+    let f16 = args.iter().any(|a| a == "--f16");
+    let model = write_model(&shapes, f16);
     let gen_time = t.elapsed();
     let t = Instant::now();
     let cfg = EngineConfig {
@@ -592,6 +705,23 @@ fn main() {
         gen_time.as_secs_f64(),
         t.elapsed().as_secs_f64()
     );
+    if args.iter().any(|a| a == "--profile") {
+        let value = |flag: &str| {
+            args.iter()
+                .position(|a| a == flag)
+                .and_then(|i| args.get(i + 1))
+        };
+        let seqs: Vec<usize> = value("--profile-seqs")
+            .map_or("1,16", |s| s.as_str())
+            .split(',')
+            .filter_map(|n| n.trim().parse().ok())
+            .collect();
+        let tokens = value("--profile-tokens")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(64);
+        profile_section(&ctx, &mut e, &seqs, tokens.max(2));
+        return;
+    }
 
     // 1. Decode.
     println!();

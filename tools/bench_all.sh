@@ -36,4 +36,17 @@ for bench in dispatch matmul paged_attention engine kv_memory kv_quant serving; 
         cargo bench --quiet --bench "$bench" -- "${extra[@]}" 2>/dev/null
     } >> "$out"
 done
+# Per-kernel profiles of decode and prefill on the model shapes users run (the engine
+# bench's --profile section); the full 1B shape only without --quick.
+shapes=(tiny15m m110)
+[[ ${#extra[@]} -eq 0 ]] && shapes+=(llama-3.2-1b)
+for s in "${shapes[@]}"; do
+    echo "profiling $s ..." >&2
+    {
+        echo
+        echo "## cargo bench --bench engine -- --shapes $s --profile"
+        echo
+        cargo bench --quiet --bench engine -- --shapes "$s" --profile 2>/dev/null
+    } >> "$out"
+done
 echo "report written to $out" >&2
