@@ -571,6 +571,22 @@ fn a_profiled_engine_times_each_step_kind_and_keeps_its_tokens() {
             assert_eq!(calls(decode, "paged_attention"), 2 * 5, "{what}");
             assert_eq!(calls(decode, "argmax"), 5, "{what}");
             assert_eq!(calls(prefill, "paged_attention"), 2, "{what}");
+            // Call sites named by the forward pass: q, k and v per layer, one LM head.
+            let at = |ph: &pagellm::gpu::profile::PhaseProfile, site: &str| -> u64 {
+                ph.kernels
+                    .iter()
+                    .filter(|(k, _)| k.starts_with("matmul") && k.ends_with(site))
+                    .map(|(_, t)| t.calls)
+                    .sum()
+            };
+            assert_eq!(
+                at(decode, "@ q k v"),
+                3 * 2 * 5,
+                "{what}: {:?}",
+                decode.kernels
+            );
+            assert_eq!(at(decode, "@ lm head"), 5, "{what}");
+            assert_eq!(calls(decode, "argmax @ lm head"), 5, "{what}");
             // Kernels run inside their steps.
             for ph in [prefill, decode] {
                 assert!(ph.wall >= ph.gpu_total(), "{what}: {ph:?}");

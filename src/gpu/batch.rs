@@ -63,6 +63,8 @@ pub struct Batch<'c> {
     uniform_used: u64,
     /// Present while the context profiles (see `profile.rs`).
     timing: Option<Timing<'c>>,
+    /// What the next dispatches are for, in a profile.
+    site: Option<&'static str>,
 }
 
 /// Timestamp queries one query set holds: a start and an end per dispatch.
@@ -74,8 +76,8 @@ struct Timing<'c> {
     created: Instant,
     /// Host time the per-dispatch fallback spent waiting, which is not recording.
     flushing: Duration,
-    /// Timestamps: the kernel of each timed pass, in order, and the query sets.
-    names: Vec<&'static str>,
+    /// Timestamps: the kernel (and site) of each timed pass, in order, and the query sets.
+    names: Vec<String>,
     sets: Vec<wgpu::QuerySet>,
 }
 
@@ -97,6 +99,22 @@ impl<'c> Batch<'c> {
                 names: Vec::new(),
                 sets: Vec::new(),
             }),
+            site: None,
+        }
+    }
+
+    /// Names what the following dispatches are for (`Some("lm head")`), so that a profile
+    /// tells apart launches of one kernel from different places (`matmul @ lm head`);
+    /// `None` ends it. Nothing changes unless the context profiles.
+    pub fn profile_site(&mut self, site: Option<&'static str>) {
+        self.site = site;
+    }
+
+    /// The name a dispatch of `kernel` is profiled under.
+    fn profiled_name(&self, kernel: &'static str) -> String {
+        match self.site {
+            Some(site) => format!("{kernel} @ {site}"),
+            None => kernel.to_string(),
         }
     }
 
@@ -126,7 +144,7 @@ impl<'c> Batch<'c> {
     }
 
     /// Profiling with timestamps: the query set and indices of the next dispatch's pass.
-    fn next_timestamps(&mut self, name: &'static str) -> Option<(wgpu::QuerySet, u32)> {
+    fn next_timestamps(&mut self, name: String) -> Option<(wgpu::QuerySet, u32)> {
         let device = &self.ctx.device;
         let timing = self.timing.as_mut()?;
         let per_set = (QUERIES_PER_SET / 2) as usize;
@@ -246,7 +264,7 @@ impl<'c> Batch<'c> {
             self.flush()?;
         }
         let stamps = match method {
-            Some(TimingMethod::Timestamps) => self.next_timestamps(kernel.name),
+            Some(TimingMethod::Timestamps) => self.next_timestamps(self.profiled_name(kernel.name)),
             _ => None,
         };
         let mut pass = self
@@ -269,7 +287,7 @@ impl<'c> Batch<'c> {
         if method == Some(TimingMethod::SubmitPerDispatch) {
             let took = self.flush()?;
             if let Some(t) = &self.timing {
-                t.profiler.kernel(kernel.name, took);
+                t.profiler.kernel(&self.profiled_name(kernel.name), took);
             }
         }
         Ok(())
@@ -313,7 +331,7 @@ impl<'c> Batch<'c> {
                 let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(
                     &ctx.complete_read(PendingRead::of_staging(staging))?,
                 );
-                for (pair, name) in ticks.chunks_exact(2).zip(names) {
+                for (pair, name) in ticks.chunks_exact(2).zip(&names) {
                     let ns = pair[1].saturating_sub(pair[0]) as f64 * t.profiler.period_ns();
                     t.profiler.kernel(name, Duration::from_nanos(ns as u64));
                 }
@@ -324,7 +342,7 @@ impl<'c> Batch<'c> {
 
     /// Records the resolve and read-back of this batch's timestamps; returns each query
     /// set's staging buffer with the kernels it timed.
-    fn resolve_timestamps(&mut self) -> Vec<(wgpu::Buffer, Vec<&'static str>)> {
+    fn resolve_timestamps(&mut self) -> Vec<(wgpu::Buffer, Vec<String>)> {
         let Some(mut t) = self.timing.take() else {
             return Vec::new();
         };

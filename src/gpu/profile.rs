@@ -33,7 +33,9 @@ pub struct KernelTime {
 pub struct PhaseProfile {
     /// Steps begun in this phase ([`Profiler::begin_step`]).
     pub steps: u64,
-    pub kernels: BTreeMap<&'static str, KernelTime>,
+    /// By kernel, or `kernel @ site` where the caller named the call site
+    /// ([`Batch::profile_site`](super::Batch::profile_site)).
+    pub kernels: BTreeMap<String, KernelTime>,
     /// Host time recording batches.
     pub record: Duration,
     /// Host time in `queue.submit`.
@@ -124,9 +126,12 @@ impl Profiler {
         s.phases.entry(phase).or_default().steps += 1;
     }
 
-    pub(crate) fn kernel(&self, name: &'static str, gpu: Duration) {
+    pub(crate) fn kernel(&self, name: &str, gpu: Duration) {
         self.with(|p| {
-            let k = p.kernels.entry(name).or_default();
+            let k = match p.kernels.get_mut(name) {
+                Some(k) => k,
+                None => p.kernels.entry(name.to_string()).or_default(),
+            };
             k.calls += 1;
             k.gpu += gpu;
         });

@@ -111,6 +111,7 @@ pub fn forward(
     embedding::embedding(batch, &model.embed, input.tokens, &ws.x, t)?;
     for (i, l) in model.layers.iter().enumerate() {
         rms_norm::rms_norm(batch, &ws.x, &l.input_norm, &ws.h, t, c.rms_norm_eps)?;
+        batch.profile_site(Some("q k v"));
         matmul(
             batch,
             &ws.h,
@@ -138,6 +139,7 @@ pub fn forward(
             t,
             Output::Overwrite,
         )?;
+        batch.profile_site(None);
         rope::rope(
             batch,
             &model.rope,
@@ -173,6 +175,7 @@ pub fn forward(
             scale,
         )?;
 
+        batch.profile_site(Some("o"));
         matmul(
             batch,
             &ws.attn,
@@ -182,7 +185,9 @@ pub fn forward(
             t,
             Output::Accumulate,
         )?;
+        batch.profile_site(None);
         rms_norm::rms_norm(batch, &ws.x, &l.post_norm, &ws.h, t, c.rms_norm_eps)?;
+        batch.profile_site(Some("gate up"));
         matmul(
             batch,
             &ws.h,
@@ -201,7 +206,9 @@ pub fn forward(
             t,
             Output::Overwrite,
         )?;
+        batch.profile_site(None);
         silu_mul::silu_mul(batch, &ws.gate, &ws.up, &ws.act, t * c.intermediate_size)?;
+        batch.profile_site(Some("down"));
         matmul(
             batch,
             &ws.act,
@@ -211,6 +218,7 @@ pub fn forward(
             t,
             Output::Accumulate,
         )?;
+        batch.profile_site(None);
     }
     rms_norm::rms_norm(batch, &ws.x, &model.norm, &ws.h, t, c.rms_norm_eps)?;
     let out = LogitsBuffers {
@@ -218,7 +226,9 @@ pub fn forward(
         logits: &ws.logits,
         argmax: input.argmax.then_some(&ws.argmax),
     };
-    lm_head(
+    // Gathering the sampled rows, the vocabulary projection and the arg-max.
+    batch.profile_site(Some("lm head"));
+    let r = lm_head(
         batch,
         &ws.h,
         t,
@@ -226,5 +236,7 @@ pub fn forward(
         input.num_rows,
         model.lm_head(),
         out,
-    )
+    );
+    batch.profile_site(None);
+    r
 }
