@@ -143,6 +143,9 @@ impl Scorer {
             let bytes = self
                 .ctx
                 .read_bytes(&self.ws.logits, 0, (rows.len() * vocab * 4) as u64)?;
+            if let Some(p) = self.ctx.profiler() {
+                p.end_step();
+            }
             let logits: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
             for (i, row) in logits.chunks(vocab).enumerate() {
                 let pos = start + i;

@@ -321,6 +321,23 @@ fn profiling_counts_every_dispatch_by_kernel_and_phase_with_either_timing_method
             // Taking the profile empties it.
             assert!(profiler.take().is_empty());
 
+            // More dispatches than one query set times (2048): the second set is used and
+            // read back too, and its query block returns to the pool for the next batch.
+            if profiler.method() == TimingMethod::Timestamps {
+                for _ in 0..2 {
+                    let mut b = Batch::new(&p, "many");
+                    for _ in 0..2100 {
+                        add(&mut b, &x, &y, 4).unwrap();
+                    }
+                    b.submit().unwrap();
+                }
+                assert_eq!(read_f32(&p, &x, 4), vec![4206.0, 4207.0, 4208.0, 4209.0]);
+                let many = profiler.take();
+                let other = &many["other"];
+                assert_eq!(other.kernels["add"].calls, 4200, "{what}");
+                assert!(!other.kernels["add"].gpu.is_zero(), "{what}");
+            }
+
             let report = pagellm::gpu::profile::report(method, "test", &phases);
             assert!(
                 report.contains("prefill: 1 steps, 5 dispatches"),

@@ -38,15 +38,17 @@ for bench in dispatch matmul paged_attention engine kv_memory kv_quant serving; 
 done
 # Per-kernel profiles of decode and prefill on the model shapes users run (the engine
 # bench's --profile section); the full 1B shape only without --quick.
-shapes=(tiny15m m110)
-[[ ${#extra[@]} -eq 0 ]] && shapes+=(llama-3.2-1b)
-for s in "${shapes[@]}"; do
-    echo "profiling $s ..." >&2
+runs=("tiny15m" "m110")
+# The whole 1B shape (2.5 GB of weights) only without --quick, and briefly.
+[[ ${#extra[@]} -eq 0 ]] && runs+=("llama-3.2-1b --profile-seqs 1,16 --profile-tokens 8")
+for r in "${runs[@]}"; do
+    read -ra a <<< "$r"
+    echo "profiling ${a[0]} ..." >&2
     {
         echo
-        echo "## cargo bench --bench engine -- --shapes $s --profile"
+        echo "## cargo bench --bench engine -- --shapes $r --profile"
         echo
-        cargo bench --quiet --bench engine -- --shapes "$s" --profile 2>/dev/null
+        cargo bench --quiet --bench engine -- --shapes "${a[@]}" --profile 2>/dev/null
     } >> "$out"
 done
 echo "report written to $out" >&2

@@ -418,7 +418,11 @@ impl Engine {
     /// engine is empty and can take new requests.
     pub fn step(&mut self) -> Result<usize> {
         self.drop_abandoned();
-        match self.try_step() {
+        let result = self.try_step();
+        if let Some(p) = self.ctx.profiler() {
+            p.end_step();
+        }
+        match result {
             Ok(n) => Ok(n),
             Err(e) => {
                 self.fail_all(&format!("the engine step failed: {e}"));

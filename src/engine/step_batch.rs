@@ -17,7 +17,10 @@ impl Engine {
         if let Some(p) = self.ctx.profiler() {
             // A step with any prompt chunk (or recomputation) is a prefill step, even when
             // decodes ride along.
-            let prefill = sched.scheduled.iter().any(|s| s.len > 1);
+            let prefill = sched.scheduled.iter().any(|s| {
+                let seq = &self.groups[&s.request_id].seqs[s.seq];
+                s.len > 1 || s.start < seq.prompt_len
+            });
             p.begin_step(if prefill { "prefill" } else { "decode" });
         }
         // The flat batch: each scheduled sequence's new tokens, back to back.

@@ -1,7 +1,7 @@
 //! A batch of GPU work recorded into one command encoder and submitted once. Kernel
 //! launchers append dispatches to a batch; the engine submits one batch per step.
 
-use super::profile::{Profiler, TimingMethod};
+use super::profile::{Profiler, QueryBlock, TimingMethod, QUERIES_PER_SET};
 use super::{GpuContext, KernelSource, PendingRead};
 use crate::error::{GpuError, Result};
 use std::time::{Duration, Instant};
@@ -67,18 +67,17 @@ pub struct Batch<'c> {
     site: Option<&'static str>,
 }
 
-/// Timestamp queries one query set holds: a start and an end per dispatch.
-const QUERIES_PER_SET: u32 = 4096;
-
 /// A batch's share of the profile.
 struct Timing<'c> {
     profiler: &'c Profiler,
+    /// The phase the batch was created in; its figures go there.
+    phase: &'static str,
     created: Instant,
     /// Host time the per-dispatch fallback spent waiting, which is not recording.
     flushing: Duration,
     /// Timestamps: the kernel (and site) of each timed pass, in order, and the query sets.
     names: Vec<String>,
-    sets: Vec<wgpu::QuerySet>,
+    blocks: Vec<QueryBlock>,
 }
 
 impl<'c> Batch<'c> {
@@ -94,10 +93,11 @@ impl<'c> Batch<'c> {
             uniform_used: 0,
             timing: ctx.profiler().map(|profiler| Timing {
                 profiler,
+                phase: profiler.current_phase(),
                 created: Instant::now(),
                 flushing: Duration::ZERO,
                 names: Vec::new(),
-                sets: Vec::new(),
+                blocks: Vec::new(),
             }),
             site: None,
         }
@@ -144,22 +144,25 @@ impl<'c> Batch<'c> {
     }
 
     /// Profiling with timestamps: the query set and indices of the next dispatch's pass.
-    fn next_timestamps(&mut self, name: String) -> Option<(wgpu::QuerySet, u32)> {
-        let device = &self.ctx.device;
-        let timing = self.timing.as_mut()?;
+    fn next_timestamps(&mut self, name: String) -> Result<Option<(wgpu::QuerySet, u32)>> {
+        let ctx = self.ctx;
+        let Some(timing) = self.timing.as_mut() else {
+            return Ok(None);
+        };
         let per_set = (QUERIES_PER_SET / 2) as usize;
         let j = timing.names.len();
         if j % per_set == 0 {
-            timing
-                .sets
-                .push(device.create_query_set(&wgpu::QuerySetDescriptor {
-                    label: Some("kernel timestamps"),
-                    ty: wgpu::QueryType::Timestamp,
-                    count: QUERIES_PER_SET,
-                }));
+            let profiler = timing.profiler;
+            let block = ctx.scoped("creating timestamp queries", || {
+                profiler.query_block(&ctx.device)
+            })?;
+            timing.blocks.push(block);
         }
         timing.names.push(name);
-        Some((timing.sets[j / per_set].clone(), 2 * (j % per_set) as u32))
+        Ok(Some((
+            timing.blocks[j / per_set].set.clone(),
+            2 * (j % per_set) as u32,
+        )))
     }
 
     /// Copies `bytes` into the uniform arena; returns the buffer and offset holding them.
@@ -264,7 +267,9 @@ impl<'c> Batch<'c> {
             self.flush()?;
         }
         let stamps = match method {
-            Some(TimingMethod::Timestamps) => self.next_timestamps(self.profiled_name(kernel.name)),
+            Some(TimingMethod::Timestamps) => {
+                self.next_timestamps(self.profiled_name(kernel.name))?
+            }
             _ => None,
         };
         let mut pass = self
@@ -287,7 +292,8 @@ impl<'c> Batch<'c> {
         if method == Some(TimingMethod::SubmitPerDispatch) {
             let took = self.flush()?;
             if let Some(t) = &self.timing {
-                t.profiler.kernel(&self.profiled_name(kernel.name), took);
+                t.profiler
+                    .kernel(t.phase, &self.profiled_name(kernel.name), took);
             }
         }
         Ok(())
@@ -306,7 +312,8 @@ impl<'c> Batch<'c> {
             .copy_buffer_to_buffer(src, src_offset, dst, dst_offset, bytes);
     }
 
-    /// Submits everything recorded, once.
+    /// Submits everything recorded, once. A profiled batch with timestamps also waits for
+    /// its results (see `profile.rs`).
     pub fn submit(mut self) -> Result<wgpu::SubmissionIndex> {
         let ctx = self.ctx;
         let stamps = self.resolve_timestamps();
@@ -318,58 +325,55 @@ impl<'c> Batch<'c> {
         for b in self.uniforms.drain(..) {
             b.unmap();
         }
+        let Some(t) = self.timing.take() else {
+            return ctx.scoped("submitting GPU work", || {
+                ctx.queue.submit([encoder.finish()])
+            });
+        };
         let recorded = Instant::now();
         let index = ctx.scoped("submitting GPU work", || {
             ctx.queue.submit([encoder.finish()])
         })?;
-        if let Some(t) = self.timing.take() {
-            let record = recorded
-                .duration_since(t.created)
-                .saturating_sub(t.flushing);
-            t.profiler.host(record, recorded.elapsed(), Duration::ZERO);
-            for (staging, names) in stamps {
-                let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(
-                    &ctx.complete_read(PendingRead::of_staging(staging))?,
-                );
-                for (pair, name) in ticks.chunks_exact(2).zip(&names) {
-                    let ns = pair[1].saturating_sub(pair[0]) as f64 * t.profiler.period_ns();
-                    t.profiler.kernel(name, Duration::from_nanos(ns as u64));
+        let record = recorded
+            .duration_since(t.created)
+            .saturating_sub(t.flushing);
+        t.profiler
+            .host(Some(t.phase), record, recorded.elapsed(), Duration::ZERO);
+        for (block, names) in stamps {
+            // The work is submitted: a failed read of its timings loses only the timings.
+            match ctx.complete_read(PendingRead::of_staging(block.staging.clone())) {
+                Ok(bytes) => {
+                    let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&bytes);
+                    for (pair, name) in ticks.chunks_exact(2).zip(&names) {
+                        let ns = pair[1].saturating_sub(pair[0]) as f64 * t.profiler.period_ns();
+                        t.profiler
+                            .kernel(t.phase, name, Duration::from_nanos(ns as u64));
+                    }
+                    t.profiler.return_block(block);
                 }
+                Err(e) => tracing::warn!("reading kernel timestamps: {e}"),
             }
         }
         Ok(index)
     }
 
     /// Records the resolve and read-back of this batch's timestamps; returns each query
-    /// set's staging buffer with the kernels it timed.
-    fn resolve_timestamps(&mut self) -> Vec<(wgpu::Buffer, Vec<String>)> {
-        let Some(mut t) = self.timing.take() else {
+    /// block with the kernels it timed.
+    fn resolve_timestamps(&mut self) -> Vec<(QueryBlock, Vec<String>)> {
+        let Some(t) = self.timing.as_mut() else {
             return Vec::new();
         };
         let names = std::mem::take(&mut t.names);
-        let sets = std::mem::take(&mut t.sets);
-        self.timing = Some(t);
+        let blocks = std::mem::take(&mut t.blocks);
         let per_set = (QUERIES_PER_SET / 2) as usize;
-        let device = &self.ctx.device;
         let mut out = Vec::new();
-        for (set, names) in sets.iter().zip(names.chunks(per_set)) {
-            let bytes = (names.len() * 2 * 8) as u64;
-            let resolve = device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("resolved timestamps"),
-                size: bytes,
-                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            });
-            let staging = device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("timestamps read-back"),
-                size: bytes,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
+        for (block, names) in blocks.into_iter().zip(names.chunks(per_set)) {
+            let queries = (names.len() * 2) as u32;
+            let bytes = u64::from(queries) * 8;
             let encoder = self.encoder();
-            encoder.resolve_query_set(set, 0..(names.len() * 2) as u32, &resolve, 0);
-            encoder.copy_buffer_to_buffer(&resolve, 0, &staging, 0, bytes);
-            out.push((staging, names.to_vec()));
+            encoder.resolve_query_set(&block.set, 0..queries, &block.resolve, 0);
+            encoder.copy_buffer_to_buffer(&block.resolve, 0, &block.staging, 0, bytes);
+            out.push((block, names.to_vec()));
         }
         out
     }

@@ -166,7 +166,11 @@ impl GpuContext {
                 }
             }));
         }
-        Ok(Self::assemble(adapter, device, queue, health))
+        let ctx = Self::assemble(adapter, device, queue, health);
+        if std::env::var("PAGELLM_PROFILE").is_ok_and(|v| !v.is_empty() && v != "0") {
+            ctx.enable_profiling();
+        }
+        Ok(ctx)
     }
 
     /// Wraps a device that a host application already owns. pagellm uses the device's own
@@ -201,19 +205,6 @@ impl GpuContext {
     }
 
     fn assemble(
-        adapter: wgpu::Adapter,
-        device: wgpu::Device,
-        queue: wgpu::Queue,
-        health: Arc<Mutex<Health>>,
-    ) -> Self {
-        let ctx = Self::build(adapter, device, queue, health);
-        if std::env::var("PAGELLM_PROFILE").is_ok_and(|v| !v.is_empty() && v != "0") {
-            ctx.enable_profiling();
-        }
-        ctx
-    }
-
-    fn build(
         adapter: wgpu::Adapter,
         device: wgpu::Device,
         queue: wgpu::Queue,
@@ -285,7 +276,8 @@ impl GpuContext {
     }
 
     /// Turns on per-kernel timing for every batch recorded from now on (see
-    /// `gpu/profile.rs`); `PAGELLM_PROFILE=1` does this when a context is made. Returns the
+    /// `gpu/profile.rs`); `PAGELLM_PROFILE=1` does this for the contexts pagellm opens
+    /// itself ([`Self::new`], [`Self::from_env`]), not for adopted ones. Returns the
     /// profiler, whose figures [`Profiler::take`] hands out.
     pub fn enable_profiling(&self) -> &Profiler {
         self.enable_profiling_with(TimingMethod::Timestamps)
@@ -332,7 +324,7 @@ impl GpuContext {
         };
         let t = std::time::Instant::now();
         let r = self.wait_untimed();
-        p.host(Default::default(), Default::default(), t.elapsed());
+        p.host(None, Default::default(), Default::default(), t.elapsed());
         r
     }
 

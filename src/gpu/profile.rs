@@ -3,19 +3,29 @@
 //!
 //! With profiling on, every [`Batch`](super::Batch) times each of its dispatches:
 //!
-//! - where the device has timestamp queries, by a timestamp at the start and the end of the
-//!   dispatch's compute pass, resolved and read back after the batch's submit;
-//! - elsewhere (GL), by submitting each dispatch on its own and timing the submit and the
-//!   wait for it on the host, after first flushing what was recorded before it. That adds a
-//!   round trip per dispatch, so it measures each kernel alone rather than the step as it
-//!   runs; the shares stay meaningful, the step total does not.
+//! - where the device has timestamp queries (Vulkan, Metal, DX12 and desktop GL mostly do,
+//!   lavapipe and llvmpipe included), by a timestamp at the start and the end of the
+//!   dispatch's compute pass, resolved and read back after the batch's submit (the submit
+//!   then waits for the batch; query sets and buffers are pooled and reused);
+//! - elsewhere (GLES, WebGL, or an adopted device opened without `TIMESTAMP_QUERY`), by
+//!   submitting each dispatch on its own and timing the submit and the wait for it on the
+//!   host, after first flushing what was recorded before it. Each figure then includes a
+//!   round trip (a submit and a device-wide wait), which inflates kernels of many small
+//!   calls against large ones, and on a shared device the wait includes other users' work.
 //!
 //! Host time is split into recording (from the batch's creation to its submit, less the
 //! time the fallback spent waiting), submitting (`queue.submit`), and waiting for the GPU
-//! (every wait of the context). Figures are grouped by the phase the caller names
-//! ([`Profiler::begin_step`]: the engine says `prefill` or `decode`), so a report can set
-//! decode steps apart from prompt processing. With profiling off, a batch checks one
-//! `OnceLock` and nothing else changes.
+//! (every wait of the context; with timestamps the kernels' time is inside it). Figures are
+//! grouped by the phase the caller names ([`Profiler::begin_step`] to
+//! [`Profiler::end_step`]: the engine says `prefill` or `decode`); a batch keeps the phase
+//! it was created in, and work outside a step is `other`. With profiling off, a batch and a
+//! dispatch each check one `Option`.
+//!
+//! Profiling changes what it measures: the per-step read-back (or the fallback's round
+//! trips) lengthens steps, and the engine's cost model, which learns prefill throughput from
+//! step times, sees those longer steps, so preemption choices under profiling may differ.
+//! Timestamps are taken as the device reports them: a pair that wraps its counter (Vulkan
+//! guarantees 36 valid bits) counts as zero time.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -73,7 +83,20 @@ pub struct Profiler {
     /// Nanoseconds per timestamp tick.
     period_ns: f64,
     state: Mutex<State>,
+    /// Query sets with their resolve and read-back buffers, for reuse by later batches.
+    pool: Mutex<Vec<QueryBlock>>,
 }
+
+/// One query set of [`QUERIES_PER_SET`] timestamps and the buffers its results pass through.
+#[derive(Debug)]
+pub(crate) struct QueryBlock {
+    pub set: wgpu::QuerySet,
+    pub resolve: wgpu::Buffer,
+    pub staging: wgpu::Buffer,
+}
+
+/// Timestamp queries one query set holds: a start and an end per dispatch.
+pub(crate) const QUERIES_PER_SET: u32 = 4096;
 
 #[derive(Debug, Default)]
 struct State {
@@ -100,7 +123,46 @@ impl Profiler {
             method,
             period_ns: f64::from(period_ns),
             state: Mutex::new(State::default()),
+            pool: Mutex::new(Vec::new()),
         }
+    }
+
+    /// A query block from the pool, or a new one.
+    pub(crate) fn query_block(&self, device: &wgpu::Device) -> QueryBlock {
+        if let Some(b) = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            return b;
+        }
+        let bytes = u64::from(QUERIES_PER_SET) * 8;
+        QueryBlock {
+            set: device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("kernel timestamps"),
+                ty: wgpu::QueryType::Timestamp,
+                count: QUERIES_PER_SET,
+            }),
+            resolve: device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("resolved timestamps"),
+                size: bytes,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            }),
+            staging: device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("timestamps read-back"),
+                size: bytes,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+        }
+    }
+
+    /// Returns a block whose results have been read (its staging buffer unmapped).
+    pub(crate) fn return_block(&self, b: QueryBlock) {
+        self.pool.lock().unwrap_or_else(|p| p.into_inner()).push(b);
+    }
+
+    /// The phase figures recorded now go to.
+    pub(crate) fn current_phase(&self) -> &'static str {
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.phase.unwrap_or(DEFAULT_PHASE)
     }
 
     pub fn method(&self) -> TimingMethod {
@@ -111,9 +173,9 @@ impl Profiler {
         self.period_ns
     }
 
-    fn with<R>(&self, f: impl FnOnce(&mut PhaseProfile) -> R) -> R {
+    fn with<R>(&self, phase: Option<&'static str>, f: impl FnOnce(&mut PhaseProfile) -> R) -> R {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let phase = s.phase.unwrap_or(DEFAULT_PHASE);
+        let phase = phase.or(s.phase).unwrap_or(DEFAULT_PHASE);
         f(s.phases.entry(phase).or_default())
     }
 
@@ -126,8 +188,16 @@ impl Profiler {
         s.phases.entry(phase).or_default().steps += 1;
     }
 
-    pub(crate) fn kernel(&self, name: &str, gpu: Duration) {
-        self.with(|p| {
+    /// Ends the running step: its wall time stops, and what follows is `other` until the
+    /// next [`Self::begin_step`].
+    pub fn end_step(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.close_step();
+        s.phase = None;
+    }
+
+    pub(crate) fn kernel(&self, phase: &'static str, name: &str, gpu: Duration) {
+        self.with(Some(phase), |p| {
             let k = match p.kernels.get_mut(name) {
                 Some(k) => k,
                 None => p.kernels.entry(name.to_string()).or_default(),
@@ -137,8 +207,15 @@ impl Profiler {
         });
     }
 
-    pub(crate) fn host(&self, record: Duration, submit: Duration, wait: Duration) {
-        self.with(|p| {
+    /// Host time; `phase` `None` is the current one.
+    pub(crate) fn host(
+        &self,
+        phase: Option<&'static str>,
+        record: Duration,
+        submit: Duration,
+        wait: Duration,
+    ) {
+        self.with(phase, |p| {
             p.record += record;
             p.submit += submit;
             p.wait += wait;
