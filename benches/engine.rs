@@ -581,6 +581,23 @@ fn pressure_workload(
 /// alone.
 fn profile_section(ctx: &GpuContext, e: &mut Engine, seqs: &[usize], tokens: usize) {
     const PROMPT: usize = 128;
+    // First without the profiler: the engine's own count of host time per forward step
+    // (recording and submit, not the wait), which profiling would inflate.
+    for &n in seqs {
+        let before = e.stats().host;
+        let d = decode(e, n, PROMPT, tokens);
+        let after = e.stats().host;
+        let steps = after.steps - before.steps;
+        let host = (after.total - before.total).as_secs_f64() / steps.max(1) as f64;
+        println!();
+        println!(
+            "Unprofiled decode, {n} sequence(s): {:.1} tokens/s (median step {:.1} ms); host per \
+             forward step (recording + submit, no wait): {:.3} ms, mean of {steps} steps",
+            d.tokens as f64 / d.time.as_secs_f64(),
+            ms(median(d.steps)),
+            host * 1e3
+        );
+    }
     let profiler = ctx.enable_profiling();
     println!();
     println!(

@@ -537,9 +537,14 @@ fn a_profiled_engine_times_each_step_kind_and_keeps_its_tokens() {
     let dir = golden::fixture_dir("llama-gqa"); // 2 layers
     let prompt: Vec<u32> = (2..12).collect();
     for ctx in contexts() {
-        let plain = run_all(
-            &mut engine(ctx, &dir, EngineConfig::default()),
-            &[(prompt.clone(), 6)],
+        let mut unprofiled = engine(ctx, &dir, EngineConfig::default());
+        let plain = run_all(&mut unprofiled, &[(prompt.clone(), 6)]);
+        // The engine's own count of host time: one forward step per token.
+        let host = unprofiled.stats().host;
+        assert_eq!(host.steps, 6, "{host:?}");
+        assert!(
+            !host.total.is_zero() && host.mean() <= host.total,
+            "{host:?}"
         );
         for method in [TimingMethod::Timestamps, TimingMethod::SubmitPerDispatch] {
             let p = arc(ctx);

@@ -79,6 +79,8 @@ pub struct EngineStats {
     pub kv_rotation: KvRotation,
     pub kv_blocks: usize,
     pub kv_pool_bytes: u64,
+    /// Host time recording and submitting forward steps (not waiting for the adapter).
+    pub host: HostTime,
 }
 
 impl EngineStats {
@@ -105,6 +107,33 @@ pub struct Engine {
     abandoned: u64,
     /// Fixed cost of a submit of its own, measured with the swap path (`calibrate_swap`).
     swap_latency_s: f64,
+    pub(super) host: HostTime,
+}
+
+/// The host's share of the engine's forward steps: from the start of a step's recording
+/// (metadata, block operations, the forward pass) to the return of its one submit, without
+/// the wait for the adapter.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HostTime {
+    pub steps: u64,
+    pub total: std::time::Duration,
+    /// The latest step's.
+    pub last: std::time::Duration,
+}
+
+impl HostTime {
+    pub(super) fn record(&mut self, d: std::time::Duration) {
+        self.steps += 1;
+        self.total += d;
+        self.last = d;
+    }
+
+    /// Mean per step (zero before the first).
+    pub fn mean(&self) -> std::time::Duration {
+        self.total
+            .checked_div(self.steps.max(1) as u32)
+            .unwrap_or_default()
+    }
 }
 
 /// A model folder's checkpoint and tokenizer, checked against each other.
@@ -223,6 +252,7 @@ impl Engine {
             idle_steps: 0,
             abandoned: 0,
             swap_latency_s: 0.0,
+            host: HostTime::default(),
         };
         engine.calibrate_swap()?;
         Ok(engine)
@@ -243,13 +273,22 @@ impl Engine {
             return Ok(());
         }
         let before = self.cache.stats;
-        let one = self.time_round_trip(1)?;
-        let many = self.time_round_trip(k)?;
-        self.cache.stats = before;
-        let per_block = (many - one) / f64::from(k - 1);
-        if per_block <= 0.0 {
-            return Ok(()); // too noisy to tell; the static rule serves until a real swap
+        // On a busy machine one measurement can come out inverted; a few more usually
+        // settle it.
+        let mut measured = None;
+        for _ in 0..4 {
+            let one = self.time_round_trip(1)?;
+            let many = self.time_round_trip(k)?;
+            let per_block = (many - one) / f64::from(k - 1);
+            if per_block > 0.0 {
+                measured = Some((one, per_block));
+                break;
+            }
         }
+        self.cache.stats = before;
+        let Some((one, per_block)) = measured else {
+            return Ok(()); // too noisy to tell; the static rule serves until a real swap
+        };
         self.swap_latency_s = ((one - per_block) / 2.0).max(0.0);
         let bytes = 2 * self.scheduler.costs.block_bytes;
         self.scheduler.costs.record_swap(bytes, per_block);
@@ -402,6 +441,7 @@ impl Engine {
             kv_rotation: self.cache.device.rotation(),
             kv_blocks: self.cache.device.num_blocks,
             kv_pool_bytes: self.cache.device.total_bytes(),
+            host: self.host,
         }
     }
 

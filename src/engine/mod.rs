@@ -12,7 +12,7 @@ pub mod sequence;
 mod step_batch;
 
 pub(crate) use self::core::{kv_layout, open_model};
-pub use self::core::{Engine, EngineError, EngineStats};
+pub use self::core::{Engine, EngineError, EngineStats, HostTime};
 pub use config::{EngineConfig, PreemptionMode};
 pub use output::{
     CompletionOutput, FinishReason, RequestEvent, RequestId, RequestOutput, TokenLogprob,

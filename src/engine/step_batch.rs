@@ -14,6 +14,7 @@ impl Engine {
     /// Records and submits the step: block operations, the forward pass over the flat
     /// batch, and the read-back of what sampling needs.
     pub(super) fn run_forward(&mut self, sched: &SchedulerOutput) -> Result<ReadBack> {
+        let host_start = std::time::Instant::now();
         if let Some(p) = self.ctx.profiler() {
             // A step with any prompt chunk (or recomputation) is a prefill step, even when
             // decodes ride along.
@@ -94,6 +95,7 @@ impl Engine {
         };
         // The step's one submit: block operations, forward pass and read-back copies.
         batch.submit()?;
+        self.host.record(host_start.elapsed());
         self.cache.finish(ctx, pending)?;
         let (ids, lps) = match argmax {
             Some(r) => argmax_logprobs(&bytemuck::pod_collect_to_vec(&ctx.complete_read(r)?), n),
