@@ -587,12 +587,12 @@ fn profile_section(ctx: &GpuContext, e: &mut Engine, seqs: &[usize], tokens: usi
         let before = e.stats().host;
         let d = decode(e, n, PROMPT, tokens);
         let after = e.stats().host;
-        let steps = after.steps - before.steps;
-        let host = (after.total - before.total).as_secs_f64() / steps.max(1) as f64;
+        let steps = after.decode_steps - before.decode_steps;
+        let host = (after.decode_total - before.decode_total).as_secs_f64() / steps.max(1) as f64;
         println!();
         println!(
             "Unprofiled decode, {n} sequence(s): {:.1} tokens/s (median step {:.1} ms); host per \
-             forward step (recording + submit, no wait): {:.3} ms, mean of {steps} steps",
+             decode step (recording + submit, no wait): {:.3} ms, mean of {steps} steps",
             d.tokens as f64 / d.time.as_secs_f64(),
             ms(median(d.steps)),
             host * 1e3

@@ -117,23 +117,37 @@ pub struct Engine {
 pub struct HostTime {
     pub steps: u64,
     pub total: std::time::Duration,
+    /// Of which decode-only steps (no prompt chunk).
+    pub decode_steps: u64,
+    pub decode_total: std::time::Duration,
     /// The latest step's.
     pub last: std::time::Duration,
 }
 
 impl HostTime {
-    pub(super) fn record(&mut self, d: std::time::Duration) {
+    pub(super) fn record(&mut self, d: std::time::Duration, decode: bool) {
         self.steps += 1;
         self.total += d;
+        if decode {
+            self.decode_steps += 1;
+            self.decode_total += d;
+        }
         self.last = d;
     }
 
     /// Mean per step (zero before the first).
     pub fn mean(&self) -> std::time::Duration {
-        self.total
-            .checked_div(self.steps.max(1) as u32)
-            .unwrap_or_default()
+        mean(self.total, self.steps)
     }
+
+    /// Mean per decode-only step.
+    pub fn decode_mean(&self) -> std::time::Duration {
+        mean(self.decode_total, self.decode_steps)
+    }
+}
+
+fn mean(total: std::time::Duration, n: u64) -> std::time::Duration {
+    total.checked_div(n.max(1) as u32).unwrap_or_default()
 }
 
 /// A model folder's checkpoint and tokenizer, checked against each other.

@@ -15,13 +15,13 @@ impl Engine {
     /// batch, and the read-back of what sampling needs.
     pub(super) fn run_forward(&mut self, sched: &SchedulerOutput) -> Result<ReadBack> {
         let host_start = std::time::Instant::now();
+        // A step with any prompt chunk (or recomputation) is a prefill step, even when
+        // decodes ride along.
+        let prefill = sched.scheduled.iter().any(|s| {
+            let seq = &self.groups[&s.request_id].seqs[s.seq];
+            s.len > 1 || s.start < seq.prompt_len
+        });
         if let Some(p) = self.ctx.profiler() {
-            // A step with any prompt chunk (or recomputation) is a prefill step, even when
-            // decodes ride along.
-            let prefill = sched.scheduled.iter().any(|s| {
-                let seq = &self.groups[&s.request_id].seqs[s.seq];
-                s.len > 1 || s.start < seq.prompt_len
-            });
             p.begin_step(if prefill { "prefill" } else { "decode" });
         }
         // The flat batch: each scheduled sequence's new tokens, back to back.
@@ -95,7 +95,7 @@ impl Engine {
         };
         // The step's one submit: block operations, forward pass and read-back copies.
         batch.submit()?;
-        self.host.record(host_start.elapsed());
+        self.host.record(host_start.elapsed(), !prefill);
         self.cache.finish(ctx, pending)?;
         let (ids, lps) = match argmax {
             Some(r) => argmax_logprobs(&bytemuck::pod_collect_to_vec(&ctx.complete_read(r)?), n),
