@@ -26,10 +26,11 @@ fn score(base: u32, lane: u32) -> f32 {
     return dot;
 }
 
-// a + sum over the tile's first n_valid positions j of prob[j] * V[row j], pair e.
-fn values(a0: vec2<f32>, e: u32, n_valid: u32, v_half: u32, lane: u32) -> vec2<f32> {
+// a + sum over positions j of [first, first + count) below n_valid of prob[j] * V[row j],
+// pair e.
+fn values(a0: vec2<f32>, e: u32, first: u32, count: u32, n_valid: u32, v_half: u32, lane: u32) -> vec2<f32> {
     var a = a0;
-    for (var j = 0u; j < n_valid; j++) {
+    for (var j = first; j < min(first + count, n_valid); j++) {
         let rb = row[j];
         if rb != NO_ROW {
             a += prob[j] * load_pair(v_half, rb, e);

@@ -35,7 +35,14 @@ struct Params {
     scale: f32,
     num_shards: u32,
     shard_index: u32,
-    _pad: u32,
+    // Position groups of the value phase: 1, or with head_dim / 2 pairs that fit a group of
+    // WG / value_groups threads, that many groups each summing its own share of every
+    // tile's positions (see attention_body). A group is a power-of-two run of
+    // local_invocation_index at least as long as the adapter's largest subgroup, which
+    // assumes subgroups are contiguous runs of it (as on every Vulkan, Metal and D3D12
+    // implementation in use; the subgroup kernel's bitwise agreement with the plain one in
+    // tests/kernels_attention.rs would show otherwise).
+    value_groups: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -55,6 +62,7 @@ var<workgroup> q_s: array<f32, MAX_HEAD_DIM>;
 var<workgroup> prob: array<f32, WG>;
 var<workgroup> row: array<u32, WG>;  // pool row index of each tile position, or NO_ROW
 var<workgroup> red: array<f32, WG>;
+var<workgroup> comb: array<vec2<f32>, WG>;  // the value groups' partial sums
 // u32 words of one row's values (one token, one KV head), scales not counted.
 fn kv_row_words() -> u32 {
     switch KV_DTYPE {
@@ -214,18 +222,41 @@ fn attention_body(wg: vec3<u32>, tid: u32, lane: u32) {
         let corr = exp(m - m_new);
         l = l * corr + tile_sum;
         let n_valid = min(WG, ctx_len - tile0);
-        for (var i = 0u; i < PAIRS_PER_THREAD; i++) {
-            // Uniform: every lane runs values() when any lane of the workgroup has pair e.
-            if i * WG < half_dim {
-                let e = tid + i * WG;
-                let a = values(acc[i] * corr, min(e, half_dim - 1u), n_valid, v_half, lane);
-                if e < half_dim {
-                    acc[i] = a;
+        if p.value_groups > 1u {
+            // Group g of `size` threads sums positions [g * size, (g + 1) * size) of the
+            // tile for its thread's pair; the groups' sums are added after the last tile.
+            // Every thread loops as often as every other, so the loop stays uniform.
+            let size = WG / p.value_groups;
+            let g = tid / size;
+            let e = tid - g * size;
+            acc[0] = values(acc[0] * corr, min(e, half_dim - 1u), g * size, size, n_valid, v_half, lane);
+        } else {
+            for (var i = 0u; i < PAIRS_PER_THREAD; i++) {
+                // Uniform: every lane runs values() when any lane of the workgroup has pair e.
+                if i * WG < half_dim {
+                    let e = tid + i * WG;
+                    let a = values(acc[i] * corr, min(e, half_dim - 1u), 0u, WG, n_valid, v_half, lane);
+                    if e < half_dim {
+                        acc[i] = a;
+                    }
                 }
             }
         }
         m = m_new;
         workgroupBarrier();
+    }
+    if p.value_groups > 1u {
+        // The groups' partial sums, added in group order, end with the first group's threads.
+        comb[tid] = acc[0];
+        workgroupBarrier();
+        let size = WG / p.value_groups;
+        if tid < size {
+            var a = comb[tid];
+            for (var g = 1u; g < p.value_groups; g++) {
+                a += comb[g * size + tid];
+            }
+            acc[0] = a;
+        }
     }
 
     if p.num_shards == 1u {

@@ -39,10 +39,15 @@ fn value_term(a: vec2<f32>, ok: bool, pr: f32, rb: u32, v_half: u32, e: u32) -> 
     return a;
 }
 
-// a + sum over the tile's first n_valid positions j of prob[j] * V[row j], pair e.
-fn values(a0: vec2<f32>, e: u32, n_valid: u32, v_half: u32, lane: u32) -> vec2<f32> {
+// a + sum over positions j of [first, first + count) below n_valid of prob[j] * V[row j],
+// pair e. Value groups are whole subgroups, so `first` is the same for every lane that
+// shares the broadcasts; the trip count is the same for the whole workgroup (a group past
+// n_valid runs masked), so the loop stays uniform.
+fn values(a0: vec2<f32>, e: u32, first: u32, count: u32, n_valid: u32, v_half: u32, lane: u32) -> vec2<f32> {
     var a = a0;
-    for (var j0 = 0u; j0 < n_valid; j0 += 8u) {
+    let trips = min(count, n_valid + 7u) / 8u;
+    for (var t8 = 0u; t8 < trips; t8++) {
+        let j0 = first + 8u * t8;
         let jl = min(j0 + (lane & 7u), WG - 1u);
         let pl = prob[jl];
         let rl = row[jl];

@@ -22,7 +22,7 @@ params!(PagedAttentionParams for PAGED_ATTENTION {
     scale: f32,
     num_shards: u32,
     shard_index: u32,
-    _pad: u32,
+    value_groups: u32,
 });
 
 params!(PagedAttentionReduceParams for PAGED_ATTENTION_REDUCE {
@@ -276,6 +276,22 @@ pub fn contiguous_attention(
     attention(batch, kernel, args, true)
 }
 
+/// Position groups of the value phase (see paged_attention_common.wgsl): a workgroup's 64
+/// threads hold head_dim / 2 output pairs; when that leaves threads idle, groups of a power
+/// of two threads (at least the adapter's largest subgroup, so that a group is whole
+/// subgroups) each sum their share of a tile's positions. Both kernels use the same number
+/// on an adapter, so they still add the same terms in the same order.
+pub fn value_groups(ctx: &GpuContext, head_dim: usize) -> usize {
+    const WG: usize = 64;
+    let pairs = (head_dim / 2).max(1);
+    let size = pairs
+        .next_power_of_two()
+        .max(ctx.info.subgroup_max_size as usize)
+        .max(8)
+        .min(WG);
+    WG / size
+}
+
 /// (pool, layer, metadata, q, out, query heads, scale) of one attention call.
 type AttentionArgs<'a> = (
     &'a KvPool,
@@ -355,7 +371,7 @@ fn attention(
             scale,
             num_shards: shards as u32,
             shard_index: shard as u32,
-            _pad: 0,
+            value_groups: value_groups(batch.ctx(), l.head_dim) as u32,
         };
         let source = match kernel {
             AttentionKernel::Plain => PAGED_ATTENTION,
