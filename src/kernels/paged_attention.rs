@@ -287,8 +287,7 @@ pub fn value_groups(ctx: &GpuContext, head_dim: usize) -> usize {
     let size = pairs
         .next_power_of_two()
         .max(ctx.info.subgroup_max_size as usize)
-        .max(8)
-        .min(WG);
+        .clamp(8, WG);
     WG / size
 }
 
