@@ -617,13 +617,7 @@ fn profile_section(ctx: &GpuContext, e: &mut Engine, seqs: &[usize], tokens: usi
             ms(median(d.steps)),
             wall.as_secs_f64()
         );
-        println!();
-        println!("```");
-        print!(
-            "{}",
-            pagellm::gpu::profile::report(profiler.method(), &ctx.describe(), &phases)
-        );
-        println!("```");
+        print_profile(ctx, profiler, &phases);
     }
     profiler.take();
     let t = Instant::now();
@@ -640,11 +634,20 @@ fn profile_section(ctx: &GpuContext, e: &mut Engine, seqs: &[usize], tokens: usi
         ms(took),
         PROMPT as f64 / took.as_secs_f64()
     );
+    print_profile(ctx, profiler, &phases);
+}
+
+/// One profile table as a fenced block.
+fn print_profile(
+    ctx: &GpuContext,
+    profiler: &pagellm::gpu::Profiler,
+    phases: &std::collections::BTreeMap<&'static str, pagellm::gpu::profile::PhaseProfile>,
+) {
     println!();
     println!("```");
     print!(
         "{}",
-        pagellm::gpu::profile::report(profiler.method(), &ctx.describe(), &phases)
+        pagellm::gpu::profile::report(profiler.method(), &ctx.describe(), phases)
     );
     println!("```");
 }
