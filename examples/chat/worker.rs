@@ -86,7 +86,8 @@ pub struct Snapshot {
 }
 
 pub struct Worker {
-    commands: flume::Sender<Command>,
+    /// Dropped first on drop: a closed channel ends the thread.
+    commands: Option<flume::Sender<Command>>,
     pub updates: flume::Receiver<Update>,
     pub snapshot: Arc<Mutex<Option<Snapshot>>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -122,7 +123,7 @@ impl Worker {
                 .run()
             })?;
         Ok(Worker {
-            commands,
+            commands: Some(commands),
             updates,
             snapshot,
             thread: Some(thread),
@@ -131,15 +132,14 @@ impl Worker {
 
     /// Queues a command; false when the engine thread is gone (it panicked).
     pub fn send(&self, cmd: Command) -> bool {
-        self.commands.send(cmd).is_ok()
+        self.commands.as_ref().is_some_and(|c| c.send(cmd).is_ok())
     }
 }
 
 impl Drop for Worker {
     fn drop(&mut self) {
         // Closing the command channel ends the thread after it aborts what is pending.
-        let (dead, _) = flume::bounded(1);
-        self.commands = dead;
+        self.commands = None;
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

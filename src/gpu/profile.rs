@@ -229,12 +229,6 @@ impl Profiler {
         s.phase = None;
         std::mem::take(&mut s.phases)
     }
-
-    /// A copy of the figures so far.
-    pub fn snapshot(&self) -> BTreeMap<&'static str, PhaseProfile> {
-        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        s.phases.clone()
-    }
 }
 
 /// The profile as a text table per phase: kernels by total time, with calls, mean and
