@@ -21,7 +21,7 @@
 use pagellm::engine::{Engine, EngineConfig, Prompt};
 use pagellm::gpu::Batch;
 use pagellm::kernels::paged_attention::{
-    paged_attention, AttentionBuffers, AttentionMetadata, SeqSlice,
+    paged_attention, AttentionBuffers, AttentionMetadata, AttentionOptions, SeqSlice,
 };
 use pagellm::kernels::reshape_and_cache::reshape_and_cache;
 use pagellm::pool::{KvDtype, KvLayout, KvPool, KvRotation, PoolSize};
@@ -125,7 +125,17 @@ fn attn_once(ctx: &GpuContext, s: &AttnSetup, q: &wgpu::Buffer, out: &wgpu::Buff
     let scale = 1.0 / (HEAD_DIM as f32).sqrt();
     let mut b = Batch::new(ctx, "bench");
     for _ in 0..DISPATCHES_PER_SUBMIT {
-        paged_attention(&mut b, &s.pool, 0, &s.meta, q, out, HEADS, scale).expect("dispatch");
+        paged_attention(
+            &mut b,
+            &s.pool,
+            0,
+            &s.meta,
+            q,
+            out,
+            HEADS,
+            AttentionOptions::scaled(scale),
+        )
+        .expect("dispatch");
     }
     let start = Instant::now();
     b.submit().expect("submit");

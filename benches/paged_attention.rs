@@ -13,7 +13,8 @@
 
 use pagellm::gpu::Batch;
 use pagellm::kernels::paged_attention::{
-    contiguous_attention, paged_attention, AttentionBuffers, AttentionMetadata, SeqSlice,
+    contiguous_attention, paged_attention, AttentionBuffers, AttentionMetadata, AttentionOptions,
+    SeqSlice,
 };
 use pagellm::pool::{KvDtype, KvLayout, KvPool, PoolSize};
 use pagellm::GpuContext;
@@ -72,12 +73,13 @@ fn time_once(
     let scale = 1.0 / (HEAD_DIM as f32).sqrt();
     let mut b = Batch::new(ctx, "bench");
     for _ in 0..DISPATCHES_PER_SUBMIT {
-        let f = if paged {
-            paged_attention
+        if paged {
+            let opts = AttentionOptions::scaled(scale);
+            paged_attention(&mut b, &s.pool, 0, &s.meta, q, out, HEADS, opts)
         } else {
-            contiguous_attention
-        };
-        f(&mut b, &s.pool, 0, &s.meta, q, out, HEADS, scale).expect("dispatch");
+            contiguous_attention(&mut b, &s.pool, 0, &s.meta, q, out, HEADS, scale)
+        }
+        .expect("dispatch");
     }
     let start = Instant::now();
     b.submit().expect("submit");

@@ -1,4 +1,5 @@
-// embedding: out[t, :] = table[ids[t] - row_offset, :] for the ids this table chunk holds.
+// embedding: out[t, :] = table[ids[t] - row_offset, :] * scale for the ids this table chunk
+// holds (scale is 1, or Gemma's sqrt(hidden_size)).
 // A table larger than one storage binding is split into row chunks, one dispatch each.
 // Grid: x covers hidden elements (256 per workgroup), y = token.
 
@@ -9,6 +10,10 @@ struct Params {
     hidden: u32,
     row_offset: u32,  // first vocabulary row held by this table chunk
     num_rows: u32,    // rows in this chunk
+    scale: f32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -35,5 +40,5 @@ fn embedding(@builtin(global_invocation_id) gid: vec3<u32>) {
         let pair = unpack_pair(table[e / 2u], WEIGHT_DTYPE);
         v = select(pair.x, pair.y, (e & 1u) == 1u);
     }
-    out[t * p.hidden + i] = v;
+    out[t * p.hidden + i] = v * p.scale;
 }

@@ -43,6 +43,14 @@ struct Params {
     // implementation in use; the subgroup kernel's bitwise agreement with the plain one in
     // tests/kernels_attention.rs would show otherwise).
     value_groups: u32,
+    // Sliding window: with window > 0, a query at position p sees positions
+    // p - window + 1 ..= p only (and the block table is not read below them, so freed
+    // blocks there may be holes).
+    window: u32,
+    // Soft-capping of scores, cap * tanh(score / cap), when softcap > 0 (Gemma 2).
+    softcap: f32,
+    _pad0: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -198,7 +206,11 @@ fn attention_body(wg: vec3<u32>, tid: u32, lane: u32) {
         acc[i] = vec2<f32>(0.0);
     }
 
-    for (var tile0 = 0u; tile0 < ctx_len; tile0 += WG) {
+    var win_start = 0u;
+    if p.window > 0u && ctx_len > p.window {
+        win_start = ctx_len - p.window;
+    }
+    for (var tile0 = win_start; tile0 < ctx_len; tile0 += WG) {
         let pos = tile0 + tid;
         var base = NO_ROW;
         if pos < ctx_len {
@@ -213,7 +225,13 @@ fn attention_body(wg: vec3<u32>, tid: u32, lane: u32) {
         }
         // Every lane scores a row (row 0 stands in for a missing one) so that score() runs
         // in uniform control flow.
-        let s = select(NEG_BIG, score(select(0u, base, base != NO_ROW), lane), base != NO_ROW);
+        var s_raw = score(select(0u, base, base != NO_ROW), lane);
+        if p.softcap > 0.0 {
+            // tanh's argument is clamped where tanh is 1 to f32 precision (some drivers'
+            // tanh overflows for large inputs).
+            s_raw = p.softcap * tanh(clamp(s_raw / p.softcap, -15.0, 15.0));
+        }
+        let s = select(NEG_BIG, s_raw, base != NO_ROW);
         row[tid] = base;
         let m_new = max(m, reduce_max(tid, s));
         let pr = select(0.0, exp(s - m_new), base != NO_ROW);

@@ -1,5 +1,8 @@
-// silu_mul: out[i] = silu(gate[i]) * up[i], the gated activation of the Llama MLP.
+// silu_mul: out[i] = act(gate[i]) * up[i], the gated activation of the MLP: silu (Llama and
+// most families) or, with ACTIVATION = 1, GELU with the tanh approximation (Gemma).
 // Grid: one invocation per element, 256 per workgroup, 2-D when large.
+
+override ACTIVATION: u32 = 0u;
 
 struct Params {
     len: u32,
@@ -24,5 +27,12 @@ fn silu_mul(
         return;
     }
     let g = gate[i];
-    out[i] = g / (1.0 + exp(-g)) * up[i];
+    if ACTIVATION == 1u {
+        // 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))); tanh's argument is clamped where
+        // it is 1 to f32 precision, since some drivers' tanh overflows for large inputs.
+        let u = clamp(0.7978845608028654 * (g + 0.044715 * g * g * g), -15.0, 15.0);
+        out[i] = 0.5 * g * (1.0 + tanh(u)) * up[i];
+    } else {
+        out[i] = g / (1.0 + exp(-g)) * up[i];
+    }
 }

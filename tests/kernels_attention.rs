@@ -10,7 +10,7 @@ mod common;
 use common::*;
 use pagellm::gpu::Batch;
 use pagellm::kernels::paged_attention::{
-    paged_attention_with, AttentionKernel, AttentionMetadata, SeqSlice,
+    paged_attention_with, AttentionKernel, AttentionMetadata, AttentionOptions, SeqSlice, NO_BLOCK,
 };
 use pagellm::kernels::reshape_and_cache::reshape_and_cache;
 use pagellm::pool::{quant, KvDtype, KvLayout, KvPool, PoolSize};
@@ -27,6 +27,11 @@ struct Case {
     seqs: Vec<(usize, usize)>,
     /// Cap on one pool buffer, to force sharding.
     arena_limit: Option<u64>,
+    /// Sliding window; the metadata's block tables then get holes ([`NO_BLOCK`]) where
+    /// every block's tokens are outside every query's window, as the block manager leaves
+    /// them once it frees such blocks.
+    window: Option<usize>,
+    softcap: Option<f32>,
 }
 
 fn run(ctx: &pagellm::GpuContext, seed: u64, c: &Case) {
@@ -93,10 +98,32 @@ fn run(ctx: &pagellm::GpuContext, seed: u64, c: &Case) {
     hk.extend(vec![9.0; row]);
     hv.extend(vec![9.0; row]);
     // Step 2: this step's query tokens, laid out by AttentionMetadata.
-    let slices: Vec<SeqSlice> = c
+    let holed: Vec<Vec<u32>> = c
         .seqs
         .iter()
         .zip(&tables)
+        .map(|(&(ctx_len, q_len), t)| {
+            let first_query = ctx_len - q_len;
+            let seen_from = c.window.map_or(0, |w| (first_query + 1).saturating_sub(w));
+            let mut t = t.clone();
+            for (b, id) in t.iter_mut().enumerate() {
+                if (b + 1) * bs <= seen_from {
+                    *id = NO_BLOCK;
+                }
+            }
+            t
+        })
+        .collect();
+    if c.window.is_some() {
+        assert!(
+            holed.iter().flatten().any(|&b| b == NO_BLOCK),
+            "the case must punch holes"
+        );
+    }
+    let slices: Vec<SeqSlice> = c
+        .seqs
+        .iter()
+        .zip(&holed)
         .map(|(&(context_len, query_len), t)| SeqSlice {
             query_len,
             context_len,
@@ -143,7 +170,10 @@ fn run(ctx: &pagellm::GpuContext, seed: u64, c: &Case) {
                 quant::round_trip(c.dtype, hd, &v_hist[i]),
             )
         };
-        want.extend(r::causal_attention(&q[i], &k, &v, nh, nkv, hd, scale));
+        let heads = (nh, nkv, hd);
+        want.extend(r::windowed_attention(
+            &q[i], &k, &v, heads, scale, c.window, c.softcap,
+        ));
     }
     // Every kernel the adapter supports, each against the reference; the two add the same
     // terms in the same order, so they must also agree bit for bit.
@@ -154,12 +184,19 @@ fn run(ctx: &pagellm::GpuContext, seed: u64, c: &Case) {
         }
         let out = ctx.storage_buffer("out", (t * nh * hd * 4) as u64).unwrap();
         let mut b = Batch::new(ctx, "attention test");
-        paged_attention_with(&mut b, kernel, &pool, layer, &bufs, &qb, &out, nh, scale).unwrap();
+        let opts = AttentionOptions {
+            scale,
+            window: c.window,
+            softcap: c.softcap,
+        };
+        paged_attention_with(&mut b, kernel, &pool, layer, &bufs, &qb, &out, nh, opts).unwrap();
         b.submit().unwrap();
         let what = format!(
-            "{kernel:?} paged_attention hd={hd} bs={bs} heads={nh}:{nkv} {:?} seqs={:?} shards={} on {}",
+            "{kernel:?} paged_attention hd={hd} bs={bs} heads={nh}:{nkv} {:?} seqs={:?} window={:?} softcap={:?} shards={} on {}",
             c.dtype,
             c.seqs,
+            c.window,
+            c.softcap,
             pool.num_shards(),
             backend(ctx)
         );
@@ -188,6 +225,8 @@ fn decode_at_block_boundaries() {
                 dtype: KvDtype::F16,
                 seqs,
                 arena_limit: None,
+                window: None,
+                softcap: None,
             };
             run(ctx, bs as u64, &case);
         }
@@ -211,9 +250,51 @@ fn mixed_prefill_chunks_and_decodes_with_gqa_and_mqa() {
                 // context longer than one 64-position tile.
                 seqs: vec![(37, 37), (50, 20), (1, 1), (17, 1), (150, 3), (16, 16)],
                 arena_limit: None,
+                window: None,
+                softcap: None,
             };
             run(ctx, 100 + i as u64, &case);
         }
+    }
+}
+
+#[test]
+fn sliding_window_with_holes_and_soft_capping() {
+    for ctx in contexts() {
+        // Windows shorter than a block, between blocks, longer than a 64-position tile; a
+        // window longer than a context sees it all. Prefill chunks cross the window's start.
+        for (i, (window, softcap)) in [(5, None), (20, Some(2.0)), (70, None), (24, Some(50.0))]
+            .into_iter()
+            .enumerate()
+        {
+            for dtype in [KvDtype::F16, KvDtype::Int8] {
+                let case = Case {
+                    head_dim: 64,
+                    block_size: 8,
+                    num_heads: 4,
+                    num_kv_heads: 2,
+                    dtype,
+                    seqs: vec![(150, 1), (90, 30), (3, 3), (41, 1), (200, 70)],
+                    arena_limit: None,
+                    window: Some(window),
+                    softcap,
+                };
+                run(ctx, 700 + i as u64, &case);
+            }
+        }
+        // Soft-capping alone, on a sharded pool.
+        let case = Case {
+            head_dim: 64,
+            block_size: 16,
+            num_heads: 4,
+            num_kv_heads: 2,
+            dtype: KvDtype::F32,
+            seqs: vec![(100, 1), (60, 30), (5, 5)],
+            arena_limit: Some(4 * 2 * 2 * 16 * 64 * 4),
+            window: None,
+            softcap: Some(3.0),
+        };
+        run(ctx, 710, &case);
     }
 }
 
@@ -228,6 +309,8 @@ fn f32_pool() {
             dtype: KvDtype::F32,
             seqs: vec![(9, 9), (70, 1), (8, 2)],
             arena_limit: None,
+            window: None,
+            softcap: None,
         };
         run(ctx, 200, &case);
     }
@@ -248,6 +331,8 @@ fn pool_split_over_several_buffers_merges_partials() {
                 dtype,
                 seqs: vec![(100, 1), (60, 30), (5, 5), (33, 1)],
                 arena_limit: Some(4 * 2 * block),
+                window: None,
+                softcap: None,
             };
             run(ctx, 300, &case);
         }
@@ -279,6 +364,8 @@ fn quantized_pools_with_gqa_mqa_and_odd_head_sizes() {
                     dtype,
                     seqs: vec![(37, 37), (50, 20), (1, 1), (bs + 1, 1), (150, 3)],
                     arena_limit: None,
+                    window: None,
+                    softcap: None,
                 };
                 run(ctx, 500 + i as u64, &case);
             }
@@ -305,6 +392,8 @@ fn quantized_pool_split_over_several_buffers() {
                 dtype,
                 seqs: vec![(100, 1), (60, 30), (5, 5), (33, 1)],
                 arena_limit: Some(4 * 2 * layout.block_bytes()),
+                window: None,
+                softcap: None,
             };
             run(ctx, 600, &case);
         }

@@ -232,6 +232,7 @@ fn lm_head_returns_logits_and_greedy_tokens_of_chosen_rows() {
             gathered: &gathered,
             logits: &logits,
             argmax: Some(&am),
+            softcap: None,
         };
         kernels::logits::lm_head(&mut b, &hb, tokens, &rb, rows.len(), &w, out).unwrap();
         b.submit().unwrap();

@@ -88,6 +88,64 @@ fn silu_mul_and_add_match_reference() {
 }
 
 #[test]
+fn gelu_tanh_mul_and_softcap_match_reference_also_for_large_inputs() {
+    for ctx in contexts() {
+        let mut g = rng(5);
+        let n = 1000;
+        let mut gate = randn(&mut g, n, 6.0);
+        // Far past where tanh saturates, where an unclamped tanh may overflow.
+        gate[..6].copy_from_slice(&[40.0, -40.0, 300.0, -300.0, 1e20, -1e20]);
+        let up = randn(&mut g, n, 2.0);
+        let gb = ctx.upload("gate", &gate).unwrap();
+        let ub = ctx.upload("up", &up).unwrap();
+        let out = ctx.storage_buffer("out", (n * 4) as u64).unwrap();
+        let capped = ctx.upload("capped", &gate).unwrap();
+        let mut b = Batch::new(ctx, "t");
+        let act = pagellm::model::arch::Activation::GeluTanh;
+        kernels::silu_mul::gated(&mut b, act, &gb, &ub, &out, n).unwrap();
+        kernels::softcap::softcap(&mut b, &capped, n, 30.0).unwrap();
+        b.submit().unwrap();
+        let what = format!("gelu_tanh_mul on {}", backend(ctx));
+        let want = r::gelu_tanh_mul(&gate, &up);
+        assert_close(&what, &read_f32(ctx, &out, n), &want, 1e-5, 1e-5);
+        let want: Vec<f32> = gate
+            .iter()
+            .map(|&x| (30.0 * (x as f64 / 30.0).tanh()) as f32)
+            .collect();
+        let what = format!("softcap on {}", backend(ctx));
+        assert_close(&what, &read_f32(ctx, &capped, n), &want, 1e-5, 1e-5);
+        let mut b = Batch::new(ctx, "t");
+        let e = kernels::softcap::softcap(&mut b, &capped, n, 0.0).unwrap_err();
+        assert!(e.to_string().contains("cap 0"), "{e}");
+    }
+}
+
+#[test]
+fn scaled_embedding_multiplies_rows() {
+    for ctx in contexts() {
+        let mut g = rng(6);
+        let (vocab, hidden) = (11, 32);
+        let table = randn(&mut g, vocab * hidden, 1.0);
+        let ids: Vec<u32> = vec![3, 0, 10, 3];
+        let w = Weight::from_f32(ctx, "emb", &table, vocab, hidden, WeightDtype::BF16).unwrap();
+        let ids_b = ctx.upload("ids", &ids).unwrap();
+        let out = ctx
+            .storage_buffer("out", (ids.len() * hidden * 4) as u64)
+            .unwrap();
+        let scale = (hidden as f64).sqrt() as f32;
+        let mut b = Batch::new(ctx, "t");
+        kernels::embedding::scaled_embedding(&mut b, &w, &ids_b, &out, ids.len(), scale).unwrap();
+        b.submit().unwrap();
+        let want: Vec<f32> = r::embedding(&rounded(&table, WeightDtype::BF16), hidden, &ids)
+            .iter()
+            .map(|v| v * scale)
+            .collect();
+        let what = format!("scaled embedding on {}", backend(ctx));
+        assert_close(&what, &read_f32(ctx, &out, want.len()), &want, 0.0, 0.0);
+    }
+}
+
+#[test]
 fn rope_rotates_q_and_k_like_hugging_face() {
     for ctx in contexts() {
         let mut g = rng(4);
@@ -96,7 +154,7 @@ fn rope_rotates_q_and_k_like_hugging_face() {
             let t = positions.len();
             let q = randn(&mut g, t * nh * hd, 1.0);
             let k = randn(&mut g, t * nkv * hd, 1.0);
-            let table = RopeTable::new(ctx, hd, theta, RopeScaling::None, 4096).unwrap();
+            let table = RopeTable::new(ctx, hd, theta, &RopeScaling::None, 4096).unwrap();
             let pb = ctx.upload("pos", &positions).unwrap();
             let qb = ctx.upload("q", &q).unwrap();
             let kb = ctx.upload("k", &k).unwrap();
@@ -150,14 +208,14 @@ fn rope_with_llama3_scaling_uses_scaled_frequencies() {
         let t = positions.len();
         let q = randn(&mut g, t * nh * hd, 1.0);
         let k = randn(&mut g, t * nkv * hd, 1.0);
-        let table = RopeTable::new(ctx, hd, 10000.0, scaling, 256).unwrap();
+        let table = RopeTable::new(ctx, hd, 10000.0, &scaling, 256).unwrap();
         let pb = ctx.upload("pos", &positions).unwrap();
         let qb = ctx.upload("q", &q).unwrap();
         let kb = ctx.upload("k", &k).unwrap();
         let mut b = Batch::new(ctx, "t");
         kernels::rope::rope(&mut b, &table, &pb, &qb, &kb, t, nh, nkv).unwrap();
         b.submit().unwrap();
-        let freqs: Vec<f64> = inv_freq(hd, 10000.0, scaling)
+        let freqs: Vec<f64> = inv_freq(hd, 10000.0, &scaling)
             .iter()
             .map(|&f| f as f64)
             .collect();

@@ -14,6 +14,7 @@ use pagellm::kernels::{
     rope::RopeParams,
     rotate::{RotateQkParams, RotateRowsParams},
     silu_mul::SiluMulParams,
+    softcap::SoftcapParams,
     KernelParams, ALL, MATMUL_SKINNY, MATMUL_SKINNY_SG, MATMUL_SKINNY_VEC, PAGED_ATTENTION_SG,
     RESHAPE_AND_CACHE_Q,
 };
@@ -80,6 +81,7 @@ fn every_params_struct_matches_its_shader() {
         check::<RopeParams>(),
         check::<SiluMulParams>(),
         check::<AddParams>(),
+        check::<SoftcapParams>(),
         check::<ReshapeAndCacheParams>(),
         check_kernel::<ReshapeAndCacheParams>(RESHAPE_AND_CACHE_Q),
         check::<PagedAttentionParams>(),

@@ -9,6 +9,10 @@ params!(EmbeddingParams for EMBEDDING {
     hidden: u32,
     row_offset: u32,
     num_rows: u32,
+    scale: f32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 });
 
 /// out[t, :] = table[ids[t], :] for `num_tokens` ids (`ids`: [num_tokens] u32, `out`:
@@ -20,6 +24,18 @@ pub fn embedding<'a>(
     ids: impl Into<Bind<'a>>,
     out: &wgpu::Buffer,
     num_tokens: usize,
+) -> Result<()> {
+    scaled_embedding(batch, table, ids, out, num_tokens, 1.0)
+}
+
+/// [`embedding`] with every value multiplied by `scale` (in f32).
+pub fn scaled_embedding<'a>(
+    batch: &mut Batch,
+    table: &Weight,
+    ids: impl Into<Bind<'a>>,
+    out: &wgpu::Buffer,
+    num_tokens: usize,
+    scale: f32,
 ) -> Result<()> {
     let ids: Bind<'_> = ids.into();
     const K: &str = "embedding";
@@ -40,6 +56,8 @@ pub fn embedding<'a>(
             hidden: table.cols as u32,
             row_offset: chunk.first_row as u32,
             num_rows: chunk.rows as u32,
+            scale,
+            ..Default::default()
         };
         batch.dispatch(
             EMBEDDING,

@@ -100,6 +100,8 @@ pub struct LogitsBuffers<'a> {
     pub logits: &'a wgpu::Buffer,
     /// `[2, num_rows]` arg-max token ids and their logprobs (see [`argmax`]), when wanted.
     pub argmax: Option<&'a wgpu::Buffer>,
+    /// Soft-capping of the logits, `cap * tanh(logit / cap)` (Gemma 2), before the arg-max.
+    pub softcap: Option<f32>,
 }
 
 /// Logits (and optionally their arg-max) of the rows `rows` of the final hidden states
@@ -132,6 +134,9 @@ pub fn lm_head<'a>(
         num_rows,
         Output::Overwrite,
     )?;
+    if let Some(cap) = out.softcap {
+        super::softcap::softcap(batch, out.logits, num_rows * head.rows, cap)?;
+    }
     if let Some(am) = out.argmax {
         argmax(batch, out.logits, am, num_rows, head.rows)?;
     }

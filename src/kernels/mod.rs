@@ -14,6 +14,7 @@ pub mod rms_norm;
 pub mod rope;
 pub mod rotate;
 pub mod silu_mul;
+pub mod softcap;
 pub mod weight;
 
 pub use weight::{Weight, WeightDtype};
@@ -57,6 +58,7 @@ kernel!(
 kernel!(ROPE, "rope");
 kernel!(SILU_MUL, "silu_mul");
 kernel!(ADD, "add");
+kernel!(SOFTCAP, "softcap");
 kernel!(RESHAPE_AND_CACHE, "reshape_and_cache", ["reshape_common"]);
 kernel!(
     RESHAPE_AND_CACHE_Q,
@@ -91,6 +93,7 @@ pub const ALL: &[KernelSource] = &[
     ROPE,
     SILU_MUL,
     ADD,
+    SOFTCAP,
     RESHAPE_AND_CACHE,
     RESHAPE_AND_CACHE_Q,
     PAGED_ATTENTION,

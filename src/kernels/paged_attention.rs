@@ -23,6 +23,10 @@ params!(PagedAttentionParams for PAGED_ATTENTION {
     num_shards: u32,
     shard_index: u32,
     value_groups: u32,
+    window: u32,
+    softcap: f32,
+    _pad0: u32,
+    _pad1: u32,
 });
 
 params!(PagedAttentionReduceParams for PAGED_ATTENTION_REDUCE {
@@ -31,6 +35,10 @@ params!(PagedAttentionReduceParams for PAGED_ATTENTION_REDUCE {
     head_dim: u32,
     num_shards: u32,
 });
+
+/// A block-table entry that points nowhere: a block freed because every token in it left
+/// every layer's sliding window. The kernels never read entries below a query's window.
+pub const NO_BLOCK: u32 = u32::MAX;
 
 /// Largest head size the attention kernel holds in workgroup memory.
 pub const MAX_HEAD_DIM: usize = 256;
@@ -221,6 +229,28 @@ impl AttentionKernel {
     }
 }
 
+/// What an attention call computes besides plain causal attention.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionOptions {
+    /// Scores are `q · k * scale`.
+    pub scale: f32,
+    /// Sliding window: a query at position p sees positions `p - window + 1 ..= p`.
+    pub window: Option<usize>,
+    /// `cap * tanh(score / cap)` on the scaled scores.
+    pub softcap: Option<f32>,
+}
+
+impl AttentionOptions {
+    /// Full causal attention with scores scaled by `scale`.
+    pub fn scaled(scale: f32) -> Self {
+        AttentionOptions {
+            scale,
+            window: None,
+            softcap: None,
+        }
+    }
+}
+
 /// out[t, h, :] = softmax(q[t, h] · K[seq(t), :pos(t)+1]ᵀ · scale) · V[...] for every query
 /// token, with K/V of layer `layer` read from the pool through the block tables.
 /// `q`, `out`: `[num_tokens, num_heads, head_dim]` f32. With a rotated pool, `q` must be
@@ -234,10 +264,10 @@ pub fn paged_attention(
     q: &wgpu::Buffer,
     out: &wgpu::Buffer,
     num_heads: usize,
-    scale: f32,
+    opts: AttentionOptions,
 ) -> Result<()> {
     let kernel = AttentionKernel::choose(batch.ctx(), pool.layout.head_dim);
-    paged_attention_with(batch, kernel, pool, layer, meta, q, out, num_heads, scale)
+    paged_attention_with(batch, kernel, pool, layer, meta, q, out, num_heads, opts)
 }
 
 /// [`paged_attention`] computed by a given kernel (tests and benchmarks compare them).
@@ -251,9 +281,9 @@ pub fn paged_attention_with(
     q: &wgpu::Buffer,
     out: &wgpu::Buffer,
     num_heads: usize,
-    scale: f32,
+    opts: AttentionOptions,
 ) -> Result<()> {
-    let args = (pool, layer, meta, q, out, num_heads, scale);
+    let args = (pool, layer, meta, q, out, num_heads, opts);
     attention(batch, kernel, args, false)
 }
 
@@ -272,7 +302,15 @@ pub fn contiguous_attention(
     scale: f32,
 ) -> Result<()> {
     let kernel = AttentionKernel::choose(batch.ctx(), pool.layout.head_dim);
-    let args = (pool, layer, meta, q, out, num_heads, scale);
+    let args = (
+        pool,
+        layer,
+        meta,
+        q,
+        out,
+        num_heads,
+        AttentionOptions::scaled(scale),
+    );
     attention(batch, kernel, args, true)
 }
 
@@ -291,7 +329,7 @@ pub fn value_groups(ctx: &GpuContext, head_dim: usize) -> usize {
     WG / size
 }
 
-/// (pool, layer, metadata, q, out, query heads, scale) of one attention call.
+/// (pool, layer, metadata, q, out, query heads, options) of one attention call.
 type AttentionArgs<'a> = (
     &'a KvPool,
     usize,
@@ -299,7 +337,7 @@ type AttentionArgs<'a> = (
     &'a wgpu::Buffer,
     &'a wgpu::Buffer,
     usize,
-    f32,
+    AttentionOptions,
 );
 
 fn attention(
@@ -309,7 +347,16 @@ fn attention(
     contiguous: bool,
 ) -> Result<()> {
     const K: &str = "paged_attention";
-    let (pool, layer, meta, q, out, num_heads, scale) = args;
+    let (pool, layer, meta, q, out, num_heads, opts) = args;
+    if opts.window == Some(0) || opts.softcap.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
+        return Err(GpuError::invalid(
+            K,
+            format!(
+                "window {:?} and softcap {:?} must be positive",
+                opts.window, opts.softcap
+            ),
+        ));
+    }
     let l = pool.layout;
     let t = meta.num_tokens;
     if layer >= l.num_layers {
@@ -367,10 +414,13 @@ fn attention(
             max_blocks_per_seq: meta.max_blocks_per_seq as u32,
             shard_first_block: first as u32,
             shard_num_blocks: count as u32,
-            scale,
+            scale: opts.scale,
             num_shards: shards as u32,
             shard_index: shard as u32,
             value_groups: value_groups(batch.ctx(), l.head_dim) as u32,
+            window: opts.window.map_or(0, |w| w.min(u32::MAX as usize) as u32),
+            softcap: opts.softcap.unwrap_or(0.0),
+            ..Default::default()
         };
         let source = match kernel {
             AttentionKernel::Plain => PAGED_ATTENTION,

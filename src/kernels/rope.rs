@@ -18,7 +18,7 @@ params!(RopeParams for ROPE {
 });
 
 /// Frequency scaling of the rotary embedding (`rope_scaling` / `rope_parameters`).
-#[derive(Clone, Copy, Debug, PartialEq, Default)]
+#[derive(Clone, Debug, PartialEq, Default)]
 pub enum RopeScaling {
     #[default]
     None,
@@ -31,17 +31,44 @@ pub enum RopeScaling {
         high_freq_factor: f64,
         original_max_position_embeddings: f64,
     },
+    /// LongRoPE (Phi-3): every frequency divided by its own factor, and cos/sin multiplied
+    /// by `attention_factor`. transformers switches a sequence from the short factors to
+    /// the long ones once it grows past `original_max_position_embeddings`, which a KV
+    /// cache cannot follow without recomputing the sequence; pagellm uses the short factors
+    /// and caps the context at the original length, where its results equal transformers'.
+    LongRope {
+        short_factor: Vec<f32>,
+        long_factor: Vec<f32>,
+        original_max_position_embeddings: usize,
+        attention_factor: f64,
+    },
+}
+
+impl RopeScaling {
+    /// The factor cos and sin are multiplied by (1 except for LongRoPE).
+    pub fn attention_factor(&self) -> f32 {
+        match self {
+            RopeScaling::LongRope {
+                attention_factor, ..
+            } => *attention_factor as f32,
+            _ => 1.0,
+        }
+    }
 }
 
 /// The `head_dim / 2` inverse frequencies, in f32 as transformers computes them.
-pub fn inv_freq(head_dim: usize, theta: f64, scaling: RopeScaling) -> Vec<f32> {
+pub fn inv_freq(head_dim: usize, theta: f64, scaling: &RopeScaling) -> Vec<f32> {
     (0..head_dim / 2)
         .map(|i| {
             let exponent = (2 * i) as f32 / head_dim as f32;
             let f = 1.0 / (theta as f32).powf(exponent);
-            match scaling {
+            match *scaling {
                 RopeScaling::None => f,
                 RopeScaling::Linear { factor } => f / factor as f32,
+                // transformers: 1 / (factor * theta^exponent), in f32.
+                RopeScaling::LongRope {
+                    ref short_factor, ..
+                } => 1.0 / (short_factor[i] * (theta as f32).powf(exponent)),
                 RopeScaling::Llama3 {
                     factor,
                     low_freq_factor,
@@ -69,17 +96,18 @@ pub fn inv_freq(head_dim: usize, theta: f64, scaling: RopeScaling) -> Vec<f32> {
 }
 
 /// The table rope.wgsl reads: `[max_positions, head_dim]`, each row `cos` of the
-/// `head_dim/2` angles then their `sin`. Angles are f32 products as in transformers; the
+/// `head_dim/2` angles then their `sin`, each times `attention_factor` (in f32, as
+/// transformers scales them). Angles are f32 products as in transformers; the
 /// trigonometry is done in f64.
-pub fn cos_sin_table(inv_freq: &[f32], max_positions: usize) -> Vec<f32> {
+pub fn cos_sin_table(inv_freq: &[f32], max_positions: usize, attention_factor: f32) -> Vec<f32> {
     let half = inv_freq.len();
     let mut table = vec![0.0f32; max_positions * half * 2];
     for pos in 0..max_positions {
         let row = &mut table[pos * half * 2..(pos + 1) * half * 2];
         for (i, &f) in inv_freq.iter().enumerate() {
             let angle = (pos as f32 * f) as f64;
-            row[i] = angle.cos() as f32;
-            row[half + i] = angle.sin() as f32;
+            row[i] = angle.cos() as f32 * attention_factor;
+            row[half + i] = angle.sin() as f32 * attention_factor;
         }
     }
     table
@@ -98,7 +126,7 @@ impl RopeTable {
         ctx: &GpuContext,
         head_dim: usize,
         theta: f64,
-        scaling: RopeScaling,
+        scaling: &RopeScaling,
         max_positions: usize,
     ) -> Result<Self> {
         if !head_dim.is_multiple_of(2) || head_dim == 0 || max_positions == 0 {
@@ -109,7 +137,11 @@ impl RopeTable {
                 ),
             ));
         }
-        let table = cos_sin_table(&inv_freq(head_dim, theta, scaling), max_positions);
+        let table = cos_sin_table(
+            &inv_freq(head_dim, theta, scaling),
+            max_positions,
+            scaling.attention_factor(),
+        );
         Ok(RopeTable {
             buffer: ctx.upload("rope cos/sin", &table)?,
             head_dim,
@@ -165,7 +197,7 @@ mod tests {
 
     #[test]
     fn plain_frequencies_follow_theta() {
-        let f = inv_freq(8, 10000.0, RopeScaling::None);
+        let f = inv_freq(8, 10000.0, &RopeScaling::None);
         let want = [1.0, 0.1, 0.01, 0.001];
         for (a, b) in f.iter().zip(want) {
             assert!((a - b).abs() < 1e-6 * b.max(1e-3), "{f:?}");
@@ -185,7 +217,7 @@ mod tests {
             high_freq_factor: 4.0,
             original_max_position_embeddings: 64.0,
         };
-        let f = inv_freq(8, 10000.0, s);
+        let f = inv_freq(8, 10000.0, &s);
         let smooth = (64.0 / (2.0 * std::f64::consts::PI / 0.1) - 1.0) / 3.0;
         let mid = ((1.0 - smooth) * 0.1 / 8.0 + smooth * 0.1) as f32;
         let want = [1.0, mid, 0.01 / 8.0, 0.001 / 8.0];
@@ -196,7 +228,7 @@ mod tests {
 
     #[test]
     fn linear_scaling_divides() {
-        let f = inv_freq(4, 100.0, RopeScaling::Linear { factor: 4.0 });
+        let f = inv_freq(4, 100.0, &RopeScaling::Linear { factor: 4.0 });
         assert!(
             (f[0] - 0.25).abs() < 1e-7 && (f[1] - 0.025).abs() < 1e-7,
             "{f:?}"

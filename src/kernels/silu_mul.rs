@@ -3,6 +3,7 @@
 use super::{check_len, groups, params, SILU_MUL};
 use crate::error::Result;
 use crate::gpu::{grid_2d, Batch};
+use crate::model::arch::Activation;
 
 params!(SiluMulParams for SILU_MUL {
     len: u32,
@@ -14,6 +15,18 @@ params!(SiluMulParams for SILU_MUL {
 /// out[i] = silu(gate[i]) * up[i] over `len` f32 elements.
 pub fn silu_mul(
     batch: &mut Batch,
+    gate: &wgpu::Buffer,
+    up: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    len: usize,
+) -> Result<()> {
+    gated(batch, Activation::Silu, gate, up, out, len)
+}
+
+/// out[i] = act(gate[i]) * up[i] over `len` f32 elements.
+pub fn gated(
+    batch: &mut Batch,
+    act: Activation,
     gate: &wgpu::Buffer,
     up: &wgpu::Buffer,
     out: &wgpu::Buffer,
@@ -32,7 +45,13 @@ pub fn silu_mul(
     );
     batch.dispatch(
         SILU_MUL,
-        &[],
+        &[(
+            "ACTIVATION",
+            match act {
+                Activation::Silu => 0.0,
+                Activation::GeluTanh => 1.0,
+            },
+        )],
         &p,
         &[gate.into(), up.into(), out.into()],
         grid,

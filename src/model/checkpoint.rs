@@ -3,6 +3,7 @@
 //! GPU upload. Headers are validated by the safetensors crate (offsets inside the file), so
 //! a truncated or malformed file is an error naming it.
 
+use super::arch::Slice;
 use super::error::{ModelError, Result};
 use crate::kernels::WeightDtype;
 use memmap2::Mmap;
@@ -201,5 +202,58 @@ impl Checkpoint {
             shape: &e.shape,
             bytes,
         })
+    }
+
+    /// The weight a [`Slice`] names: a whole tensor (1-D tensors as one row), or a run of
+    /// rows of a fused 2-D one.
+    pub fn part(&self, s: &Slice) -> Result<Part<'_>> {
+        let t = self.get(&s.name)?;
+        let (rows, cols) = match t.shape {
+            [n] => (1, *n),
+            [r, c] => (*r, *c),
+            other => {
+                return Err(ModelError::Unsupported(format!(
+                    "{}: a weight of {} dimensions ({other:?})",
+                    s.name,
+                    other.len()
+                )))
+            }
+        };
+        let (first, n) = s.rows.unwrap_or((0, rows));
+        if first + n > rows {
+            return Err(ModelError::Shape {
+                name: s.name.clone(),
+                expected: vec![first + n, cols],
+                found: t.shape.to_vec(),
+            });
+        }
+        let row_bytes = cols * t.dtype.bytes();
+        Ok(Part {
+            dtype: t.dtype,
+            rows: n,
+            cols,
+            bytes: &t.bytes[first * row_bytes..(first + n) * row_bytes],
+        })
+    }
+}
+
+/// A 2-D run of a checkpoint tensor's rows (see [`Checkpoint::part`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Part<'a> {
+    pub dtype: WeightDtype,
+    pub rows: usize,
+    pub cols: usize,
+    pub bytes: &'a [u8],
+}
+
+impl Part<'_> {
+    /// The values widened to f32.
+    pub fn to_f32(&self) -> Vec<f32> {
+        TensorRef {
+            dtype: self.dtype,
+            shape: &[],
+            bytes: self.bytes,
+        }
+        .to_f32()
     }
 }

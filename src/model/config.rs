@@ -1,22 +1,17 @@
-//! `config.json` of a Hugging Face Llama-family checkpoint (model types `llama`, `mistral`,
-//! `qwen2`), read into the few numbers the runtime needs and checked for consistency.
+//! `config.json` of a Hugging Face checkpoint, read into the few numbers the runtime needs
+//! and checked for consistency: the fields every family shares here, the family's own
+//! fields and its layer recipe in its [`super::arch`] module.
 //!
 //! Rope settings come in two spellings: transformers 4 writes `rope_theta` and
 //! `rope_scaling` at the top level; transformers 5 writes a `rope_parameters` object
 //! (`rope_theta`, `rope_type`, `factor`, ...). Both are read.
 
+pub use super::arch::Architecture;
+use super::arch::{self, Recipe, Rope};
 use super::error::{ModelError, Result};
 use crate::kernels::rope::RopeScaling;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-
-/// Which Hugging Face architecture the checkpoint is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Architecture {
-    Llama,
-    Mistral,
-    Qwen2,
-}
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
@@ -29,45 +24,53 @@ pub struct ModelConfig {
     pub num_kv_heads: usize,
     pub head_dim: usize,
     pub rms_norm_eps: f32,
+    /// The main rope's base; layers with a local rope use [`Recipe::local_rope`].
     pub rope_theta: f64,
     pub rope_scaling: RopeScaling,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
-    /// q/k/v projections carry a bias (Qwen2 always; Llama when `attention_bias`).
+    /// q/k/v projections carry a bias (Qwen2 always; others when `attention_bias`).
     pub qkv_bias: bool,
-    /// o_proj carries a bias (Llama `attention_bias`).
+    /// o_proj carries a bias (`attention_bias` of Llama, Qwen3, Gemma).
     pub o_bias: bool,
     /// MLP projections carry a bias (Llama `mlp_bias`).
     pub mlp_bias: bool,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
-    /// Mistral/Qwen2 sliding-window attention span, when the checkpoint uses one.
-    pub sliding_window: Option<usize>,
+    /// How the layer graph computes (norms, activation, attention options, per-layer
+    /// windows), set by the architecture's module.
+    pub recipe: Recipe,
 }
 
-struct Reader<'a> {
-    path: &'a Path,
-    v: &'a Value,
+/// Typed access to one JSON object of `config.json`, with errors naming the file.
+pub struct ConfigReader<'a> {
+    pub(crate) path: &'a Path,
+    pub(crate) v: &'a Value,
 }
 
-impl Reader<'_> {
-    fn err(&self, message: String) -> ModelError {
+impl<'a> ConfigReader<'a> {
+    /// A reader of a nested object of the same file.
+    pub(crate) fn nested(&self, v: &'a Value) -> ConfigReader<'a> {
+        ConfigReader { path: self.path, v }
+    }
+
+    pub(crate) fn err(&self, message: String) -> ModelError {
         ModelError::Config {
             path: self.path.to_path_buf(),
             message,
         }
     }
 
-    fn get(&self, key: &str) -> Option<&Value> {
+    pub(crate) fn get(&self, key: &str) -> Option<&'a Value> {
         self.v.get(key).filter(|v| !v.is_null())
     }
 
-    fn usize(&self, key: &str) -> Result<usize> {
+    pub(crate) fn usize(&self, key: &str) -> Result<usize> {
         self.opt_usize(key)?
             .ok_or_else(|| self.err(format!("missing {key}")))
     }
 
-    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
+    pub(crate) fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -78,7 +81,7 @@ impl Reader<'_> {
         }
     }
 
-    fn f64(&self, key: &str) -> Result<Option<f64>> {
+    pub(crate) fn f64(&self, key: &str) -> Result<Option<f64>> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -89,7 +92,7 @@ impl Reader<'_> {
         }
     }
 
-    fn bool(&self, key: &str) -> Result<Option<bool>> {
+    pub(crate) fn bool(&self, key: &str) -> Result<Option<bool>> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -99,7 +102,26 @@ impl Reader<'_> {
         }
     }
 
-    fn ids(&self, key: &str) -> Vec<u32> {
+    pub(crate) fn str(&self, key: &str) -> Result<Option<&'a str>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| self.err(format!("{key} must be a string, found {v}"))),
+        }
+    }
+
+    /// A positive number, or `None` when the key is absent or null.
+    pub(crate) fn opt_f32(&self, key: &str) -> Result<Option<f32>> {
+        match self.f64(key)? {
+            Some(x) if x > 0.0 => Ok(Some(x as f32)),
+            Some(x) => Err(self.err(format!("{key} must be positive, found {x}"))),
+            None => Ok(None),
+        }
+    }
+
+    pub(crate) fn ids(&self, key: &str) -> Vec<u32> {
         match self.get(key) {
             Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
             Some(Value::Array(a)) => a
@@ -132,34 +154,21 @@ impl ModelConfig {
     }
 
     pub fn parse(path: &Path, v: &Value) -> Result<Self> {
-        let r = Reader { path, v };
+        let r = ConfigReader { path, v };
         let model_type = v.get("model_type").and_then(Value::as_str).unwrap_or("");
-        let architecture = match model_type {
-            "llama" => Architecture::Llama,
-            "mistral" => Architecture::Mistral,
-            "qwen2" => Architecture::Qwen2,
-            _ => {
-                return Err(ModelError::UnknownArchitecture {
-                    model_type: model_type.to_string(),
-                    architectures: v
-                        .get("architectures")
-                        .and_then(Value::as_array)
-                        .map(|a| {
-                            a.iter()
-                                .filter_map(|s| s.as_str().map(String::from))
-                                .collect()
-                        })
-                        .unwrap_or_default(),
+        let def = arch::lookup(model_type).ok_or_else(|| ModelError::UnknownArchitecture {
+            model_type: model_type.to_string(),
+            architectures: v
+                .get("architectures")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|s| s.as_str().map(String::from))
+                        .collect()
                 })
-            }
-        };
-        if let Some(act) = v.get("hidden_act").and_then(Value::as_str) {
-            if act != "silu" {
-                return Err(ModelError::Unsupported(format!(
-                    "hidden_act {act:?} (only silu is implemented)"
-                )));
-            }
-        }
+                .unwrap_or_default(),
+            supported: arch::supported().join(", "),
+        })?;
         let hidden_size = r.usize("hidden_size")?;
         let num_heads = r.usize("num_attention_heads")?;
         let num_kv_heads = r.opt_usize("num_key_value_heads")?.unwrap_or(num_heads);
@@ -183,73 +192,110 @@ impl ModelConfig {
                 crate::kernels::paged_attention::MAX_HEAD_DIM
             )));
         }
+        let num_layers = r.usize("num_hidden_layers")?;
+        let max_position_embeddings = r.opt_usize("max_position_embeddings")?.unwrap_or(2048);
 
-        // Rope: transformers 5 nests it in rope_parameters; transformers 4 keeps rope_theta
-        // at the top level and scaling in rope_scaling.
-        let rope_params = r.get("rope_parameters");
-        let rope_theta = match rope_params {
-            Some(p) => Reader { path, v: p }.f64("rope_theta")?,
-            None => None,
-        }
-        .or(r.f64("rope_theta")?)
-        .unwrap_or(10000.0);
-        let scaling_obj = r.get("rope_scaling").or(rope_params);
-        let rope_scaling = match scaling_obj {
-            None => RopeScaling::None,
-            Some(s) => parse_scaling(&Reader { path, v: s })?,
-        };
+        // The main rope. transformers 5 nests it in rope_parameters (per layer type for
+        // families with two ropes: then this is the full-attention layers' one);
+        // transformers 4 keeps rope_theta at the top level and scaling in rope_scaling.
+        let rope_params = r
+            .get("rope_parameters")
+            .map(|p| p.get("full_attention").unwrap_or(p));
+        let rope = parse_rope(&r, rope_params, 10000.0, head_dim)?;
 
         let attention_bias = r.bool("attention_bias")?.unwrap_or(false);
-        let (qkv_bias, o_bias) = match architecture {
-            Architecture::Qwen2 => (true, false),
-            _ => (attention_bias, attention_bias),
-        };
         let mut eos_token_ids = r.ids("eos_token_id");
         eos_token_ids.dedup();
         let mut cfg = ModelConfig {
-            architecture,
+            architecture: def.architecture,
             vocab_size: r.usize("vocab_size")?,
             hidden_size,
             intermediate_size: r.usize("intermediate_size")?,
-            num_layers: r.usize("num_hidden_layers")?,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
             rms_norm_eps: r.f64("rms_norm_eps")?.unwrap_or(1e-6) as f32,
-            rope_theta,
-            rope_scaling,
-            max_position_embeddings: r.opt_usize("max_position_embeddings")?.unwrap_or(2048),
-            tie_word_embeddings: r.bool("tie_word_embeddings")?.unwrap_or(false),
-            qkv_bias,
-            o_bias,
+            rope_theta: rope.theta,
+            rope_scaling: rope.scaling,
+            max_position_embeddings,
+            tie_word_embeddings: r
+                .bool("tie_word_embeddings")?
+                .unwrap_or(def.tied_by_default),
+            qkv_bias: attention_bias,
+            o_bias: attention_bias,
             mlp_bias: r.bool("mlp_bias")?.unwrap_or(false),
             bos_token_id: r.ids("bos_token_id").first().copied(),
             eos_token_ids,
-            sliding_window: None,
+            recipe: Recipe::llama(num_layers, head_dim),
         };
-        if cfg.architecture != Architecture::Llama {
-            let used = r
-                .bool("use_sliding_window")?
-                .unwrap_or(cfg.architecture == Architecture::Mistral);
-            if used {
-                cfg.sliding_window = r.opt_usize("sliding_window")?;
-            }
-        }
+        (def.configure)(&r, &mut cfg)?;
         Ok(cfg)
     }
 
-    /// The longest sequence the model may process: `max_position_embeddings`, or a shorter
-    /// sliding window (sliding-window attention is not implemented; within the window it
-    /// equals full attention, so capping the context keeps results exact).
+    /// The longest sequence the model may process: `max_position_embeddings`, or for
+    /// LongRoPE checkpoints the original context its short factors are for (the long
+    /// factors are not implemented; see [`RopeScaling::LongRope`]).
     pub fn max_model_len(&self) -> usize {
-        match self.sliding_window {
-            Some(w) => w.min(self.max_position_embeddings),
-            None => self.max_position_embeddings,
+        match &self.rope_scaling {
+            RopeScaling::LongRope {
+                original_max_position_embeddings,
+                ..
+            } => (*original_max_position_embeddings).min(self.max_position_embeddings),
+            _ => self.max_position_embeddings,
+        }
+    }
+
+    /// The rope of layer `i` (its local rope or the main one).
+    pub fn layer_rope(&self, i: usize) -> Rope {
+        match (&self.recipe.local_rope, self.recipe.layers[i].local_rope) {
+            (Some(local), true) => local.clone(),
+            _ => Rope {
+                theta: self.rope_theta,
+                scaling: self.rope_scaling.clone(),
+            },
         }
     }
 }
 
-fn parse_scaling(r: &Reader<'_>) -> Result<RopeScaling> {
+/// A rope from a `rope_parameters` object (transformers 5), or from the top-level
+/// `rope_theta` / `rope_scaling` (transformers 4) where the object does not say.
+pub(crate) fn parse_rope(
+    r: &ConfigReader<'_>,
+    params: Option<&Value>,
+    default_theta: f64,
+    head_dim: usize,
+) -> Result<Rope> {
+    let theta = match params {
+        Some(p) => r.nested(p).f64("rope_theta")?,
+        None => None,
+    }
+    .or(r.f64("rope_theta")?)
+    .unwrap_or(default_theta);
+    let partial = match params {
+        Some(p) => r.nested(p).f64("partial_rotary_factor")?,
+        None => None,
+    }
+    .or(r.f64("partial_rotary_factor")?)
+    .unwrap_or(1.0);
+    if partial != 1.0 {
+        return Err(ModelError::Unsupported(format!(
+            "partial_rotary_factor {partial} (rope over part of each head is not implemented)"
+        )));
+    }
+    let scaling = match r.get("rope_scaling").or(params) {
+        None => RopeScaling::None,
+        Some(s) => parse_scaling(&r.nested(s), r, head_dim)?,
+    };
+    Ok(Rope { theta, scaling })
+}
+
+/// `top` is the whole config, for the fields LongRoPE reads from it.
+fn parse_scaling(
+    r: &ConfigReader<'_>,
+    top: &ConfigReader<'_>,
+    head_dim: usize,
+) -> Result<RopeScaling> {
     let kind = r
         .get("rope_type")
         .or(r.get("type"))
@@ -271,8 +317,47 @@ fn parse_scaling(r: &Reader<'_>) -> Result<RopeScaling> {
                 .f64("original_max_position_embeddings")?
                 .unwrap_or(8192.0),
         }),
+        "longrope" | "su" => {
+            let list = |key: &str| -> Result<Vec<f32>> {
+                let v = r
+                    .get(key)
+                    .ok_or_else(|| r.err(format!("longrope scaling needs {key}")))?;
+                let xs: Option<Vec<f32>> = v
+                    .as_array()
+                    .map(|a| a.iter().map(|x| x.as_f64().map(|x| x as f32)).collect())
+                    .unwrap_or(None);
+                match xs {
+                    Some(xs) if xs.len() == head_dim / 2 && xs.iter().all(|x| *x > 0.0) => Ok(xs),
+                    _ => Err(r.err(format!(
+                        "{key} must list {} positive numbers (head_dim / 2), found {v}",
+                        head_dim / 2
+                    ))),
+                }
+            };
+            let max_pos = top.opt_usize("max_position_embeddings")?.unwrap_or(2048);
+            let original = match r.opt_usize("original_max_position_embeddings")? {
+                Some(n) => n,
+                None => top
+                    .opt_usize("original_max_position_embeddings")?
+                    .unwrap_or(max_pos),
+            };
+            // transformers: the factor defaults to the context's growth, and the attention
+            // factor to sqrt(1 + ln(factor) / ln(original)).
+            let factor = r.f64("factor")?.unwrap_or(max_pos as f64 / original as f64);
+            let attention_factor = match r.f64("attention_factor")? {
+                Some(a) => a,
+                None if factor <= 1.0 => 1.0,
+                None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
+            };
+            Ok(RopeScaling::LongRope {
+                short_factor: list("short_factor")?,
+                long_factor: list("long_factor")?,
+                original_max_position_embeddings: original,
+                attention_factor,
+            })
+        }
         other => Err(ModelError::Unsupported(format!(
-            "rope scaling type {other:?} (supported: default, linear, llama3)"
+            "rope scaling type {other:?} (supported: default, linear, llama3, longrope)"
         ))),
     }
 }

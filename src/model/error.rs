@@ -17,10 +17,11 @@ pub enum ModelError {
     #[error("{path}: {message}")]
     Config { path: PathBuf, message: String },
 
-    #[error("unknown architecture: model_type {model_type:?} (architectures {architectures:?}); supported: llama, mistral, qwen2")]
+    #[error("unknown architecture: model_type {model_type:?} (architectures {architectures:?}); supported: {supported}")]
     UnknownArchitecture {
         model_type: String,
         architectures: Vec<String>,
+        supported: String,
     },
 
     #[error("unsupported model setting: {0}")]

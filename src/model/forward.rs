@@ -2,13 +2,16 @@
 //! [`Batch`] (the engine submits once per step):
 //!
 //! ```text
-//! embed → per layer [rms_norm → q/k/v (+bias) → rope (→ rotate q, k) → reshape_and_cache
-//!        → paged_attention → o_proj (+= residual) → rms_norm → gate, up → silu_mul
-//!        → down (+= residual)]
-//!       → final rms_norm → gather the sampling rows → LM head logits (→ arg-max)
+//! embed (× scale) → per layer [rms_norm → q/k/v (+bias) (→ per-head q/k rms_norm) → rope
+//!        (→ rotate q, k) → reshape_and_cache → paged_attention (window, soft-cap)
+//!        → o_proj (→ rms_norm) += residual → rms_norm → gate, up → act_mul
+//!        → down (→ rms_norm) += residual]
+//!       → final rms_norm → gather the sampling rows → LM head logits (→ soft-cap)
+//!       (→ arg-max)
 //! ```
 //!
-//! The rotations run when the pool's [`KvRotation`] is Hadamard.
+//! The parenthesised steps run when the architecture's [`Recipe`](super::arch::Recipe)
+//! asks for them; the rotations run when the pool's [`KvRotation`] is Hadamard.
 
 use super::gpu::GpuModel;
 use super::ModelConfig;
@@ -16,9 +19,10 @@ use crate::error::{GpuError, Result};
 use crate::gpu::{Batch, Bind, GpuContext};
 use crate::kernels::logits::{lm_head, LogitsBuffers};
 use crate::kernels::matmul::{matmul, Output};
-use crate::kernels::paged_attention::{paged_attention, AttentionBuffers};
+use crate::kernels::paged_attention::{paged_attention, AttentionBuffers, AttentionOptions};
 use crate::kernels::rotate::rotate_qk;
-use crate::kernels::{embedding, reshape_and_cache, rms_norm, rope, silu_mul};
+use crate::kernels::Weight;
+use crate::kernels::{add, embedding, reshape_and_cache, rms_norm, rope, silu_mul};
 use crate::pool::{KvPool, KvRotation};
 
 /// Activation buffers for up to `max_tokens` tokens and `max_rows` sampled rows per step,
@@ -27,15 +31,21 @@ use crate::pool::{KvPool, KvRotation};
 pub struct Workspace {
     pub max_tokens: usize,
     pub max_rows: usize,
-    x: wgpu::Buffer,        // [T, hidden] residual stream
-    h: wgpu::Buffer,        // [T, hidden] normed
-    q: wgpu::Buffer,        // [T, heads * head_dim]
-    k: wgpu::Buffer,        // [T, kv_heads * head_dim]
-    v: wgpu::Buffer,        // [T, kv_heads * head_dim]
-    attn: wgpu::Buffer,     // [T, heads * head_dim]
-    gate: wgpu::Buffer,     // [T, intermediate]
-    up: wgpu::Buffer,       // [T, intermediate]
-    act: wgpu::Buffer,      // [T, intermediate]
+    x: wgpu::Buffer,    // [T, hidden] residual stream
+    h: wgpu::Buffer,    // [T, hidden] normed
+    q: wgpu::Buffer,    // [T, heads * head_dim]
+    k: wgpu::Buffer,    // [T, kv_heads * head_dim]
+    v: wgpu::Buffer,    // [T, kv_heads * head_dim]
+    attn: wgpu::Buffer, // [T, heads * head_dim]
+    gate: wgpu::Buffer, // [T, intermediate]
+    up: wgpu::Buffer,   // [T, intermediate]
+    act: wgpu::Buffer,  // [T, intermediate]
+    /// `[T, heads * head_dim]`, `[T, kv_heads * head_dim]`: q and k normed per head
+    /// (recipes with q/k norms).
+    qk_normed: Option<(wgpu::Buffer, wgpu::Buffer)>,
+    /// `[T, hidden]`: an attention or MLP output on its way through its norm (recipes
+    /// with sandwich norms).
+    y: Option<wgpu::Buffer>,
     gathered: wgpu::Buffer, // [R, hidden]
     /// `[R, vocab]` logits of the sampled rows after [`forward`].
     pub logits: wgpu::Buffer,
@@ -67,6 +77,14 @@ impl Workspace {
             gate: f("gate", t * cfg.intermediate_size)?,
             up: f("up", t * cfg.intermediate_size)?,
             act: f("act", t * cfg.intermediate_size)?,
+            qk_normed: match cfg.recipe.qk_norm {
+                true => Some((f("q normed", t * qd)?, f("k normed", t * kvd)?)),
+                false => None,
+            },
+            y: match cfg.recipe.sandwich_norms {
+                true => Some(f("y", t * cfg.hidden_size)?),
+                false => None,
+            },
             gathered: f("gathered", r * cfg.hidden_size)?,
             logits: f("logits", r * cfg.vocab_size)?,
             argmax: f("argmax", 2 * r)?,
@@ -107,10 +125,29 @@ pub fn forward(
             ),
         ));
     }
-    let scale = 1.0 / (c.head_dim as f32).sqrt();
-    embedding::embedding(batch, &model.embed, input.tokens, &ws.x, t)?;
+    let rc = &c.recipe;
+    let eps = c.rms_norm_eps;
+    let scale = rc.embed_scale.unwrap_or(1.0);
+    embedding::scaled_embedding(batch, &model.embed, input.tokens, &ws.x, t, scale)?;
+    // Writes a projection's output into the residual stream: accumulated by the matmul, or
+    // through its norm and an add.
+    let residual = |batch: &mut Batch,
+                    norm: Option<&Weight>,
+                    a: &wgpu::Buffer,
+                    w: &Weight,
+                    bias: Option<&wgpu::Buffer>| {
+        match (norm, &ws.y) {
+            (Some(norm), Some(y)) => {
+                matmul(batch, a, w, bias, y, t, Output::Overwrite)?;
+                batch.profile_site(None);
+                rms_norm::rms_norm(batch, y, norm, &ws.h, t, eps)?;
+                add::add(batch, &ws.x, &ws.h, t * c.hidden_size)
+            }
+            _ => matmul(batch, a, w, bias, &ws.x, t, Output::Accumulate),
+        }
+    };
     for (i, l) in model.layers.iter().enumerate() {
-        rms_norm::rms_norm(batch, &ws.x, &l.input_norm, &ws.h, t, c.rms_norm_eps)?;
+        rms_norm::rms_norm(batch, &ws.x, &l.input_norm, &ws.h, t, eps)?;
         batch.profile_site(Some("q k v"));
         matmul(
             batch,
@@ -140,12 +177,20 @@ pub fn forward(
             Output::Overwrite,
         )?;
         batch.profile_site(None);
+        let (q, k) = match (&ws.qk_normed, &l.q_norm, &l.k_norm) {
+            (Some((qn, kn)), Some(qw), Some(kw)) => {
+                rms_norm::rms_norm(batch, &ws.q, qw, qn, t * c.num_heads, eps)?;
+                rms_norm::rms_norm(batch, &ws.k, kw, kn, t * c.num_kv_heads, eps)?;
+                (qn, kn)
+            }
+            _ => (&ws.q, &ws.k),
+        };
         rope::rope(
             batch,
-            &model.rope,
+            &model.ropes[l.rope],
             input.meta.positions(),
-            &ws.q,
-            &ws.k,
+            q,
+            k,
             t,
             c.num_heads,
             c.num_kv_heads,
@@ -153,40 +198,34 @@ pub fn forward(
         let rotated = pool.rotation() == KvRotation::Hadamard;
         if rotated {
             let (rows_q, rows_k) = (t * c.num_heads, t * c.num_kv_heads);
-            rotate_qk(batch, &ws.q, &ws.k, rows_q, rows_k, c.head_dim)?;
+            rotate_qk(batch, q, k, rows_q, rows_k, c.head_dim)?;
         }
         reshape_and_cache::reshape_and_cache(
             batch,
             pool,
             i,
-            &ws.k,
+            k,
             &ws.v,
             input.meta.slot_mapping(),
             t,
         )?;
-        paged_attention(
-            batch,
-            pool,
-            i,
-            input.meta,
-            &ws.q,
-            &ws.attn,
-            c.num_heads,
-            scale,
-        )?;
+        let opts = AttentionOptions {
+            scale: rc.attn_scale,
+            window: rc.layers[i].window,
+            softcap: rc.attn_softcap,
+        };
+        paged_attention(batch, pool, i, input.meta, q, &ws.attn, c.num_heads, opts)?;
 
         batch.profile_site(Some("o"));
-        matmul(
+        residual(
             batch,
+            l.post_attn_norm.as_ref(),
             &ws.attn,
             &l.o,
             l.o_bias.as_ref(),
-            &ws.x,
-            t,
-            Output::Accumulate,
         )?;
         batch.profile_site(None);
-        rms_norm::rms_norm(batch, &ws.x, &l.post_norm, &ws.h, t, c.rms_norm_eps)?;
+        rms_norm::rms_norm(batch, &ws.x, &l.mlp_norm, &ws.h, t, eps)?;
         batch.profile_site(Some("gate up"));
         matmul(
             batch,
@@ -207,24 +246,24 @@ pub fn forward(
             Output::Overwrite,
         )?;
         batch.profile_site(None);
-        silu_mul::silu_mul(batch, &ws.gate, &ws.up, &ws.act, t * c.intermediate_size)?;
+        let len = t * c.intermediate_size;
+        silu_mul::gated(batch, rc.activation, &ws.gate, &ws.up, &ws.act, len)?;
         batch.profile_site(Some("down"));
-        matmul(
+        residual(
             batch,
+            l.post_mlp_norm.as_ref(),
             &ws.act,
             &l.down,
             l.down_bias.as_ref(),
-            &ws.x,
-            t,
-            Output::Accumulate,
         )?;
         batch.profile_site(None);
     }
-    rms_norm::rms_norm(batch, &ws.x, &model.norm, &ws.h, t, c.rms_norm_eps)?;
+    rms_norm::rms_norm(batch, &ws.x, &model.norm, &ws.h, t, eps)?;
     let out = LogitsBuffers {
         gathered: &ws.gathered,
         logits: &ws.logits,
         argmax: input.argmax.then_some(&ws.argmax),
+        softcap: rc.final_softcap,
     };
     // Gathering the sampled rows, the vocabulary projection and the arg-max.
     batch.profile_site(Some("lm head"));

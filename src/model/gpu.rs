@@ -1,12 +1,15 @@
 //! The model's weights on the GPU, uploaded from a validated [`ModelFiles`] in their on-disk
-//! precision, plus the rotary table.
+//! precision (fused projections split into their parts, Gemma's `1 + w` norms widened to
+//! f32 with the one added), plus the rotary tables.
 
+use super::arch::{NormKind, Slice};
+use super::checkpoint::Checkpoint;
 use super::error::Result;
-use super::spec::{self, LayerNames};
+use super::spec;
 use super::{ModelConfig, ModelFiles};
 use crate::gpu::GpuContext;
 use crate::kernels::rope::RopeTable;
-use crate::kernels::Weight;
+use crate::kernels::{Weight, WeightDtype};
 
 /// One decoder layer's weights. Biases are small and kept in f32.
 #[derive(Debug)]
@@ -20,13 +23,19 @@ pub struct GpuLayer {
     pub k_bias: Option<wgpu::Buffer>,
     pub v_bias: Option<wgpu::Buffer>,
     pub o_bias: Option<wgpu::Buffer>,
-    pub post_norm: Weight,
+    pub q_norm: Option<Weight>,
+    pub k_norm: Option<Weight>,
+    pub post_attn_norm: Option<Weight>,
+    pub mlp_norm: Weight,
+    pub post_mlp_norm: Option<Weight>,
     pub gate: Weight,
     pub up: Weight,
     pub down: Weight,
     pub gate_bias: Option<wgpu::Buffer>,
     pub up_bias: Option<wgpu::Buffer>,
     pub down_bias: Option<wgpu::Buffer>,
+    /// Index into [`GpuModel::ropes`].
+    pub rope: usize,
 }
 
 #[derive(Debug)]
@@ -37,7 +46,68 @@ pub struct GpuModel {
     pub norm: Weight,
     /// `None` when the LM head is tied to the embedding.
     pub lm_head: Option<Weight>,
-    pub rope: RopeTable,
+    /// The main rope's table, then the local one (when the recipe has one).
+    pub ropes: Vec<RopeTable>,
+}
+
+/// A norm weight as the kernels use it: Gemma's `1 + w` is added here, in f32.
+pub(crate) fn norm_values(cfg: &ModelConfig, w: Vec<f32>) -> Vec<f32> {
+    match cfg.recipe.norm {
+        NormKind::Weight => w,
+        NormKind::OnePlusWeight => w.into_iter().map(|x| 1.0 + x).collect(),
+    }
+}
+
+struct Uploader<'a> {
+    ctx: &'a GpuContext,
+    ck: &'a Checkpoint,
+    cfg: &'a ModelConfig,
+    done: u64,
+    total: u64,
+}
+
+impl Uploader<'_> {
+    fn weight(&mut self, s: &Slice, progress: &mut impl FnMut(u64, u64)) -> Result<Weight> {
+        let p = self.ck.part(s)?;
+        let w = Weight::upload(self.ctx, &s.name, p.bytes, p.rows, p.cols, p.dtype)?;
+        self.done += p.bytes.len() as u64;
+        progress(self.done, self.total);
+        Ok(w)
+    }
+
+    fn norm(&mut self, s: &Slice, progress: &mut impl FnMut(u64, u64)) -> Result<Weight> {
+        if self.cfg.recipe.norm == NormKind::Weight {
+            return self.weight(s, progress);
+        }
+        let p = self.ck.part(s)?;
+        let values = norm_values(self.cfg, p.to_f32());
+        let w = Weight::from_f32(
+            self.ctx,
+            &s.name,
+            &values,
+            1,
+            values.len(),
+            WeightDtype::F32,
+        )?;
+        self.done += p.bytes.len() as u64;
+        progress(self.done, self.total);
+        Ok(w)
+    }
+
+    fn opt_norm(
+        &mut self,
+        s: &Option<Slice>,
+        progress: &mut impl FnMut(u64, u64),
+    ) -> Result<Option<Weight>> {
+        s.as_ref().map(|s| self.norm(s, progress)).transpose()
+    }
+
+    fn bias(&mut self, s: &Option<Slice>) -> Result<Option<wgpu::Buffer>> {
+        match s {
+            None => Ok(None),
+            Some(s) => Ok(Some(self.ctx.upload(&s.name, &self.ck.part(s)?.to_f32())?)),
+        }
+    }
 }
 
 impl GpuModel {
@@ -54,68 +124,77 @@ impl GpuModel {
             .filter_map(|(n, _)| ck.get(n).ok())
             .map(|t| t.bytes.len() as u64)
             .sum();
-        let mut done = 0u64;
-        let mut weight = |name: &str| -> Result<Weight> {
-            let t = ck.get(name)?;
-            let (rows, cols) = match t.shape {
-                [n] => (1, *n),
-                [r, c] => (*r, *c),
-                _ => unreachable!("shapes were validated"),
-            };
-            let w = Weight::upload(ctx, name, t.bytes, rows, cols, t.dtype)?;
-            done += t.bytes.len() as u64;
-            progress(done, total);
-            Ok(w)
+        let mut up = Uploader {
+            ctx,
+            ck,
+            cfg: &cfg,
+            done: 0,
+            total,
         };
-        let bias = |name: &Option<String>| -> Result<Option<wgpu::Buffer>> {
-            match name {
-                None => Ok(None),
-                Some(n) => Ok(Some(ctx.upload(n, &ck.get(n)?.to_f32())?)),
-            }
+        let p = &mut progress;
+        let whole = |name: &str| Slice {
+            name: name.to_string(),
+            rows: None,
         };
-        let embed = weight(spec::EMBED)?;
+        let embed = up.weight(&whole(spec::EMBED), p)?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for i in 0..cfg.num_layers {
-            let n = LayerNames::new(&cfg, i);
+            let n = spec::layer(&cfg, i);
             layers.push(GpuLayer {
-                input_norm: weight(&n.input_norm)?,
-                q: weight(&n.q)?,
-                k: weight(&n.k)?,
-                v: weight(&n.v)?,
-                o: weight(&n.o)?,
-                q_bias: bias(&n.q_bias)?,
-                k_bias: bias(&n.k_bias)?,
-                v_bias: bias(&n.v_bias)?,
-                o_bias: bias(&n.o_bias)?,
-                post_norm: weight(&n.post_norm)?,
-                gate: weight(&n.gate)?,
-                up: weight(&n.up)?,
-                down: weight(&n.down)?,
-                gate_bias: bias(&n.gate_bias)?,
-                up_bias: bias(&n.up_bias)?,
-                down_bias: bias(&n.down_bias)?,
+                input_norm: up.norm(&n.input_norm, p)?,
+                q: up.weight(&n.q, p)?,
+                k: up.weight(&n.k, p)?,
+                v: up.weight(&n.v, p)?,
+                o: up.weight(&n.o, p)?,
+                q_bias: up.bias(&n.q_bias)?,
+                k_bias: up.bias(&n.k_bias)?,
+                v_bias: up.bias(&n.v_bias)?,
+                o_bias: up.bias(&n.o_bias)?,
+                q_norm: up.opt_norm(&n.q_norm, p)?,
+                k_norm: up.opt_norm(&n.k_norm, p)?,
+                post_attn_norm: up.opt_norm(&n.post_attn_norm, p)?,
+                mlp_norm: up.norm(&n.mlp_norm, p)?,
+                post_mlp_norm: up.opt_norm(&n.post_mlp_norm, p)?,
+                gate: up.weight(&n.gate, p)?,
+                up: up.weight(&n.up, p)?,
+                down: up.weight(&n.down, p)?,
+                gate_bias: up.bias(&n.gate_bias)?,
+                up_bias: up.bias(&n.up_bias)?,
+                down_bias: up.bias(&n.down_bias)?,
+                rope: usize::from(
+                    cfg.recipe.layers[i].local_rope && cfg.recipe.local_rope.is_some(),
+                ),
             });
         }
-        let norm = weight(spec::FINAL_NORM)?;
+        let norm = up.norm(&whole(spec::FINAL_NORM), p)?;
         let lm_head = if cfg.tie_word_embeddings {
             None
         } else {
-            Some(weight(spec::LM_HEAD)?)
+            Some(up.weight(&whole(spec::LM_HEAD), p)?)
         };
-        let rope = RopeTable::new(
+        let mut ropes = vec![RopeTable::new(
             ctx,
             cfg.head_dim,
             cfg.rope_theta,
-            cfg.rope_scaling,
+            &cfg.rope_scaling,
             cfg.max_model_len(),
-        )?;
+        )?];
+        if let Some(local) = &cfg.recipe.local_rope {
+            ropes.push(RopeTable::new(
+                ctx,
+                cfg.head_dim,
+                local.theta,
+                &local.scaling,
+                cfg.max_model_len(),
+            )?);
+        }
         Ok(GpuModel {
             config: cfg,
             embed,
             layers,
             norm,
             lm_head,
-            rope,
+            ropes,
         })
     }
 

@@ -1,7 +1,10 @@
-//! Llama-family models from Hugging Face folders: `config.json` ([`config`]), safetensors
-//! weights ([`checkpoint`]) validated against the tensor list the config implies ([`spec`]),
-//! a plain-Rust reference forward pass ([`reference`]) and the GPU model ([`gpu`]).
+//! Decoder-only models from Hugging Face folders: `config.json` ([`config`]) read through the
+//! architecture registry ([`arch`]: Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3),
+//! safetensors weights ([`checkpoint`]) validated against the tensor list the config implies
+//! ([`spec`]), a plain-Rust reference forward pass ([`reference`]) and the GPU model
+//! ([`gpu`]), both following the architecture's recipe.
 
+pub mod arch;
 pub mod checkpoint;
 pub mod config;
 pub mod error;

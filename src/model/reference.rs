@@ -1,9 +1,12 @@
 //! A plain-Rust forward pass in f32 (f64 accumulation inside the reference kernels), with no
 //! KV cache and no batching: every call recomputes the whole sequence. It is the oracle the
-//! GPU engine is tested against, built only from [`crate::reference`] and the checkpoint.
+//! GPU engine is tested against, built only from [`crate::reference`] and the checkpoint,
+//! and it follows the same architecture recipe ([`super::arch::Recipe`]) as the GPU graph.
 
+use super::arch::{Activation, Slice};
 use super::error::Result;
-use super::spec::{self, LayerNames};
+use super::gpu::norm_values;
+use super::spec;
 use super::{ModelConfig, ModelFiles};
 use crate::reference as r;
 
@@ -17,13 +20,20 @@ struct Layer {
     k_bias: Option<Vec<f32>>,
     v_bias: Option<Vec<f32>>,
     o_bias: Option<Vec<f32>>,
-    post_norm: Vec<f32>,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    post_attn_norm: Option<Vec<f32>>,
+    mlp_norm: Vec<f32>,
+    post_mlp_norm: Option<Vec<f32>>,
     gate: Vec<f32>,
     up: Vec<f32>,
     down: Vec<f32>,
     gate_bias: Option<Vec<f32>>,
     up_bias: Option<Vec<f32>>,
     down_bias: Option<Vec<f32>>,
+    /// Inverse frequencies of this layer's rope, and the factor on cos/sin.
+    inv_freq: Vec<f64>,
+    rope_factor: f32,
 }
 
 /// The model's weights widened to f32 on the host.
@@ -33,20 +43,26 @@ pub struct ReferenceModel {
     layers: Vec<Layer>,
     norm: Vec<f32>,
     lm_head: Option<Vec<f32>>,
-    inv_freq: Vec<f64>,
 }
 
 impl ReferenceModel {
     pub fn new(files: &ModelFiles) -> Result<Self> {
         let ck = &files.checkpoint;
         let cfg = files.config.clone();
-        let get = |name: &str| ck.get(name).map(|t| t.to_f32());
-        let opt = |name: &Option<String>| name.as_deref().map(get).transpose();
+        let get = |s: &Slice| ck.part(s).map(|p| p.to_f32());
+        let opt = |s: &Option<Slice>| s.as_ref().map(get).transpose();
+        let norm = |s: &Slice| get(s).map(|w| norm_values(&cfg, w));
+        let opt_norm = |s: &Option<Slice>| s.as_ref().map(norm).transpose();
+        let whole = |name: &str| Slice {
+            name: name.to_string(),
+            rows: None,
+        };
         let layers = (0..cfg.num_layers)
             .map(|i| {
-                let n = LayerNames::new(&cfg, i);
+                let n = spec::layer(&cfg, i);
+                let rope = cfg.layer_rope(i);
                 Ok(Layer {
-                    input_norm: get(&n.input_norm)?,
+                    input_norm: norm(&n.input_norm)?,
                     q: get(&n.q)?,
                     k: get(&n.k)?,
                     v: get(&n.v)?,
@@ -55,31 +71,38 @@ impl ReferenceModel {
                     k_bias: opt(&n.k_bias)?,
                     v_bias: opt(&n.v_bias)?,
                     o_bias: opt(&n.o_bias)?,
-                    post_norm: get(&n.post_norm)?,
+                    q_norm: opt_norm(&n.q_norm)?,
+                    k_norm: opt_norm(&n.k_norm)?,
+                    post_attn_norm: opt_norm(&n.post_attn_norm)?,
+                    mlp_norm: norm(&n.mlp_norm)?,
+                    post_mlp_norm: opt_norm(&n.post_mlp_norm)?,
                     gate: get(&n.gate)?,
                     up: get(&n.up)?,
                     down: get(&n.down)?,
                     gate_bias: opt(&n.gate_bias)?,
                     up_bias: opt(&n.up_bias)?,
                     down_bias: opt(&n.down_bias)?,
+                    inv_freq: crate::kernels::rope::inv_freq(
+                        cfg.head_dim,
+                        rope.theta,
+                        &rope.scaling,
+                    )
+                    .into_iter()
+                    .map(f64::from)
+                    .collect(),
+                    rope_factor: rope.scaling.attention_factor(),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let inv_freq =
-            crate::kernels::rope::inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-                .into_iter()
-                .map(f64::from)
-                .collect();
         Ok(ReferenceModel {
-            embed: get(spec::EMBED)?,
+            embed: get(&whole(spec::EMBED))?,
             layers,
-            norm: get(spec::FINAL_NORM)?,
+            norm: norm(&whole(spec::FINAL_NORM))?,
             lm_head: if cfg.tie_word_embeddings {
                 None
             } else {
-                Some(get(spec::LM_HEAD)?)
+                Some(get(&whole(spec::LM_HEAD))?)
             },
-            inv_freq,
             config: cfg,
         })
     }
@@ -87,45 +110,65 @@ impl ReferenceModel {
     /// Logits `[tokens.len(), vocab]` at every position of `tokens` (causal).
     pub fn forward(&self, tokens: &[u32]) -> Vec<Vec<f32>> {
         let c = &self.config;
+        let rc = &c.recipe;
         let (t, h, hd) = (tokens.len(), c.hidden_size, c.head_dim);
         let (nh, nkv, inter) = (c.num_heads, c.num_kv_heads, c.intermediate_size);
+        let eps = c.rms_norm_eps;
         let mut x = r::embedding(&self.embed, h, tokens);
-        for l in &self.layers {
-            let a = r::rms_norm(&x, &l.input_norm, c.rms_norm_eps);
+        if let Some(s) = rc.embed_scale {
+            x.iter_mut().for_each(|v| *v *= s);
+        }
+        // The residual add, through the output norm when the recipe has one.
+        let add = |x: &mut Vec<f32>, y: Vec<f32>, norm: &Option<Vec<f32>>| {
+            let y = match norm {
+                Some(w) => r::rms_norm(&y, w, eps),
+                None => y,
+            };
+            x.iter_mut().zip(&y).for_each(|(x, y)| *x += y);
+        };
+        for (i, l) in self.layers.iter().enumerate() {
+            let a = r::rms_norm(&x, &l.input_norm, eps);
             let mut q = r::matmul(&a, &l.q, l.q_bias.as_deref(), t, nh * hd, h);
             let mut k = r::matmul(&a, &l.k, l.k_bias.as_deref(), t, nkv * hd, h);
             let v = r::matmul(&a, &l.v, l.v_bias.as_deref(), t, nkv * hd, h);
+            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+                q = r::rms_norm(&q, qn, eps);
+                k = r::rms_norm(&k, kn, eps);
+            }
             for pos in 0..t {
-                for head in q[pos * nh * hd..(pos + 1) * nh * hd].chunks_mut(hd) {
-                    r::rope_head(head, pos, &self.inv_freq);
-                }
-                for head in k[pos * nkv * hd..(pos + 1) * nkv * hd].chunks_mut(hd) {
-                    r::rope_head(head, pos, &self.inv_freq);
+                let rows = q[pos * nh * hd..(pos + 1) * nh * hd]
+                    .chunks_mut(hd)
+                    .chain(k[pos * nkv * hd..(pos + 1) * nkv * hd].chunks_mut(hd));
+                for head in rows {
+                    r::rope_head(head, pos, &l.inv_freq);
+                    head.iter_mut().for_each(|v| *v *= l.rope_factor);
                 }
             }
-            let scale = 1.0 / (hd as f32).sqrt();
-            let attn = r::causal_attention(&q, &k, &v, nh, nkv, hd, scale);
+            let window = rc.layers[i].window;
+            let heads = (nh, nkv, hd);
+            let attn =
+                r::windowed_attention(&q, &k, &v, heads, rc.attn_scale, window, rc.attn_softcap);
             let o = r::matmul(&attn, &l.o, l.o_bias.as_deref(), t, h, nh * hd);
-            x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
-            let m = r::rms_norm(&x, &l.post_norm, c.rms_norm_eps);
+            add(&mut x, o, &l.post_attn_norm);
+            let m = r::rms_norm(&x, &l.mlp_norm, eps);
             let g = r::matmul(&m, &l.gate, l.gate_bias.as_deref(), t, inter, h);
             let u = r::matmul(&m, &l.up, l.up_bias.as_deref(), t, inter, h);
-            let d = r::matmul(
-                &r::silu_mul(&g, &u),
-                &l.down,
-                l.down_bias.as_deref(),
-                t,
-                h,
-                inter,
-            );
-            x.iter_mut().zip(&d).for_each(|(x, d)| *x += d);
+            let act = match rc.activation {
+                Activation::Silu => r::silu_mul(&g, &u),
+                Activation::GeluTanh => r::gelu_tanh_mul(&g, &u),
+            };
+            let d = r::matmul(&act, &l.down, l.down_bias.as_deref(), t, h, inter);
+            add(&mut x, d, &l.post_mlp_norm);
         }
-        let x = r::rms_norm(&x, &self.norm, c.rms_norm_eps);
+        let x = r::rms_norm(&x, &self.norm, eps);
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        r::matmul(&x, head, None, t, c.vocab_size, h)
-            .chunks(c.vocab_size)
-            .map(<[f32]>::to_vec)
-            .collect()
+        let mut logits = r::matmul(&x, head, None, t, c.vocab_size, h);
+        if let Some(cap) = rc.final_softcap {
+            logits
+                .iter_mut()
+                .for_each(|v| *v = (cap as f64 * (*v as f64 / cap as f64).tanh()) as f32);
+        }
+        logits.chunks(c.vocab_size).map(<[f32]>::to_vec).collect()
     }
 
     /// `n` greedy tokens after `prompt`, recomputing the sequence at each step.

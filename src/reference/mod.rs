@@ -82,17 +82,45 @@ pub fn silu_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
         .collect()
 }
 
+/// gelu(gate) * up, GELU with the tanh approximation (`gelu_pytorch_tanh`).
+pub fn gelu_tanh_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
+    let c = (2.0 / std::f64::consts::PI).sqrt();
+    gate.iter()
+        .zip(up)
+        .map(|(&g, &u)| {
+            let g = g as f64;
+            (0.5 * g * (1.0 + (c * (g + 0.044715 * g * g * g)).tanh()) * u as f64) as f32
+        })
+        .collect()
+}
+
 /// Causal attention of one query head vector over a contiguous history.
 /// `keys`, `values`: `[ctx_len, head_dim]` rows of this query's KV head; the query attends to
 /// all `ctx_len` rows. Softmax in f64 with the max subtracted.
 pub fn attend(q: &[f32], keys: &[f32], values: &[f32], head_dim: usize, scale: f32) -> Vec<f32> {
+    attend_capped(q, keys, values, head_dim, scale, None)
+}
+
+/// [`attend`] with scores soft-capped, `cap * tanh(score / cap)`.
+pub fn attend_capped(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    head_dim: usize,
+    scale: f32,
+    softcap: Option<f32>,
+) -> Vec<f32> {
     let n = keys.len() / head_dim;
     let scores: Vec<f64> = (0..n)
         .map(|j| {
-            (0..head_dim)
+            let s = (0..head_dim)
                 .map(|d| q[d] as f64 * keys[j * head_dim + d] as f64)
                 .sum::<f64>()
-                * scale as f64
+                * scale as f64;
+            match softcap {
+                Some(c) => c as f64 * (s / c as f64).tanh(),
+                None => s,
+            }
         })
         .collect();
     let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -122,6 +150,23 @@ pub fn causal_attention(
     head_dim: usize,
     scale: f32,
 ) -> Vec<f32> {
+    let heads = (num_heads, num_kv_heads, head_dim);
+    windowed_attention(q, k, v, heads, scale, None, None)
+}
+
+/// [`causal_attention`] where a query at position p sees only positions `p - window + 1
+/// ..= p` (with a window), with scores soft-capped (with a cap). `heads` is (query heads,
+/// KV heads, head_dim).
+pub fn windowed_attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    heads: (usize, usize, usize),
+    scale: f32,
+    window: Option<usize>,
+    softcap: Option<f32>,
+) -> Vec<f32> {
+    let (num_heads, num_kv_heads, head_dim) = heads;
     let ctx_len = k.len() / (num_kv_heads * head_dim);
     let query_len = q.len() / (num_heads * head_dim);
     let group = num_heads / num_kv_heads;
@@ -130,8 +175,9 @@ pub fn causal_attention(
         let pos = ctx_len - query_len + t;
         for h in 0..num_heads {
             let kvh = h / group;
+            let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
             let rows = |src: &[f32]| -> Vec<f32> {
-                (0..=pos)
+                (first..=pos)
                     .flat_map(|j| {
                         let o = (j * num_kv_heads + kvh) * head_dim;
                         src[o..o + head_dim].to_vec()
@@ -139,12 +185,13 @@ pub fn causal_attention(
                     .collect()
             };
             let qo = (t * num_heads + h) * head_dim;
-            out.extend(attend(
+            out.extend(attend_capped(
                 &q[qo..qo + head_dim],
                 &rows(k),
                 &rows(v),
                 head_dim,
                 scale,
+                softcap,
             ));
         }
     }

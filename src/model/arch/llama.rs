@@ -1,0 +1,15 @@
+//! `llama` (LlamaForCausalLM): the base recipe. Optional biases: `attention_bias` on q/k/v/o,
+//! `mlp_bias` on gate/up/down.
+
+use super::{activation, separate_layer, ArchDef, Architecture, LLAMA_NORMS};
+
+pub(super) const DEF: ArchDef = ArchDef {
+    model_type: "llama",
+    architecture: Architecture::Llama,
+    tied_by_default: false,
+    configure: |r, cfg| {
+        cfg.recipe.activation = activation(r, "hidden_act", "silu")?;
+        Ok(())
+    },
+    layer: |cfg, i| separate_layer(cfg, i, &LLAMA_NORMS),
+};

@@ -1,0 +1,413 @@
+//! The model registry: one module per Hugging Face architecture (`model_type` in
+//! `config.json`). Each declares
+//!
+//! - its **config fields** (`configure`): the family's own keys and defaults, read on top of
+//!   the fields every family shares (sizes, heads, rope, vocabulary, special tokens);
+//! - its **recipe** ([`Recipe`]): which norm, activation and attention options the shared
+//!   layer graph uses, and per layer ([`LayerRecipe`]) its sliding window and rope table;
+//! - its **tensors** (`layer`): where each of a layer's weights lives in the checkpoint,
+//!   including rows of fused tensors ([`LayerTensors`]).
+//!
+//! The GPU forward pass ([`super::forward`]) and the plain-Rust reference
+//! ([`super::reference`]) both follow the recipe; neither names an architecture. Adding a
+//! family means a module here, a line in [`REGISTRY`], and a fixture.
+
+mod gemma2;
+mod gemma3;
+mod llama;
+mod mistral;
+mod phi3;
+mod qwen2;
+mod qwen3;
+
+use super::config::{ConfigReader, ModelConfig};
+use super::error::{ModelError, Result};
+use crate::kernels::rope::RopeScaling;
+
+/// Which Hugging Face architecture a checkpoint is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Architecture {
+    Llama,
+    Mistral,
+    Qwen2,
+    Qwen3,
+    Gemma2,
+    Gemma3,
+    Phi3,
+}
+
+/// How a norm applies its weight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormKind {
+    /// `x / rms(x) * w` (Llama and most families).
+    Weight,
+    /// `x / rms(x) * (1 + w)` (Gemma: weights are stored as offsets from one). Loaders add
+    /// the one in f32, as transformers does, so the kernels see an ordinary weight.
+    OnePlusWeight,
+}
+
+/// The gated MLP's activation: `act(gate) * up`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// `silu` (`hidden_act: "silu"`).
+    Silu,
+    /// GELU with the tanh approximation (`gelu_pytorch_tanh`).
+    GeluTanh,
+}
+
+/// One rotary embedding: base and frequency scaling.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rope {
+    pub theta: f64,
+    pub scaling: RopeScaling,
+}
+
+/// What one decoder layer does differently from its neighbours.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerRecipe {
+    /// Sliding-window attention: a query at position p sees keys at positions
+    /// `p - window + 1 ..= p` (transformers' `kv_idx > q_idx - sliding_window`).
+    pub window: Option<usize>,
+    /// Uses [`Recipe::local_rope`] instead of the model's main rope (Gemma 3's local layers).
+    pub local_rope: bool,
+}
+
+/// How the shared layer graph computes for one architecture.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Recipe {
+    pub norm: NormKind,
+    pub activation: Activation,
+    /// Per-head RMSNorm of q and k (weights of `head_dim`) before rope (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    /// Norms after attention and after the MLP too, before each residual add (Gemma 2/3):
+    /// `x += norm(attn(norm(x)))`, `x += norm(mlp(norm(x)))`.
+    pub sandwich_norms: bool,
+    /// Embeddings multiplied by this (Gemma: sqrt(hidden_size), in f32).
+    pub embed_scale: Option<f32>,
+    /// Attention scores' scale (`head_dim^-0.5`, or Gemma's `query_pre_attn_scalar^-0.5`).
+    pub attn_scale: f32,
+    /// `cap * tanh(score / cap)` on attention scores (Gemma 2).
+    pub attn_softcap: Option<f32>,
+    /// `cap * tanh(logit / cap)` on the final logits (Gemma 2).
+    pub final_softcap: Option<f32>,
+    /// The rope of layers with [`LayerRecipe::local_rope`].
+    pub local_rope: Option<Rope>,
+    /// One entry per layer.
+    pub layers: Vec<LayerRecipe>,
+}
+
+impl Recipe {
+    /// Llama's graph for `num_layers` layers of full attention, scale `head_dim^-0.5`.
+    pub fn llama(num_layers: usize, head_dim: usize) -> Self {
+        Recipe {
+            norm: NormKind::Weight,
+            activation: Activation::Silu,
+            qk_norm: false,
+            sandwich_norms: false,
+            embed_scale: None,
+            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            attn_softcap: None,
+            final_softcap: None,
+            local_rope: None,
+            layers: vec![
+                LayerRecipe {
+                    window: None,
+                    local_rope: false,
+                };
+                num_layers
+            ],
+        }
+    }
+
+    /// The window every layer shares, when every layer is windowed: then a KV block whose
+    /// tokens all lie outside it can be freed.
+    pub fn common_window(&self) -> Option<usize> {
+        let first = self.layers.first()?.window?;
+        self.layers
+            .iter()
+            .all(|l| l.window == Some(first))
+            .then_some(first)
+    }
+
+    /// The largest window of any layer (`None` when no layer is windowed).
+    pub fn largest_window(&self) -> Option<usize> {
+        self.layers.iter().filter_map(|l| l.window).max()
+    }
+}
+
+/// Where one logical weight lives: a checkpoint tensor, or a run of its rows (a fused
+/// projection split at load).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Slice {
+    pub name: String,
+    /// `(first row, rows)` of a 2-D tensor; `None` for the whole tensor.
+    pub rows: Option<(usize, usize)>,
+}
+
+/// One decoder layer's weights.
+#[derive(Clone, Debug)]
+pub struct LayerTensors {
+    pub input_norm: Slice,
+    pub q: Slice,
+    pub k: Slice,
+    pub v: Slice,
+    pub o: Slice,
+    pub q_bias: Option<Slice>,
+    pub k_bias: Option<Slice>,
+    pub v_bias: Option<Slice>,
+    pub o_bias: Option<Slice>,
+    /// Per-head norms of q and k ([`Recipe::qk_norm`]).
+    pub q_norm: Option<Slice>,
+    pub k_norm: Option<Slice>,
+    /// The norm of the attention output ([`Recipe::sandwich_norms`]).
+    pub post_attn_norm: Option<Slice>,
+    /// The norm in front of the MLP.
+    pub mlp_norm: Slice,
+    /// The norm of the MLP output ([`Recipe::sandwich_norms`]).
+    pub post_mlp_norm: Option<Slice>,
+    pub gate: Slice,
+    pub up: Slice,
+    pub down: Slice,
+    pub gate_bias: Option<Slice>,
+    pub up_bias: Option<Slice>,
+    pub down_bias: Option<Slice>,
+    /// Every checkpoint tensor the slices come from, with its full shape.
+    pub checkpoint: Vec<(String, Vec<usize>)>,
+}
+
+/// An architecture of the registry.
+pub struct ArchDef {
+    pub model_type: &'static str,
+    pub architecture: Architecture,
+    /// `tie_word_embeddings` when config.json does not say (transformers' default for the
+    /// family).
+    pub tied_by_default: bool,
+    /// Reads the family's own config fields and sets [`ModelConfig::recipe`]; the shared
+    /// fields are read already.
+    pub configure: fn(&ConfigReader<'_>, &mut ModelConfig) -> Result<()>,
+    /// The tensors of layer `i`.
+    pub layer: fn(&ModelConfig, usize) -> LayerTensors,
+}
+
+/// Every supported architecture.
+pub const REGISTRY: &[&ArchDef] = &[
+    &llama::DEF,
+    &mistral::DEF,
+    &qwen2::DEF,
+    &qwen3::DEF,
+    &gemma2::DEF,
+    &gemma3::DEF,
+    &phi3::DEF,
+];
+
+/// The registry entry of `model_type`.
+pub fn lookup(model_type: &str) -> Option<&'static ArchDef> {
+    REGISTRY
+        .iter()
+        .copied()
+        .find(|d| d.model_type == model_type)
+}
+
+/// The registry entry of an architecture.
+pub fn def(a: Architecture) -> &'static ArchDef {
+    REGISTRY
+        .iter()
+        .copied()
+        .find(|d| d.architecture == a)
+        .expect("every architecture is registered")
+}
+
+/// The `model_type`s the registry knows, for error messages.
+pub fn supported() -> Vec<&'static str> {
+    REGISTRY.iter().map(|d| d.model_type).collect()
+}
+
+/// Collects a layer's checkpoint tensors while its slices are declared.
+struct Tensors {
+    prefix: String,
+    list: Vec<(String, Vec<usize>)>,
+}
+
+impl Tensors {
+    fn new(i: usize) -> Self {
+        Tensors {
+            prefix: format!("model.layers.{i}"),
+            list: Vec::new(),
+        }
+    }
+
+    /// The whole tensor `{prefix}.{name}` of `shape`.
+    fn whole(&mut self, name: &str, shape: Vec<usize>) -> Slice {
+        let name = format!("{}.{name}", self.prefix);
+        self.list.push((name.clone(), shape));
+        Slice { name, rows: None }
+    }
+
+    fn opt(&mut self, on: bool, name: &str, shape: Vec<usize>) -> Option<Slice> {
+        on.then(|| self.whole(name, shape))
+    }
+
+    /// Consecutive row runs of the fused 2-D tensor `{prefix}.{name}`, `parts` rows each.
+    fn split(&mut self, name: &str, parts: &[usize], cols: usize) -> Vec<Slice> {
+        let name = format!("{}.{name}", self.prefix);
+        self.list
+            .push((name.clone(), vec![parts.iter().sum(), cols]));
+        let mut first = 0;
+        parts
+            .iter()
+            .map(|&n| {
+                let s = Slice {
+                    name: name.clone(),
+                    rows: Some((first, n)),
+                };
+                first += n;
+                s
+            })
+            .collect()
+    }
+}
+
+/// Names of the norms around a layer's attention and MLP.
+struct NormNames {
+    mlp: &'static str,
+    post_attn: Option<&'static str>,
+    post_mlp: Option<&'static str>,
+}
+
+/// Llama's norms: `post_attention_layernorm` is the MLP's input norm.
+const LLAMA_NORMS: NormNames = NormNames {
+    mlp: "post_attention_layernorm",
+    post_attn: None,
+    post_mlp: None,
+};
+
+/// Gemma's four norms: `post_attention_layernorm` normalises the attention output.
+const GEMMA_NORMS: NormNames = NormNames {
+    mlp: "pre_feedforward_layernorm",
+    post_attn: Some("post_attention_layernorm"),
+    post_mlp: Some("post_feedforward_layernorm"),
+};
+
+/// Separate q/k/v/o and gate/up/down projections under Llama's names, with the biases
+/// `cfg` asks for and q/k norms when the recipe has them.
+fn separate_layer(cfg: &ModelConfig, i: usize, norms: &NormNames) -> LayerTensors {
+    let (h, inter, hd) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
+    let (qd, kvd) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
+    let mut t = Tensors::new(i);
+    let input_norm = t.whole("input_layernorm.weight", vec![h]);
+    let q = t.whole("self_attn.q_proj.weight", vec![qd, h]);
+    let k = t.whole("self_attn.k_proj.weight", vec![kvd, h]);
+    let v = t.whole("self_attn.v_proj.weight", vec![kvd, h]);
+    let o = t.whole("self_attn.o_proj.weight", vec![h, qd]);
+    let q_bias = t.opt(cfg.qkv_bias, "self_attn.q_proj.bias", vec![qd]);
+    let k_bias = t.opt(cfg.qkv_bias, "self_attn.k_proj.bias", vec![kvd]);
+    let v_bias = t.opt(cfg.qkv_bias, "self_attn.v_proj.bias", vec![kvd]);
+    let o_bias = t.opt(cfg.o_bias, "self_attn.o_proj.bias", vec![h]);
+    let qk = cfg.recipe.qk_norm;
+    let q_norm = t.opt(qk, "self_attn.q_norm.weight", vec![hd]);
+    let k_norm = t.opt(qk, "self_attn.k_norm.weight", vec![hd]);
+    let post_attn_norm = norms
+        .post_attn
+        .map(|n| t.whole(&format!("{n}.weight"), vec![h]));
+    let mlp_norm = t.whole(&format!("{}.weight", norms.mlp), vec![h]);
+    let post_mlp_norm = norms
+        .post_mlp
+        .map(|n| t.whole(&format!("{n}.weight"), vec![h]));
+    let gate = t.whole("mlp.gate_proj.weight", vec![inter, h]);
+    let up = t.whole("mlp.up_proj.weight", vec![inter, h]);
+    let down = t.whole("mlp.down_proj.weight", vec![h, inter]);
+    let gate_bias = t.opt(cfg.mlp_bias, "mlp.gate_proj.bias", vec![inter]);
+    let up_bias = t.opt(cfg.mlp_bias, "mlp.up_proj.bias", vec![inter]);
+    let down_bias = t.opt(cfg.mlp_bias, "mlp.down_proj.bias", vec![h]);
+    LayerTensors {
+        input_norm,
+        q,
+        k,
+        v,
+        o,
+        q_bias,
+        k_bias,
+        v_bias,
+        o_bias,
+        q_norm,
+        k_norm,
+        post_attn_norm,
+        mlp_norm,
+        post_mlp_norm,
+        gate,
+        up,
+        down,
+        gate_bias,
+        up_bias,
+        down_bias,
+        checkpoint: t.list,
+    }
+}
+
+/// The activation a config names (`key` is `hidden_act` or Gemma's `hidden_activation`).
+fn activation(r: &ConfigReader<'_>, key: &str, default: &str) -> Result<Activation> {
+    let name = r.str(key)?.unwrap_or(default);
+    match name {
+        "silu" | "swish" => Ok(Activation::Silu),
+        "gelu_pytorch_tanh" => Ok(Activation::GeluTanh),
+        other => Err(ModelError::Unsupported(format!(
+            "{key} {other:?} (implemented: silu, gelu_pytorch_tanh)"
+        ))),
+    }
+}
+
+/// Which layers slide: `layer_types` when config.json lists them, else `default(i)`.
+/// Every sliding layer gets `window`, which must then be given.
+fn layer_windows(
+    r: &ConfigReader<'_>,
+    cfg: &mut ModelConfig,
+    window: Option<usize>,
+    default: impl Fn(usize) -> bool,
+) -> Result<()> {
+    let n = cfg.num_layers;
+    let sliding: Vec<bool> = match r.get("layer_types") {
+        None => (0..n).map(default).collect(),
+        Some(v) => {
+            let list = v.as_array().filter(|a| a.len() == n).ok_or_else(|| {
+                r.err(format!("layer_types must list {n} layer types, found {v}"))
+            })?;
+            list.iter()
+                .map(|t| match t.as_str() {
+                    Some("full_attention") => Ok(false),
+                    Some("sliding_attention") => Ok(true),
+                    _ => Err(ModelError::Unsupported(format!(
+                        "layer type {t} (implemented: full_attention, sliding_attention)"
+                    ))),
+                })
+                .collect::<Result<_>>()?
+        }
+    };
+    if sliding.iter().any(|&s| s) && window.is_none() {
+        return Err(r.err("sliding_attention layers need a sliding_window".into()));
+    }
+    for (l, s) in cfg.recipe.layers.iter_mut().zip(sliding) {
+        l.window = if s { window } else { None };
+    }
+    Ok(())
+}
+
+/// Qwen2/Qwen3's windows: with `use_sliding_window`, layers from `max_window_layers` on
+/// slide (or as `layer_types` says).
+fn qwen_windows(r: &ConfigReader<'_>, cfg: &mut ModelConfig) -> Result<()> {
+    let window = if r.bool("use_sliding_window")?.unwrap_or(false) {
+        Some(r.opt_usize("sliding_window")?.unwrap_or(4096))
+    } else {
+        None
+    };
+    let from = r.opt_usize("max_window_layers")?.unwrap_or(28);
+    layer_windows(r, cfg, window, |i| window.is_some() && i >= from)
+}
+
+/// Refuses config keys whose feature is not implemented when they are set to anything
+/// other than their neutral value.
+fn refuse_bool(r: &ConfigReader<'_>, key: &str, what: &str) -> Result<()> {
+    if r.bool(key)?.unwrap_or(false) {
+        return Err(ModelError::Unsupported(format!("{key}: {what}")));
+    }
+    Ok(())
+}
