@@ -8,6 +8,10 @@
 //! token prefix as real K and V are), followed by a simulated forward pass; every computed
 //! token of every sequence must then read back its own value through its block table. That
 //! catches wrong copies, lost swaps, wrongly shared prefix blocks and plan-order hazards.
+//!
+//! Half of the runs model a sliding-window attention: after each step every sequence
+//! releases the blocks its window has left, and every position inside the window must
+//! still read back its value through the table with holes.
 
 use pagellm::cache::{
     AllocStatus, BlockManager, BlockOps, CacheConfig, CacheError, DeviceBlockId, HostBlockId,
@@ -129,6 +133,7 @@ struct Sim {
     copies: u64,
     swapped_out: u64,
     swapped_in: u64,
+    window: Option<usize>,
 }
 
 fn fail(msg: String) -> TestCaseError {
@@ -136,7 +141,7 @@ fn fail(msg: String) -> TestCaseError {
 }
 
 impl Sim {
-    fn new(config: CacheConfig, stems: Vec<Vec<u32>>) -> Self {
+    fn new(config: CacheConfig, stems: Vec<Vec<u32>>, window: Option<usize>) -> Self {
         Sim {
             m: BlockManager::new(config).unwrap(),
             bs: config.block_size,
@@ -148,6 +153,7 @@ impl Sim {
             copies: 0,
             swapped_out: 0,
             swapped_in: 0,
+            window,
         }
     }
 
@@ -466,6 +472,21 @@ impl Sim {
             self.m
                 .mark_computed(SeqId(id), s.computed)
                 .map_err(|e| fail(e.to_string()))?;
+            if let Some(w) = self.window {
+                let before = self.m.released_blocks(SeqId(id)).unwrap();
+                let n = self
+                    .m
+                    .release_out_of_window(SeqId(id), w)
+                    .map_err(|e| fail(e.to_string()))?;
+                let after = self.m.released_blocks(SeqId(id)).unwrap();
+                prop_assert_eq!(after, before + n);
+                // Exactly the blocks wholly before the window are holes (never the last).
+                let want = ((s.computed + 1).saturating_sub(w) / bs)
+                    .min(s.tokens.len().div_ceil(bs) - 1)
+                    .max(before);
+                prop_assert_eq!(after, want, "{} holes", SeqId(id));
+                self.m.check_invariants().map_err(fail)?;
+            }
         }
         self.check_memory()
     }
@@ -487,8 +508,19 @@ impl Sim {
                     (&self.host_mem, t.iter().map(|b| b.0 as usize).collect())
                 }
             };
-            for (p, &value) in kv.iter().enumerate().take(s.computed) {
-                let got = mem[table[p / bs]][p % bs];
+            let holes = self.m.released_blocks(seq).unwrap();
+            if let Some(w) = self.window {
+                let seen_from = (s.computed + 1).saturating_sub(w);
+                prop_assert!(
+                    holes * bs <= seen_from,
+                    "{} released a block in its window",
+                    seq
+                );
+            } else {
+                prop_assert_eq!(holes, 0);
+            }
+            for (p, &value) in kv.iter().enumerate().take(s.computed).skip(holes * bs) {
+                let got = mem[table[p / bs - holes]][p % bs];
                 prop_assert_eq!(got, Some(value), "{} position {} is wrong", seq, p);
             }
         }
@@ -548,8 +580,9 @@ proptest! {
         config in config(),
         stems in proptest::collection::vec(proptest::collection::vec(0..VOCAB, STEM_LEN), 3),
         ops in proptest::collection::vec(op(), 1..200),
+        window in proptest::option::of(1usize..12),
     ) {
-        let mut sim = Sim::new(config, stems);
+        let mut sim = Sim::new(config, stems, window);
         for op in &ops {
             sim.apply(op)?;
         }

@@ -18,7 +18,7 @@ use rand::seq::SliceRandom;
 /// Extra logprob tolerance with an f16 KV pool: rounding K and V to f16 (relative 2^-11)
 /// moves these peaky models' logprobs by up to 2.1e-2 over 16 steps on the f32 checkpoints
 /// and up to 9.6e-2 on the f16 one (measured, identical on Vulkan and GL).
-const F16_KV_EXTRA_LOGPROB_TOL: f64 = 0.05;
+const F16_KV_EXTRA_LOGPROB_TOL: f64 = 0.2;
 
 struct Step {
     logits: Vec<Vec<f32>>,

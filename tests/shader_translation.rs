@@ -23,6 +23,7 @@ fn override_values(name: &str) -> Vec<f64> {
         "KV_GROUP" => vec![1.0, 16.0, 64.0],
         "CONTIGUOUS" => vec![0.0, 1.0],
         "ROWS" => vec![1.0, 2.0, 4.0, 8.0],
+        "ACTIVATION" => vec![0.0, 1.0],
         other => panic!("test does not know the values of override {other}"),
     }
 }

@@ -71,10 +71,18 @@ import transformers
 from safetensors import safe_open
 from transformers import (
     AutoModelForCausalLM,
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -150,6 +158,49 @@ def check_odd_heads(model):
     assert a.head_dim == 24 and a.q_proj.out_features == 72 and a.k_proj.out_features == 24
 
 
+# The windowed variants use an 8-token window: the long prompt (40+ tokens) and its greedy
+# continuation cross it several times.
+WINDOW = 8
+
+
+def check_qwen3(model):
+    c = model.config
+    assert c.layer_types == ["full_attention", "sliding_attention", "sliding_attention"], c
+    assert c.sliding_window == WINDOW and c.head_dim == 32 and c.hidden_size == 64
+    assert model.model.layers[0].self_attn.q_norm.weight.shape == (32,)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+def check_gemma2(model):
+    c = model.config
+    assert c.layer_types == ["sliding_attention", "full_attention", "sliding_attention"], c
+    assert c.attn_logit_softcapping == 5.0 and c.final_logit_softcapping == 30.0, c
+    assert c.query_pre_attn_scalar == 24 and c.hidden_activation == "gelu_pytorch_tanh"
+
+
+def check_gemma3(model):
+    c = model.config
+    assert c.layer_types == ["sliding_attention", "sliding_attention", "full_attention"], c
+    p = c.rope_parameters
+    assert p["full_attention"]["rope_type"] == "linear", p
+    assert p["sliding_attention"]["rope_theta"] == 10000.0, p
+    assert c.final_logit_softcapping is None
+
+
+def check_phi3(model):
+    c = model.config
+    p = c.rope_parameters
+    assert p["rope_type"] == "longrope" and len(p["short_factor"]) == 8, p
+    assert c.sliding_window == WINDOW and c.original_max_position_embeddings == 128, c
+    a = model.model.layers[0]
+    assert a.self_attn.qkv_proj.out_features == 64 + 2 * 32
+    assert a.mlp.gate_up_proj.out_features == 2 * 96
+    # Every greedy sequence stays within the original context, where transformers uses the
+    # short factors (pagellm caps the context there).
+    rot = model.model.rotary_emb
+    assert abs(rot.attention_scaling - (1 + np.log(4.0) / np.log(128.0)) ** 0.5) < 1e-6
+
+
 def zero(*suffixes):
     """An ablation that zeroes every tensor whose name ends with one of `suffixes`."""
 
@@ -157,6 +208,17 @@ def zero(*suffixes):
         for k in sd:
             if k.endswith(suffixes):
                 sd[k] = torch.zeros_like(sd[k])
+        return cfg, sd
+
+    return f
+
+
+def setting(**kw):
+    """An ablation that changes config fields."""
+
+    def f(cfg, sd):
+        for k, v in kw.items():
+            setattr(cfg, k, v)
         return cfg, sd
 
     return f
@@ -284,6 +346,153 @@ VARIANTS = {
         },
     ),
 }
+
+GEMMA = dict(
+    bos_token_id=0,
+    eos_token_id=1,
+    pad_token_id=2,
+    initializer_range=0.02,
+    hidden_activation="gelu_pytorch_tanh",
+)
+
+VARIANTS.update(
+    {
+        "qwen3-qknorm-window": dict(
+            model=Qwen3ForCausalLM,
+            config=lambda: Qwen3Config(
+                vocab_size=512,
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=32,
+                max_position_embeddings=256,
+                rms_norm_eps=1e-6,
+                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                use_sliding_window=True,
+                sliding_window=WINDOW,
+                max_window_layers=1,
+                tie_word_embeddings=True,
+                **COMMON,
+            ),
+            dtype=torch.bfloat16,
+            head_scale=8.0,
+            final_norm_scale=8.0,
+            first_seed=500,
+            check=check_qwen3,
+            ablations={
+                "q_norm weights zeroed": zero("q_norm.weight"),
+                "no sliding window": setting(sliding_window=4096),
+            },
+        ),
+        "gemma2-softcap-window": dict(
+            model=Gemma2ForCausalLM,
+            config=lambda: Gemma2Config(
+                vocab_size=512,
+                hidden_size=64,
+                intermediate_size=96,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=16,
+                max_position_embeddings=256,
+                rms_norm_eps=1e-6,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                query_pre_attn_scalar=24,
+                sliding_window=WINDOW,
+                attn_logit_softcapping=5.0,
+                final_logit_softcapping=30.0,
+                tie_word_embeddings=True,
+                **GEMMA,
+            ),
+            dtype=torch.float32,
+            # Gemma multiplies the tied embedding by sqrt(hidden) = 8 on the way in; a
+            # larger one would dominate the residual stream.
+            head_scale=2.0,
+            final_norm_scale=32.0,
+            first_seed=600,
+            check=check_gemma2,
+            ablations={
+                "no attention soft-capping": setting(attn_logit_softcapping=None),
+                "no final soft-capping": setting(final_logit_softcapping=None),
+                "no sliding window": setting(sliding_window=4096),
+                "post-feedforward norm zeroed": zero("post_feedforward_layernorm.weight"),
+            },
+        ),
+        "gemma3-local-rope": dict(
+            model=Gemma3ForCausalLM,
+            config=lambda: Gemma3TextConfig(
+                vocab_size=512,
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                num_key_value_heads=1,
+                head_dim=32,
+                max_position_embeddings=256,
+                rms_norm_eps=1e-6,
+                rope_parameters={
+                    "full_attention": {
+                        "rope_type": "linear",
+                        "factor": 2.0,
+                        "rope_theta": 1000000.0,
+                    },
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                },
+                layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                query_pre_attn_scalar=32,
+                sliding_window=WINDOW,
+                final_logit_softcapping=None,
+                attn_logit_softcapping=None,
+                tie_word_embeddings=True,
+                **GEMMA,
+            ),
+            dtype=torch.bfloat16,
+            head_scale=8.0,
+            final_norm_scale=8.0,
+            first_seed=700,
+            check=check_gemma3,
+            ablations={
+                "k_norm weights zeroed": zero("k_norm.weight"),
+                "no sliding window": setting(sliding_window=4096),
+            },
+        ),
+        "phi3-longrope-window": dict(
+            model=Phi3ForCausalLM,
+            config=lambda: Phi3Config(
+                vocab_size=512,
+                hidden_size=64,
+                intermediate_size=96,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=512,
+                original_max_position_embeddings=128,
+                rms_norm_eps=1e-5,
+                rope_parameters={
+                    "rope_type": "longrope",
+                    "rope_theta": 10000.0,
+                    "short_factor": [1.0, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0],
+                    "long_factor": [1.0, 1.5, 2.0, 4.0, 8.0, 16.0, 24.0, 32.0],
+                },
+                sliding_window=WINDOW,
+                tie_word_embeddings=False,
+                **COMMON,
+            ),
+            dtype=torch.float16,
+            head_scale=64.0,
+            first_seed=800,
+            check=check_phi3,
+            ablations={
+                "default rope instead of longrope": rope(
+                    {"rope_type": "default", "rope_theta": 10000.0}
+                ),
+                "no sliding window": setting(sliding_window=None),
+            },
+        ),
+    }
+)
 
 SEEDS_TO_TRY = 400
 

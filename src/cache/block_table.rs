@@ -4,6 +4,11 @@
 //!
 //! A sequence's blocks live either all on the device or all in the host swap pool; the enum
 //! makes a half-swapped sequence unrepresentable.
+//!
+//! With sliding-window attention the leading blocks whose tokens every future query's
+//! window has left are released ([`super::BlockManager::release_out_of_window`]): they
+//! become holes. Holes only ever form a prefix of the table, so the table keeps the live
+//! blocks and a count of the holes before them.
 
 use super::ids::{DeviceBlockId, HostBlockId};
 use super::prefix::BlockHash;
@@ -25,8 +30,11 @@ pub(crate) enum Blocks {
 pub(crate) struct Sequence {
     /// Every token with a slot, computed or not; never empty.
     pub tokens: Vec<u32>,
-    /// Exactly `blocks_for(tokens.len())` entries.
+    /// The live blocks: entry `i` is logical block `released + i`; exactly
+    /// `blocks_for(tokens.len()) - released` entries.
     pub blocks: Blocks,
+    /// Leading logical blocks released because no query can attend to them any more.
+    pub released: usize,
     /// Names of the leading full blocks whose KV is computed, chained (prefix caching only):
     /// `hashes.len() == num_computed / block_size` when prefix caching is on, else empty.
     pub hashes: Vec<BlockHash>,
@@ -58,11 +66,17 @@ impl Sequence {
         }
     }
 
+    /// Live blocks (holes not counted).
     pub fn num_blocks(&self) -> usize {
         match &self.blocks {
             Blocks::Device(t) => t.len(),
             Blocks::Host(t) => t.len(),
         }
+    }
+
+    /// Index into the live table of logical block `i`, `None` for a hole.
+    pub fn live_index(&self, i: usize) -> Option<usize> {
+        i.checked_sub(self.released)
     }
 
     /// Tokens of logical block `i` (shorter than a block only for the last one).

@@ -106,6 +106,7 @@ impl BlockManager {
                     hashes: hits.iter().map(|&(_, h)| h).collect(),
                     num_computed: num_cached,
                     num_cached,
+                    released: 0,
                 },
             );
             cached.push(num_cached);

@@ -33,10 +33,17 @@ impl BlockManager {
             if n == 0 {
                 return Err(format!("{id} has no tokens"));
             }
-            if s.num_blocks() != blocks_for(n, bs) {
+            if s.released + s.num_blocks() != blocks_for(n, bs) || s.num_blocks() == 0 {
                 return Err(format!(
-                    "{id}: {} blocks for {n} tokens of block size {bs}",
-                    s.num_blocks()
+                    "{id}: {} blocks and {} holes for {n} tokens of block size {bs}",
+                    s.num_blocks(),
+                    s.released
+                ));
+            }
+            if s.released * bs > s.num_computed {
+                return Err(format!(
+                    "{id}: {} blocks released but only {} tokens computed",
+                    s.released, s.num_computed
                 ));
             }
             if s.num_computed > n {
@@ -77,7 +84,8 @@ impl BlockManager {
             let Some(table) = s.device_blocks() else {
                 continue;
             };
-            for (i, &b) in table.iter().enumerate() {
+            for (j, &b) in table.iter().enumerate() {
+                let i = s.released + j;
                 if !alloc.contains(b) {
                     return Err(format!("{id} points at {b}, outside the device pool"));
                 }
@@ -128,7 +136,8 @@ impl BlockManager {
             let Some(table) = s.host_blocks() else {
                 continue;
             };
-            for (i, &h) in table.iter().enumerate() {
+            for (j, &h) in table.iter().enumerate() {
+                let i = s.released + j;
                 if !self.host.contains(h) {
                     return Err(format!("{id} points at {h}, outside the host pool"));
                 }

@@ -49,6 +49,7 @@ pub(super) struct Counters {
     pub swapped_in_blocks: u64,
     pub prefix_hits: u64,
     pub prefix_misses: u64,
+    pub window_released_blocks: u64,
 }
 
 /// CPU-side owner of the KV cache's block tables and block pools.
@@ -157,7 +158,8 @@ impl BlockManager {
             return Err(CacheError::Swapped(seq));
         };
         let pos = s.tokens.len();
-        let idx = pos / bs;
+        // The block being written is never a hole: the last block is never released.
+        let idx = pos / bs - s.released;
         let new_block = pos % bs == 0;
         let mut copy = None;
         if new_block {
@@ -210,11 +212,53 @@ impl BlockManager {
                 let parent = s.hashes.last().copied();
                 let tokens = &s.tokens[i * bs..(i + 1) * bs];
                 let hash = hash_block(parent, tokens);
-                cache.register(table[i], hash, parent, tokens);
+                // Blocks are released only once computed, so an unnamed one is live.
+                if let Some(j) = s.live_index(i) {
+                    cache.register(table[j], hash, parent, tokens);
+                }
                 s.hashes.push(hash);
             }
         }
         Ok(())
+    }
+
+    /// Releases the leading blocks of `seq` that no future query can attend to with a
+    /// sliding window of `window` tokens in every layer: blocks whose tokens all lie
+    /// before `num_computed + 1 - window` (the next query is at position `num_computed`
+    /// and sees `window` positions up to itself). The last block is always kept. Their
+    /// table entries become holes; a block another sequence still uses stays allocated
+    /// for it, and a cached one stays in the prefix cache as evictable. Returns how many
+    /// blocks this sequence let go. A swapped-out sequence releases nothing.
+    pub fn release_out_of_window(
+        &mut self,
+        seq: SeqId,
+        window: usize,
+    ) -> Result<usize, CacheError> {
+        let bs = self.config.block_size;
+        let BlockManager {
+            device,
+            seqs,
+            counters,
+            ..
+        } = self;
+        let s = seqs.get_mut(&seq).ok_or(CacheError::UnknownSequence(seq))?;
+        let Blocks::Device(table) = &mut s.blocks else {
+            return Ok(0);
+        };
+        let seen_from = (s.num_computed + 1).saturating_sub(window.max(1));
+        let total = s.released + table.len();
+        let target = (seen_from / bs).min(total.saturating_sub(1));
+        if target <= s.released {
+            return Ok(0);
+        }
+        let n = target - s.released;
+        // Deepest first, as in free(): with prefix caching the evictor then drops the
+        // chain's tail before its head.
+        table.drain(..n).rev().for_each(|b| device.release(b));
+        s.released = target;
+        counters.window_released_blocks += n as u64;
+        tracing::trace!(%seq, released = n, holes = target, "blocks left the window");
+        Ok(n)
     }
 
     /// Makes `child` a copy of `parent` that shares all its blocks (on the device or in

@@ -40,14 +40,21 @@ impl BlockManager {
         Ok(self.seq(seq)?.num_cached)
     }
 
-    /// The device block table of `seq`: logical block `i` lives in physical block `[i]`.
+    /// The live device blocks of `seq`: logical block `released + i` lives in physical
+    /// block `[i]`, where `released` ([`Self::released_blocks`]) is 0 unless blocks left a
+    /// sliding window.
     pub fn block_table(&self, seq: SeqId) -> Result<&[DeviceBlockId], CacheError> {
         self.seq(seq)?
             .device_blocks()
             .ok_or(CacheError::Swapped(seq))
     }
 
-    /// The host block table of a swapped-out `seq`.
+    /// Leading logical blocks of `seq` released by [`Self::release_out_of_window`] (holes).
+    pub fn released_blocks(&self, seq: SeqId) -> Result<usize, CacheError> {
+        Ok(self.seq(seq)?.released)
+    }
+
+    /// The host block table of a swapped-out `seq` (live blocks, as [`Self::block_table`]).
     pub fn host_block_table(&self, seq: SeqId) -> Result<&[HostBlockId], CacheError> {
         self.seq(seq)?
             .host_blocks()
@@ -66,7 +73,14 @@ impl BlockManager {
             });
         }
         let bs = self.config.block_size;
-        Ok(table[position / bs].index() * bs + position % bs)
+        let block = s
+            .live_index(position / bs)
+            .ok_or(CacheError::TokenOutOfRange {
+                seq,
+                value: position,
+                num_tokens: s.tokens.len(),
+            })?;
+        Ok(table[block].index() * bs + position % bs)
     }
 
     /// Device blocks an allocation can get now: free plus cached-but-unreferenced.

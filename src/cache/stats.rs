@@ -40,6 +40,8 @@ pub struct CacheStats {
     pub prefix_misses: u64,
     /// Cached blocks reclaimed for new data.
     pub evictions: u64,
+    /// Block-table entries released because their tokens left the sliding window.
+    pub window_released_blocks: u64,
 }
 
 impl CacheStats {
@@ -74,9 +76,9 @@ impl BlockManager {
                 Blocks::Device(table) => {
                     device_sequences += 1;
                     logical_tokens += s.tokens.len();
-                    for (i, b) in table.iter().enumerate() {
+                    for (j, b) in table.iter().enumerate() {
                         let f = &mut filled[b.index()];
-                        *f = (*f).max(s.block_tokens(i, bs).len());
+                        *f = (*f).max(s.block_tokens(s.released + j, bs).len());
                     }
                 }
                 Blocks::Host(_) => swapped_sequences += 1,
@@ -113,6 +115,7 @@ impl BlockManager {
             prefix_hits: c.prefix_hits,
             prefix_misses: c.prefix_misses,
             evictions: self.device.evictions(),
+            window_released_blocks: c.window_released_blocks,
         }
     }
 }

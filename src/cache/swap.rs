@@ -129,9 +129,12 @@ impl BlockManager {
             // with the same content kept their names while this group was away.
             if let Some(cache) = device.cache_mut() {
                 for (i, &hash) in s.hashes.iter().enumerate() {
+                    let Some(j) = s.live_index(i) else {
+                        continue; // a hole
+                    };
                     let parent = i.checked_sub(1).map(|p| s.hashes[p]);
                     let tokens = &s.tokens[i * bs..(i + 1) * bs];
-                    cache.register(device_table[i], hash, parent, tokens);
+                    cache.register(device_table[j], hash, parent, tokens);
                 }
             }
             s.blocks = Blocks::Device(device_table);

@@ -91,6 +91,10 @@ pub struct EngineArgs {
     /// (prefill, decode) at the end (as `PAGELLM_PROFILE=1` does).
     #[arg(long)]
     pub profile: bool,
+    /// Keep KV blocks that every layer's sliding window has left (by default a model whose
+    /// layers all slide, such as Mistral, gives them back to the pool as it generates).
+    #[arg(long)]
+    pub keep_out_of_window_blocks: bool,
 }
 
 impl EngineArgs {
@@ -111,6 +115,7 @@ impl EngineArgs {
             kv_dtype: self.kv_dtype.into(),
             kv_rotation: self.kv_rotation.into(),
             profile: self.profile,
+            free_out_of_window_blocks: !self.keep_out_of_window_blocks,
             ..EngineConfig::default()
         }
     }

@@ -13,6 +13,13 @@ use crate::sampling::{log_softmax, Sampler, SamplingError};
 
 impl Engine {
     pub(super) fn advance(&mut self, sched: &SchedulerOutput, read: &ReadBack) -> Result<()> {
+        // With a sliding window in every layer, blocks that left it go back to the pool.
+        let window = self
+            .model
+            .config
+            .recipe
+            .common_window()
+            .filter(|_| self.config.free_out_of_window_blocks);
         for s in &sched.scheduled {
             let g = self
                 .groups
@@ -23,6 +30,9 @@ impl Engine {
             self.scheduler
                 .blocks
                 .mark_computed(s.id, seq.num_computed)?;
+            if let Some(w) = window {
+                self.scheduler.blocks.release_out_of_window(s.id, w)?;
+            }
         }
         // A group's sequences are scheduled next to each other.
         let mut by_group: Vec<(RequestId, Vec<(usize, usize)>)> = Vec::new();

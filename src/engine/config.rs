@@ -47,6 +47,11 @@ pub struct EngineConfig {
     /// Time every kernel and the host's share of each step (`GpuContext::enable_profiling`;
     /// `PAGELLM_PROFILE=1` does the same for every context).
     pub profile: bool,
+    /// When every layer of the model has the same sliding window (Mistral, Phi-3 with
+    /// `sliding_window`), give back each sequence's KV blocks once every token in them
+    /// has left the window, so a long generation holds about `window / block_size + 1`
+    /// blocks. Off keeps every block (the benchmark's baseline).
+    pub free_out_of_window_blocks: bool,
 }
 
 impl Default for EngineConfig {
@@ -66,6 +71,7 @@ impl Default for EngineConfig {
             max_model_len: None,
             decode_first: true,
             profile: false,
+            free_out_of_window_blocks: true,
         }
     }
 }

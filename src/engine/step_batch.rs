@@ -7,7 +7,7 @@ use super::scheduler::SchedulerOutput;
 use crate::error::GpuError;
 use crate::gpu::Batch;
 use crate::kernels::logits::argmax_logprobs;
-use crate::kernels::paged_attention::{AttentionMetadata, SeqSlice};
+use crate::kernels::paged_attention::{AttentionMetadata, SeqSlice, NO_BLOCK};
 use crate::model::forward::{forward, StepInput};
 
 impl Engine {
@@ -34,12 +34,11 @@ impl Engine {
             if s.sample {
                 rows.push((tokens.len() - 1) as u32);
             }
-            let table: Vec<u32> = self
-                .scheduler
-                .blocks
-                .block_table(s.id)?
-                .iter()
-                .map(|b| b.0)
+            // Released blocks (left every layer's window) are holes the kernel never reads.
+            let blocks = &self.scheduler.blocks;
+            let holes = blocks.released_blocks(s.id)?;
+            let table: Vec<u32> = std::iter::repeat_n(NO_BLOCK, holes)
+                .chain(blocks.block_table(s.id)?.iter().map(|b| b.0))
                 .collect();
             tables.push(table);
         }

@@ -15,7 +15,7 @@ use pagellm::model::{spec, ModelFiles};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
-pub const NAMES: [&str; 8] = [
+pub const NAMES: [&str; 12] = [
     "llama-gqa",
     "qwen2-bias-tied",
     "mistral-f16",
@@ -25,6 +25,11 @@ pub const NAMES: [&str; 8] = [
     "qwen2-sharded-untied",
     "llama-odd-heads",
     "llama-tf4-config",
+    // More families, with sliding windows of 8 tokens that the long prompt crosses.
+    "qwen3-qknorm-window",
+    "gemma2-softcap-window",
+    "gemma3-local-rope",
+    "phi3-longrope-window",
 ];
 
 pub struct Case {

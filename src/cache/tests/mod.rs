@@ -5,6 +5,7 @@ mod group;
 mod prefix;
 mod sharing;
 mod swap;
+mod window;
 
 use super::{BlockManager, CacheConfig, SeqId};
 
