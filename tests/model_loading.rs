@@ -67,6 +67,18 @@ fn unknown_architecture() {
         e.contains("unknown architecture") && e.contains("gpt2") && e.contains("LlamaForCausalLM"),
         "{e}"
     );
+    // The message lists what is supported.
+    for known in [
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "gemma2",
+        "gemma3_text",
+        "phi3",
+    ] {
+        assert!(e.contains(known), "{e} should list {known}");
+    }
 }
 
 #[test]
@@ -219,4 +231,186 @@ fn transformers4_style_rope_settings_are_read() {
         matches!(a.rope_scaling, pagellm::kernels::rope::RopeScaling::Llama3 { factor, .. } if factor == 8.0)
     );
     let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Config errors of known architectures with a feature pagellm does not implement: each
+/// names the feature.
+#[test]
+fn unsupported_features_of_known_architectures_are_named() {
+    use serde_json::json;
+    let cases: Vec<(&str, Box<dyn Fn(&mut Value)>, &str)> = vec![
+        (
+            "phi3-longrope-window",
+            Box::new(|v| v["rope_parameters"]["partial_rotary_factor"] = json!(0.75)),
+            "partial_rotary_factor 0.75",
+        ),
+        (
+            "qwen3-qknorm-window",
+            Box::new(|v| {
+                v["rope_parameters"] =
+                    json!({"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6})
+            }),
+            "rope scaling type \"yarn\"",
+        ),
+        (
+            "gemma3-local-rope",
+            Box::new(|v| v["use_bidirectional_attention"] = json!(true)),
+            "bidirectional attention",
+        ),
+        (
+            "gemma2-softcap-window",
+            Box::new(|v| v["hidden_activation"] = json!("gelu")),
+            "hidden_activation \"gelu\"",
+        ),
+        (
+            "gemma2-softcap-window",
+            Box::new(|v| v["layer_types"][1] = json!("chunked_attention")),
+            "layer type \"chunked_attention\"",
+        ),
+        (
+            "qwen3-qknorm-window",
+            Box::new(|v| v["layer_types"] = json!(["full_attention"])),
+            "layer_types must list 3 layer types",
+        ),
+        (
+            "phi3-longrope-window",
+            Box::new(|v| v["rope_parameters"]["short_factor"] = json!([1.0, 2.0])),
+            "short_factor must list 8 positive numbers",
+        ),
+    ];
+    for (i, (name, edit, want)) in cases.into_iter().enumerate() {
+        let dir = copy(name, &format!("feature{i}"));
+        edit_config(&dir, edit);
+        let e = err(&dir);
+        assert!(e.contains(want), "{name}: {e:?} should name {want:?}");
+    }
+}
+
+/// Fused projections are split along their rows: Phi-3's q, k, v rows of qkv_proj and
+/// gate, up rows of gate_up_proj; a fused tensor of the wrong height is a shape error
+/// naming it.
+#[test]
+fn fused_phi3_projections_are_checked_whole() {
+    let dir = copy("phi3-longrope-window", "phi3fused");
+    let path = dir.join("model.safetensors");
+    let mut t = tensors(&path);
+    let name = "model.layers.1.self_attn.qkv_proj.weight";
+    let (dtype, shape, bytes) = t.remove(name).unwrap();
+    assert_eq!(shape, vec![128, 64]);
+    let row = bytes.len() / shape[0];
+    t.insert(
+        name.into(),
+        (dtype, vec![127, 64], bytes[..127 * row].to_vec()),
+    );
+    write(&path, &t);
+    let e = err(&dir);
+    assert!(e.contains(name) && e.contains("[128, 64]"), "{e}");
+}
+
+/// What each family's module reads from config.json, including transformers' defaults for
+/// keys a config leaves out and transformers-4 spellings.
+#[test]
+fn family_recipes_from_config_json() {
+    use pagellm::kernels::rope::RopeScaling;
+    use pagellm::model::arch::{Activation, NormKind};
+    use pagellm::model::ModelConfig;
+    use serde_json::json;
+    let base = |model_type: &str, layers: usize| {
+        json!({"model_type": model_type, "vocab_size": 100, "hidden_size": 64,
+               "intermediate_size": 128, "num_hidden_layers": layers,
+               "num_attention_heads": 4, "num_key_value_heads": 2})
+    };
+    let parse = |v: Value| ModelConfig::parse(Path::new("config.json"), &v).unwrap();
+    let windows = |c: &ModelConfig| -> Vec<Option<usize>> {
+        c.recipe.layers.iter().map(|l| l.window).collect()
+    };
+
+    // Gemma 2 with every optional key left out.
+    let c = parse(base("gemma2", 4));
+    let r = &c.recipe;
+    assert_eq!(
+        (r.norm, r.activation),
+        (NormKind::OnePlusWeight, Activation::GeluTanh)
+    );
+    assert_eq!((r.attn_softcap, r.final_softcap), (Some(50.0), Some(30.0)));
+    assert_eq!(
+        r.attn_scale,
+        1.0 / 16.0,
+        "query_pre_attn_scalar defaults to 256"
+    );
+    assert_eq!(r.embed_scale, Some(8.0));
+    assert!(r.sandwich_norms && !r.qk_norm && c.tie_word_embeddings);
+    assert_eq!(windows(&c), [Some(4096), None, Some(4096), None]);
+    assert_eq!(
+        r.common_window(),
+        None,
+        "interleaved: no block can be freed"
+    );
+
+    // Gemma 3 in transformers-4 spelling: one global layer in six, two rope bases.
+    let mut v = base("gemma3_text", 12);
+    v["rope_theta"] = json!(1_000_000.0);
+    v["rope_local_base_freq"] = json!(10_000.0);
+    v["rope_scaling"] = json!({"rope_type": "linear", "factor": 8.0});
+    v["sliding_window"] = json!(512);
+    let c = parse(v);
+    let global: Vec<usize> = (0..12)
+        .filter(|&i| c.recipe.layers[i].window.is_none())
+        .collect();
+    assert_eq!(global, [5, 11]);
+    assert!(c.recipe.layers[0].local_rope && !c.recipe.layers[5].local_rope);
+    assert_eq!(c.rope_theta, 1e6);
+    assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 8.0 });
+    let local = c.layer_rope(0);
+    assert_eq!((local.theta, local.scaling), (10_000.0, RopeScaling::None));
+    assert!(c.recipe.qk_norm && c.recipe.attn_softcap.is_none());
+
+    // Qwen2/Qwen3: windows from max_window_layers on, only with use_sliding_window.
+    let mut v = base("qwen2", 4);
+    v["use_sliding_window"] = json!(true);
+    v["sliding_window"] = json!(32);
+    v["max_window_layers"] = json!(2);
+    let c = parse(v.clone());
+    assert_eq!(windows(&c), [None, None, Some(32), Some(32)]);
+    assert!(c.qkv_bias && !c.o_bias);
+    v["model_type"] = json!("qwen3");
+    v["use_sliding_window"] = json!(false);
+    let c = parse(v);
+    assert_eq!(windows(&c), [None; 4]);
+    assert!(c.recipe.qk_norm && !c.qkv_bias);
+
+    // Mistral: transformers' default window when the key is absent, none when null.
+    let c = parse(base("mistral", 2));
+    assert_eq!(c.recipe.common_window(), Some(4096));
+    assert_eq!(
+        c.max_model_len(),
+        2048,
+        "the window no longer caps the context"
+    );
+    let mut v = base("mistral", 2);
+    v["sliding_window"] = Value::Null;
+    assert_eq!(parse(v).recipe.common_window(), None);
+
+    // Phi-3 LongRoPE: attention factor from the context's growth; the context stays at the
+    // original length the short factors are for.
+    let mut v = base("phi3", 2);
+    v["max_position_embeddings"] = json!(131072);
+    v["original_max_position_embeddings"] = json!(4096);
+    let f: Vec<f64> = (0..8).map(|i| 1.0 + i as f64).collect();
+    v["rope_scaling"] = json!({"type": "su", "short_factor": f, "long_factor": f});
+    let c = parse(v);
+    let RopeScaling::LongRope {
+        attention_factor,
+        original_max_position_embeddings,
+        ..
+    } = c.rope_scaling.clone()
+    else {
+        panic!("{:?}", c.rope_scaling)
+    };
+    let want = (1.0 + 32f64.ln() / 4096f64.ln()).sqrt();
+    assert!((attention_factor - want).abs() < 1e-12);
+    assert_eq!(
+        (original_max_position_embeddings, c.max_model_len()),
+        (4096, 4096)
+    );
 }
