@@ -326,8 +326,16 @@ fn check(bm: &BlockManager, what: &str) -> Result<()> {
         .map_err(|e| anyhow!("block manager invariant broken ({what}): {e}"))
 }
 
-/// Continuous batching of `reqs` through a block manager with configuration `cfg`.
-fn simulate_serving(cfg: CacheConfig, reqs: &[Request], seed: u64) -> Result<ServingRun> {
+/// Continuous batching of `reqs` through a block manager with configuration `cfg`. With a
+/// `window`, every sequence releases the blocks that left a sliding window of that many
+/// tokens after each step (`release_out_of_window`), as the engine does for models whose
+/// layers all slide.
+fn simulate_serving(
+    cfg: CacheConfig,
+    reqs: &[Request],
+    seed: u64,
+    window: Option<usize>,
+) -> Result<ServingRun> {
     let bs = cfg.block_size;
     let mut bm = BlockManager::new(cfg)?;
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -397,6 +405,9 @@ fn simulate_serving(cfg: CacheConfig, reqs: &[Request], seed: u64) -> Result<Ser
         for r in &running {
             let n = bm.num_tokens(r.id)?;
             bm.mark_computed(r.id, n)?;
+            if let Some(w) = window {
+                bm.release_out_of_window(r.id, w)?;
+            }
         }
 
         let st = bm.stats();
@@ -462,7 +473,7 @@ fn serving_section(reqs: &[Request]) -> Result<()> {
     let mut runs: Vec<(String, String, ServingRun)> = Vec::new();
     for bs in BLOCK_SIZES {
         let cfg = CacheConfig::new(bs, POOL_TOKENS / bs, 0);
-        let run = simulate_serving(cfg, reqs, SEED + 100)
+        let run = simulate_serving(cfg, reqs, SEED + 100, None)
             .with_context(|| format!("paged run, block size {bs}"))?;
         runs.push((
             format!("paged, block {bs}"),
@@ -471,8 +482,8 @@ fn serving_section(reqs: &[Request]) -> Result<()> {
         ));
     }
     let cfg = CacheConfig::new(MAX_LEN, POOL_TOKENS / MAX_LEN, 0).with_watermark_blocks(0);
-    let run =
-        simulate_serving(cfg, reqs, SEED + 100).context("contiguous max-length reservation")?;
+    let run = simulate_serving(cfg, reqs, SEED + 100, None)
+        .context("contiguous max-length reservation")?;
     runs.push((
         format!("contiguous, reserve max_len ({MAX_LEN})"),
         format!("{} x {MAX_LEN}", cfg.num_device_blocks),
@@ -853,6 +864,122 @@ fn sharing_section(num_requests: usize) -> Result<()> {
 
 // ---------------------------------------------------------------------------------------
 
+/// KV bytes per token of Mistral-7B-v0.1 in f16: 32 layers x 8 KV heads x 128 x (K, V).
+const MISTRAL_BYTES_PER_TOKEN: usize = 32 * 8 * 128 * 2 * 2;
+
+/// One sequence: a prompt of `prompt` tokens prefilled whole, then decoded to `total`
+/// tokens, releasing out-of-window blocks after every step when `window` is set. Returns
+/// (peak, mean) device blocks over the decode steps.
+fn long_generation(
+    bs: usize,
+    prompt: usize,
+    total: usize,
+    window: Option<usize>,
+) -> Result<(usize, f64)> {
+    let blocks = total.div_ceil(bs) + 1;
+    let mut bm = BlockManager::new(CacheConfig::new(bs, blocks, 0).with_watermark_blocks(0))?;
+    let mut rng = ChaCha8Rng::seed_from_u64(SEED);
+    let id = SeqId(0);
+    bm.allocate(id, &random_tokens(&mut rng, prompt))?;
+    let (mut peak, mut sum, mut steps) = (0, 0usize, 0usize);
+    while bm.num_tokens(id)? < total {
+        let n = bm.num_tokens(id)?;
+        bm.mark_computed(id, n)?;
+        if let Some(w) = window {
+            bm.release_out_of_window(id, w)?;
+        }
+        bm.append_slot(id, rng.random_range(0..VOCAB))?;
+        bm.take_ops();
+        let used = bm.stats().device.used;
+        peak = peak.max(used);
+        sum += used;
+        steps += 1;
+        if steps % (INVARIANT_EVERY * 10) == 0 {
+            check(&bm, "long generation")?;
+        }
+    }
+    check(&bm, "long generation, end")?;
+    bm.free(id)?;
+    ensure!(bm.stats().device.used == 0, "blocks leaked");
+    Ok((peak, sum as f64 / steps as f64))
+}
+
+/// Sliding windows: what releasing out-of-window blocks saves on one long generation and
+/// what it buys a server, plus what per-layer freeing would save on an interleaved model.
+fn window_section(serving: &[Request], quick: bool) -> Result<()> {
+    let bs = 16;
+    println!();
+    println!("## Sliding-window attention: releasing blocks that left the window");
+    println!();
+    println!(
+        "One sequence, block size {bs}: a 512-token prompt prefilled whole, then decoded to the context; after every step the blocks whose tokens all lie before the next query's window are released (`BlockManager::release_out_of_window`, what the engine does when every layer slides). Device blocks over the decode steps; MiB at Mistral-7B-v0.1's {} KiB of f16 K/V per token.",
+        MISTRAL_BYTES_PER_TOKEN / 1024
+    );
+    println!();
+    println!("| window | context | blocks kept (peak / mean) | blocks released (peak / mean) | peak MiB kept | peak MiB released | saved |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    let cases: &[(usize, usize)] = if quick {
+        &[(4096, 8192), (2047, 4096)]
+    } else {
+        &[(4096, 8192), (4096, 32768), (2047, 4096), (512, 32768)]
+    };
+    for &(window, total) in cases {
+        let (kp, km) = long_generation(bs, 512, total, None)?;
+        let (fp, fm) = long_generation(bs, 512, total, Some(window))?;
+        ensure!(
+            fp <= window.div_ceil(bs) + 2,
+            "window {window}: {fp} blocks in use"
+        );
+        let mib = |b: usize| (b * bs * MISTRAL_BYTES_PER_TOKEN) as f64 / (1 << 20) as f64;
+        println!(
+            "| {window} | {total} | {kp} / {km:.0} | {fp} / {fm:.0} | {:.0} | {:.0} | {:.1}x |",
+            mib(kp),
+            mib(fp),
+            kp as f64 / fp as f64
+        );
+    }
+    println!();
+    let window = 256;
+    let cfg =
+        CacheConfig::new(bs, POOL_TOKENS / bs, 0).with_watermark_blocks(POOL_TOKENS / bs / 100);
+    let keep = simulate_serving(cfg, serving, SEED + 100, None)?;
+    let free = simulate_serving(cfg, serving, SEED + 100, Some(window))?;
+    println!(
+        "Serving: the ShareGPT-like workload above ({} requests, all arriving at step 0) on the same {POOL_TOKENS}-slot pool, block size {bs}, with a {window}-token window in every layer:",
+        serving.len()
+    );
+    println!();
+    println!("| blocks | steps to drain | mean running | mean running while requests wait | peak running | preemptions |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (what, r) in [("kept", &keep), ("released", &free)] {
+        println!(
+            "| {what} | {} | {:.1} | {:.1} | {} | {} |",
+            r.steps,
+            r.running.mean(),
+            r.running_saturated.mean(),
+            r.peak_running,
+            r.preemptions
+        );
+    }
+    println!();
+    // Gemma 3 1B: 26 layers, sliding window 512, one global layer in six (layers 5, 11, 17,
+    // 23). pagellm's pool keeps all layers of a block together, so a block is released only
+    // when no layer reads it; per-layer block tables would release the local layers' share.
+    let (layers, global, window) = (26usize, 4usize, 512usize);
+    println!(
+        "Interleaved layers (Gemma 3 1B: {layers} layers, {global} global, window {window}): no block can be released while a global layer still reads it, so pagellm keeps every block. Per-layer block tables would keep, per token position, only the global layers' K/V once it leaves the window; the share of layer-blocks they would hold at a context of n tokens is (global * n + local * min(n, window + {bs})) / (layers * n):"
+    );
+    println!();
+    println!("| context | kept with per-layer freeing | saved |");
+    println!("|---:|---:|---:|");
+    for n in [1024usize, 4096, 32768] {
+        let local = layers - global;
+        let kept = (global * n + local * n.min(window + bs)) as f64 / (layers * n) as f64;
+        println!("| {n} | {:.1}% | {:.1}x |", 100.0 * kept, 1.0 / kept);
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let quick = std::env::args().any(|a| a == "--quick");
     let start = Instant::now();
@@ -884,6 +1011,7 @@ fn main() -> Result<()> {
 
     serving_section(&serving)?;
     sharing_section(sharing_requests)?;
+    window_section(&serving, quick)?;
 
     println!();
     println!(

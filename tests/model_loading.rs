@@ -238,7 +238,8 @@ fn transformers4_style_rope_settings_are_read() {
 #[test]
 fn unsupported_features_of_known_architectures_are_named() {
     use serde_json::json;
-    let cases: Vec<(&str, Box<dyn Fn(&mut Value)>, &str)> = vec![
+    type Edit = Box<dyn Fn(&mut Value)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
         (
             "phi3-longrope-window",
             Box::new(|v| v["rope_parameters"]["partial_rotary_factor"] = json!(0.75)),

@@ -29,6 +29,23 @@ What each variant exercises:
   "factor": 4.0}, "torch_dtype" instead of "dtype", no "head_dim" (derived from
   hidden_size / num_attention_heads). The expected outputs come from transformers loading
   that rewritten config; the script checks that it reads the rope settings as intended.
+- qwen3-qknorm-window: Qwen3ForCausalLM with its per-head q/k RMSNorm, head_dim 32 against
+  hidden 64 and 4 heads, tied embeddings, use_sliding_window with an 8-token window on the
+  layers from max_window_layers = 1 on, bfloat16 weights.
+- gemma2-softcap-window: Gemma2ForCausalLM: (1 + w) norms before and after attention and
+  MLP, embeddings scaled by sqrt(hidden), GELU-tanh, query_pre_attn_scalar 24, attention
+  soft-capping at 5 and final soft-capping at 30, layers sliding (window 8) / global /
+  sliding, tied, float32 weights.
+- gemma3-local-rope: Gemma3ForCausalLM (text): Gemma 2's graph plus (1 + w) q/k norms,
+  layer_types sliding / sliding / global with window 8, a local rope (theta 1e4) and a
+  global one (theta 1e6, linear factor 2), multi-query 4:1, tied, bfloat16 weights.
+- phi3-longrope-window: Phi3ForCausalLM with fused qkv_proj and gate_up_proj, LongRoPE
+  (short and long factors; original 128 of 512 positions, so every greedy sequence stays in
+  the short factors' range), an 8-token window on every layer, float16 weights.
+
+The windowed variants' 8-token window is crossed several times by the long prompt and its
+greedy continuation. Gemma multiplies its tied embedding by sqrt(hidden) = 8 on the way in,
+so gemma2 keeps the embedding at x2 and scales its final norm by 32 instead.
 
 How the numbers are made: weights start from transformers' own initialisation (seeded) and
 are then scaled up so that next-token distributions are peaky, as in the original fixtures:

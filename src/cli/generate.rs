@@ -354,6 +354,10 @@ fn print_stats(engine: &Engine) {
         "peak blocks used:       {} of {}",
         s.scheduler.peak_blocks_used, c.device.total
     );
+    eprintln!(
+        "left the window:        {} blocks released",
+        c.window_released_blocks
+    );
     eprintln!("peak running sequences: {}", s.scheduler.peak_running_seqs);
     eprintln!(
         "blocks now used/cached/free: {} / {} / {}",
