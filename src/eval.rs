@@ -63,7 +63,7 @@ impl Scorer {
         }
         let chunk = chunk.min(context);
         let layout = kv_layout(&c, config)?;
-        let model = GpuModel::upload(&ctx, &files, progress)?;
+        let model = GpuModel::upload_for_context(&ctx, &files, context, progress)?;
         let blocks = context.div_ceil(config.block_size);
         let pool = KvPool::new(&ctx, layout, PoolSize::Blocks(blocks))?.with_rotation(
             config

@@ -392,17 +392,19 @@ fn family_recipes_from_config_json() {
     v["sliding_window"] = Value::Null;
     assert_eq!(parse(v).recipe.common_window(), None);
 
-    // Phi-3 LongRoPE: attention factor from the context's growth; the context stays at the
-    // original length the short factors are for.
+    // Phi-3 LongRoPE: attention factor from the context's growth; the default context is
+    // the original length the short factors are for, a longer one takes the long factors.
     let mut v = base("phi3", 2);
     v["max_position_embeddings"] = json!(131072);
     v["original_max_position_embeddings"] = json!(4096);
-    let f: Vec<f64> = (0..8).map(|i| 1.0 + i as f64).collect();
-    v["rope_scaling"] = json!({"type": "su", "short_factor": f, "long_factor": f});
+    let short: Vec<f64> = (0..8).map(|i| 1.0 + i as f64).collect();
+    let long: Vec<f64> = (0..8).map(|i| 2.0 + 4.0 * i as f64).collect();
+    v["rope_scaling"] = json!({"type": "su", "short_factor": short, "long_factor": long});
     let c = parse(v);
     let RopeScaling::LongRope {
         attention_factor,
         original_max_position_embeddings,
+        long: false,
         ..
     } = c.rope_scaling.clone()
     else {
@@ -410,8 +412,19 @@ fn family_recipes_from_config_json() {
     };
     let want = (1.0 + 32f64.ln() / 4096f64.ln()).sqrt();
     assert!((attention_factor - want).abs() < 1e-12);
-    assert_eq!(
-        (original_max_position_embeddings, c.max_model_len()),
-        (4096, 4096)
-    );
+    assert_eq!(original_max_position_embeddings, 4096);
+    assert_eq!((c.default_context(), c.max_model_len()), (4096, 131072));
+    use pagellm::kernels::rope::inv_freq;
+    // transformers: inv_freq[i] = 1 / (factor[i] * theta^(2i/d)), d = 16, theta 1e4.
+    let plain = inv_freq(16, 10000.0, &RopeScaling::None);
+    for (context, factors) in [(4096, &short), (4097, &long)] {
+        let s = c.for_context(context).rope_scaling;
+        for (i, (&got, &p)) in inv_freq(16, 10000.0, &s).iter().zip(&plain).enumerate() {
+            let want = p / factors[i] as f32;
+            assert!(
+                (got - want).abs() <= 1e-6 * want,
+                "context {context} pair {i}"
+            );
+        }
+    }
 }

@@ -59,7 +59,7 @@ fn a_long_generation_holds_blocks_bounded_by_the_window_and_equals_the_reference
     let reference = ReferenceModel::new(&f.files).unwrap();
     let case = &f.cases[2];
     let block_size = 4;
-    let max_len = f.files.config.max_model_len();
+    let max_len = f.files.config.default_context();
     let n = max_len - case.prompt_ids.len();
     assert!(
         n >= 8 * window,
@@ -239,5 +239,95 @@ fn a_prompt_seen_before_reuses_blocks_its_first_run_released() {
         assert_eq!(s.prefix_hits, 4, "{s:?}");
         same(&format!("on {}", common::backend(ctx)), &again, &first);
         assert_eq!(s.device.used, 0);
+    }
+}
+
+/// The fixture's sequence of 150 tokens, past the 128 original positions: transformers
+/// computes it with LongRoPE's long factors, and so does pagellm once its context is
+/// longer than the original one.
+#[test]
+fn longrope_long_factors_beyond_the_original_context_equal_transformers() {
+    let f = golden::load(FIXTURE);
+    let text = std::fs::read_to_string(f.dir.join("expected.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let case = &v["long_cases"][0];
+    let ids = |x: &serde_json::Value| -> Vec<u32> {
+        (x.as_array().unwrap().iter())
+            .map(|t| t.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let prompt = ids(&case["prompt_ids"]);
+    let greedy_want = ids(&case["greedy_ids"]);
+    let top5: Vec<Vec<(u32, f64)>> = (case["top5"].as_array().unwrap().iter())
+        .map(|s| {
+            (s.as_array().unwrap().iter())
+                .map(|p| (p[0].as_u64().unwrap() as u32, p[1].as_f64().unwrap()))
+                .collect()
+        })
+        .collect();
+    let last: Vec<f32> = (case["last_logits"].as_array().unwrap().iter())
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect();
+    let c = &f.files.config;
+    assert_eq!(c.default_context(), 128);
+    let context = 256;
+    assert!(prompt.len() > 128 && prompt.len() + greedy_want.len() <= context);
+
+    // The reference at a 256-token context, against transformers' logits.
+    let reference = ReferenceModel::for_context(&f.files, context).unwrap();
+    let got = reference.forward(&prompt).pop().unwrap();
+    let worst = got
+        .iter()
+        .zip(&last)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    assert!(
+        worst < 1e-3,
+        "reference logits differ from transformers by {worst}"
+    );
+    // With the short factors (the default context) they would not match.
+    let short = ReferenceModel::new(&f.files)
+        .unwrap()
+        .forward(&prompt)
+        .pop()
+        .unwrap();
+    let off = short
+        .iter()
+        .zip(&last)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    assert!(off > 0.5, "the short factors give the same logits ({off})");
+
+    for ctx in contexts() {
+        // The default context refuses the sequence, naming the limit.
+        let mut e = engine(ctx, &f.dir, EngineConfig::default());
+        let err = e
+            .add_request(Prompt::Tokens(prompt.clone()), greedy(8))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("128"), "{err}");
+        let cfg = EngineConfig {
+            max_model_len: Some(context),
+            kv_dtype: KvDtype::F32,
+            ..EngineConfig::default()
+        };
+        let mut e = engine(ctx, &f.dir, cfg);
+        let params = SamplingParams {
+            logprobs: Some(5),
+            ..greedy(greedy_want.len())
+        };
+        let out = run(&mut e, &[(prompt.clone(), params)]);
+        let o = &out[0].outputs[0];
+        assert_eq!(o.token_ids, greedy_want, "on {}", common::backend(ctx));
+        for (step, (lp, want)) in o.logprobs.iter().zip(&top5).enumerate() {
+            for &(id, w) in want {
+                let got = lp.top.iter().find(|t| t.0 == id).map(|t| t.1);
+                let got = got.unwrap_or_else(|| panic!("step {step}: token {id} not in the top 5"));
+                assert!(
+                    (got - w).abs() < 1e-3,
+                    "step {step} token {id}: {got} vs {w}"
+                );
+            }
+        }
     }
 }

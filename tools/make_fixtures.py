@@ -501,6 +501,9 @@ VARIANTS.update(
             head_scale=64.0,
             first_seed=800,
             check=check_phi3,
+            # A sequence longer than the original 128 positions, where transformers uses
+            # the long factors.
+            long_case=dict(length=150, steps=8),
             ablations={
                 "default rope instead of longrope": rope(
                     {"rope_type": "default", "rope_theta": 10000.0}
@@ -597,7 +600,29 @@ def f32_text(x: float) -> str:
     return text
 
 
-def expected_json(prompts, prompt_ids, cases, dtype, seed) -> str:
+@torch.no_grad()
+def run_long_case(model, length, steps, seed):
+    """A random prompt of `length` tokens: its last position's logits and `steps` greedy
+    tokens with their top-5 logprobs, recomputing the whole sequence at every step."""
+    g = torch.Generator().manual_seed(seed)
+    seq = torch.randint(3, TOKENIZER_VOCAB, (length,), generator=g).tolist()
+    ids = list(seq)
+    last = model(torch.tensor([seq])).logits[0, -1].float()
+    out = dict(prompt_ids=ids, last_logits=last, greedy_ids=[], top5=[], gaps=[])
+    for step in range(steps):
+        lp = torch.log_softmax(last.double(), dim=-1)
+        v, i = torch.topk(lp, 5)
+        out["top5"].append([[int(a), float(b)] for a, b in zip(i, v)])
+        out["gaps"].append(float(v[0] - v[1]))
+        tok = int(torch.argmax(last))
+        out["greedy_ids"].append(tok)
+        seq.append(tok)
+        if step + 1 < steps:
+            last = model(torch.tensor([seq])).logits[0, -1].float()
+    return out
+
+
+def expected_json(prompts, prompt_ids, cases, dtype, seed, long_cases=()) -> str:
     head = {
         "generated_by": f"transformers {transformers.__version__}, torch {torch.__version__}"
         " (tools/make_fixtures.py)",
@@ -622,7 +647,18 @@ def expected_json(prompts, prompt_ids, cases, dtype, seed) -> str:
             + f'"prompt_logits": [{rows}]'
             + "}"
         )
-    text = json.dumps(head)[:-1] + ', "cases": [' + ", ".join(parts) + "]}\n"
+    longs = []
+    for c in long_cases:
+        logits = "[" + ", ".join(f32_text(x) for x in c["last_logits"].tolist()) + "]"
+        longs.append(
+            "{"
+            + f'"prompt_ids": {json.dumps(c["prompt_ids"])}, '
+            + f'"greedy_ids": {json.dumps(c["greedy_ids"])}, "top5": {json.dumps(c["top5"])}, '
+            + f'"last_logits": {logits}'
+            + "}"
+        )
+    tail = f', "long_cases": [{", ".join(longs)}]' if longs else ""
+    text = json.dumps(head)[:-1] + ', "cases": [' + ", ".join(parts) + "]" + tail + "}\n"
     json.loads(text)  # well-formed
     return text
 
@@ -702,7 +738,26 @@ def make(name, variant, prompts, prompt_ids):
         assert moved > 0.5, f"{name}: {what} moves logits by only {moved}"
         print(f"  {what}: moves the long prompt's logits by up to {moved:.2f}")
 
-    (out / "expected.json").write_text(expected_json(prompts, prompt_ids, expected, dtype, seed))
+    long_cases = []
+    if "long_case" in variant:
+        lc = variant["long_case"]
+        c = run_long_case(loaded, lc["length"], lc["steps"], seed)
+        assert min(c["gaps"]) > min_gap_for(dtype), f"{name}: long case gaps {c['gaps']}"
+        # The long factors matter: the same sequence with the short factors in their place
+        # gives other logits.
+        cfg = copy.deepcopy(loaded.config)
+        cfg.rope_parameters["long_factor"] = list(cfg.rope_parameters["short_factor"])
+        other = variant["model"](cfg).eval()
+        other.load_state_dict(loaded.state_dict())
+        with torch.no_grad():
+            shorter = other(torch.tensor([c["prompt_ids"]])).logits[0, -1]
+        moved = (shorter - c["last_logits"]).abs().max().item()
+        assert moved > 0.5, f"{name}: the long factors move logits by only {moved}"
+        print(f"  long factors: move the long case's logits by up to {moved:.2f}")
+        long_cases.append(c)
+    (out / "expected.json").write_text(
+        expected_json(prompts, prompt_ids, expected, dtype, seed, long_cases)
+    )
     for p in out.iterdir():
         p.chmod(0o644)  # save_pretrained writes the weights owner-only
     size = sum(p.stat().st_size for p in out.iterdir())

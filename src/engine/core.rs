@@ -220,7 +220,7 @@ impl Engine {
                 )))
             }
             Some(n) => n,
-            None => c.max_model_len(),
+            None => c.default_context(),
         };
         let layout = kv_layout(&c, &config)?;
         let gpu_blocks = config
@@ -238,7 +238,7 @@ impl Engine {
         let cpu_blocks = config
             .num_cpu_blocks
             .unwrap_or((config.swap_space_bytes / layout.block_bytes_all_layers()) as usize);
-        let model = GpuModel::upload(&ctx, &files, progress)?;
+        let model = GpuModel::upload_for_context(&ctx, &files, max_model_len, progress)?;
         let pool = KvPool::new(&ctx, layout, PoolSize::Blocks(gpu_blocks))?.with_rotation(
             config
                 .kv_rotation

@@ -34,17 +34,36 @@ pub enum RopeScaling {
     /// LongRoPE (Phi-3): every frequency divided by its own factor, and cos/sin multiplied
     /// by `attention_factor`. transformers switches a sequence from the short factors to
     /// the long ones once it grows past `original_max_position_embeddings`, which a KV
-    /// cache cannot follow without recomputing the sequence; pagellm uses the short factors
-    /// and caps the context at the original length, where its results equal transformers'.
+    /// cache cannot follow without recomputing the sequence. pagellm picks one set for the
+    /// whole context it serves ([`RopeScaling::for_context`]): the short factors up to the
+    /// original length (transformers' numbers for every sequence), the long ones beyond
+    /// (transformers' numbers for sequences longer than the original length).
     LongRope {
         short_factor: Vec<f32>,
         long_factor: Vec<f32>,
         original_max_position_embeddings: usize,
         attention_factor: f64,
+        /// Use `long_factor`.
+        long: bool,
     },
 }
 
 impl RopeScaling {
+    /// The scaling a context of `context` tokens uses: LongRoPE's long factors when the
+    /// context exceeds the original one; anything else unchanged.
+    pub fn for_context(&self, context: usize) -> RopeScaling {
+        let mut s = self.clone();
+        if let RopeScaling::LongRope {
+            original_max_position_embeddings,
+            long,
+            ..
+        } = &mut s
+        {
+            *long = context > *original_max_position_embeddings;
+        }
+        s
+    }
+
     /// The factor cos and sin are multiplied by (1 except for LongRoPE).
     pub fn attention_factor(&self) -> f32 {
         match self {
@@ -67,8 +86,18 @@ pub fn inv_freq(head_dim: usize, theta: f64, scaling: &RopeScaling) -> Vec<f32> 
                 RopeScaling::Linear { factor } => f / factor as f32,
                 // transformers: 1 / (factor * theta^exponent), in f32.
                 RopeScaling::LongRope {
-                    ref short_factor, ..
-                } => 1.0 / (short_factor[i] * (theta as f32).powf(exponent)),
+                    ref short_factor,
+                    ref long_factor,
+                    long,
+                    ..
+                } => {
+                    let factor = if long {
+                        long_factor[i]
+                    } else {
+                        short_factor[i]
+                    };
+                    1.0 / (factor * (theta as f32).powf(exponent))
+                }
                 RopeScaling::Llama3 {
                     factor,
                     low_freq_factor,

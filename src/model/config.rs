@@ -233,10 +233,16 @@ impl ModelConfig {
         Ok(cfg)
     }
 
-    /// The longest sequence the model may process: `max_position_embeddings`, or for
-    /// LongRoPE checkpoints the original context its short factors are for (the long
-    /// factors are not implemented; see [`RopeScaling::LongRope`]).
+    /// The longest sequence the model may process: `max_position_embeddings`.
     pub fn max_model_len(&self) -> usize {
+        self.max_position_embeddings
+    }
+
+    /// The context an engine serves unless told otherwise: [`Self::max_model_len`], except
+    /// for LongRoPE checkpoints the original context their short factors are for, where
+    /// every result equals transformers' (a longer `max_model_len` switches to the long
+    /// factors; see [`RopeScaling::LongRope`]).
+    pub fn default_context(&self) -> usize {
         match &self.rope_scaling {
             RopeScaling::LongRope {
                 original_max_position_embeddings,
@@ -244,6 +250,17 @@ impl ModelConfig {
             } => (*original_max_position_embeddings).min(self.max_position_embeddings),
             _ => self.max_position_embeddings,
         }
+    }
+
+    /// This config for a context of `context` tokens: the rope scalings as
+    /// [`RopeScaling::for_context`] picks them.
+    pub fn for_context(&self, context: usize) -> ModelConfig {
+        let mut c = self.clone();
+        c.rope_scaling = c.rope_scaling.for_context(context);
+        if let Some(local) = &mut c.recipe.local_rope {
+            local.scaling = local.scaling.for_context(context);
+        }
+        c
     }
 
     /// The rope of layer `i` (its local rope or the main one).
@@ -354,6 +371,7 @@ fn parse_scaling(
                 long_factor: list("long_factor")?,
                 original_max_position_embeddings: original,
                 attention_factor,
+                long: false,
             })
         }
         other => Err(ModelError::Unsupported(format!(

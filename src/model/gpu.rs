@@ -111,13 +111,27 @@ impl Uploader<'_> {
 }
 
 impl GpuModel {
-    /// Uploads every weight. `progress(done, total)` is called in bytes after each tensor.
+    /// Uploads every weight, with rope tables for the config's default context
+    /// ([`ModelConfig::default_context`]). `progress(done, total)` is called in bytes after
+    /// each tensor.
     pub fn upload(
         ctx: &GpuContext,
         files: &ModelFiles,
+        progress: impl FnMut(u64, u64),
+    ) -> Result<Self> {
+        let context = files.config.default_context();
+        Self::upload_for_context(ctx, files, context, progress)
+    }
+
+    /// [`Self::upload`] for sequences of up to `context` tokens (which picks LongRoPE's
+    /// factors, see [`ModelConfig::for_context`]).
+    pub fn upload_for_context(
+        ctx: &GpuContext,
+        files: &ModelFiles,
+        context: usize,
         mut progress: impl FnMut(u64, u64),
     ) -> Result<Self> {
-        let cfg = files.config.clone();
+        let cfg = files.config.for_context(context);
         let ck = &files.checkpoint;
         let total: u64 = spec::expected_tensors(&cfg)
             .iter()
@@ -177,7 +191,7 @@ impl GpuModel {
             cfg.head_dim,
             cfg.rope_theta,
             &cfg.rope_scaling,
-            cfg.max_model_len(),
+            context,
         )?];
         if let Some(local) = &cfg.recipe.local_rope {
             ropes.push(RopeTable::new(
@@ -185,7 +199,7 @@ impl GpuModel {
                 cfg.head_dim,
                 local.theta,
                 &local.scaling,
-                cfg.max_model_len(),
+                context,
             )?);
         }
         Ok(GpuModel {

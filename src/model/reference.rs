@@ -46,9 +46,16 @@ pub struct ReferenceModel {
 }
 
 impl ReferenceModel {
+    /// The model for its default context ([`ModelConfig::default_context`]).
     pub fn new(files: &ModelFiles) -> Result<Self> {
+        Self::for_context(files, files.config.default_context())
+    }
+
+    /// The model for sequences of up to `context` tokens (which picks LongRoPE's factors,
+    /// see [`ModelConfig::for_context`]).
+    pub fn for_context(files: &ModelFiles, context: usize) -> Result<Self> {
         let ck = &files.checkpoint;
-        let cfg = files.config.clone();
+        let cfg = files.config.for_context(context);
         let get = |s: &Slice| ck.part(s).map(|p| p.to_f32());
         let opt = |s: &Option<Slice>| s.as_ref().map(get).transpose();
         let norm = |s: &Slice| get(s).map(|w| norm_values(&cfg, w));
