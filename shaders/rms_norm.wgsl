@@ -1,5 +1,7 @@
 // rms_norm: out[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * weight[:]
-// One workgroup per token; the sum of squares is reduced in workgroup memory.
+// One workgroup per row (token, or token and head for per-head q/k norms), in a 2-D grid
+// when there are more rows than one grid dimension holds; the sum of squares is reduced in
+// workgroup memory.
 
 override WEIGHT_DTYPE: u32 = 0u;
 
@@ -27,8 +29,15 @@ fn weight_at(i: u32) -> f32 {
 }
 
 @compute @workgroup_size(WG)
-fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    let t = wg.x;
+fn rms_norm(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) tid: u32,
+) {
+    let t = wg.y * nwg.x + wg.x;
+    if t >= p.num_tokens {
+        return;  // uniform: the whole workgroup leaves
+    }
     let base = t * p.hidden;
     var ss = 0.0;
     for (var i = tid; i < p.hidden; i += WG) {

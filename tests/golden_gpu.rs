@@ -16,9 +16,19 @@ use pagellm::pool::{KvDtype, KvLayout, KvPool, PoolSize};
 use rand::seq::SliceRandom;
 
 /// Extra logprob tolerance with an f16 KV pool: rounding K and V to f16 (relative 2^-11)
-/// moves these peaky models' logprobs by up to 2.1e-2 over 16 steps on the f32 checkpoints
-/// and up to 9.6e-2 on the f16 one (measured, identical on Vulkan and GL).
-const F16_KV_EXTRA_LOGPROB_TOL: f64 = 0.2;
+/// moves these peaky models' logprobs by up to 3e-2 over 16 steps on the float32-computed
+/// checkpoints and up to 9.2e-2 on mistral-f16 (measured, identical on Vulkan and GL; with
+/// an f32 pool every fixture agrees to 1.2e-4) ...
+const F16_KV_EXTRA_LOGPROB_TOL: f64 = 0.05;
+
+/// ... except gemma3-local-rope, whose q/k norms and 32-wide heads move far-tail tokens
+/// (logprob near -17) by up to 0.117.
+fn f16_kv_extra_tol(fixture: &str) -> f64 {
+    match fixture {
+        "gemma3-local-rope" => 0.12,
+        _ => F16_KV_EXTRA_LOGPROB_TOL,
+    }
+}
 
 struct Step {
     logits: Vec<Vec<f32>>,
@@ -70,7 +80,7 @@ fn run(kv: KvDtype, block_size: usize, strict: bool) {
     for ctx in contexts() {
         for mut f in golden::all() {
             if !strict {
-                f.logprob_tol += F16_KV_EXTRA_LOGPROB_TOL;
+                f.logprob_tol += f16_kv_extra_tol(f.name);
             }
             let c = &f.files.config;
             let model = GpuModel::upload(ctx, &f.files, |_, _| {}).unwrap();

@@ -521,3 +521,22 @@ fn contiguous_baseline_matches_reference() {
         assert_close(&what, &read_f32(ctx, &out, want.len()), &want, 2e-4, 1e-4);
     }
 }
+
+#[test]
+fn metadata_refuses_a_query_in_a_released_block() {
+    let table = [NO_BLOCK, 3];
+    let hole = SeqSlice {
+        query_len: 5,
+        context_len: 6,
+        block_table: &table,
+    };
+    let e = AttentionMetadata::build(&[hole], 4).unwrap_err().to_string();
+    assert!(e.contains("position 1 is in a released block"), "{e}");
+    let fine = SeqSlice {
+        query_len: 2,
+        context_len: 6,
+        block_table: &table,
+    };
+    let m = AttentionMetadata::build(&[fine], 4).unwrap();
+    assert_eq!(m.slot_mapping, vec![3 * 4, 3 * 4 + 1]);
+}

@@ -60,6 +60,21 @@ fn rms_norm_matches_reference() {
                 assert_close(&what, &read_f32(ctx, &out, x.len()), &want, 1e-5, 1e-5);
             }
         }
+        // More rows than one grid dimension holds (a per-head q/k norm of 2048 tokens of
+        // 32 heads): the kernel runs a 2-D grid.
+        let (rows, hidden) = (66_000, 16);
+        assert!(rows > ctx.limits.max_compute_workgroups_per_dimension as usize);
+        let x = randn(&mut g, rows * hidden, 3.0);
+        let wv = randn(&mut g, hidden, 1.0);
+        let w = Weight::from_f32(ctx, "w", &wv, 1, hidden, WeightDtype::F32).unwrap();
+        let xb = ctx.upload("x", &x).unwrap();
+        let out = ctx.storage_buffer("out", (x.len() * 4) as u64).unwrap();
+        let mut b = Batch::new(ctx, "t");
+        kernels::rms_norm::rms_norm(&mut b, &xb, &w, &out, rows, 1e-6).unwrap();
+        b.submit().unwrap();
+        let want = r::rms_norm(&x, &wv, 1e-6);
+        let what = format!("rms_norm of {rows} rows on {}", backend(ctx));
+        assert_close(&what, &read_f32(ctx, &out, x.len()), &want, 1e-5, 1e-5);
     }
 }
 

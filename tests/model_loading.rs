@@ -348,8 +348,12 @@ fn family_recipes_from_config_json() {
         "interleaved: no block can be freed"
     );
 
-    // Gemma 3 in transformers-4 spelling: one global layer in six, two rope bases.
+    // Gemma 3 in transformers-4 spelling: one global layer in six, two rope bases; its
+    // attention ignores attn_logit_softcapping, as transformers' does; head_dim 256 when
+    // not given.
     let mut v = base("gemma3_text", 12);
+    v["attn_logit_softcapping"] = json!(50.0);
+    v["final_logit_softcapping"] = json!(30.0);
     v["rope_theta"] = json!(1_000_000.0);
     v["rope_local_base_freq"] = json!(10_000.0);
     v["rope_scaling"] = json!({"rope_type": "linear", "factor": 8.0});
@@ -365,6 +369,7 @@ fn family_recipes_from_config_json() {
     let local = c.layer_rope(0);
     assert_eq!((local.theta, local.scaling), (10_000.0, RopeScaling::None));
     assert!(c.recipe.qk_norm && c.recipe.attn_softcap.is_none());
+    assert_eq!((c.recipe.final_softcap, c.head_dim), (Some(30.0), 256));
 
     // Qwen2/Qwen3: windows from max_window_layers on, only with use_sliding_window.
     let mut v = base("qwen2", 4);
@@ -376,17 +381,41 @@ fn family_recipes_from_config_json() {
     assert!(c.qkv_bias && !c.o_bias);
     v["model_type"] = json!("qwen3");
     v["use_sliding_window"] = json!(false);
-    let c = parse(v);
+    let c = parse(v.clone());
     assert_eq!(windows(&c), [None; 4]);
     assert!(c.recipe.qk_norm && !c.qkv_bias);
+    assert_eq!(c.head_dim, 128, "Qwen3's default head_dim");
+    // use_sliding_window with a null window, or layer_types listing sliding layers without
+    // use_sliding_window: full attention everywhere, as in transformers.
+    v["use_sliding_window"] = json!(true);
+    v["sliding_window"] = Value::Null;
+    assert_eq!(windows(&parse(v.clone())), [None; 4]);
+    v["use_sliding_window"] = json!(false);
+    v["sliding_window"] = json!(32);
+    v["layer_types"] = json!([
+        "full_attention",
+        "full_attention",
+        "sliding_attention",
+        "sliding_attention"
+    ]);
+    assert_eq!(windows(&parse(v)), [None; 4]);
 
-    // Mistral: transformers' default window when the key is absent, none when null.
-    let c = parse(base("mistral", 2));
+    // Mistral: transformers' default window when the key is absent, none when null; every
+    // layer slides whatever layer_types says (transformers ignores it for Mistral).
+    let mut v = base("mistral", 2);
+    v["max_position_embeddings"] = json!(32768);
+    v["layer_types"] = json!(["full_attention", "sliding_attention"]);
+    let c = parse(v);
     assert_eq!(c.recipe.common_window(), Some(4096));
     assert_eq!(
         c.max_model_len(),
-        2048,
+        32768,
         "the window no longer caps the context"
+    );
+    assert_eq!(
+        parse(base("mistral", 2)).max_model_len(),
+        131072,
+        "transformers' default"
     );
     let mut v = base("mistral", 2);
     v["sliding_window"] = Value::Null;
@@ -401,6 +430,7 @@ fn family_recipes_from_config_json() {
     let long: Vec<f64> = (0..8).map(|i| 2.0 + 4.0 * i as f64).collect();
     v["rope_scaling"] = json!({"type": "su", "short_factor": short, "long_factor": long});
     let c = parse(v);
+    assert_eq!(c.rms_norm_eps, 1e-5, "Phi-3's default eps");
     let RopeScaling::LongRope {
         attention_factor,
         original_max_position_embeddings,

@@ -49,8 +49,8 @@ pub struct EngineConfig {
     pub profile: bool,
     /// When every layer of the model has the same sliding window (Mistral, Phi-3 with
     /// `sliding_window`), give back each sequence's KV blocks once every token in them
-    /// has left the window, so a long generation holds about `window / block_size + 1`
-    /// blocks. Off keeps every block (the benchmark's baseline).
+    /// has left the window, so a long generation holds at most `window / block_size + 2`
+    /// blocks (rounded up). Off keeps every block (the benchmark's baseline).
     pub free_out_of_window_blocks: bool,
 }
 

@@ -113,7 +113,14 @@ impl AttentionMetadata {
             m.block_tables[i * max_blocks..i * max_blocks + needed]
                 .copy_from_slice(&s.block_table[..needed]);
             for pos in s.context_len - s.query_len..s.context_len {
-                let block = s.block_table[pos / block_size] as usize;
+                let block = s.block_table[pos / block_size];
+                if block == NO_BLOCK {
+                    return Err(GpuError::invalid(
+                        K,
+                        format!("sequence {i}: position {pos} is in a released block"),
+                    ));
+                }
+                let block = block as usize;
                 m.token_pos.push([i as u32, pos as u32]);
                 m.positions.push(pos as u32);
                 m.slot_mapping

@@ -2,7 +2,7 @@
 
 use super::{check_len, params, Weight, RMS_NORM};
 use crate::error::{GpuError, Result};
-use crate::gpu::Batch;
+use crate::gpu::{grid_2d, Batch};
 
 params!(RmsNormParams for RMS_NORM {
     num_tokens: u32,
@@ -12,7 +12,8 @@ params!(RmsNormParams for RMS_NORM {
 });
 
 /// out = x / sqrt(mean(x^2) + eps) * weight, row by row. `x`, `out`: [num_tokens, hidden];
-/// `weight`: a [1, hidden] weight. `x` and `out` may not be the same buffer.
+/// `weight`: a [1, hidden] weight. `x` and `out` may not be the same buffer. Rows may be
+/// tokens times heads (per-head norms), more than one grid dimension holds.
 pub fn rms_norm(
     batch: &mut Batch,
     x: &wgpu::Buffer,
@@ -39,6 +40,9 @@ pub fn rms_norm(
         &[("WEIGHT_DTYPE", weight.dtype.code())],
         &p,
         &[x.into(), (&weight.chunks[0].buffer).into(), out.into()],
-        [num_tokens as u32, 1, 1],
+        grid_2d(
+            num_tokens as u32,
+            batch.ctx().limits.max_compute_workgroups_per_dimension,
+        ),
     )
 }

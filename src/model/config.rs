@@ -172,7 +172,7 @@ impl ModelConfig {
         let hidden_size = r.usize("hidden_size")?;
         let num_heads = r.usize("num_attention_heads")?;
         let num_kv_heads = r.opt_usize("num_key_value_heads")?.unwrap_or(num_heads);
-        let head_dim = match r.opt_usize("head_dim")? {
+        let head_dim = match r.opt_usize("head_dim")?.or(def.defaults.head_dim) {
             Some(d) => d,
             None if hidden_size % num_heads == 0 => hidden_size / num_heads,
             None => {
@@ -193,7 +193,9 @@ impl ModelConfig {
             )));
         }
         let num_layers = r.usize("num_hidden_layers")?;
-        let max_position_embeddings = r.opt_usize("max_position_embeddings")?.unwrap_or(2048);
+        let max_position_embeddings = r
+            .opt_usize("max_position_embeddings")?
+            .unwrap_or(def.defaults.max_position_embeddings);
 
         // The main rope. transformers 5 nests it in rope_parameters (per layer type for
         // families with two ropes: then this is the full-attention layers' one);
@@ -201,7 +203,12 @@ impl ModelConfig {
         let rope_params = r
             .get("rope_parameters")
             .map(|p| p.get("full_attention").unwrap_or(p));
-        let rope = parse_rope(&r, rope_params, 10000.0, head_dim)?;
+        let rope = parse_rope(
+            &r,
+            rope_params,
+            10000.0,
+            (head_dim, max_position_embeddings),
+        )?;
 
         let attention_bias = r.bool("attention_bias")?.unwrap_or(false);
         let mut eos_token_ids = r.ids("eos_token_id");
@@ -215,7 +222,7 @@ impl ModelConfig {
             num_heads,
             num_kv_heads,
             head_dim,
-            rms_norm_eps: r.f64("rms_norm_eps")?.unwrap_or(1e-6) as f32,
+            rms_norm_eps: r.f64("rms_norm_eps")?.unwrap_or(def.defaults.rms_norm_eps) as f32,
             rope_theta: rope.theta,
             rope_scaling: rope.scaling,
             max_position_embeddings,
@@ -277,11 +284,12 @@ impl ModelConfig {
 
 /// A rope from a `rope_parameters` object (transformers 5), or from the top-level
 /// `rope_theta` / `rope_scaling` (transformers 4) where the object does not say.
+/// `dims` is (head_dim, max_position_embeddings).
 pub(crate) fn parse_rope(
     r: &ConfigReader<'_>,
     params: Option<&Value>,
     default_theta: f64,
-    head_dim: usize,
+    dims: (usize, usize),
 ) -> Result<Rope> {
     let theta = match params {
         Some(p) => r.nested(p).f64("rope_theta")?,
@@ -302,17 +310,19 @@ pub(crate) fn parse_rope(
     }
     let scaling = match r.get("rope_scaling").or(params) {
         None => RopeScaling::None,
-        Some(s) => parse_scaling(&r.nested(s), r, head_dim)?,
+        Some(s) => parse_scaling(&r.nested(s), r, dims)?,
     };
     Ok(Rope { theta, scaling })
 }
 
-/// `top` is the whole config, for the fields LongRoPE reads from it.
+/// `top` is the whole config, for the fields LongRoPE reads from it; `dims` is (head_dim,
+/// max_position_embeddings).
 fn parse_scaling(
     r: &ConfigReader<'_>,
     top: &ConfigReader<'_>,
-    head_dim: usize,
+    dims: (usize, usize),
 ) -> Result<RopeScaling> {
+    let (head_dim, max_pos) = dims;
     let kind = r
         .get("rope_type")
         .or(r.get("type"))
@@ -351,12 +361,13 @@ fn parse_scaling(
                     ))),
                 }
             };
-            let max_pos = top.opt_usize("max_position_embeddings")?.unwrap_or(2048);
-            let original = match r.opt_usize("original_max_position_embeddings")? {
+            // transformers (Phi-3): the top-level field wins, then the scaling's own, then
+            // Phi-3's default of 4096.
+            let original = match top.opt_usize("original_max_position_embeddings")? {
                 Some(n) => n,
-                None => top
+                None => r
                     .opt_usize("original_max_position_embeddings")?
-                    .unwrap_or(max_pos),
+                    .unwrap_or(4096),
             };
             // transformers: the factor defaults to the context's growth, and the attention
             // factor to sqrt(1 + ln(factor) / ln(original)).

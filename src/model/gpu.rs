@@ -50,6 +50,23 @@ pub struct GpuModel {
     pub ropes: Vec<RopeTable>,
 }
 
+/// The config a model computes with for sequences of up to `context` tokens: rope scalings
+/// picked for the context ([`ModelConfig::for_context`]), and Gemma's embedding scale
+/// rounded to the embedding's dtype, as transformers multiplies by
+/// `embed_scale.to(weight.dtype)` (sqrt(3584) = 59.87 is 59.75 in bfloat16).
+pub(crate) fn computing_config(files: &ModelFiles, context: usize) -> Result<ModelConfig> {
+    let mut cfg = files.config.for_context(context);
+    if let Some(s) = cfg.recipe.embed_scale {
+        let rounded = match files.checkpoint.get(spec::EMBED)?.dtype {
+            WeightDtype::F32 => s,
+            WeightDtype::F16 => half::f16::from_f32(s).to_f32(),
+            WeightDtype::BF16 => half::bf16::from_f32(s).to_f32(),
+        };
+        cfg.recipe.embed_scale = Some(rounded);
+    }
+    Ok(cfg)
+}
+
 /// A norm weight as the kernels use it: Gemma's `1 + w` is added here, in f32.
 pub(crate) fn norm_values(cfg: &ModelConfig, w: Vec<f32>) -> Vec<f32> {
     match cfg.recipe.norm {
@@ -131,7 +148,7 @@ impl GpuModel {
         context: usize,
         mut progress: impl FnMut(u64, u64),
     ) -> Result<Self> {
-        let cfg = files.config.for_context(context);
+        let cfg = computing_config(files, context)?;
         let ck = &files.checkpoint;
         let total: u64 = spec::expected_tensors(&cfg)
             .iter()

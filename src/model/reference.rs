@@ -5,7 +5,7 @@
 
 use super::arch::{Activation, Slice};
 use super::error::Result;
-use super::gpu::norm_values;
+use super::gpu::{computing_config, norm_values};
 use super::spec;
 use super::{ModelConfig, ModelFiles};
 use crate::reference as r;
@@ -55,7 +55,7 @@ impl ReferenceModel {
     /// see [`ModelConfig::for_context`]).
     pub fn for_context(files: &ModelFiles, context: usize) -> Result<Self> {
         let ck = &files.checkpoint;
-        let cfg = files.config.for_context(context);
+        let cfg = computing_config(files, context)?;
         let get = |s: &Slice| ck.part(s).map(|p| p.to_f32());
         let opt = |s: &Option<Slice>| s.as_ref().map(get).transpose();
         let norm = |s: &Slice| get(s).map(|w| norm_values(&cfg, w));

@@ -10,7 +10,8 @@
 //!   `layer_types` says otherwise.
 
 use super::{
-    activation, layer_windows, separate_layer, ArchDef, Architecture, NormKind, GEMMA_NORMS,
+    activation, layer_windows, separate_layer, window_or, ArchDef, Architecture, Defaults,
+    NormKind, GEMMA_NORMS,
 };
 use crate::model::config::{ConfigReader, ModelConfig};
 use crate::model::error::Result;
@@ -50,16 +51,14 @@ pub(super) fn gemma_common(
 
 /// Gemma's window: `sliding_window` (4096 when absent).
 pub(super) fn gemma_window(r: &ConfigReader<'_>) -> Result<Option<usize>> {
-    match r.v.get("sliding_window") {
-        None => Ok(Some(4096)),
-        Some(_) => r.opt_usize("sliding_window"),
-    }
+    window_or(r, Some(4096))
 }
 
 pub(super) const DEF: ArchDef = ArchDef {
     model_type: "gemma2",
     architecture: Architecture::Gemma2,
     tied_by_default: true,
+    defaults: Defaults::new(Some(256), 8192, 1e-6),
     configure: |r, cfg| {
         gemma_common(r, cfg, (Some(50.0), Some(30.0)))?;
         let window = gemma_window(r)?;

@@ -10,13 +10,14 @@
 //!   `rope_local_base_freq`, base 1e4 by default).
 
 use super::gemma2::{gemma_common, gemma_window};
-use super::{layer_windows, separate_layer, ArchDef, Architecture, GEMMA_NORMS};
+use super::{layer_windows, separate_layer, ArchDef, Architecture, Defaults, GEMMA_NORMS};
 use crate::model::config::parse_rope;
 
 pub(super) const DEF: ArchDef = ArchDef {
     model_type: "gemma3_text",
     architecture: Architecture::Gemma3,
     tied_by_default: true,
+    defaults: Defaults::new(Some(256), 131_072, 1e-6),
     configure: |r, cfg| {
         gemma_common(r, cfg, (None, None))?;
         cfg.recipe.attn_softcap = None;
@@ -29,10 +30,16 @@ pub(super) const DEF: ArchDef = ArchDef {
         if !has_theta {
             cfg.rope_theta = 1_000_000.0;
         }
+        let local_theta = r.f64("rope_local_base_freq")?.unwrap_or(10_000.0);
         let local = match params.and_then(|p| p.get("sliding_attention")) {
-            Some(p) => parse_rope(&r.nested(p), Some(p), 10_000.0, cfg.head_dim)?,
+            Some(p) => parse_rope(
+                &r.nested(p),
+                Some(p),
+                local_theta,
+                (cfg.head_dim, cfg.max_position_embeddings),
+            )?,
             None => super::Rope {
-                theta: r.f64("rope_local_base_freq")?.unwrap_or(10_000.0),
+                theta: local_theta,
                 scaling: crate::kernels::rope::RopeScaling::None,
             },
         };

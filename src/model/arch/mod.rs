@@ -128,11 +128,6 @@ impl Recipe {
             .all(|l| l.window == Some(first))
             .then_some(first)
     }
-
-    /// The largest window of any layer (`None` when no layer is windowed).
-    pub fn largest_window(&self) -> Option<usize> {
-        self.layers.iter().filter_map(|l| l.window).max()
-    }
 }
 
 /// Where one logical weight lives: a checkpoint tensor, or a run of its rows (a fused
@@ -182,11 +177,32 @@ pub struct ArchDef {
     /// `tie_word_embeddings` when config.json does not say (transformers' default for the
     /// family).
     pub tied_by_default: bool,
+    /// transformers' defaults for keys config.json may leave out: `head_dim` (`None`:
+    /// hidden_size / num_attention_heads), `max_position_embeddings`, `rms_norm_eps`.
+    pub defaults: Defaults,
     /// Reads the family's own config fields and sets [`ModelConfig::recipe`]; the shared
     /// fields are read already.
     pub configure: fn(&ConfigReader<'_>, &mut ModelConfig) -> Result<()>,
     /// The tensors of layer `i`.
     pub layer: fn(&ModelConfig, usize) -> LayerTensors,
+}
+
+/// Per-family defaults of shared config keys (see [`ArchDef::defaults`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Defaults {
+    pub head_dim: Option<usize>,
+    pub max_position_embeddings: usize,
+    pub rms_norm_eps: f64,
+}
+
+impl Defaults {
+    const fn new(head_dim: Option<usize>, max_position_embeddings: usize, eps: f64) -> Self {
+        Defaults {
+            head_dim,
+            max_position_embeddings,
+            rms_norm_eps: eps,
+        }
+    }
 }
 
 /// Every supported architecture.
@@ -357,7 +373,8 @@ fn activation(r: &ConfigReader<'_>, key: &str, default: &str) -> Result<Activati
 }
 
 /// Which layers slide: `layer_types` when config.json lists them, else `default(i)`.
-/// Every sliding layer gets `window`, which must then be given.
+/// Every sliding layer gets `window`; without a window they attend to everything, as in
+/// transformers.
 fn layer_windows(
     r: &ConfigReader<'_>,
     cfg: &mut ModelConfig,
@@ -382,22 +399,32 @@ fn layer_windows(
                 .collect::<Result<_>>()?
         }
     };
-    if sliding.iter().any(|&s| s) && window.is_none() {
-        return Err(r.err("sliding_attention layers need a sliding_window".into()));
-    }
     for (l, s) in cfg.recipe.layers.iter_mut().zip(sliding) {
         l.window = if s { window } else { None };
     }
     Ok(())
 }
 
-/// Qwen2/Qwen3's windows: with `use_sliding_window`, layers from `max_window_layers` on
-/// slide (or as `layer_types` says).
+/// The window every layer of Mistral and Phi-3 uses (transformers applies
+/// `sliding_window` to all their layers and ignores `layer_types`).
+fn all_layers(cfg: &mut ModelConfig, window: Option<usize>) {
+    cfg.recipe.layers.iter_mut().for_each(|l| l.window = window);
+}
+
+/// `sliding_window`: `default` when the key is absent, none when it is null.
+fn window_or(r: &ConfigReader<'_>, default: Option<usize>) -> Result<Option<usize>> {
+    match r.v.get("sliding_window") {
+        None => Ok(default),
+        Some(_) => r.opt_usize("sliding_window"),
+    }
+}
+
+/// Qwen2/Qwen3's windows: with `use_sliding_window` and a window, layers from
+/// `max_window_layers` on slide (or as `layer_types` says).
 fn qwen_windows(r: &ConfigReader<'_>, cfg: &mut ModelConfig) -> Result<()> {
-    let window = if r.bool("use_sliding_window")?.unwrap_or(false) {
-        Some(r.opt_usize("sliding_window")?.unwrap_or(4096))
-    } else {
-        None
+    let window = match r.bool("use_sliding_window")?.unwrap_or(false) {
+        true => window_or(r, Some(4096))?,
+        false => None,
     };
     let from = r.opt_usize("max_window_layers")?.unwrap_or(28);
     layer_windows(r, cfg, window, |i| window.is_some() && i >= from)

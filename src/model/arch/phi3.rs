@@ -3,7 +3,9 @@
 //! the gate rows then the up rows; they are split at load. Rope may be LongRoPE (`longrope`,
 //! formerly `su`), and every layer is windowed when `sliding_window` is set.
 
-use super::{activation, layer_windows, ArchDef, Architecture, LayerTensors, Tensors};
+use super::{
+    activation, all_layers, window_or, ArchDef, Architecture, Defaults, LayerTensors, Tensors,
+};
 use crate::model::config::ModelConfig;
 
 fn layer(cfg: &ModelConfig, i: usize) -> LayerTensors {
@@ -55,11 +57,12 @@ pub(super) const DEF: ArchDef = ArchDef {
     model_type: "phi3",
     architecture: Architecture::Phi3,
     tied_by_default: false,
+    defaults: Defaults::new(None, 4096, 1e-5),
     configure: |r, cfg| {
         cfg.recipe.activation = activation(r, "hidden_act", "silu")?;
         (cfg.qkv_bias, cfg.o_bias, cfg.mlp_bias) = (false, false, false);
-        let window = r.opt_usize("sliding_window")?;
-        layer_windows(r, cfg, window, |_| window.is_some())
+        all_layers(cfg, window_or(r, None)?);
+        Ok(())
     },
     layer,
 };
