@@ -530,7 +530,9 @@ fn metadata_refuses_a_query_in_a_released_block() {
         context_len: 6,
         block_table: &table,
     };
-    let e = AttentionMetadata::build(&[hole], 4).unwrap_err().to_string();
+    let e = AttentionMetadata::build(&[hole], 4)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("position 1 is in a released block"), "{e}");
     let fine = SeqSlice {
         query_len: 2,

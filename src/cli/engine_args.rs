@@ -67,7 +67,9 @@ pub struct EngineArgs {
     #[arg(long, value_enum, default_value = "auto")]
     pub preemption_mode: PreemptionArg,
     /// Cap the context below the model's own, so a small KV pool is a valid
-    /// configuration (the pool must hold one sequence of this length).
+    /// configuration (the pool must hold one sequence of this length). LongRoPE models
+    /// (Phi-3) default to their original context; a longer one, up to
+    /// max_position_embeddings, switches to the long rope factors.
     #[arg(long)]
     pub max_model_len: Option<usize>,
     #[arg(long, default_value_t = 64)]

@@ -37,8 +37,10 @@ pub struct EngineConfig {
     /// Most tokens (prefill chunks plus decode tokens) in one step.
     pub max_num_batched_tokens: usize,
     pub enable_prefix_caching: bool,
-    /// Context limit, at most the model's; `None` uses the model's. Lowering it lets a
-    /// small pool serve (the pool must hold one sequence of this length).
+    /// Context limit, at most the model's `max_position_embeddings`; `None` uses the
+    /// model's default context (`ModelConfig::default_context`: the same, except the
+    /// original context of LongRoPE models). Lowering it lets a small pool serve (the pool
+    /// must hold one sequence of this length).
     pub max_model_len: Option<usize>,
     /// Serve running decodes before prefill chunks, so a long prompt never holds up other
     /// requests' token streams. Off serves running groups strictly oldest first (kept to

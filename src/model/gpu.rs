@@ -2,7 +2,7 @@
 //! precision (fused projections split into their parts, Gemma's `1 + w` norms widened to
 //! f32 with the one added), plus the rotary tables.
 
-use super::arch::{NormKind, Slice};
+use super::arch::{NormKind, Rope, Slice};
 use super::checkpoint::Checkpoint;
 use super::error::Result;
 use super::spec;
@@ -203,22 +203,14 @@ impl GpuModel {
         } else {
             Some(up.weight(&whole(spec::LM_HEAD), p)?)
         };
-        let mut ropes = vec![RopeTable::new(
-            ctx,
-            cfg.head_dim,
-            cfg.rope_theta,
-            &cfg.rope_scaling,
-            context,
-        )?];
-        if let Some(local) = &cfg.recipe.local_rope {
-            ropes.push(RopeTable::new(
-                ctx,
-                cfg.head_dim,
-                local.theta,
-                &local.scaling,
-                context,
-            )?);
-        }
+        let main = Rope {
+            theta: cfg.rope_theta,
+            scaling: cfg.rope_scaling.clone(),
+        };
+        let ropes = std::iter::once(&main)
+            .chain(&cfg.recipe.local_rope)
+            .map(|r| RopeTable::new(ctx, cfg.head_dim, r.theta, &r.scaling, context))
+            .collect::<crate::error::Result<Vec<_>>>()?;
         Ok(GpuModel {
             config: cfg,
             embed,
