@@ -54,6 +54,12 @@ const UNIFORM_ARENA_BYTES: u64 = 64 * 1024;
 /// Recorded GPU work not yet submitted.
 pub struct Batch<'c> {
     ctx: &'c GpuContext,
+    /// The compute pass consecutive dispatches share (declared before the encoder so that
+    /// it ends first). WebGPU makes each dispatch of a compute pass its own usage scope,
+    /// so wgpu still orders them by the buffers they touch; one pass instead of one per
+    /// dispatch saves the host a pass's begin, end and tracking at record and submit time.
+    /// Copies and timestamped dispatches end it.
+    pass: Option<wgpu::ComputePass<'static>>,
     encoder: Option<wgpu::CommandEncoder>,
     dispatches: usize,
     /// Buffers holding the dispatches' parameter blocks, mapped while the batch records and
@@ -87,6 +93,7 @@ impl<'c> Batch<'c> {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
         Batch {
             ctx,
+            pass: None,
             encoder: Some(encoder),
             dispatches: 0,
             uniforms: Vec::new(),
@@ -132,6 +139,7 @@ impl<'c> Batch<'c> {
             b.unmap();
         }
         self.uniform_used = 0;
+        self.pass = None;
         if let Some(e) = self.encoder.take() {
             ctx.scoped("submitting GPU work", || ctx.queue.submit([e.finish()]))?;
         }
@@ -211,7 +219,9 @@ impl<'c> Batch<'c> {
         self.dispatches
     }
 
+    /// The encoder, for commands outside a compute pass: ends the shared pass.
     fn encoder(&mut self) -> &mut wgpu::CommandEncoder {
+        self.pass = None;
         self.encoder
             .get_or_insert_with(|| self.ctx.device.create_command_encoder(&Default::default()))
     }
@@ -257,7 +267,7 @@ impl<'c> Batch<'c> {
             }
             ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some(kernel.name),
-                layout: &pipeline.get_bind_group_layout(0),
+                layout: &pipeline.layout,
                 entries: &entries,
             })
         })?;
@@ -266,6 +276,25 @@ impl<'c> Batch<'c> {
             // What was recorded before runs first, outside this kernel's time.
             self.flush()?;
         }
+        if method.is_none() {
+            if self.pass.is_none() {
+                let pass = self
+                    .encoder()
+                    .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                        label: Some("kernels"),
+                        timestamp_writes: None,
+                    })
+                    .forget_lifetime();
+                self.pass = Some(pass);
+            }
+            let pass = self.pass.as_mut().expect("just opened");
+            pass.set_pipeline(&pipeline.pipeline);
+            pass.set_bind_group(0, &bind_group, &[]);
+            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+            self.dispatches += 1;
+            return Ok(());
+        }
+        // Profiling: a pass of its own per dispatch, for its timestamps or its submit.
         let stamps = match method {
             Some(TimingMethod::Timestamps) => {
                 self.next_timestamps(self.profiled_name(kernel.name))?
@@ -284,7 +313,7 @@ impl<'c> Batch<'c> {
                     }
                 }),
             });
-        pass.set_pipeline(&pipeline);
+        pass.set_pipeline(&pipeline.pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         drop(pass);
@@ -316,6 +345,7 @@ impl<'c> Batch<'c> {
     /// its results (see `profile.rs`).
     pub fn submit(mut self) -> Result<wgpu::SubmissionIndex> {
         let ctx = self.ctx;
+        self.pass = None;
         let stamps = self.resolve_timestamps();
         // Profiling without timestamps may have submitted everything already.
         let encoder = self

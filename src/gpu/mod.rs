@@ -12,7 +12,7 @@ pub use buffer::{PendingRead, STORAGE};
 pub use context::{
     enumerate_adapters, AdapterReport, Capabilities, GpuContext, SHARED_GL_WAIT_SLICE,
 };
-pub use pipeline::{KernelSource, PRELUDE};
+pub use pipeline::{CompiledKernel, KernelSource, PRELUDE};
 pub use profile::{Profiler, TimingMethod};
 pub use select::AdapterRequest;
 pub use wgpu::AdapterInfo;

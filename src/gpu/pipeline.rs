@@ -25,9 +25,17 @@ impl KernelSource {
 
 type Key = (&'static str, Vec<(&'static str, u64)>);
 
+/// A compiled kernel: its pipeline and the layout of its bind group 0, looked up once
+/// (`get_bind_group_layout` registers a new handle on every call).
+#[derive(Debug)]
+pub struct CompiledKernel {
+    pub pipeline: wgpu::ComputePipeline,
+    pub layout: wgpu::BindGroupLayout,
+}
+
 #[derive(Default)]
 pub(crate) struct PipelineCache {
-    map: Mutex<HashMap<Key, Arc<wgpu::ComputePipeline>>>,
+    map: Mutex<HashMap<Key, Arc<CompiledKernel>>>,
     modules: Mutex<HashMap<&'static str, Arc<wgpu::ShaderModule>>>,
 }
 
@@ -38,7 +46,7 @@ impl GpuContext {
         &self,
         kernel: KernelSource,
         constants: &[(&'static str, f64)],
-    ) -> Result<Arc<wgpu::ComputePipeline>> {
+    ) -> Result<Arc<CompiledKernel>> {
         let key: Key = (
             kernel.name,
             constants.iter().map(|&(k, v)| (k, v.to_bits())).collect(),
@@ -67,7 +75,8 @@ impl GpuContext {
                     cache: None,
                 })
         })?;
-        let pipeline = Arc::new(pipeline);
+        let layout = pipeline.get_bind_group_layout(0);
+        let pipeline = Arc::new(CompiledKernel { pipeline, layout });
         if let Ok(mut m) = self.pipelines.map.lock() {
             m.insert(key, pipeline.clone());
         }
