@@ -1,5 +1,5 @@
 //! Host cost of recording a dispatch: what every kernel launch costs the CPU before the GPU
-//! sees it (pipeline lookup, parameter block, bind group, compute pass). An engine step of
+//! sees it (pipeline lookup, parameter block, bind group, its commands in the shared compute pass). An engine step of
 //! an L-layer model records about 13·L + 5 dispatches, so on a fast GPU this bounds how
 //! small a step can get.
 //!
