@@ -1,7 +1,7 @@
 //! Host cost of recording a dispatch: what every kernel launch costs the CPU before the GPU
-//! sees it (pipeline lookup, parameter block, bind group, its commands in the shared compute pass). An engine step of
-//! an L-layer model records about 13·L + 5 dispatches, so on a fast GPU this bounds how
-//! small a step can get.
+//! sees it (pipeline lookup, parameter block, bind group, its commands in the batch's
+//! shared compute pass). An engine step of an L-layer model records about 13·L + 5
+//! dispatches, so on a fast GPU this bounds how small a step can get.
 //!
 //! 1000 dispatches of the `add` kernel on 1024 floats are recorded into one batch and
 //! submitted; reported per dispatch: the recording time, and submit + wait (the adapter's
