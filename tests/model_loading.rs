@@ -370,6 +370,13 @@ fn family_recipes_from_config_json() {
     assert_eq!((local.theta, local.scaling), (10_000.0, RopeScaling::None));
     assert!(c.recipe.qk_norm && c.recipe.attn_softcap.is_none());
     assert_eq!((c.recipe.final_softcap, c.head_dim), (Some(30.0), 256));
+    // A null window: the sliding-type layers attend to everything but keep the local rope.
+    let mut v = base("gemma3_text", 6);
+    v["sliding_window"] = Value::Null;
+    let c = parse(v);
+    assert_eq!(windows(&c), [None; 6]);
+    let local: Vec<bool> = c.recipe.layers.iter().map(|l| l.local_rope).collect();
+    assert_eq!(local, [true, true, true, true, true, false]);
 
     // Qwen2/Qwen3: windows from max_window_layers on, only with use_sliding_window.
     let mut v = base("qwen2", 4);

@@ -62,7 +62,7 @@ pub(super) const DEF: ArchDef = ArchDef {
     configure: |r, cfg| {
         gemma_common(r, cfg, (Some(50.0), Some(30.0)))?;
         let window = gemma_window(r)?;
-        layer_windows(r, cfg, window, |i| i % 2 == 0)
+        layer_windows(r, cfg, window, |i| i % 2 == 0).map(drop)
     },
     layer: |cfg, i| separate_layer(cfg, i, &GEMMA_NORMS),
 };

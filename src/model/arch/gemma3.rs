@@ -46,9 +46,10 @@ pub(super) const DEF: ArchDef = ArchDef {
         cfg.recipe.local_rope = Some(local);
         let window = gemma_window(r)?;
         let pattern = r.opt_usize("sliding_window_pattern")?.unwrap_or(6);
-        layer_windows(r, cfg, window, |i| (i + 1) % pattern != 0)?;
-        for l in &mut cfg.recipe.layers {
-            l.local_rope = l.window.is_some();
+        // Sliding-type layers use the local rope, with or without a window.
+        let sliding = layer_windows(r, cfg, window, |i| (i + 1) % pattern != 0)?;
+        for (l, s) in cfg.recipe.layers.iter_mut().zip(sliding) {
+            l.local_rope = s;
         }
         Ok(())
     },

@@ -374,13 +374,13 @@ fn activation(r: &ConfigReader<'_>, key: &str, default: &str) -> Result<Activati
 
 /// Which layers slide: `layer_types` when config.json lists them, else `default(i)`.
 /// Every sliding layer gets `window`; without a window they attend to everything, as in
-/// transformers.
+/// transformers. Returns which layers are of the sliding type.
 fn layer_windows(
     r: &ConfigReader<'_>,
     cfg: &mut ModelConfig,
     window: Option<usize>,
     default: impl Fn(usize) -> bool,
-) -> Result<()> {
+) -> Result<Vec<bool>> {
     let n = cfg.num_layers;
     let sliding: Vec<bool> = match r.get("layer_types") {
         None => (0..n).map(default).collect(),
@@ -399,10 +399,10 @@ fn layer_windows(
                 .collect::<Result<_>>()?
         }
     };
-    for (l, s) in cfg.recipe.layers.iter_mut().zip(sliding) {
+    for (l, &s) in cfg.recipe.layers.iter_mut().zip(&sliding) {
         l.window = if s { window } else { None };
     }
-    Ok(())
+    Ok(sliding)
 }
 
 /// The window every layer of Mistral and Phi-3 uses (transformers applies
@@ -427,7 +427,7 @@ fn qwen_windows(r: &ConfigReader<'_>, cfg: &mut ModelConfig) -> Result<()> {
         false => None,
     };
     let from = r.opt_usize("max_window_layers")?.unwrap_or(28);
-    layer_windows(r, cfg, window, |i| window.is_some() && i >= from)
+    layer_windows(r, cfg, window, |i| window.is_some() && i >= from).map(drop)
 }
 
 /// Refuses config keys whose feature is not implemented when they are set to anything
