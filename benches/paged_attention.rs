@@ -8,8 +8,13 @@
 //! size 128, f16 cache). Measurements alternate between the variants so drift hits both;
 //! each figure is the median wall time of a submit of several dispatches.
 //!
+//! A second table times the kernel alone on a small model's shape (the stories15M shape of
+//! the engine benchmark's `tiny15m`: 6 heads of 48, f16 cache), in the three kinds of step
+//! the engine runs: decode at 1 and 16 sequences and one 128-token prefill.
+//!
 //! Run: `cargo bench --bench paged_attention` (adapter chosen as usual, e.g.
-//! `PAGELLM_BACKEND=gl`). `-- --quick` runs fewer repetitions.
+//! `PAGELLM_BACKEND=gl`). `-- --quick` runs fewer repetitions; `-- --small` only the second
+//! table.
 
 use pagellm::gpu::Batch;
 use pagellm::kernels::paged_attention::{
@@ -19,7 +24,7 @@ use pagellm::kernels::paged_attention::{
 use pagellm::pool::{KvDtype, KvLayout, KvPool, PoolSize};
 use pagellm::GpuContext;
 use rand::seq::SliceRandom;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
 
 const HEADS: usize = 32;
@@ -31,15 +36,33 @@ const DISPATCHES_PER_SUBMIT: usize = 4;
 struct Setup {
     pool: KvPool,
     meta: AttentionBuffers,
+    heads: usize,
+    head_dim: usize,
 }
 
+/// Attention shape: (query heads, KV heads, head size).
+type Shape = (usize, usize, usize);
+
 fn setup(ctx: &GpuContext, batch: usize, ctx_len: usize, paged: bool) -> Setup {
+    setup_shaped(ctx, (HEADS, KV_HEADS, HEAD_DIM), batch, ctx_len, 1, paged)
+}
+
+/// `batch` sequences of `ctx_len` positions, the last `query_len` of each queried, K and V
+/// random.
+fn setup_shaped(
+    ctx: &GpuContext,
+    (heads, kv_heads, head_dim): Shape,
+    batch: usize,
+    ctx_len: usize,
+    query_len: usize,
+    paged: bool,
+) -> Setup {
     let block_size = if paged { BLOCK } else { ctx_len };
     let blocks_per_seq = ctx_len.div_ceil(block_size);
     let layout = KvLayout {
         num_layers: 1,
-        num_kv_heads: KV_HEADS,
-        head_dim: HEAD_DIM,
+        num_kv_heads: kv_heads,
+        head_dim,
         block_size,
         dtype: KvDtype::F16,
     };
@@ -52,7 +75,7 @@ fn setup(ctx: &GpuContext, batch: usize, ctx_len: usize, paged: bool) -> Setup {
     let seqs: Vec<SeqSlice> = tables
         .iter()
         .map(|t| SeqSlice {
-            query_len: 1,
+            query_len,
             context_len: ctx_len,
             block_table: t,
         })
@@ -60,7 +83,24 @@ fn setup(ctx: &GpuContext, batch: usize, ctx_len: usize, paged: bool) -> Setup {
     let meta = AttentionMetadata::build(&seqs, block_size)
         .and_then(|m| m.upload(ctx))
         .expect("metadata");
-    Setup { pool, meta }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let halves = pool.layout.block_bytes() as usize / 2;
+    for block in 0..batch * blocks_per_seq {
+        let (buffer, k, v) = pool.block_location(0, block);
+        for offset in [k, v] {
+            let values: Vec<u16> = (0..halves)
+                .map(|_| half::f16::from_f32(rng.random_range(-1.0..1.0)).to_bits())
+                .collect();
+            ctx.queue
+                .write_buffer(buffer, offset, bytemuck::cast_slice(&values));
+        }
+    }
+    Setup {
+        pool,
+        meta,
+        heads,
+        head_dim,
+    }
 }
 
 fn time_once(
@@ -70,14 +110,14 @@ fn time_once(
     out: &wgpu::Buffer,
     paged: bool,
 ) -> Duration {
-    let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+    let scale = 1.0 / (s.head_dim as f32).sqrt();
     let mut b = Batch::new(ctx, "bench");
     for _ in 0..DISPATCHES_PER_SUBMIT {
         if paged {
             let opts = AttentionOptions::scaled(scale);
-            paged_attention(&mut b, &s.pool, 0, &s.meta, q, out, HEADS, opts)
+            paged_attention(&mut b, &s.pool, 0, &s.meta, q, out, s.heads, opts)
         } else {
-            contiguous_attention(&mut b, &s.pool, 0, &s.meta, q, out, HEADS, scale)
+            contiguous_attention(&mut b, &s.pool, 0, &s.meta, q, out, s.heads, scale)
         }
         .expect("dispatch");
     }
@@ -92,10 +132,51 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
+/// The small-model table: the median time of one attention dispatch per kind of step.
+fn small_model(ctx: &GpuContext, quick: bool) {
+    const SMALL: Shape = (6, 6, 48);
+    println!(
+        "small model: 6 query heads, 6 KV heads, head size 48, f16 cache, paged block size {BLOCK}"
+    );
+    println!();
+    println!("| step | query tokens | context | paged (ms) |");
+    println!("|---|---:|---:|---:|");
+    // (label, sequences, context, query tokens per sequence)
+    let cases = [
+        ("decode, 1 sequence", 1, 160, 1),
+        ("decode, 16 sequences", 16, 160, 1),
+        ("prefill, 1 x 128 tokens", 1, 128, 128),
+    ];
+    for (label, seqs, ctx_len, query_len) in cases {
+        let s = setup_shaped(ctx, SMALL, seqs, ctx_len, query_len, true);
+        let n = seqs * query_len * SMALL.0 * SMALL.2;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let qv: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let q = ctx.upload("q", &qv).expect("q");
+        let out = ctx.storage_buffer("out", (n * 4) as u64).expect("out");
+        time_once(ctx, &s, &q, &out, true);
+        let budget = Duration::from_millis(if quick { 300 } else { 1500 });
+        let mut t = Vec::new();
+        let start = Instant::now();
+        while t.len() < 5 || (start.elapsed() < budget && t.len() < 200) {
+            t.push(time_once(ctx, &s, &q, &out, true));
+        }
+        println!(
+            "| {label} | {} | {ctx_len} | {:.3} |",
+            seqs * query_len,
+            median(t).as_secs_f64() * 1e3
+        );
+    }
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let ctx = GpuContext::from_env().expect("GPU context");
     println!("adapter: {}", ctx.describe());
+    if std::env::args().any(|a| a == "--small") {
+        small_model(&ctx, quick);
+        return;
+    }
     println!(
         "shape: {HEADS} query heads, {KV_HEADS} KV heads, head size {HEAD_DIM}, f16 cache, paged block size {BLOCK}"
     );

@@ -1,5 +1,5 @@
 // paged_attention: causal attention of a flat batch of query tokens over the paged KV pool
-// (paged_attention_common.wgsl holds the algorithm, parameters and bindings).
+// (paged_attention_kv.wgsl holds the arithmetic, parameters and bindings).
 // Grid: one workgroup per (query head, query token) = (x, y); 64 threads.
 // This variant reads q, probabilities and value-row offsets from workgroup memory one
 // element at a time; paged_attention_sg.wgsl shares them through subgroup broadcasts.
@@ -26,17 +26,22 @@ fn score(base: u32, lane: u32) -> f32 {
     return dot;
 }
 
-// a + sum over positions j of [first, first + count) below n_valid of prob[j] * V[row j],
-// pair e.
-fn values(a0: vec2<f32>, e: u32, first: u32, count: u32, n_valid: u32, v_half: u32, lane: u32) -> vec2<f32> {
-    var a = a0;
-    for (var j = first; j < min(first + count, n_valid); j++) {
+// The sum over the tile's positions j < n_valid that have a row of prob[j] * V[row j],
+// pair e, in increasing j.
+fn values(e: u32, n_valid: u32, v_half: u32, lane: u32) -> vec2<f32> {
+    var a = vec2<f32>(0.0);
+    for (var j = 0u; j < n_valid; j++) {
         let rb = row[j];
         if rb != NO_ROW {
             a += prob[j] * load_pair(v_half, rb, e);
         }
     }
     return a;
+}
+
+// The tile's largest score.
+fn tile_max(tid: u32, lane: u32, v: f32) -> f32 {
+    return reduce_max(tid, v);
 }
 
 @compute @workgroup_size(WG)

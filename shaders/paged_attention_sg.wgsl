@@ -1,5 +1,5 @@
 // paged_attention_sg: paged_attention.wgsl for devices with subgroups of at least 8
-// invocations and head_dim % 8 == 0 (paged_attention_common.wgsl holds the algorithm).
+// invocations and head_dim % 8 == 0 (paged_attention_kv.wgsl holds the arithmetic).
 // Grid: one workgroup per (query head, query token) = (x, y); 64 threads.
 // Values every lane needs (q elements, a tile's probabilities and value-row offsets) are
 // loaded 8 at a time, one per lane of each group of 8, and handed round with
@@ -39,15 +39,14 @@ fn value_term(a: vec2<f32>, ok: bool, pr: f32, rb: u32, v_half: u32, e: u32) -> 
     return a;
 }
 
-// a + sum over positions j of [first, first + count) below n_valid of prob[j] * V[row j],
-// pair e. Value groups are whole subgroups, so `first` is the same for every lane that
-// shares the broadcasts; the trip count is the same for the whole workgroup (a group past
-// n_valid runs masked), so the loop stays uniform.
-fn values(a0: vec2<f32>, e: u32, first: u32, count: u32, n_valid: u32, v_half: u32, lane: u32) -> vec2<f32> {
-    var a = a0;
-    let trips = min(count, n_valid + 7u) / 8u;
+// The sum over the tile's positions j < n_valid that have a row of prob[j] * V[row j],
+// pair e, in increasing j. The trip count is the same for the whole workgroup (positions
+// past n_valid run masked), so the loop stays uniform.
+fn values(e: u32, n_valid: u32, v_half: u32, lane: u32) -> vec2<f32> {
+    var a = vec2<f32>(0.0);
+    let trips = (n_valid + 7u) / 8u;
     for (var t8 = 0u; t8 < trips; t8++) {
-        let j0 = first + 8u * t8;
+        let j0 = 8u * t8;
         let jl = min(j0 + (lane & 7u), WG - 1u);
         let pl = prob[jl];
         let rl = row[jl];
@@ -61,6 +60,19 @@ fn values(a0: vec2<f32>, e: u32, first: u32, count: u32, n_valid: u32, v_half: u
         a = value_term(a, j0 + 7u < n_valid, subgroupBroadcast(pl, 7u), subgroupBroadcast(rl, 7u), v_half, e);
     }
     return a;
+}
+
+// The tile's largest score: each subgroup's maximum, then the maximum of those (exact in
+// any order). Subgroups are contiguous runs of at least 8 invocations, so every eighth
+// entry of red[] covers them all.
+fn tile_max(tid: u32, lane: u32, v: f32) -> f32 {
+    red[tid] = subgroupMax(v);
+    workgroupBarrier();
+    var r = red[0];
+    for (var i = 8u; i < WG; i += 8u) {
+        r = max(r, red[i]);
+    }
+    return r;
 }
 
 @compute @workgroup_size(WG)

@@ -192,7 +192,11 @@ fn run(ctx: &pagellm::GpuContext, seed: u64, c: &Case) {
     // Every kernel the adapter supports, each against the reference; the two add the same
     // terms in the same order, so they must also agree bit for bit.
     let mut first: Option<Vec<f32>> = None;
-    for kernel in [AttentionKernel::Plain, AttentionKernel::Subgroup] {
+    for kernel in [
+        AttentionKernel::Plain,
+        AttentionKernel::Subgroup,
+        AttentionKernel::Lanes,
+    ] {
         if !kernel.supports(ctx, hd) {
             continue;
         }

@@ -15,8 +15,8 @@ use pagellm::kernels::{
     rotate::{RotateQkParams, RotateRowsParams},
     silu_mul::SiluMulParams,
     softcap::SoftcapParams,
-    KernelParams, ALL, MATMUL_SKINNY, MATMUL_SKINNY_SG, MATMUL_SKINNY_VEC, PAGED_ATTENTION_SG,
-    RESHAPE_AND_CACHE_Q,
+    KernelParams, ALL, MATMUL_SKINNY, MATMUL_SKINNY_SG, MATMUL_SKINNY_VEC, PAGED_ATTENTION_LANES,
+    PAGED_ATTENTION_SG, RESHAPE_AND_CACHE_Q,
 };
 
 /// (kernel name, [(field, offset)], size) of the uniform at @group(0) @binding(0).
@@ -86,6 +86,7 @@ fn every_params_struct_matches_its_shader() {
         check_kernel::<ReshapeAndCacheParams>(RESHAPE_AND_CACHE_Q),
         check::<PagedAttentionParams>(),
         check_kernel::<PagedAttentionParams>(PAGED_ATTENTION_SG),
+        check_kernel::<PagedAttentionParams>(PAGED_ATTENTION_LANES),
         check::<PagedAttentionReduceParams>(),
         check::<CopyBlocksParams>(),
         check::<GatherRowsParams>(),

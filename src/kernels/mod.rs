@@ -68,12 +68,17 @@ kernel!(
 kernel!(
     PAGED_ATTENTION,
     "paged_attention",
-    ["paged_attention_common"]
+    ["paged_attention_kv", "paged_attention_common"]
 );
 kernel!(
     PAGED_ATTENTION_SG,
     "paged_attention_sg",
-    ["paged_attention_common"]
+    ["paged_attention_kv", "paged_attention_common"]
+);
+kernel!(
+    PAGED_ATTENTION_LANES,
+    "paged_attention_lanes",
+    ["paged_attention_kv"]
 );
 kernel!(PAGED_ATTENTION_REDUCE, "paged_attention_reduce");
 kernel!(COPY_BLOCKS, "copy_blocks");
@@ -98,6 +103,7 @@ pub const ALL: &[KernelSource] = &[
     RESHAPE_AND_CACHE_Q,
     PAGED_ATTENTION,
     PAGED_ATTENTION_SG,
+    PAGED_ATTENTION_LANES,
     PAGED_ATTENTION_REDUCE,
     COPY_BLOCKS,
     GATHER_ROWS,

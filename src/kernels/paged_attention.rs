@@ -4,12 +4,15 @@
 //! which sequence and position each query token has, the block tables, and the slots the
 //! step's new K/V go to.
 
-use super::{check_len, params, PAGED_ATTENTION, PAGED_ATTENTION_REDUCE, PAGED_ATTENTION_SG};
+use super::{
+    check_len, params, PAGED_ATTENTION, PAGED_ATTENTION_LANES, PAGED_ATTENTION_REDUCE,
+    PAGED_ATTENTION_SG,
+};
 use crate::error::{GpuError, Result};
-use crate::gpu::{Batch, Bind, GpuContext};
+use crate::gpu::{grid_2d, Batch, Bind, GpuContext};
 use crate::pool::KvPool;
 
-// The parameters of both attention kernels (tests/params_layout.rs checks each).
+// The parameters of the attention kernels (tests/params_layout.rs checks each).
 params!(PagedAttentionParams for PAGED_ATTENTION {
     num_tokens: u32,
     num_heads: u32,
@@ -22,11 +25,11 @@ params!(PagedAttentionParams for PAGED_ATTENTION {
     scale: f32,
     num_shards: u32,
     shard_index: u32,
-    value_groups: u32,
+    _pad0: u32,
     window: u32,
     softcap: f32,
-    _pad0: u32,
     _pad1: u32,
+    _pad2: u32,
 });
 
 params!(PagedAttentionReduceParams for PAGED_ATTENTION_REDUCE {
@@ -40,7 +43,7 @@ params!(PagedAttentionReduceParams for PAGED_ATTENTION_REDUCE {
 /// every layer's sliding window. The kernels never read entries below a query's window.
 pub const NO_BLOCK: u32 = u32::MAX;
 
-/// Largest head size the attention kernel holds in workgroup memory.
+/// Largest head size the attention kernels hold in workgroup or private memory.
 pub const MAX_HEAD_DIM: usize = 256;
 
 /// One sequence's share of a flat batch: its `query_len` newest tokens are computed this
@@ -203,15 +206,22 @@ impl AttentionBuffers {
     }
 }
 
-/// The kernel that computes attention. Both add the same terms in the same order, so the
-/// choice is only about speed.
+/// The kernel that computes attention. All of them add the same terms in the same order
+/// (`shaders/paged_attention_kv.wgsl` spells the arithmetic out), so the choice is only
+/// about speed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionKernel {
-    /// `paged_attention.wgsl`: shared values read from workgroup memory one at a time.
+    /// `paged_attention.wgsl`: a workgroup per (query head, token); shared values read from
+    /// workgroup memory one at a time.
     Plain,
-    /// `paged_attention_sg.wgsl`: shared values loaded 8 at a time and broadcast within
-    /// subgroups; needs subgroups of at least 8 invocations and head_dim % 8 == 0.
+    /// `paged_attention_sg.wgsl`: as `Plain`, shared values loaded 8 at a time and
+    /// broadcast within subgroups; needs subgroups of at least 8 invocations and
+    /// head_dim % 8 == 0.
     Subgroup,
+    /// `paged_attention_lanes.wgsl`: an invocation per (query head, token), each running
+    /// its query alone, eight per workgroup; needs head_dim % 8 == 0. Made for CPU
+    /// adapters, where a workgroup's invocations are the lanes of a SIMD register.
+    Lanes,
 }
 
 impl AttentionKernel {
@@ -219,16 +229,22 @@ impl AttentionKernel {
     pub fn supports(self, ctx: &GpuContext, head_dim: usize) -> bool {
         match self {
             AttentionKernel::Plain => true,
+            AttentionKernel::Lanes => head_dim.is_multiple_of(8),
             AttentionKernel::Subgroup => {
                 head_dim.is_multiple_of(8) && ctx.caps.subgroups && ctx.info.subgroup_min_size >= 8
             }
         }
     }
 
-    /// The subgroup kernel where it can run (1.6-2.5x faster on lavapipe, see
-    /// docs/BENCHMARKS.md), the plain one elsewhere.
+    /// On CPU adapters the lane-per-query kernel (2-5x faster than the subgroup kernel on
+    /// lavapipe, docs/BENCHMARKS.md); on GPUs the subgroup kernel where it can run, the
+    /// plain one elsewhere.
     pub fn choose(ctx: &GpuContext, head_dim: usize) -> AttentionKernel {
-        if AttentionKernel::Subgroup.supports(ctx, head_dim) {
+        if ctx.info.device_type == wgpu::DeviceType::Cpu
+            && AttentionKernel::Lanes.supports(ctx, head_dim)
+        {
+            AttentionKernel::Lanes
+        } else if AttentionKernel::Subgroup.supports(ctx, head_dim) {
             AttentionKernel::Subgroup
         } else {
             AttentionKernel::Plain
@@ -321,20 +337,8 @@ pub fn contiguous_attention(
     attention(batch, kernel, args, true)
 }
 
-/// Position groups of the value phase (see paged_attention_common.wgsl): a workgroup's 64
-/// threads hold head_dim / 2 output pairs; when that leaves threads idle, groups of a power
-/// of two threads (at least the adapter's largest subgroup, so that a group is whole
-/// subgroups) each sum their share of a tile's positions. Both kernels use the same number
-/// on an adapter, so they still add the same terms in the same order.
-pub fn value_groups(ctx: &GpuContext, head_dim: usize) -> usize {
-    const WG: usize = 64;
-    let pairs = (head_dim / 2).max(1);
-    let size = pairs
-        .next_power_of_two()
-        .max(ctx.info.subgroup_max_size as usize)
-        .clamp(8, WG);
-    WG / size
-}
+/// Invocations per workgroup of the lane-per-query kernel.
+const LANES_WG: usize = 8;
 
 /// (pool, layer, metadata, q, out, query heads, options) of one attention call.
 type AttentionArgs<'a> = (
@@ -424,33 +428,46 @@ fn attention(
             scale: opts.scale,
             num_shards: shards as u32,
             shard_index: shard as u32,
-            value_groups: value_groups(batch.ctx(), l.head_dim) as u32,
             window: opts.window.map_or(0, |w| w.min(u32::MAX as usize) as u32),
             softcap: opts.softcap.unwrap_or(0.0),
             ..Default::default()
         };
-        let source = match kernel {
-            AttentionKernel::Plain => PAGED_ATTENTION,
-            AttentionKernel::Subgroup => PAGED_ATTENTION_SG,
-        };
-        batch.dispatch(
-            source,
-            &[
-                ("KV_DTYPE", l.dtype.code()),
-                // Float pools ignore it; one value keeps them to one pipeline each.
-                ("KV_GROUP", l.group_size().max(1) as f64),
-                ("CONTIGUOUS", contiguous as u32 as f64),
-            ],
-            &p,
-            &[
-                q.into(),
-                pool.slab(layer, shard),
-                meta.block_tables(),
-                meta.token_pos(),
-                target.into(),
-            ],
-            [num_heads as u32, t as u32, 1],
-        )?;
+        let overrides = [
+            ("KV_DTYPE", l.dtype.code()),
+            // Float pools ignore it; one value keeps them to one pipeline each.
+            ("KV_GROUP", l.group_size().max(1) as f64),
+            ("CONTIGUOUS", contiguous as u32 as f64),
+            ("BLOCK_SIZE", l.block_size as f64),
+        ];
+        let mut binds = vec![
+            q.into(),
+            pool.slab(layer, shard),
+            meta.block_tables(),
+            meta.token_pos(),
+            target.into(),
+        ];
+        match kernel {
+            AttentionKernel::Plain | AttentionKernel::Subgroup => {
+                let source = if kernel == AttentionKernel::Plain {
+                    PAGED_ATTENTION
+                } else {
+                    PAGED_ATTENTION_SG
+                };
+                let grid = [num_heads as u32, t as u32, 1];
+                batch.dispatch(source, &overrides, &p, &binds, grid)?;
+            }
+            AttentionKernel::Lanes => {
+                binds.push(pool.slab(layer, shard));
+                let groups = (t * num_heads).div_ceil(LANES_WG) as u32;
+                let grid = grid_2d(
+                    groups,
+                    batch.ctx().limits.max_compute_workgroups_per_dimension,
+                );
+                let mut overrides = overrides.to_vec();
+                overrides.push(("HD", l.head_dim as f64));
+                batch.dispatch(PAGED_ATTENTION_LANES, &overrides, &p, &binds, grid)?;
+            }
+        }
     }
     if let Some(partial) = &partial {
         let p = PagedAttentionReduceParams {
