@@ -43,38 +43,54 @@ fn embedding_gathers_rows_in_every_dtype_and_chunked() {
 
 #[test]
 fn rms_norm_matches_reference() {
+    use kernels::rms_norm::{rms_norm_with, RmsNormKernel};
     for ctx in contexts() {
-        let mut g = rng(2);
-        for (tokens, hidden) in [(1, 64), (5, 300), (3, 1024)] {
-            let x = randn(&mut g, tokens * hidden, 3.0);
-            let wv = randn(&mut g, hidden, 1.0);
-            for dtype in DTYPES {
-                let w = Weight::from_f32(ctx, "w", &wv, 1, hidden, dtype).unwrap();
-                let xb = ctx.upload("x", &x).unwrap();
-                let out = ctx.storage_buffer("out", (x.len() * 4) as u64).unwrap();
-                let mut b = Batch::new(ctx, "t");
-                kernels::rms_norm::rms_norm(&mut b, &xb, &w, &out, tokens, 1e-5).unwrap();
-                b.submit().unwrap();
-                let want = r::rms_norm(&x, &rounded(&wv, dtype), 1e-5);
-                let what = format!("rms_norm {tokens}x{hidden} {dtype:?} on {}", backend(ctx));
-                assert_close(&what, &read_f32(ctx, &out, x.len()), &want, 1e-5, 1e-5);
+        for kernel in [RmsNormKernel::Workgroup, RmsNormKernel::Lanes] {
+            let mut g = rng(2);
+            for (tokens, hidden) in [(1, 64), (5, 300), (3, 1024), (17, 48)] {
+                let x = randn(&mut g, tokens * hidden, 3.0);
+                let wv = randn(&mut g, hidden, 1.0);
+                for dtype in DTYPES {
+                    let w = Weight::from_f32(ctx, "w", &wv, 1, hidden, dtype).unwrap();
+                    let xb = ctx.upload("x", &x).unwrap();
+                    let out = ctx.storage_buffer("out", (x.len() * 4) as u64).unwrap();
+                    let mut b = Batch::new(ctx, "t");
+                    rms_norm_with(&mut b, kernel, &xb, &w, &out, tokens, 1e-5).unwrap();
+                    b.submit().unwrap();
+                    let want = r::rms_norm(&x, &rounded(&wv, dtype), 1e-5);
+                    let what = format!(
+                        "{kernel:?} rms_norm {tokens}x{hidden} {dtype:?} on {}",
+                        backend(ctx)
+                    );
+                    assert_close(&what, &read_f32(ctx, &out, x.len()), &want, 1e-5, 1e-5);
+                }
             }
+            // More rows than one grid dimension holds (a per-head q/k norm of 2048 tokens
+            // of 32 heads, or for the lane kernel's eight rows per workgroup more): the
+            // kernel runs a 2-D grid.
+            let max = ctx.limits.max_compute_workgroups_per_dimension as usize;
+            let (rows, hidden) = match kernel {
+                RmsNormKernel::Workgroup => (66_000, 16),
+                RmsNormKernel::Lanes => (8 * max + 9, 4),
+            };
+            let x = randn(&mut g, rows * hidden, 3.0);
+            let wv = randn(&mut g, hidden, 1.0);
+            let w = Weight::from_f32(ctx, "w", &wv, 1, hidden, WeightDtype::F32).unwrap();
+            let xb = ctx.upload("x", &x).unwrap();
+            let out = ctx.storage_buffer("out", (x.len() * 4) as u64).unwrap();
+            let mut b = Batch::new(ctx, "t");
+            rms_norm_with(&mut b, kernel, &xb, &w, &out, rows, 1e-6).unwrap();
+            b.submit().unwrap();
+            let want = r::rms_norm(&x, &wv, 1e-6);
+            let what = format!("{kernel:?} rms_norm of {rows} rows on {}", backend(ctx));
+            assert_close(&what, &read_f32(ctx, &out, x.len()), &want, 1e-5, 1e-5);
         }
-        // More rows than one grid dimension holds (a per-head q/k norm of 2048 tokens of
-        // 32 heads): the kernel runs a 2-D grid.
-        let (rows, hidden) = (66_000, 16);
-        assert!(rows > ctx.limits.max_compute_workgroups_per_dimension as usize);
-        let x = randn(&mut g, rows * hidden, 3.0);
-        let wv = randn(&mut g, hidden, 1.0);
-        let w = Weight::from_f32(ctx, "w", &wv, 1, hidden, WeightDtype::F32).unwrap();
-        let xb = ctx.upload("x", &x).unwrap();
-        let out = ctx.storage_buffer("out", (x.len() * 4) as u64).unwrap();
+        // A row length the lane kernel cannot read 16 bytes at a time is refused by name.
+        let w = Weight::from_f32(ctx, "w", &[1.0; 6], 1, 6, WeightDtype::F32).unwrap();
+        let xb = ctx.upload("x", &[1.0f32; 6]).unwrap();
         let mut b = Batch::new(ctx, "t");
-        kernels::rms_norm::rms_norm(&mut b, &xb, &w, &out, rows, 1e-6).unwrap();
-        b.submit().unwrap();
-        let want = r::rms_norm(&x, &wv, 1e-6);
-        let what = format!("rms_norm of {rows} rows on {}", backend(ctx));
-        assert_close(&what, &read_f32(ctx, &out, x.len()), &want, 1e-5, 1e-5);
+        let err = rms_norm_with(&mut b, RmsNormKernel::Lanes, &xb, &w, &xb, 1, 1e-6).unwrap_err();
+        assert!(err.to_string().contains("rows of 6"), "{err}");
     }
 }
 

@@ -16,7 +16,7 @@ use pagellm::kernels::{
     silu_mul::SiluMulParams,
     softcap::SoftcapParams,
     KernelParams, ALL, MATMUL_SKINNY, MATMUL_SKINNY_SG, MATMUL_SKINNY_VEC, PAGED_ATTENTION_LANES,
-    PAGED_ATTENTION_SG, RESHAPE_AND_CACHE_Q,
+    PAGED_ATTENTION_SG, RESHAPE_AND_CACHE_Q, RMS_NORM_LANES,
 };
 
 /// (kernel name, [(field, offset)], size) of the uniform at @group(0) @binding(0).
@@ -74,6 +74,7 @@ fn every_params_struct_matches_its_shader() {
     let covered = [
         check::<EmbeddingParams>(),
         check::<RmsNormParams>(),
+        check_kernel::<RmsNormParams>(RMS_NORM_LANES),
         check::<MatmulParams>(),
         check_kernel::<MatmulParams>(MATMUL_SKINNY),
         check_kernel::<MatmulParams>(MATMUL_SKINNY_VEC),

@@ -43,6 +43,7 @@ macro_rules! kernel {
 
 kernel!(EMBEDDING, "embedding");
 kernel!(RMS_NORM, "rms_norm");
+kernel!(RMS_NORM_LANES, "rms_norm_lanes");
 kernel!(MATMUL, "matmul");
 kernel!(MATMUL_SKINNY, "matmul_skinny", ["matmul_columns"]);
 kernel!(
@@ -91,6 +92,7 @@ kernel!(ROTATE_QK, "rotate_qk", ["rotate_common"]);
 pub const ALL: &[KernelSource] = &[
     EMBEDDING,
     RMS_NORM,
+    RMS_NORM_LANES,
     MATMUL,
     MATMUL_SKINNY,
     MATMUL_SKINNY_VEC,

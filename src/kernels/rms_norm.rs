@@ -1,8 +1,8 @@
-//! Launcher for `shaders/rms_norm.wgsl`.
+//! Launcher for `shaders/rms_norm.wgsl` and `shaders/rms_norm_lanes.wgsl`.
 
-use super::{check_len, params, Weight, RMS_NORM};
+use super::{check_len, params, Weight, RMS_NORM, RMS_NORM_LANES};
 use crate::error::{GpuError, Result};
-use crate::gpu::{grid_2d, Batch};
+use crate::gpu::{grid_2d, Batch, GpuContext};
 
 params!(RmsNormParams for RMS_NORM {
     num_tokens: u32,
@@ -10,6 +10,39 @@ params!(RmsNormParams for RMS_NORM {
     eps: f32,
     _pad: u32,
 });
+
+/// The kernel that normalises rows. They sum a row's squares in different orders, so an
+/// adapter keeps to one ([`RmsNormKernel::choose`]): a row's result then never depends on
+/// how many rows share the step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RmsNormKernel {
+    /// `rms_norm.wgsl`: a workgroup of 256 invocations per row, a tree of partial sums.
+    Workgroup,
+    /// `rms_norm_lanes.wgsl`: an invocation per row, eight rows per workgroup, the squares
+    /// summed in order; rows of a multiple of 4 elements.
+    Lanes,
+}
+
+impl RmsNormKernel {
+    /// Whether this kernel can normalise rows of `hidden` elements.
+    pub fn supports(self, hidden: usize) -> bool {
+        match self {
+            RmsNormKernel::Workgroup => true,
+            RmsNormKernel::Lanes => hidden.is_multiple_of(4),
+        }
+    }
+
+    /// The lane-per-row kernel on CPU adapters (where a workgroup's invocations are the
+    /// lanes of a SIMD register), the workgroup one on GPUs. Per adapter and model, not per
+    /// call, so results stay batch-invariant.
+    pub fn choose(ctx: &GpuContext, hidden: usize) -> RmsNormKernel {
+        if ctx.info.device_type == wgpu::DeviceType::Cpu && RmsNormKernel::Lanes.supports(hidden) {
+            RmsNormKernel::Lanes
+        } else {
+            RmsNormKernel::Workgroup
+        }
+    }
+}
 
 /// out = x / sqrt(mean(x^2) + eps) * weight, row by row. `x`, `out`: [num_tokens, hidden];
 /// `weight`: a [1, hidden] weight. `x` and `out` may not be the same buffer. Rows may be
@@ -22,8 +55,29 @@ pub fn rms_norm(
     num_tokens: usize,
     eps: f32,
 ) -> Result<()> {
+    let hidden = weight.rows * weight.cols;
+    let kernel = RmsNormKernel::choose(batch.ctx(), hidden);
+    rms_norm_with(batch, kernel, x, weight, out, num_tokens, eps)
+}
+
+/// [`rms_norm`] computed by a given kernel (tests compare them).
+pub fn rms_norm_with(
+    batch: &mut Batch,
+    kernel: RmsNormKernel,
+    x: &wgpu::Buffer,
+    weight: &Weight,
+    out: &wgpu::Buffer,
+    num_tokens: usize,
+    eps: f32,
+) -> Result<()> {
     const K: &str = "rms_norm";
     let hidden = weight.rows * weight.cols;
+    if !kernel.supports(hidden) {
+        return Err(GpuError::invalid(
+            K,
+            format!("{kernel:?} cannot normalise rows of {hidden}"),
+        ));
+    }
     if weight.chunks.len() != 1 {
         return Err(GpuError::invalid(K, "a norm weight must fit one buffer"));
     }
@@ -35,13 +89,17 @@ pub fn rms_norm(
         eps,
         _pad: 0,
     };
+    let (source, groups) = match kernel {
+        RmsNormKernel::Workgroup => (RMS_NORM, num_tokens),
+        RmsNormKernel::Lanes => (RMS_NORM_LANES, num_tokens.div_ceil(8)),
+    };
     batch.dispatch(
-        RMS_NORM,
+        source,
         &[("WEIGHT_DTYPE", weight.dtype.code())],
         &p,
         &[x.into(), (&weight.chunks[0].buffer).into(), out.into()],
         grid_2d(
-            num_tokens as u32,
+            groups as u32,
             batch.ctx().limits.max_compute_workgroups_per_dimension,
         ),
     )
