@@ -8,18 +8,19 @@
 //! size 128, f16 cache). Measurements alternate between the variants so drift hits both;
 //! each figure is the median wall time of a submit of several dispatches.
 //!
-//! A second table times the kernel alone on a small model's shape (the stories15M shape of
-//! the engine benchmark's `tiny15m`: 6 heads of 48, f16 cache), in the three kinds of step
-//! the engine runs: decode at 1 and 16 sequences and one 128-token prefill.
+//! A second table times every attention kernel the adapter runs, side by side, on a small
+//! model's shape (the stories15M shape of the engine benchmark's `tiny15m`: 6 heads of 48,
+//! f16 cache), in the three kinds of step the engine runs: decode at 1 and 16 sequences and
+//! one 128-token prefill.
 //!
 //! Run: `cargo bench --bench paged_attention` (adapter chosen as usual, e.g.
-//! `PAGELLM_BACKEND=gl`). `-- --quick` runs fewer repetitions; `-- --small` only the second
-//! table.
+//! `PAGELLM_BACKEND=gl`). `-- --quick` runs fewer repetitions; `-- --small` runs only the
+//! second table.
 
 use pagellm::gpu::Batch;
 use pagellm::kernels::paged_attention::{
-    contiguous_attention, paged_attention, AttentionBuffers, AttentionMetadata, AttentionOptions,
-    SeqSlice,
+    contiguous_attention, paged_attention, paged_attention_with, AttentionBuffers, AttentionKernel,
+    AttentionMetadata, AttentionOptions, SeqSlice,
 };
 use pagellm::pool::{KvDtype, KvLayout, KvPool, PoolSize};
 use pagellm::GpuContext;
@@ -132,15 +133,47 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-/// The small-model table: the median time of one attention dispatch per kind of step.
+/// One paged dispatch of `kernel`, as [`time_once`] times the chosen one.
+fn time_kernel(
+    ctx: &GpuContext,
+    s: &Setup,
+    q: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    kernel: AttentionKernel,
+) -> Duration {
+    let opts = AttentionOptions::scaled(1.0 / (s.head_dim as f32).sqrt());
+    let mut b = Batch::new(ctx, "bench");
+    for _ in 0..DISPATCHES_PER_SUBMIT {
+        paged_attention_with(&mut b, kernel, &s.pool, 0, &s.meta, q, out, s.heads, opts)
+            .expect("dispatch");
+    }
+    let start = Instant::now();
+    b.submit().expect("submit");
+    ctx.wait().expect("wait");
+    start.elapsed() / DISPATCHES_PER_SUBMIT as u32
+}
+
+/// The small-model table: the median time of one attention dispatch per kind of step, for
+/// every kernel the adapter runs (measurements alternate between them), and which one the
+/// engine chooses.
 fn small_model(ctx: &GpuContext, quick: bool) {
     const SMALL: Shape = (6, 6, 48);
+    let kernels: Vec<AttentionKernel> = [
+        AttentionKernel::Plain,
+        AttentionKernel::Subgroup,
+        AttentionKernel::Lanes,
+    ]
+    .into_iter()
+    .filter(|k| k.supports(ctx, SMALL.2))
+    .collect();
     println!(
-        "small model: 6 query heads, 6 KV heads, head size 48, f16 cache, paged block size {BLOCK}"
+        "small model: 6 query heads, 6 KV heads, head size 48, f16 cache, paged block size {BLOCK}; the engine chooses {:?}",
+        AttentionKernel::choose(ctx, SMALL.2)
     );
     println!();
-    println!("| step | query tokens | context | paged (ms) |");
-    println!("|---|---:|---:|---:|");
+    let names: Vec<String> = kernels.iter().map(|k| format!("{k:?} (ms)")).collect();
+    println!("| step | query tokens | context | {} |", names.join(" | "));
+    println!("|---|---:|---:|{}", "---:|".repeat(kernels.len()));
     // (label, sequences, context, query tokens per sequence)
     let cases = [
         ("decode, 1 sequence", 1, 160, 1),
@@ -154,17 +187,25 @@ fn small_model(ctx: &GpuContext, quick: bool) {
         let qv: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
         let q = ctx.upload("q", &qv).expect("q");
         let out = ctx.storage_buffer("out", (n * 4) as u64).expect("out");
-        time_once(ctx, &s, &q, &out, true);
-        let budget = Duration::from_millis(if quick { 300 } else { 1500 });
-        let mut t = Vec::new();
-        let start = Instant::now();
-        while t.len() < 5 || (start.elapsed() < budget && t.len() < 200) {
-            t.push(time_once(ctx, &s, &q, &out, true));
+        for &k in &kernels {
+            time_kernel(ctx, &s, &q, &out, k);
         }
+        let budget = Duration::from_millis(if quick { 300 } else { 1500 });
+        let mut times = vec![Vec::new(); kernels.len()];
+        let start = Instant::now();
+        while times[0].len() < 5 || (start.elapsed() < budget && times[0].len() < 200) {
+            for (i, &k) in kernels.iter().enumerate() {
+                times[i].push(time_kernel(ctx, &s, &q, &out, k));
+            }
+        }
+        let cells: Vec<String> = times
+            .into_iter()
+            .map(|t| format!("{:.3}", median(t).as_secs_f64() * 1e3))
+            .collect();
         println!(
-            "| {label} | {} | {ctx_len} | {:.3} |",
+            "| {label} | {} | {ctx_len} | {} |",
             seqs * query_len,
-            median(t).as_secs_f64() * 1e3
+            cells.join(" | ")
         );
     }
 }
@@ -177,6 +218,7 @@ fn main() {
         small_model(&ctx, quick);
         return;
     }
+    println!();
     println!(
         "shape: {HEADS} query heads, {KV_HEADS} KV heads, head size {HEAD_DIM}, f16 cache, paged block size {BLOCK}"
     );
@@ -214,4 +256,6 @@ fn main() {
             );
         }
     }
+    println!();
+    small_model(&ctx, quick);
 }

@@ -39,6 +39,15 @@ fn values(e: u32, n_valid: u32, v_half: u32, lane: u32) -> vec2<f32> {
     return a;
 }
 
+// The sum of the tile's probabilities, in increasing position.
+fn tile_sum(lane: u32) -> f32 {
+    var l = 0.0;
+    for (var j = 0u; j < WG; j++) {
+        l += prob[j];
+    }
+    return l;
+}
+
 // The tile's largest score.
 fn tile_max(tid: u32, lane: u32, v: f32) -> f32 {
     return reduce_max(tid, v);

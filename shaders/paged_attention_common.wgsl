@@ -1,8 +1,8 @@
 // The per-(query head, query token) kernels, paged_attention.wgsl and
 // paged_attention_sg.wgsl, compiled with paged_attention_kv.wgsl and this text prepended.
-// They differ only in score(), tile_max() and values(): how a key row is dotted with q,
-// how a tile's largest score is found, and how a tile's probabilities and value rows are
-// accumulated. The arithmetic is paged_attention_kv.wgsl's.
+// They differ only in score(), tile_max(), tile_sum() and values(): how a key row is dotted
+// with q, how a tile's largest score and its probabilities' sum are found, and how its
+// value rows are accumulated. The arithmetic is paged_attention_kv.wgsl's.
 // Grid: one workgroup per (query head, query token) = (x, y); 64 threads. In the score
 // phase a thread owns one position of the tile; in the value phase it owns pairs of output
 // elements and sums over the tile's positions.
@@ -30,7 +30,7 @@ fn reduce_max(tid: u32, v: f32) -> f32 {
 }
 
 // The kernel body, for workgroup `wg`, invocation `tid`, subgroup lane `lane`. Control flow
-// around score(), tile_max() and values() is uniform, so they may use subgroup operations.
+// around score(), tile_max(), tile_sum() and values() is uniform, so they may use subgroup operations.
 fn attention_body(wg: vec3<u32>, tid: u32, lane: u32) {
     let h = wg.x;
     let t = wg.y;
@@ -67,10 +67,7 @@ fn attention_body(wg: vec3<u32>, tid: u32, lane: u32) {
         let m_tile = tile_max(tid, lane, s);
         prob[tid] = select(0.0, exp(s - m_tile), base != NO_ROW);
         workgroupBarrier();
-        var l_tile = 0.0;
-        for (var j = 0u; j < WG; j++) {
-            l_tile += prob[j];
-        }
+        let l_tile = tile_sum(lane);
         let m_new = max(m, m_tile);
         let c_old = exp(m - m_new);
         let c_tile = exp(m_tile - m_new);

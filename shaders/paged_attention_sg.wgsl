@@ -62,6 +62,24 @@ fn values(e: u32, n_valid: u32, v_half: u32, lane: u32) -> vec2<f32> {
     return a;
 }
 
+// The sum of the tile's probabilities, in increasing position: read eight at a time, one
+// per lane of each group of 8, and broadcast.
+fn tile_sum(lane: u32) -> f32 {
+    var l = 0.0;
+    for (var j0 = 0u; j0 < WG; j0 += 8u) {
+        let pl = prob[j0 + (lane & 7u)];
+        l += subgroupBroadcast(pl, 0u);
+        l += subgroupBroadcast(pl, 1u);
+        l += subgroupBroadcast(pl, 2u);
+        l += subgroupBroadcast(pl, 3u);
+        l += subgroupBroadcast(pl, 4u);
+        l += subgroupBroadcast(pl, 5u);
+        l += subgroupBroadcast(pl, 6u);
+        l += subgroupBroadcast(pl, 7u);
+    }
+    return l;
+}
+
 // The tile's largest score: each subgroup's maximum, then the maximum of those (exact in
 // any order). Subgroups are contiguous runs of at least 8 invocations, so every eighth
 // entry of red[] covers them all.
