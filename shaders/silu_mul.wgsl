@@ -1,20 +1,23 @@
-// silu_mul: out[i] = act(gate[i]) * up[i], the gated activation of the MLP: silu (Llama and
-// most families) or, with ACTIVATION = 1, GELU with the tanh approximation (Gemma).
-// Grid: one invocation per element, 256 per workgroup, 2-D when large.
+// silu_mul: out[r, i] = act(gate[r, i]) * up[r, i], the gated activation of the MLP: silu
+// (Llama and most families) or, with ACTIVATION = 1, GELU with the tanh approximation
+// (Gemma). Row r of gate and up starts at r * ld of their buffers (up at up_offset more), so
+// the two may be one buffer holding each row's gate then its up (the stacked gate-up
+// projection's output); out is [rows, width].
+// Grid: x covers a row's width, 256 invocations per workgroup; y and z the rows.
 
 override ACTIVATION: u32 = 0u;
 
 struct Params {
-    len: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
+    rows: u32,
+    width: u32,
+    ld: u32,
+    up_offset: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> gate: array<f32>;       // [len]
-@group(0) @binding(2) var<storage, read> up: array<f32>;         // [len]
-@group(0) @binding(3) var<storage, read_write> out: array<f32>;  // [len]
+@group(0) @binding(1) var<storage, read> gate: array<f32>;       // [rows, ld]
+@group(0) @binding(2) var<storage, read> up: array<f32>;         // [rows, ld], from up_offset
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;  // [rows, width]
 
 @compute @workgroup_size(256)
 fn silu_mul(
@@ -22,17 +25,20 @@ fn silu_mul(
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) tid: u32,
 ) {
-    let i = (wg.y * nwg.x + wg.x) * 256u + tid;
-    if i >= p.len {
+    let col = wg.x * 256u + tid;
+    let r = wg.z * nwg.y + wg.y;
+    if col >= p.width || r >= p.rows {
         return;
     }
-    let g = gate[i];
+    let i = r * p.width + col;
+    let g = gate[r * p.ld + col];
+    let u_at = r * p.ld + p.up_offset + col;
     if ACTIVATION == 1u {
         // 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))); tanh's argument is clamped where
         // it is 1 to f32 precision, since some drivers' tanh overflows for large inputs.
         let u = clamp(0.7978845608028654 * (g + 0.044715 * g * g * g), -15.0, 15.0);
-        out[i] = 0.5 * g * (1.0 + tanh(u)) * up[i];
+        out[i] = 0.5 * g * (1.0 + tanh(u)) * up[u_at];
     } else {
-        out[i] = g / (1.0 + exp(-g)) * up[i];
+        out[i] = g / (1.0 + exp(-g)) * up[u_at];
     }
 }

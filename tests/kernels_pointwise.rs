@@ -119,6 +119,59 @@ fn silu_mul_and_add_match_reference() {
 }
 
 #[test]
+fn gated_activation_of_stacked_gate_up_rows_matches_reference() {
+    // The stacked gate-up projection's output: each row's gate, then its up. Both
+    // activations, against the plain-Rust ones applied to the separated halves, and bitwise
+    // against the kernel on separate gate and up buffers.
+    use pagellm::model::arch::Activation;
+    for ctx in contexts() {
+        let mut g = rng(6);
+        let (rows, width) = (7, 300);
+        let gate = randn(&mut g, rows * width, 6.0);
+        let up = randn(&mut g, rows * width, 2.0);
+        let stacked: Vec<f32> = (0..rows)
+            .flat_map(|r| {
+                let row = r * width..(r + 1) * width;
+                gate[row.clone()].iter().chain(&up[row]).copied()
+            })
+            .collect();
+        let (gb, ub) = (
+            ctx.upload("gate", &gate).unwrap(),
+            ctx.upload("up", &up).unwrap(),
+        );
+        let gu = ctx.upload("gate up", &stacked).unwrap();
+        for act in [Activation::Silu, Activation::GeluTanh] {
+            let out = ctx.storage_buffer("out", (gate.len() * 4) as u64).unwrap();
+            let flat = ctx.storage_buffer("flat", (gate.len() * 4) as u64).unwrap();
+            let mut b = Batch::new(ctx, "t");
+            kernels::silu_mul::gated_rows(&mut b, act, &gu, &out, rows, width).unwrap();
+            kernels::silu_mul::gated(&mut b, act, &gb, &ub, &flat, rows * width).unwrap();
+            b.submit().unwrap();
+            let want = match act {
+                Activation::Silu => r::silu_mul(&gate, &up),
+                Activation::GeluTanh => r::gelu_tanh_mul(&gate, &up),
+            };
+            let got = read_f32(ctx, &out, gate.len());
+            let what = format!("{act:?} of stacked rows on {}", backend(ctx));
+            assert_close(&what, &got, &want, 1e-5, 1e-5);
+            let separate = read_f32(ctx, &flat, gate.len());
+            assert!(
+                got.iter()
+                    .zip(&separate)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{what}: differs from separate buffers"
+            );
+        }
+        // A buffer too short for the rows is refused by name.
+        let mut b = Batch::new(ctx, "t");
+        let out = ctx.storage_buffer("out", (gate.len() * 4) as u64).unwrap();
+        let act = Activation::Silu;
+        let err = kernels::silu_mul::gated_rows(&mut b, act, &gb, &out, rows, width).unwrap_err();
+        assert!(err.to_string().contains("gate up"), "{err}");
+    }
+}
+
+#[test]
 fn gelu_tanh_mul_and_softcap_match_reference_also_for_large_inputs() {
     for ctx in contexts() {
         let mut g = rng(5);

@@ -4,7 +4,7 @@
 //! ```text
 //! embed (× scale) → per layer [rms_norm → q/k/v (+bias) (→ per-head q/k rms_norm) → rope
 //!        (→ rotate q, k) → reshape_and_cache → paged_attention (window, soft-cap)
-//!        → o_proj (→ rms_norm) += residual → rms_norm → gate, up → act_mul
+//!        → o_proj (→ rms_norm) += residual → rms_norm → gate and up (one matmul) → act_mul
 //!        → down (→ rms_norm) += residual]
 //!       → final rms_norm → gather the sampling rows → LM head logits (→ soft-cap)
 //!       (→ arg-max)
@@ -31,15 +31,14 @@ use crate::pool::{KvPool, KvRotation};
 pub struct Workspace {
     pub max_tokens: usize,
     pub max_rows: usize,
-    x: wgpu::Buffer,    // [T, hidden] residual stream
-    h: wgpu::Buffer,    // [T, hidden] normed
-    q: wgpu::Buffer,    // [T, heads * head_dim]
-    k: wgpu::Buffer,    // [T, kv_heads * head_dim]
-    v: wgpu::Buffer,    // [T, kv_heads * head_dim]
-    attn: wgpu::Buffer, // [T, heads * head_dim]
-    gate: wgpu::Buffer, // [T, intermediate]
-    up: wgpu::Buffer,   // [T, intermediate]
-    act: wgpu::Buffer,  // [T, intermediate]
+    x: wgpu::Buffer,       // [T, hidden] residual stream
+    h: wgpu::Buffer,       // [T, hidden] normed
+    q: wgpu::Buffer,       // [T, heads * head_dim]
+    k: wgpu::Buffer,       // [T, kv_heads * head_dim]
+    v: wgpu::Buffer,       // [T, kv_heads * head_dim]
+    attn: wgpu::Buffer,    // [T, heads * head_dim]
+    gate_up: wgpu::Buffer, // [T, 2 * intermediate]: gate then up, per token
+    act: wgpu::Buffer,     // [T, intermediate]
     /// `[T, heads * head_dim]`, `[T, kv_heads * head_dim]`: q and k normed per head
     /// (recipes with q/k norms).
     qk_normed: Option<(wgpu::Buffer, wgpu::Buffer)>,
@@ -74,8 +73,7 @@ impl Workspace {
             k: f("k", t * kvd)?,
             v: f("v", t * kvd)?,
             attn: f("attn", t * qd)?,
-            gate: f("gate", t * cfg.intermediate_size)?,
-            up: f("up", t * cfg.intermediate_size)?,
+            gate_up: f("gate up", 2 * t * cfg.intermediate_size)?,
             act: f("act", t * cfg.intermediate_size)?,
             qk_normed: match cfg.recipe.qk_norm {
                 true => Some((f("q normed", t * qd)?, f("k normed", t * kvd)?)),
@@ -230,24 +228,21 @@ pub fn forward(
         matmul(
             batch,
             &ws.h,
-            &l.gate,
-            l.gate_bias.as_ref(),
-            &ws.gate,
-            t,
-            Output::Overwrite,
-        )?;
-        matmul(
-            batch,
-            &ws.h,
-            &l.up,
-            l.up_bias.as_ref(),
-            &ws.up,
+            &l.gate_up,
+            l.gate_up_bias.as_ref(),
+            &ws.gate_up,
             t,
             Output::Overwrite,
         )?;
         batch.profile_site(None);
-        let len = t * c.intermediate_size;
-        silu_mul::gated(batch, rc.activation, &ws.gate, &ws.up, &ws.act, len)?;
+        silu_mul::gated_rows(
+            batch,
+            rc.activation,
+            &ws.gate_up,
+            &ws.act,
+            t,
+            c.intermediate_size,
+        )?;
         batch.profile_site(Some("down"));
         residual(
             batch,

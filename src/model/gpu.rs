@@ -4,7 +4,7 @@
 
 use super::arch::{NormKind, Rope, Slice};
 use super::checkpoint::Checkpoint;
-use super::error::Result;
+use super::error::{ModelError, Result};
 use super::spec;
 use super::{ModelConfig, ModelFiles};
 use crate::gpu::GpuContext;
@@ -28,11 +28,10 @@ pub struct GpuLayer {
     pub post_attn_norm: Option<Weight>,
     pub mlp_norm: Weight,
     pub post_mlp_norm: Option<Weight>,
-    pub gate: Weight,
-    pub up: Weight,
+    /// The gate and up projections stacked: `[2 * intermediate, hidden]`, gate's rows first.
+    pub gate_up: Weight,
     pub down: Weight,
-    pub gate_bias: Option<wgpu::Buffer>,
-    pub up_bias: Option<wgpu::Buffer>,
+    pub gate_up_bias: Option<wgpu::Buffer>,
     pub down_bias: Option<wgpu::Buffer>,
     /// Index into [`GpuModel::ropes`].
     pub rope: usize,
@@ -90,6 +89,50 @@ impl Uploader<'_> {
         self.done += p.bytes.len() as u64;
         progress(self.done, self.total);
         Ok(w)
+    }
+
+    /// Two weights of one shape and dtype as one, `a`'s rows then `b`'s (gate and up: one
+    /// matmul instead of two).
+    fn stacked(
+        &mut self,
+        a: &Slice,
+        b: &Slice,
+        progress: &mut impl FnMut(u64, u64),
+    ) -> Result<Weight> {
+        let (pa, pb) = (self.ck.part(a)?, self.ck.part(b)?);
+        if (pa.cols, pa.rows, pa.dtype) != (pb.cols, pb.rows, pb.dtype) {
+            return Err(ModelError::Unsupported(format!(
+                "{} ({} x {} {:?}) and {} ({} x {} {:?}) differ in shape or dtype",
+                a.name, pa.rows, pa.cols, pa.dtype, b.name, pb.rows, pb.cols, pb.dtype
+            )));
+        }
+        let bytes = [pa.bytes, pb.bytes].concat();
+        let name = format!("{} + {}", a.name, b.name);
+        let w = Weight::upload(self.ctx, &name, &bytes, 2 * pa.rows, pa.cols, pa.dtype)?;
+        self.done += bytes.len() as u64;
+        progress(self.done, self.total);
+        Ok(w)
+    }
+
+    /// The biases of [`Self::stacked`] weights of `rows` rows each, zeros standing in for a
+    /// missing one; `None` when neither has one.
+    fn stacked_bias(
+        &mut self,
+        a: &Option<Slice>,
+        b: &Option<Slice>,
+        rows: usize,
+    ) -> Result<Option<wgpu::Buffer>> {
+        if a.is_none() && b.is_none() {
+            return Ok(None);
+        }
+        let mut values = Vec::with_capacity(2 * rows);
+        for s in [a, b] {
+            match s {
+                Some(s) => values.extend(self.ck.part(s)?.to_f32()),
+                None => values.extend(std::iter::repeat_n(0.0, rows)),
+            }
+        }
+        Ok(Some(self.ctx.upload("gate + up bias", &values)?))
     }
 
     fn norm(&mut self, s: &Slice, progress: &mut impl FnMut(u64, u64)) -> Result<Weight> {
@@ -186,11 +229,9 @@ impl GpuModel {
                 post_attn_norm: up.opt_norm(&n.post_attn_norm, p)?,
                 mlp_norm: up.norm(&n.mlp_norm, p)?,
                 post_mlp_norm: up.opt_norm(&n.post_mlp_norm, p)?,
-                gate: up.weight(&n.gate, p)?,
-                up: up.weight(&n.up, p)?,
+                gate_up: up.stacked(&n.gate, &n.up, p)?,
                 down: up.weight(&n.down, p)?,
-                gate_bias: up.bias(&n.gate_bias)?,
-                up_bias: up.bias(&n.up_bias)?,
+                gate_up_bias: up.stacked_bias(&n.gate_bias, &n.up_bias, cfg.intermediate_size)?,
                 down_bias: up.bias(&n.down_bias)?,
                 rope: usize::from(
                     cfg.recipe.layers[i].local_rope && cfg.recipe.local_rope.is_some(),
