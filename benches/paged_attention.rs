@@ -104,6 +104,19 @@ fn setup_shaped(
     }
 }
 
+/// The median-ready time of one dispatch: `record` records one into the batch,
+/// [`DISPATCHES_PER_SUBMIT`] of them go in one submit, waited on.
+fn time_dispatches(ctx: &GpuContext, record: impl Fn(&mut Batch)) -> Duration {
+    let mut b = Batch::new(ctx, "bench");
+    for _ in 0..DISPATCHES_PER_SUBMIT {
+        record(&mut b);
+    }
+    let start = Instant::now();
+    b.submit().expect("submit");
+    ctx.wait().expect("wait");
+    start.elapsed() / DISPATCHES_PER_SUBMIT as u32
+}
+
 fn time_once(
     ctx: &GpuContext,
     s: &Setup,
@@ -112,20 +125,15 @@ fn time_once(
     paged: bool,
 ) -> Duration {
     let scale = 1.0 / (s.head_dim as f32).sqrt();
-    let mut b = Batch::new(ctx, "bench");
-    for _ in 0..DISPATCHES_PER_SUBMIT {
+    time_dispatches(ctx, |b| {
         if paged {
             let opts = AttentionOptions::scaled(scale);
-            paged_attention(&mut b, &s.pool, 0, &s.meta, q, out, s.heads, opts)
+            paged_attention(b, &s.pool, 0, &s.meta, q, out, s.heads, opts)
         } else {
-            contiguous_attention(&mut b, &s.pool, 0, &s.meta, q, out, s.heads, scale)
+            contiguous_attention(b, &s.pool, 0, &s.meta, q, out, s.heads, scale)
         }
-        .expect("dispatch");
-    }
-    let start = Instant::now();
-    b.submit().expect("submit");
-    ctx.wait().expect("wait");
-    start.elapsed() / DISPATCHES_PER_SUBMIT as u32
+        .expect("dispatch")
+    })
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -142,15 +150,10 @@ fn time_kernel(
     kernel: AttentionKernel,
 ) -> Duration {
     let opts = AttentionOptions::scaled(1.0 / (s.head_dim as f32).sqrt());
-    let mut b = Batch::new(ctx, "bench");
-    for _ in 0..DISPATCHES_PER_SUBMIT {
-        paged_attention_with(&mut b, kernel, &s.pool, 0, &s.meta, q, out, s.heads, opts)
-            .expect("dispatch");
-    }
-    let start = Instant::now();
-    b.submit().expect("submit");
-    ctx.wait().expect("wait");
-    start.elapsed() / DISPATCHES_PER_SUBMIT as u32
+    time_dispatches(ctx, |b| {
+        paged_attention_with(b, kernel, &s.pool, 0, &s.meta, q, out, s.heads, opts)
+            .expect("dispatch")
+    })
 }
 
 /// The small-model table: the median time of one attention dispatch per kind of step, for

@@ -43,9 +43,14 @@ fn row8(half: u32, r: u32, c: u32) -> array<vec4<f32>, 2> {
 }
 
 // The pool row of position `pos` when the query sees it (from `win_start`, below
-// `ctx_len`) and this dispatch's shard holds it, else NO_ROW.
+// `ctx_len`) and this dispatch's shard holds it, else NO_ROW. The block table is not read
+// for positions the query does not see (below a window they may be freed blocks' holes).
 fn seen_row(seq: u32, kvh: u32, pos: u32, win_start: u32, ctx_len: u32) -> u32 {
-    return select(NO_ROW, pool_row(seq, kvh, pos), pos >= win_start && pos < ctx_len);
+    var rb = NO_ROW;
+    if pos >= win_start && pos < ctx_len {
+        rb = pool_row(seq, kvh, pos);
+    }
+    return rb;
 }
 
 @compute @workgroup_size(QT)

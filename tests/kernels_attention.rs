@@ -3,7 +3,7 @@
 //! shuffled block tables of the paged pool. Covers the edge cases of DESIGN.md: context
 //! lengths 1, block_size - 1, block_size, block_size + 1; GQA 4:1 and MQA; out-of-order
 //! physical blocks; several sequences of different lengths in one batch mixing prefill
-//! chunks and decode tokens; head sizes 64/96/128 (and 80 for quantized pools); block sizes
+//! chunks and decode tokens; head sizes 64/96/128/256 (and 80 for quantized pools); block sizes
 //! 8/16/32; f16, f32, int8 and int4 pools; a pool split over several buffers.
 
 mod common;
@@ -254,9 +254,15 @@ fn decode_at_block_boundaries() {
 #[test]
 fn mixed_prefill_chunks_and_decodes_with_gqa_and_mqa() {
     for ctx in contexts() {
-        for (i, (hd, nh, nkv)) in [(64, 8, 2), (96, 4, 1), (128, 4, 1), (128, 8, 2)]
-            .into_iter()
-            .enumerate()
+        for (i, (hd, nh, nkv)) in [
+            (64, 8, 2),
+            (96, 4, 1),
+            (128, 4, 1),
+            (128, 8, 2),
+            (256, 2, 1),
+        ]
+        .into_iter()
+        .enumerate()
         {
             let case = Case {
                 head_dim: hd,

@@ -1,5 +1,6 @@
-//! Launcher for `shaders/paged_attention.wgsl` and its subgroup variant
-//! `paged_attention_sg.wgsl` (and their shard merge, `shaders/paged_attention_reduce.wgsl`),
+//! Launcher for the attention kernels, `shaders/paged_attention.wgsl`, its subgroup variant
+//! `paged_attention_sg.wgsl` and the lane-per-query `paged_attention_lanes.wgsl` (and their
+//! shard merge, `shaders/paged_attention_reduce.wgsl`),
 //! plus the host-side metadata of a flat batch:
 //! which sequence and position each query token has, the block tables, and the slots the
 //! step's new K/V go to.
@@ -236,7 +237,7 @@ impl AttentionKernel {
         }
     }
 
-    /// On CPU adapters the lane-per-query kernel (2-5x faster than the subgroup kernel on
+    /// On CPU adapters the lane-per-query kernel (1.8-5x faster than the subgroup kernel on
     /// lavapipe, docs/BENCHMARKS.md); on GPUs the subgroup kernel where it can run, the
     /// plain one elsewhere.
     pub fn choose(ctx: &GpuContext, head_dim: usize) -> AttentionKernel {

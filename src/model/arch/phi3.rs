@@ -1,6 +1,7 @@
 //! `phi3` (Phi3ForCausalLM; Phi-3 and Phi-4-mini). Llama's graph with fused projections:
 //! `self_attn.qkv_proj` holds q, k and v rows one after the other and `mlp.gate_up_proj`
-//! the gate rows then the up rows; they are split at load. Rope may be LongRoPE (`longrope`,
+//! the gate rows then the up rows; q, k and v are split at load (gate and up are used
+//! stacked, as every family's are). Rope may be LongRoPE (`longrope`,
 //! formerly `su`), and every layer is windowed when `sliding_window` is set.
 
 use super::{
