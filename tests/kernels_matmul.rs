@@ -93,6 +93,48 @@ fn few_rows_as_in_decode_all_dtypes() {
     }
 }
 
+#[test]
+fn a_weight_uploaded_in_parts_is_the_weight_of_their_stack() {
+    // Two projections stacked without joining them on the host (gate and up), with chunk
+    // limits that put a chunk boundary before, at and across the parts' seam: the product
+    // is bitwise the one of the weight uploaded whole.
+    for ctx in contexts() {
+        let (m, n, k) = (3, 20, 64);
+        let mut g = rng(77);
+        let wv = randn(&mut g, n * k, 0.5);
+        let x = ctx.upload("x", &randn(&mut g, m * k, 1.0)).unwrap();
+        let dtype = WeightDtype::BF16;
+        let bytes = kernels::weight::encode(&wv, dtype);
+        let seam = 12 * k * dtype.bytes();
+        let product = |w: &Weight| {
+            let y = ctx.storage_buffer("y", (m * n * 4) as u64).unwrap();
+            let mut b = Batch::new(ctx, "t");
+            matmul(&mut b, &x, w, None, &y, m, Output::Overwrite).unwrap();
+            b.submit().unwrap();
+            read_f32(ctx, &y, m * n)
+        };
+        let whole = product(&Weight::upload(ctx, "w", &bytes, n, k, dtype).unwrap());
+        for chunk_rows in [5, 12, 20] {
+            let limit = (chunk_rows * k * dtype.bytes()) as u64;
+            let parts = [&bytes[..seam], &bytes[seam..]];
+            let w = Weight::upload_parts_with_limit(ctx, "w", &parts, n, k, dtype, limit).unwrap();
+            assert_eq!(w.chunks.len(), n.div_ceil(chunk_rows));
+            let got = product(&w);
+            assert!(
+                got.iter()
+                    .zip(&whole)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "chunks of {chunk_rows} rows on {}",
+                backend(ctx)
+            );
+        }
+        // A part that is not whole rows is refused by name.
+        let parts = [&bytes[..seam + 2], &bytes[seam + 2..]];
+        let e = Weight::upload_parts(ctx, "w", &parts, n, k, dtype).unwrap_err();
+        assert!(e.to_string().contains("whole rows"), "{e}");
+    }
+}
+
 const KERNELS: [MatmulKernel; 4] = [
     MatmulKernel::Tiled,
     MatmulKernel::Columns,

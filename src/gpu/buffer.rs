@@ -32,21 +32,38 @@ impl GpuContext {
         bytes: &[u8],
         usage: wgpu::BufferUsages,
     ) -> Result<wgpu::Buffer> {
+        self.buffer_init_parts(label, &[bytes], usage)
+    }
+
+    /// A buffer holding `parts` one after the other, written straight into its mapping (no
+    /// joined copy on the host).
+    fn buffer_init_parts(
+        &self,
+        label: &str,
+        parts: &[&[u8]],
+        usage: wgpu::BufferUsages,
+    ) -> Result<wgpu::Buffer> {
         self.check_health()?;
+        let len: usize = parts.iter().map(|p| p.len()).sum();
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
-            size: bytes.len().max(4).next_multiple_of(4) as u64,
+            size: len.max(4).next_multiple_of(4) as u64,
             usage,
             mapped_at_creation: true,
         });
-        buffer
-            .get_mapped_range_mut(..)
-            .map_err(|e| GpuError::Internal {
-                context: format!("writing {label}"),
-                message: e.to_string(),
-            })?
-            .slice(..bytes.len())
-            .copy_from_slice(bytes);
+        {
+            let mut range = buffer
+                .get_mapped_range_mut(..)
+                .map_err(|e| GpuError::Internal {
+                    context: format!("writing {label}"),
+                    message: e.to_string(),
+                })?;
+            let mut at = 0;
+            for part in parts {
+                range.slice(at..at + part.len()).copy_from_slice(part);
+                at += part.len();
+            }
+        }
         buffer.unmap();
         Ok(buffer)
     }
@@ -98,11 +115,17 @@ impl GpuContext {
     }
 
     fn upload_bytes(&self, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
-        self.check_size(label, bytes.len() as u64)?;
-        self.scoped(
-            &format!("uploading {label} ({} bytes)", bytes.len()),
-            || self.buffer_init(label, bytes, STORAGE),
-        )?
+        self.upload_parts(label, &[bytes])
+    }
+
+    /// A storage buffer holding `parts` one after the other (their total a multiple of 4
+    /// bytes), without joining them on the host first.
+    pub fn upload_parts(&self, label: &str, parts: &[&[u8]]) -> Result<wgpu::Buffer> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        self.check_size(label, len as u64)?;
+        self.scoped(&format!("uploading {label} ({len} bytes)"), || {
+            self.buffer_init_parts(label, parts, STORAGE)
+        })?
     }
 
     /// Copies `bytes` bytes from `offset` of `buffer` to the host, waiting for the GPU.

@@ -70,14 +70,42 @@ impl Weight {
         dtype: WeightDtype,
         max_chunk_bytes: u64,
     ) -> Result<Self> {
+        Self::upload_parts_with_limit(ctx, name, &[bytes], rows, cols, dtype, max_chunk_bytes)
+    }
+
+    /// One weight of `rows` rows from `parts` taken one after the other, each a whole number
+    /// of rows (two projections stacked), without joining them on the host.
+    pub fn upload_parts(
+        ctx: &GpuContext,
+        name: &str,
+        parts: &[&[u8]],
+        rows: usize,
+        cols: usize,
+        dtype: WeightDtype,
+    ) -> Result<Self> {
+        let limit = ctx.max_binding_bytes();
+        Self::upload_parts_with_limit(ctx, name, parts, rows, cols, dtype, limit)
+    }
+
+    /// [`Self::upload_parts`] with an explicit per-chunk byte limit.
+    pub fn upload_parts_with_limit(
+        ctx: &GpuContext,
+        name: &str,
+        parts: &[&[u8]],
+        rows: usize,
+        cols: usize,
+        dtype: WeightDtype,
+        max_chunk_bytes: u64,
+    ) -> Result<Self> {
         let row_bytes = cols * dtype.bytes();
-        if bytes.len() != rows * row_bytes {
+        let given: usize = parts.iter().map(|p| p.len()).sum();
+        if given != rows * row_bytes || parts.iter().any(|p| p.len() % row_bytes.max(1) != 0) {
             return Err(GpuError::invalid(
                 "weight upload",
                 format!(
-                    "{name}: {} bytes given for [{rows}, {cols}] {dtype:?} ({} expected)",
-                    bytes.len(),
-                    rows * row_bytes
+                    "{name}: {given} bytes given for [{rows}, {cols}] {dtype:?} ({} expected, each of the {} parts whole rows)",
+                    rows * row_bytes,
+                    parts.len()
                 ),
             ));
         }
@@ -105,8 +133,18 @@ impl Weight {
         let mut first_row = 0;
         while first_row < rows {
             let n = rows_per_chunk.min(rows - first_row);
-            let slice = &bytes[first_row * row_bytes..(first_row + n) * row_bytes];
-            let buffer = ctx.upload(name, slice)?;
+            // The pieces of the parts that bytes [start, end) of the stack cover.
+            let (start, end) = (first_row * row_bytes, (first_row + n) * row_bytes);
+            let mut pieces = Vec::with_capacity(parts.len());
+            let mut at = 0;
+            for part in parts {
+                let (a, b) = (start.max(at), end.min(at + part.len()));
+                if a < b {
+                    pieces.push(&part[a - at..b - at]);
+                }
+                at += part.len();
+            }
+            let buffer = ctx.upload_parts(name, &pieces)?;
             chunks.push(WeightChunk {
                 buffer,
                 first_row,

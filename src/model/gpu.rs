@@ -106,10 +106,10 @@ impl Uploader<'_> {
                 a.name, pa.rows, pa.cols, pa.dtype, b.name, pb.rows, pb.cols, pb.dtype
             )));
         }
-        let bytes = [pa.bytes, pb.bytes].concat();
         let name = format!("{} + {}", a.name, b.name);
-        let w = Weight::upload(self.ctx, &name, &bytes, 2 * pa.rows, pa.cols, pa.dtype)?;
-        self.done += bytes.len() as u64;
+        let parts = [pa.bytes, pb.bytes];
+        let w = Weight::upload_parts(self.ctx, &name, &parts, 2 * pa.rows, pa.cols, pa.dtype)?;
+        self.done += (pa.bytes.len() + pb.bytes.len()) as u64;
         progress(self.done, self.total);
         Ok(w)
     }
