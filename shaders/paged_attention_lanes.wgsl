@@ -35,6 +35,9 @@ fn row8(half: u32, r: u32, c: u32) -> array<vec4<f32>, 2> {
             vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)),
         );
     }
+    if KV_DTYPE == DTYPE_INT8 || KV_DTYPE == DTYPE_INT4 {
+        return load_oct(half, r, c);  // one or two code words and one scale
+    }
     let e0 = load_pair(half, r, 4u * c);
     let e1 = load_pair(half, r, 4u * c + 1u);
     let e2 = load_pair(half, r, 4u * c + 2u);
