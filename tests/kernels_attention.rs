@@ -566,3 +566,61 @@ fn metadata_refuses_a_query_in_a_released_block() {
     let m = AttentionMetadata::build(&[fine], 4).unwrap();
     assert_eq!(m.slot_mapping, vec![3 * 4, 3 * 4 + 1]);
 }
+
+#[test]
+fn lane_kernel_grid_takes_a_second_dimension() {
+    // More (token, head) pairs than eight per workgroup times one grid dimension: the lane
+    // kernel's grid takes a second dimension. Each of 4,100 one-token sequences attends to
+    // its own single position, so every output row is exactly that position's value row as
+    // the pool stores it (the softmax of one score is 1).
+    for ctx in contexts() {
+        let (hd, nh, bs, seqs) = (8, 128, 16, 4100);
+        let max = ctx.limits.max_compute_workgroups_per_dimension as usize;
+        assert!(
+            seqs * nh > 8 * max,
+            "the case must exceed one grid dimension"
+        );
+        let layout = KvLayout {
+            num_layers: 1,
+            num_kv_heads: 1,
+            head_dim: hd,
+            block_size: bs,
+            dtype: KvDtype::F16,
+        };
+        let pool = KvPool::new(ctx, layout, PoolSize::Blocks(seqs)).unwrap();
+        let tables: Vec<[u32; 1]> = (0..seqs as u32).map(|b| [b]).collect();
+        let slices: Vec<SeqSlice> = tables
+            .iter()
+            .map(|t| SeqSlice {
+                query_len: 1,
+                context_len: 1,
+                block_table: t,
+            })
+            .collect();
+        let meta = AttentionMetadata::build(&slices, bs).unwrap();
+        let bufs = meta.upload(ctx).unwrap();
+        let mut g = rng(4100);
+        let (k, v) = (randn(&mut g, seqs * hd, 1.0), randn(&mut g, seqs * hd, 1.0));
+        let q = randn(&mut g, seqs * nh * hd, 1.0);
+        let (kb, vb, qb) = (
+            ctx.upload("k", &k).unwrap(),
+            ctx.upload("v", &v).unwrap(),
+            ctx.upload("q", &q).unwrap(),
+        );
+        let out = ctx.storage_buffer("out", (q.len() * 4) as u64).unwrap();
+        let mut b = Batch::new(ctx, "attention test");
+        reshape_and_cache(&mut b, &pool, 0, &kb, &vb, bufs.slot_mapping(), seqs).unwrap();
+        let opts = AttentionOptions::scaled(1.0 / (hd as f32).sqrt());
+        let kernel = AttentionKernel::Lanes;
+        paged_attention_with(&mut b, kernel, &pool, 0, &bufs, &qb, &out, nh, opts).unwrap();
+        b.submit().unwrap();
+        let stored = quant::round_trip(KvDtype::F16, hd, &v);
+        let got = read_f32(ctx, &out, q.len());
+        for (t, row) in got.chunks(nh * hd).enumerate() {
+            let want = &stored[t * hd..(t + 1) * hd];
+            for (h, head) in row.chunks(hd).enumerate() {
+                assert_eq!(head, want, "token {t} head {h} on {}", backend(ctx));
+            }
+        }
+    }
+}
