@@ -6,26 +6,12 @@
 // neighbouring threads read neighbouring words of workgroup memory (no bank conflicts);
 // k advances 16 at a time through workgroup memory, stored k-major.
 // Each output is one thread's sum over k in increasing k (acc += x * w), then + bias, then
-// + y: the order the column kernels (matmul_skinny*.wgsl) keep, for batch invariance.
+// + y (matmul_store.wgsl, which also holds the parameters): the order the column kernels (matmul_skinny*.wgsl) keep, for batch invariance.
 
 override WEIGHT_DTYPE: u32 = 0u;
 
-struct Params {
-    m: u32,
-    n: u32,          // rows of this weight chunk
-    k: u32,
-    n_offset: u32,   // first output column written by this chunk
-    ldy: u32,        // row stride of y (total output features)
-    has_bias: u32,
-    accumulate: u32,
-    first_row: u32,  // column kernels only (rows before it are another pass's); 0 here
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;          // [m, k]
 @group(0) @binding(2) var<storage, read> w: array<u32>;          // [n, k] in WEIGHT_DTYPE
-@group(0) @binding(3) var<storage, read> bias: array<f32>;       // [ldy] (unused unless has_bias)
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;    // [m, ldy]
 
 const TILE: u32 = 64u;
 const TK: u32 = 16u;
@@ -102,16 +88,7 @@ fn matmul(
         for (var j = 0u; j < 4u; j++) {
             let c = col0 + lid.x + 16u * j;
             if r < p.m && c < p.n {
-                let col = p.n_offset + c;
-                var v = accs[i][j];
-                if p.has_bias != 0u {
-                    v += bias[col];
-                }
-                let o = r * p.ldy + col;
-                if p.accumulate != 0u {
-                    v += y[o];
-                }
-                y[o] = v;
+                store_output(r, p.n_offset + c, accs[i][j]);
             }
         }
     }

@@ -1,5 +1,6 @@
 // Shared by the column kernels (matmul_skinny*.wgsl), which are compiled with this text
-// prepended: their contract, parameters, output bindings and the store of a pass's rows.
+// (and matmul_store.wgsl: parameters, outputs, the store of one element) prepended: their
+// contract and the store of a pass's rows.
 //
 // y[m, n_offset + n] = (accumulate ? y : 0) + sum_k x[m, k] * w[n, k] + bias[n_offset + n],
 // the contract of matmul.wgsl, for rows first_row .. m (the launcher sends the 8-row passes
@@ -14,35 +15,11 @@ override WEIGHT_DTYPE: u32 = 0u;
 // Rows per pass (1, 2, 4 or 8), fixed per pipeline so the row loops unroll into registers.
 override ROWS: u32 = 1u;
 
-struct Params {
-    m: u32,
-    n: u32,
-    k: u32,
-    n_offset: u32,
-    ldy: u32,
-    has_bias: u32,
-    accumulate: u32,
-    first_row: u32,  // this dispatch computes rows first_row .. m, in passes of ROWS
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(3) var<storage, read> bias: array<f32>;       // [ldy]
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;    // [m, ldy]
-
 // Writes the pass's rows r0 .. r0 + ROWS (those below m) of column c.
 fn store_rows(r0: u32, c: u32, acc: array<f32, 8>) {
-    let col = p.n_offset + c;
     for (var r = 0u; r < ROWS; r++) {
         if r0 + r < p.m {
-            var v = acc[r];
-            if p.has_bias != 0u {
-                v += bias[col];
-            }
-            let o = (r0 + r) * p.ldy + col;
-            if p.accumulate != 0u {
-                v += y[o];
-            }
-            y[o] = v;
+            store_output(r0 + r, p.n_offset + c, acc[r]);
         }
     }
 }

@@ -94,6 +94,98 @@ fn few_rows_as_in_decode_all_dtypes() {
 }
 
 #[test]
+fn a_stacked_weight_fills_three_outputs_as_three_matmuls_would() {
+    // q, k and v stacked in one weight and computed in one call per chunk, each output to
+    // its own buffer: bitwise the three projections computed alone, by every kernel, with
+    // bias, for 1, 9 and 70 rows, and with chunk boundaries inside and between the parts.
+    use pagellm::kernels::matmul::{matmul_into, Outputs};
+    for ctx in contexts() {
+        let (n0, n1, n2, k) = (24, 8, 8, 64);
+        let n = n0 + n1 + n2;
+        let dtype = WeightDtype::F16;
+        let mut g = rng(81);
+        let wv = randn(&mut g, n * k, 0.5);
+        let bias = randn(&mut g, n, 1.0);
+        let bytes = kernels::weight::encode(&wv, dtype);
+        let rb = k * dtype.bytes();
+        let parts = [
+            &bytes[..n0 * rb],
+            &bytes[n0 * rb..(n0 + n1) * rb],
+            &bytes[(n0 + n1) * rb..],
+        ];
+        let alone: Vec<(Weight, wgpu::Buffer)> = [(0, n0), (n0, n1), (n0 + n1, n2)]
+            .iter()
+            .map(|&(first, rows)| {
+                let w = Weight::upload(
+                    ctx,
+                    "part",
+                    &bytes[first * rb..(first + rows) * rb],
+                    rows,
+                    k,
+                    dtype,
+                )
+                .unwrap();
+                (w, ctx.upload("bias", &bias[first..first + rows]).unwrap())
+            })
+            .collect();
+        let bb = ctx.upload("bias", &bias).unwrap();
+        for kernel in KERNELS.into_iter().filter(|kern| kern.supports(ctx, k)) {
+            for chunk_rows in [n, 10, 24, 5] {
+                let limit = (chunk_rows * rb) as u64;
+                let w = Weight::upload_parts_with_limit(ctx, "qkv", &parts, n, k, dtype, limit)
+                    .unwrap();
+                for m in [1, 9, 70] {
+                    let x = ctx.upload("x", &randn(&mut g, m * k, 1.0)).unwrap();
+                    let out = |cols: usize| ctx.storage_buffer("y", (m * cols * 4) as u64).unwrap();
+                    let ys = [out(n0), out(n1), out(n2)];
+                    let want = [out(n0), out(n1), out(n2)];
+                    let mut b = Batch::new(ctx, "t");
+                    let outputs = Outputs::Three([&ys[0], &ys[1], &ys[2]], [n0, n1]);
+                    matmul_into(
+                        &mut b,
+                        kernel,
+                        &x,
+                        &w,
+                        Some(&bb),
+                        outputs,
+                        m,
+                        Output::Overwrite,
+                    )
+                    .unwrap();
+                    for ((wa, ba), y) in alone.iter().zip(&want) {
+                        matmul_with(&mut b, kernel, &x, wa, Some(ba), y, m, Output::Overwrite)
+                            .unwrap();
+                    }
+                    b.submit().unwrap();
+                    for (i, (got, want)) in ys.iter().zip(&want).enumerate() {
+                        let cols = [n0, n1, n2][i];
+                        let (got, want) =
+                            (read_f32(ctx, got, m * cols), read_f32(ctx, want, m * cols));
+                        assert!(
+                            got.iter()
+                                .zip(&want)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{kernel:?} output {i}, {m} rows, chunks of {chunk_rows} on {}",
+                            backend(ctx)
+                        );
+                    }
+                }
+            }
+        }
+        // Widths that leave no third output are refused by name.
+        let w = Weight::upload_parts(ctx, "qkv", &parts, n, k, dtype).unwrap();
+        let x = ctx.upload("x", &randn(&mut g, k, 1.0)).unwrap();
+        let y = ctx.storage_buffer("y", (n * 4) as u64).unwrap();
+        let mut b = Batch::new(ctx, "t");
+        let outputs = Outputs::Three([&y, &y, &y], [n0, n1 + n2]);
+        let kernel = MatmulKernel::Columns;
+        let e =
+            matmul_into(&mut b, kernel, &x, &w, None, outputs, 1, Output::Overwrite).unwrap_err();
+        assert!(e.to_string().contains("the rest of 40 columns"), "{e}");
+    }
+}
+
+#[test]
 fn a_weight_uploaded_in_parts_is_the_weight_of_their_stack() {
     // Two projections stacked without joining them on the host (gate and up), with chunk
     // limits that put a chunk boundary before, at and across the parts' seam: the product

@@ -32,6 +32,10 @@ params!(MatmulParams for MATMUL {
     has_bias: u32,
     accumulate: u32,
     first_row: u32,
+    split1: u32,
+    split2: u32,
+    _pad0: u32,
+    _pad1: u32,
 });
 
 /// Rows up to which a GPU runs a column kernel instead of the tiled one.
@@ -113,6 +117,60 @@ pub fn matmul_with(
     m: usize,
     output: Output,
 ) -> Result<()> {
+    let outputs = Outputs::One(y);
+    matmul_into(batch, kernel, x, weight, bias, outputs, m, output)
+}
+
+/// Where a matmul's output columns go.
+#[derive(Clone, Copy, Debug)]
+pub enum Outputs<'a> {
+    /// All of them to one `[m, out]` buffer.
+    One(&'a wgpu::Buffer),
+    /// A stacked weight's three projections (q, k and v): columns `[0, widths[0])` to the
+    /// first buffer, the next `widths[1]` to the second and the rest to the third, each
+    /// `[m, its width]`.
+    Three([&'a wgpu::Buffer; 3], [usize; 2]),
+}
+
+/// The stacked projections of `weight` (`widths` output columns to each of the first two
+/// buffers, the rest to the third) in one matmul call, one dispatch per weight chunk:
+/// each output is bitwise what a matmul of that projection alone gives.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_split(
+    batch: &mut Batch,
+    x: &wgpu::Buffer,
+    weight: &Weight,
+    bias: Option<&wgpu::Buffer>,
+    ys: [&wgpu::Buffer; 3],
+    widths: [usize; 2],
+    m: usize,
+) -> Result<()> {
+    let kernel = MatmulKernel::choose(batch.ctx(), m, weight.cols);
+    let outputs = Outputs::Three(ys, widths);
+    matmul_into(
+        batch,
+        kernel,
+        x,
+        weight,
+        bias,
+        outputs,
+        m,
+        Output::Overwrite,
+    )
+}
+
+/// [`matmul_with`] into `outputs`.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_into(
+    batch: &mut Batch,
+    kernel: MatmulKernel,
+    x: &wgpu::Buffer,
+    weight: &Weight,
+    bias: Option<&wgpu::Buffer>,
+    outputs: Outputs<'_>,
+    m: usize,
+    output: Output,
+) -> Result<()> {
     const K: &str = "matmul";
     let (n_total, k) = (weight.rows, weight.cols);
     if m == 0 {
@@ -125,7 +183,25 @@ pub fn matmul_with(
         ));
     }
     check_len(K, "x", x, m * k)?;
-    check_len(K, "y", y, m * n_total)?;
+    // (the three bindings, split1, split2)
+    let (ys, split1, split2) = match outputs {
+        Outputs::One(y) => {
+            check_len(K, "y", y, m * n_total)?;
+            ([y, y, y], 0, 0)
+        }
+        Outputs::Three(ys, [w0, w1]) => {
+            if w0 == 0 || w1 == 0 || w0 + w1 >= n_total {
+                return Err(GpuError::invalid(
+                    K,
+                    format!("outputs of {w0}, {w1} and the rest of {n_total} columns"),
+                ));
+            }
+            for (i, (y, w)) in ys.iter().zip([w0, w1, n_total - w0 - w1]).enumerate() {
+                check_len(K, ["y", "y1", "y2"][i], *y, m * w)?;
+            }
+            (ys, w0, w0 + w1)
+        }
+    };
     if let Some(b) = bias {
         check_len(K, "bias", b, n_total)?;
     }
@@ -151,10 +227,20 @@ pub fn matmul_with(
             has_bias: bias.is_some() as u32,
             accumulate: (output == Output::Accumulate) as u32,
             first_row: 0,
+            split1: split1 as u32,
+            split2: split2 as u32,
+            ..Default::default()
         };
         // The bias binding must be valid even when unused.
         let bias_buf = bias.unwrap_or(&chunk.buffer);
-        let storage = [x.into(), (&chunk.buffer).into(), bias_buf.into(), y.into()];
+        let storage = [
+            x.into(),
+            (&chunk.buffer).into(),
+            bias_buf.into(),
+            ys[0].into(),
+            ys[1].into(),
+            ys[2].into(),
+        ];
         let dtype = ("WEIGHT_DTYPE", weight.dtype.code());
         let source = match kernel {
             MatmulKernel::Tiled => {

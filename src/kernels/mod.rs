@@ -44,17 +44,21 @@ macro_rules! kernel {
 kernel!(EMBEDDING, "embedding");
 kernel!(RMS_NORM, "rms_norm");
 kernel!(RMS_NORM_LANES, "rms_norm_lanes");
-kernel!(MATMUL, "matmul");
-kernel!(MATMUL_SKINNY, "matmul_skinny", ["matmul_columns"]);
+kernel!(MATMUL, "matmul", ["matmul_store"]);
+kernel!(
+    MATMUL_SKINNY,
+    "matmul_skinny",
+    ["matmul_store", "matmul_columns"]
+);
 kernel!(
     MATMUL_SKINNY_VEC,
     "matmul_skinny_vec",
-    ["matmul_columns", "matmul_columns_vec"]
+    ["matmul_store", "matmul_columns", "matmul_columns_vec"]
 );
 kernel!(
     MATMUL_SKINNY_SG,
     "matmul_skinny_sg",
-    ["matmul_columns", "matmul_columns_vec"]
+    ["matmul_store", "matmul_columns", "matmul_columns_vec"]
 );
 kernel!(ROPE, "rope");
 kernel!(SILU_MUL, "silu_mul");

@@ -2,10 +2,10 @@
 //! [`Batch`] (the engine submits once per step):
 //!
 //! ```text
-//! embed (× scale) → per layer [rms_norm → q/k/v (+bias) (→ per-head q/k rms_norm) → rope
-//!        (→ rotate q, k) → reshape_and_cache → paged_attention (window, soft-cap)
-//!        → o_proj (→ rms_norm) += residual → rms_norm → gate and up (one matmul) → act_mul
-//!        → down (→ rms_norm) += residual]
+//! embed (× scale) → per layer [rms_norm → q/k/v (+bias; one matmul) (→ per-head q/k
+//!        rms_norm) → rope (→ rotate q, k) → reshape_and_cache → paged_attention (window,
+//!        soft-cap) → o_proj (→ rms_norm) += residual → rms_norm → gate and up (one matmul)
+//!        → act_mul → down (→ rms_norm) += residual]
 //!       → final rms_norm → gather the sampling rows → LM head logits (→ soft-cap)
 //!       (→ arg-max)
 //! ```
@@ -18,7 +18,7 @@ use super::ModelConfig;
 use crate::error::{GpuError, Result};
 use crate::gpu::{Batch, Bind, GpuContext};
 use crate::kernels::logits::{lm_head, LogitsBuffers};
-use crate::kernels::matmul::{matmul, Output};
+use crate::kernels::matmul::{matmul, matmul_split, Output};
 use crate::kernels::paged_attention::{paged_attention, AttentionBuffers, AttentionOptions};
 use crate::kernels::rotate::rotate_qk;
 use crate::kernels::Weight;
@@ -147,32 +147,15 @@ pub fn forward(
     for (i, l) in model.layers.iter().enumerate() {
         rms_norm::rms_norm(batch, &ws.x, &l.input_norm, &ws.h, t, eps)?;
         batch.profile_site(Some("q k v"));
-        matmul(
+        let (qd, kvd) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+        matmul_split(
             batch,
             &ws.h,
-            &l.q,
-            l.q_bias.as_ref(),
-            &ws.q,
+            &l.qkv,
+            l.qkv_bias.as_ref(),
+            [&ws.q, &ws.k, &ws.v],
+            [qd, kvd],
             t,
-            Output::Overwrite,
-        )?;
-        matmul(
-            batch,
-            &ws.h,
-            &l.k,
-            l.k_bias.as_ref(),
-            &ws.k,
-            t,
-            Output::Overwrite,
-        )?;
-        matmul(
-            batch,
-            &ws.h,
-            &l.v,
-            l.v_bias.as_ref(),
-            &ws.v,
-            t,
-            Output::Overwrite,
         )?;
         batch.profile_site(None);
         let (q, k) = match (&ws.qk_normed, &l.q_norm, &l.k_norm) {

@@ -15,13 +15,11 @@ use crate::kernels::{Weight, WeightDtype};
 #[derive(Debug)]
 pub struct GpuLayer {
     pub input_norm: Weight,
-    pub q: Weight,
-    pub k: Weight,
-    pub v: Weight,
+    /// The q, k and v projections stacked: `[(heads + 2 * kv_heads) * head_dim, hidden]`,
+    /// q's rows, then k's, then v's.
+    pub qkv: Weight,
     pub o: Weight,
-    pub q_bias: Option<wgpu::Buffer>,
-    pub k_bias: Option<wgpu::Buffer>,
-    pub v_bias: Option<wgpu::Buffer>,
+    pub qkv_bias: Option<wgpu::Buffer>,
     pub o_bias: Option<wgpu::Buffer>,
     pub q_norm: Option<Weight>,
     pub k_norm: Option<Weight>,
@@ -91,48 +89,72 @@ impl Uploader<'_> {
         Ok(w)
     }
 
-    /// Two weights of one shape and dtype as one, `a`'s rows then `b`'s (gate and up: one
-    /// matmul instead of two).
+    /// Weights of one row length and dtype as one, their rows one after the other (q, k
+    /// and v; gate and up): one matmul instead of several.
     fn stacked(
         &mut self,
-        a: &Slice,
-        b: &Slice,
+        slices: &[&Slice],
         progress: &mut impl FnMut(u64, u64),
     ) -> Result<Weight> {
-        let (pa, pb) = (self.ck.part(a)?, self.ck.part(b)?);
-        if (pa.cols, pa.rows, pa.dtype) != (pb.cols, pb.rows, pb.dtype) {
+        let parts = slices
+            .iter()
+            .map(|s| self.ck.part(s))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let first = &parts[0];
+        if let Some((s, p)) = slices
+            .iter()
+            .zip(&parts)
+            .find(|(_, p)| (p.cols, p.dtype) != (first.cols, first.dtype))
+        {
             return Err(ModelError::Unsupported(format!(
-                "{} ({} x {} {:?}) and {} ({} x {} {:?}) differ in shape or dtype",
-                a.name, pa.rows, pa.cols, pa.dtype, b.name, pb.rows, pb.cols, pb.dtype
+                "{} ({} x {} {:?}) cannot be stacked with {} ({} x {} {:?})",
+                s.name,
+                p.rows,
+                p.cols,
+                p.dtype,
+                slices[0].name,
+                first.rows,
+                first.cols,
+                first.dtype
             )));
         }
-        let name = format!("{} + {}", a.name, b.name);
-        let parts = [pa.bytes, pb.bytes];
-        let w = Weight::upload_parts(self.ctx, &name, &parts, 2 * pa.rows, pa.cols, pa.dtype)?;
-        self.done += (pa.bytes.len() + pb.bytes.len()) as u64;
+        let name = slices
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect::<Vec<_>>()
+            .join(" + ");
+        let rows = parts.iter().map(|p| p.rows).sum();
+        let bytes: Vec<&[u8]> = parts.iter().map(|p| p.bytes).collect();
+        let (cols, dtype) = (first.cols, first.dtype);
+        let w = Weight::upload_parts(self.ctx, &name, &bytes, rows, cols, dtype)?;
+        self.done += bytes.iter().map(|b| b.len() as u64).sum::<u64>();
         progress(self.done, self.total);
         Ok(w)
     }
 
-    /// The biases of [`Self::stacked`] weights of `rows` rows each, zeros standing in for a
-    /// missing one; `None` when neither has one.
+    /// The biases of [`Self::stacked`] weights of `rows[i]` rows each, zeros standing in for
+    /// a missing one; `None` when none has one.
     fn stacked_bias(
         &mut self,
-        a: &Option<Slice>,
-        b: &Option<Slice>,
-        rows: usize,
+        biases: &[&Option<Slice>],
+        rows: &[usize],
     ) -> Result<Option<wgpu::Buffer>> {
-        if a.is_none() && b.is_none() {
+        if biases.iter().all(|b| b.is_none()) {
             return Ok(None);
         }
-        let mut values = Vec::with_capacity(2 * rows);
-        for s in [a, b] {
-            match s {
+        let mut values = Vec::with_capacity(rows.iter().sum());
+        for (b, &n) in biases.iter().zip(rows) {
+            match b {
                 Some(s) => values.extend(self.ck.part(s)?.to_f32()),
-                None => values.extend(std::iter::repeat_n(0.0, rows)),
+                None => values.extend(std::iter::repeat_n(0.0, n)),
             }
         }
-        Ok(Some(self.ctx.upload("gate + up bias", &values)?))
+        let name = if biases.len() == 3 {
+            "q k v bias"
+        } else {
+            "gate up bias"
+        };
+        Ok(Some(self.ctx.upload(name, &values)?))
     }
 
     fn norm(&mut self, s: &Slice, progress: &mut impl FnMut(u64, u64)) -> Result<Weight> {
@@ -212,26 +234,25 @@ impl GpuModel {
         };
         let embed = up.weight(&whole(spec::EMBED), p)?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
+        let qd = cfg.num_heads * cfg.head_dim;
+        let kvd = cfg.num_kv_heads * cfg.head_dim;
+        let inter = cfg.intermediate_size;
         for i in 0..cfg.num_layers {
             let n = spec::layer(&cfg, i);
             layers.push(GpuLayer {
                 input_norm: up.norm(&n.input_norm, p)?,
-                q: up.weight(&n.q, p)?,
-                k: up.weight(&n.k, p)?,
-                v: up.weight(&n.v, p)?,
+                qkv: up.stacked(&[&n.q, &n.k, &n.v], p)?,
                 o: up.weight(&n.o, p)?,
-                q_bias: up.bias(&n.q_bias)?,
-                k_bias: up.bias(&n.k_bias)?,
-                v_bias: up.bias(&n.v_bias)?,
+                qkv_bias: up.stacked_bias(&[&n.q_bias, &n.k_bias, &n.v_bias], &[qd, kvd, kvd])?,
                 o_bias: up.bias(&n.o_bias)?,
                 q_norm: up.opt_norm(&n.q_norm, p)?,
                 k_norm: up.opt_norm(&n.k_norm, p)?,
                 post_attn_norm: up.opt_norm(&n.post_attn_norm, p)?,
                 mlp_norm: up.norm(&n.mlp_norm, p)?,
                 post_mlp_norm: up.opt_norm(&n.post_mlp_norm, p)?,
-                gate_up: up.stacked(&n.gate, &n.up, p)?,
+                gate_up: up.stacked(&[&n.gate, &n.up], p)?,
                 down: up.weight(&n.down, p)?,
-                gate_up_bias: up.stacked_bias(&n.gate_bias, &n.up_bias, cfg.intermediate_size)?,
+                gate_up_bias: up.stacked_bias(&[&n.gate_bias, &n.up_bias], &[inter, inter])?,
                 down_bias: up.bias(&n.down_bias)?,
                 rope: usize::from(
                     cfg.recipe.layers[i].local_rope && cfg.recipe.local_rope.is_some(),

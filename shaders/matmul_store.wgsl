@@ -1,0 +1,56 @@
+// Shared by every matmul kernel (matmul.wgsl and the column kernels): the parameters, the
+// bias and output bindings, and the store of one output element.
+//
+// The weight may be several projections stacked (q, k and v): with split1 > 0 its columns
+// [0, split1) go to y, [split1, split2) to y1 and [split2, ldy) to y2, each [m, its own
+// width], so one dispatch fills three buffers. Without splits y1 and y2 are y again and
+// never written through.
+
+struct Params {
+    m: u32,
+    n: u32,          // rows of this weight chunk
+    k: u32,
+    n_offset: u32,   // first output column written by this chunk
+    ldy: u32,        // output columns of the whole (stacked) weight
+    has_bias: u32,
+    accumulate: u32,
+    first_row: u32,  // column kernels: this dispatch computes rows first_row .. m; 0 in matmul.wgsl
+    split1: u32,     // 0, or the first column that goes to y1
+    split2: u32,     // with split1 > 0: the first column that goes to y2 (ldy when none does)
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(3) var<storage, read> bias: array<f32>;        // [ldy] (unused unless has_bias)
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;     // [m, ldy], or [m, split1]
+@group(0) @binding(5) var<storage, read_write> y1: array<f32>;    // [m, split2 - split1]
+@group(0) @binding(6) var<storage, read_write> y2: array<f32>;    // [m, ldy - split2]
+
+// Output row r, column col of the whole weight: acc, then + bias, then + what the output
+// holds when accumulating (the order every kernel keeps, for batch invariance).
+fn store_output(r: u32, col: u32, acc: f32) {
+    var v = acc;
+    if p.has_bias != 0u {
+        v += bias[col];
+    }
+    if p.split1 == 0u || col < p.split1 {
+        let o = r * select(p.ldy, p.split1, p.split1 != 0u) + col;
+        if p.accumulate != 0u {
+            v += y[o];
+        }
+        y[o] = v;
+    } else if col < p.split2 {
+        let o = r * (p.split2 - p.split1) + col - p.split1;
+        if p.accumulate != 0u {
+            v += y1[o];
+        }
+        y1[o] = v;
+    } else {
+        let o = r * (p.ldy - p.split2) + col - p.split2;
+        if p.accumulate != 0u {
+            v += y2[o];
+        }
+        y2[o] = v;
+    }
+}
