@@ -118,8 +118,8 @@ impl GpuContext {
         self.upload_parts(label, &[bytes])
     }
 
-    /// A storage buffer holding `parts` one after the other (their total a multiple of 4
-    /// bytes), without joining them on the host first.
+    /// A storage buffer holding `parts` one after the other (zero-padded to whole words),
+    /// without joining them on the host first.
     pub fn upload_parts(&self, label: &str, parts: &[&[u8]]) -> Result<wgpu::Buffer> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         self.check_size(label, len as u64)?;

@@ -136,6 +136,7 @@ impl Uploader<'_> {
     /// a missing one; `None` when none has one.
     fn stacked_bias(
         &mut self,
+        label: &str,
         biases: &[&Option<Slice>],
         rows: &[usize],
     ) -> Result<Option<wgpu::Buffer>> {
@@ -149,12 +150,7 @@ impl Uploader<'_> {
                 None => values.extend(std::iter::repeat_n(0.0, n)),
             }
         }
-        let name = if biases.len() == 3 {
-            "q k v bias"
-        } else {
-            "gate up bias"
-        };
-        Ok(Some(self.ctx.upload(name, &values)?))
+        Ok(Some(self.ctx.upload(label, &values)?))
     }
 
     fn norm(&mut self, s: &Slice, progress: &mut impl FnMut(u64, u64)) -> Result<Weight> {
@@ -243,7 +239,11 @@ impl GpuModel {
                 input_norm: up.norm(&n.input_norm, p)?,
                 qkv: up.stacked(&[&n.q, &n.k, &n.v], p)?,
                 o: up.weight(&n.o, p)?,
-                qkv_bias: up.stacked_bias(&[&n.q_bias, &n.k_bias, &n.v_bias], &[qd, kvd, kvd])?,
+                qkv_bias: up.stacked_bias(
+                    "q k v bias",
+                    &[&n.q_bias, &n.k_bias, &n.v_bias],
+                    &[qd, kvd, kvd],
+                )?,
                 o_bias: up.bias(&n.o_bias)?,
                 q_norm: up.opt_norm(&n.q_norm, p)?,
                 k_norm: up.opt_norm(&n.k_norm, p)?,
@@ -252,7 +252,11 @@ impl GpuModel {
                 post_mlp_norm: up.opt_norm(&n.post_mlp_norm, p)?,
                 gate_up: up.stacked(&[&n.gate, &n.up], p)?,
                 down: up.weight(&n.down, p)?,
-                gate_up_bias: up.stacked_bias(&[&n.gate_bias, &n.up_bias], &[inter, inter])?,
+                gate_up_bias: up.stacked_bias(
+                    "gate up bias",
+                    &[&n.gate_bias, &n.up_bias],
+                    &[inter, inter],
+                )?,
                 down_bias: up.bias(&n.down_bias)?,
                 rope: usize::from(
                     cfg.recipe.layers[i].local_rope && cfg.recipe.local_rope.is_some(),
