@@ -585,17 +585,22 @@ fn profile_section(ctx: &GpuContext, e: &mut Engine, seqs: &[usize], tokens: usi
     // (recording and submit, not the wait), which profiling would inflate.
     for &n in seqs {
         let before = e.stats().host;
+        let groups = ctx.bind_group_stats();
         let d = decode(e, n, PROMPT, tokens);
         let after = e.stats().host;
+        let groups_after = ctx.bind_group_stats();
         let steps = after.decode_steps - before.decode_steps;
         let host = (after.decode_total - before.decode_total).as_secs_f64() / steps.max(1) as f64;
         println!();
         println!(
             "Unprofiled decode, {n} sequence(s): {:.1} tokens/s (median step {:.1} ms); host per \
-             decode step (recording + submit, no wait): {:.3} ms, mean of {steps} steps",
+             decode step (recording + submit, no wait): {:.3} ms, mean of {steps} steps; bind \
+             groups reused {} times, created {} times",
             d.tokens as f64 / d.time.as_secs_f64(),
             ms(median(d.steps)),
-            host * 1e3
+            host * 1e3,
+            groups_after.hits - groups.hits,
+            groups_after.misses - groups.misses,
         );
     }
     let profiler = ctx.enable_profiling();

@@ -13,8 +13,8 @@
 
 use crate::engine::{kv_layout, open_model};
 use crate::engine::{EngineConfig, EngineError};
-use crate::gpu::{Batch, GpuContext};
-use crate::kernels::paged_attention::{AttentionMetadata, SeqSlice};
+use crate::gpu::{Batch, GpuContext, Readback};
+use crate::kernels::paged_attention::{AttentionBuffers, AttentionMetadata, SeqSlice};
 use crate::model::forward::{forward, StepInput, Workspace};
 use crate::model::gpu::GpuModel;
 use crate::pool::{KvPool, KvRotation, PoolSize};
@@ -34,6 +34,10 @@ pub struct Scorer {
     ws: Workspace,
     context: usize,
     chunk: usize,
+    /// Kept across chunks (see `engine/step_batch.rs`): the metadata and the logits'
+    /// read-back.
+    meta: Option<AttentionBuffers>,
+    readback: Readback,
 }
 
 impl Scorer {
@@ -79,6 +83,8 @@ impl Scorer {
             ws,
             context,
             chunk,
+            meta: None,
+            readback: Readback::default(),
         })
     }
 
@@ -126,23 +132,26 @@ impl Scorer {
             };
             let meta = AttentionMetadata::build(&[slice], bs)?;
             let rows: Vec<u32> = (0..(end - start) as u32).collect();
-            let bufs = meta.upload_with(&self.ctx, &[&tokens[start..end], &rows])?;
-            let input = StepInput {
-                tokens: bufs.extra(0).expect("tokens section"),
-                meta: &bufs,
-                rows: bufs.extra(1).expect("rows section"),
-                num_rows: rows.len(),
-                argmax: false,
-            };
             if let Some(p) = self.ctx.profiler() {
                 p.begin_step("score");
             }
             let mut b = Batch::new(&self.ctx, "score");
+            meta.write_into(&mut b, &mut self.meta, &[&tokens[start..end], &rows])?;
+            let bufs = self.meta.as_ref().expect("written above");
+            let input = StepInput {
+                tokens: bufs.extra(0).expect("tokens section"),
+                meta: bufs,
+                rows: bufs.extra(1).expect("rows section"),
+                num_rows: rows.len(),
+                argmax: false,
+            };
             forward(&mut b, &self.model, &self.pool, &self.ws, &input)?;
+            let bytes = (rows.len() * vocab * 4) as u64;
+            let pending = self
+                .readback
+                .read_later(&mut b, &self.ws.logits, 0, bytes)?;
             b.submit()?;
-            let bytes = self
-                .ctx
-                .read_bytes(&self.ws.logits, 0, (rows.len() * vocab * 4) as u64)?;
+            let bytes = self.ctx.complete_read(pending)?;
             if let Some(p) = self.ctx.profiler() {
                 p.end_step();
             }

@@ -108,6 +108,25 @@ pub struct Engine {
     /// Fixed cost of a submit of its own, measured with the swap path (`calibrate_swap`).
     swap_latency_s: f64,
     pub(super) host: HostTime,
+    /// What every step rewrites in place instead of allocating: its metadata and the
+    /// read-back buffers.
+    pub(super) step_buffers: StepBuffers,
+}
+
+/// Buffers kept across steps (see `step_batch.rs`).
+#[derive(Debug, Default)]
+pub(super) struct StepBuffers {
+    pub meta: Option<crate::kernels::paged_attention::AttentionBuffers>,
+    pub argmax: crate::gpu::Readback,
+    pub logits: crate::gpu::Readback,
+}
+
+impl Drop for Engine {
+    /// The context's cached bind groups hold the engine's buffers (the KV pool, weights,
+    /// workspace); dropping them frees those at once rather than a few submits later.
+    fn drop(&mut self) {
+        self.ctx.release_bind_groups();
+    }
 }
 
 /// The host's share of the engine's forward steps: from the start of a step's recording
@@ -267,6 +286,7 @@ impl Engine {
             abandoned: 0,
             swap_latency_s: 0.0,
             host: HostTime::default(),
+            step_buffers: StepBuffers::default(),
         };
         engine.calibrate_swap()?;
         Ok(engine)

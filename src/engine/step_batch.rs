@@ -60,16 +60,19 @@ impl Engine {
             .any(|s| needs_logits(self.groups[&s.request_id].params()));
 
         let ctx = &self.ctx;
-        // The step's metadata, token ids and sampled rows: one buffer, one write.
-        let bufs = meta.upload_with(ctx, &[&tokens, &rows])?;
+        let mut batch = Batch::new(ctx, "engine step");
+        // The step's metadata, token ids and sampled rows: one buffer kept across steps,
+        // rewritten in place with one write, so the step's bind groups are the last step's.
+        let io = &mut self.step_buffers;
+        meta.write_into(&mut batch, &mut io.meta, &[&tokens, &rows])?;
         let missing = || GpuError::invalid("step metadata", "an extra array is missing");
+        let bufs = io.meta.as_ref().ok_or_else(missing)?;
         let tok_buf = bufs.extra(0).ok_or_else(missing)?;
         let row_buf = bufs.extra(1).ok_or_else(missing)?;
-        let mut batch = Batch::new(ctx, "engine step");
         let pending = self.cache.encode(&mut batch, &sched.ops)?;
         let input = StepInput {
             tokens: tok_buf,
-            meta: &bufs,
+            meta: bufs,
             rows: row_buf,
             // With no sampling row, gather row 0 anyway (harmless) to keep shapes simple.
             num_rows: rows.len().max(1),
@@ -86,10 +89,19 @@ impl Engine {
         let vocab = self.model.config.vocab_size;
         let argmax = match n {
             0 => None,
-            _ => Some(batch.read_later(&self.ws.argmax, 0, (n * 8) as u64)?),
+            _ => Some(
+                io.argmax
+                    .read_later(&mut batch, &self.ws.argmax, 0, (n * 8) as u64)?,
+            ),
         };
         let logits = match need_logits {
-            true => Some(batch.read_later(&self.ws.logits, 0, (n * vocab * 4) as u64)?),
+            true => {
+                let bytes = (n * vocab * 4) as u64;
+                Some(
+                    io.logits
+                        .read_later(&mut batch, &self.ws.logits, 0, bytes)?,
+                )
+            }
             false => None,
         };
         // The step's one submit: block operations, forward pass and read-back copies.

@@ -1,6 +1,7 @@
 //! A batch of GPU work recorded into one command encoder and submitted once. Kernel
 //! launchers append dispatches to a batch; the engine submits one batch per step.
 
+use super::bindings::{Arena, BindingKey, UNIFORM_ARENA_BYTES};
 use super::profile::{Profiler, QueryBlock, TimingMethod, QUERIES_PER_SET};
 use super::{GpuContext, KernelSource, PendingRead};
 use crate::error::{GpuError, Result};
@@ -32,6 +33,24 @@ impl Bind<'_> {
         }
     }
 
+    /// What the bind group cache compares.
+    fn key(&self) -> BindingKey {
+        match *self {
+            Bind::Whole(b) => BindingKey {
+                buffer: b.clone(),
+                range: None,
+            },
+            Bind::Range {
+                buffer,
+                offset,
+                size,
+            } => BindingKey {
+                buffer: buffer.clone(),
+                range: Some((offset, size)),
+            },
+        }
+    }
+
     fn resource(&self) -> wgpu::BindingResource<'_> {
         match *self {
             Bind::Whole(b) => b.as_entire_binding(),
@@ -48,9 +67,6 @@ impl Bind<'_> {
     }
 }
 
-/// Bytes of each buffer that holds a batch's uniform parameter blocks.
-const UNIFORM_ARENA_BYTES: u64 = 64 * 1024;
-
 /// Recorded GPU work not yet submitted.
 pub struct Batch<'c> {
     ctx: &'c GpuContext,
@@ -62,11 +78,13 @@ pub struct Batch<'c> {
     pass: Option<wgpu::ComputePass<'static>>,
     encoder: Option<wgpu::CommandEncoder>,
     dispatches: usize,
-    /// Buffers holding the dispatches' parameter blocks, mapped while the batch records and
-    /// unmapped at submit: one allocation for many dispatches instead of one each. The
-    /// last one is being filled, `uniform_used` bytes so far.
-    uniforms: Vec<wgpu::Buffer>,
-    uniform_used: u64,
+    /// Persistent buffers holding the dispatches' parameter blocks (see `bindings.rs`),
+    /// taken from the context's free list and written when the batch submits. The last one
+    /// is being filled.
+    uniforms: Vec<Arena>,
+    /// [`Self::write`]s: destination, offset and the bytes' range in `staged`.
+    writes: Vec<(wgpu::Buffer, u64, std::ops::Range<usize>)>,
+    staged: Vec<u8>,
     /// Present while the context profiles (see `profile.rs`).
     timing: Option<Timing<'c>>,
     /// What the next dispatches are for, in a profile.
@@ -97,7 +115,8 @@ impl<'c> Batch<'c> {
             encoder: Some(encoder),
             dispatches: 0,
             uniforms: Vec::new(),
-            uniform_used: 0,
+            writes: Vec::new(),
+            staged: Vec::new(),
             timing: ctx.profiler().map(|profiler| Timing {
                 profiler,
                 phase: profiler.current_phase(),
@@ -129,21 +148,135 @@ impl<'c> Batch<'c> {
         self.timing.as_ref().map(|t| t.profiler.method())
     }
 
-    /// Profiling without timestamps: submits what is recorded and waits for it; returns the
-    /// time that took. The uniform arenas are unmapped for the submit, so the next dispatch
-    /// starts a new one.
-    fn flush(&mut self) -> Result<Duration> {
-        let ctx = self.ctx;
-        let t = Instant::now();
-        for b in self.uniforms.drain(..) {
-            b.unmap();
+    /// Writes `bytes` to `buffer` at `offset` (multiples of 4; the buffer needs
+    /// `COPY_DST`) before any of this batch's commands run: every command of the batch sees
+    /// the new bytes, every earlier submission the old ones. The engine rewrites its step
+    /// metadata in place this way, so its bind groups stay valid across steps.
+    pub fn write(&mut self, buffer: &wgpu::Buffer, offset: u64, bytes: &[u8]) -> Result<()> {
+        let len = bytes.len() as u64;
+        let align = wgpu::COPY_BUFFER_ALIGNMENT;
+        if !offset.is_multiple_of(align) || !len.is_multiple_of(align) {
+            return Err(GpuError::invalid(
+                "buffer write",
+                format!("offset {offset} and length {len} must be multiples of {align}"),
+            ));
         }
-        self.uniform_used = 0;
+        if offset + len > buffer.size() || !buffer.usage().contains(wgpu::BufferUsages::COPY_DST) {
+            return Err(GpuError::invalid(
+                "buffer write",
+                format!(
+                    "{len} bytes at {offset} do not fit a writable buffer of {} bytes",
+                    buffer.size()
+                ),
+            ));
+        }
+        if len > 0 {
+            let at = self.staged.len();
+            self.staged.extend_from_slice(bytes);
+            self.writes
+                .push((buffer.clone(), offset, at..at + bytes.len()));
+        }
+        Ok(())
+    }
+
+    /// Records the copies that fill the arenas with the parameter blocks recorded so far and
+    /// make the batch's [`Self::write`]s, from one staging buffer written at its creation,
+    /// into an encoder of their own that is submitted ahead of the batch's; hands the arenas
+    /// back. Every earlier submission that read an arena comes before this one in the
+    /// queue, so the arenas can serve the next batch at once.
+    ///
+    /// (`Queue::write_buffer` would order the same way by the WebGPU rules, but on lavapipe
+    /// with wgpu 30 a batch occasionally ran with another batch's parameter blocks when
+    /// arenas were reused that way and nothing waited in between; copies recorded by hand
+    /// have not.)
+    fn staged_copies(&mut self) -> Result<Option<wgpu::CommandEncoder>> {
+        let ctx = self.ctx;
+        let arenas = std::mem::take(&mut self.uniforms);
+        let writes = std::mem::take(&mut self.writes);
+        let staged = std::mem::take(&mut self.staged);
+        let mut parts: Vec<(&[u8], &wgpu::Buffer, u64)> = arenas
+            .iter()
+            .filter(|a| !a.image.is_empty())
+            .map(|a| (a.image.as_slice(), &a.buffer, 0))
+            .collect();
+        parts.extend(writes.iter().map(|(b, o, r)| (&staged[r.clone()], b, *o)));
+        let encoder = if parts.is_empty() {
+            Ok(None)
+        } else {
+            Self::record_copies(ctx, &parts).map(Some)
+        };
+        drop(parts);
+        ctx.bindings.return_arenas(arenas);
+        encoder
+    }
+
+    fn record_copies(
+        ctx: &GpuContext,
+        parts: &[(&[u8], &wgpu::Buffer, u64)],
+    ) -> Result<wgpu::CommandEncoder> {
+        // Each part starts at a multiple of the copy alignment in the staging buffer.
+        let align = wgpu::COPY_BUFFER_ALIGNMENT;
+        let mut offsets = Vec::with_capacity(parts.len());
+        let mut len = 0u64;
+        for (p, ..) in parts {
+            offsets.push(len);
+            len = (len + p.len() as u64).next_multiple_of(align);
+        }
+        let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("batch writes (staging)"),
+            size: len,
+            usage: wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: true,
+        });
+        let written = staging
+            .slice(..)
+            .get_mapped_range_mut()
+            .map(|mut range| {
+                for ((p, ..), &o) in parts.iter().zip(&offsets) {
+                    range
+                        .slice(o as usize..o as usize + p.len())
+                        .copy_from_slice(p);
+                }
+            })
+            .map_err(|e| GpuError::Internal {
+                context: "writing kernel parameters".into(),
+                message: e.to_string(),
+            });
+        staging.unmap();
+        written?;
+        let mut encoder = ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("batch writes"),
+            });
+        for ((p, dst, dst_offset), &o) in parts.iter().zip(&offsets) {
+            let bytes = (p.len() as u64).next_multiple_of(align);
+            encoder.copy_buffer_to_buffer(&staging, o, dst, *dst_offset, bytes);
+        }
+        Ok(encoder)
+    }
+
+    /// Submits `encoder` behind the copies of its parameter blocks and counts the submit.
+    fn submit_encoder(&mut self, encoder: wgpu::CommandEncoder) -> Result<wgpu::SubmissionIndex> {
+        let ctx = self.ctx;
+        let params = self.staged_copies()?;
+        let index = ctx.scoped("submitting GPU work", || match params {
+            Some(p) => ctx.queue.submit([p.finish(), encoder.finish()]),
+            None => ctx.queue.submit([encoder.finish()]),
+        })?;
+        ctx.bindings.submitted();
+        Ok(index)
+    }
+
+    /// Profiling without timestamps: submits what is recorded and waits for it; returns the
+    /// time that took.
+    fn flush(&mut self) -> Result<Duration> {
+        let t = Instant::now();
         self.pass = None;
         if let Some(e) = self.encoder.take() {
-            ctx.scoped("submitting GPU work", || ctx.queue.submit([e.finish()]))?;
+            self.submit_encoder(e)?;
         }
-        ctx.wait_untimed()?;
+        self.ctx.wait_untimed()?;
         let took = t.elapsed();
         if let Some(timing) = &mut self.timing {
             timing.flushing += took;
@@ -173,41 +306,30 @@ impl<'c> Batch<'c> {
         )))
     }
 
-    /// Copies `bytes` into the uniform arena; returns the buffer and offset holding them.
-    fn uniform_slot(&mut self, label: &str, bytes: &[u8]) -> Result<(wgpu::Buffer, u64)> {
+    /// Copies `bytes` into an arena's image; returns the arena's index in the batch and the
+    /// offset the bytes will be at.
+    fn uniform_slot(&mut self, bytes: &[u8]) -> Result<(usize, u64)> {
         let ctx = self.ctx;
         let len = bytes.len() as u64;
         if len > UNIFORM_ARENA_BYTES {
-            // Never happens with pagellm's kernels; a buffer of its own keeps it correct.
-            let own = ctx.buffer_init(label, bytes, wgpu::BufferUsages::UNIFORM)?;
-            return Ok((own, 0));
+            return Err(GpuError::invalid(
+                "kernel parameters",
+                format!("a parameter block of {len} bytes exceeds {UNIFORM_ARENA_BYTES}"),
+            ));
         }
-        let buffer = match self.uniforms.last() {
-            Some(b) if self.uniform_used + len <= UNIFORM_ARENA_BYTES => b.clone(),
-            _ => {
-                let b = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("kernel parameters"),
-                    size: UNIFORM_ARENA_BYTES,
-                    usage: wgpu::BufferUsages::UNIFORM,
-                    mapped_at_creation: true,
-                });
-                self.uniforms.push(b.clone());
-                self.uniform_used = 0;
-                b
-            }
-        };
-        let offset = self.uniform_used;
-        buffer
-            .slice(offset..offset + len)
-            .get_mapped_range_mut()
-            .map_err(|e| GpuError::Internal {
-                context: format!("writing the parameters of {label}"),
-                message: e.to_string(),
-            })?
-            .copy_from_slice(bytes);
         let align = u64::from(ctx.limits.min_uniform_buffer_offset_alignment).max(16);
-        self.uniform_used = (offset + len).next_multiple_of(align);
-        Ok((buffer, offset))
+        let fits =
+            |a: &Arena| (a.image.len() as u64).next_multiple_of(align) + len <= UNIFORM_ARENA_BYTES;
+        if !self.uniforms.last().is_some_and(fits) {
+            let arena = ctx.bindings.take_arena(&ctx.device);
+            self.uniforms.push(arena);
+        }
+        let index = self.uniforms.len() - 1;
+        let image = &mut self.uniforms[index].image;
+        let offset = (image.len() as u64).next_multiple_of(align);
+        image.resize(offset as usize, 0);
+        image.extend_from_slice(bytes);
+        Ok((index, offset))
     }
 
     pub fn ctx(&self) -> &'c GpuContext {
@@ -247,30 +369,48 @@ impl<'c> Batch<'c> {
             return Ok(());
         }
         let pipeline = self.ctx.pipeline(kernel, constants)?;
+        if storage.len() != pipeline.storage_bindings {
+            return Err(GpuError::invalid(
+                kernel.name,
+                format!(
+                    "{} storage buffers given, the kernel binds {}",
+                    storage.len(),
+                    pipeline.storage_bindings
+                ),
+            ));
+        }
         let ctx = self.ctx;
-        let (uniform, offset) = self.uniform_slot(kernel.name, bytemuck::bytes_of(params))?;
-        let bind_group = ctx.scoped(&format!("binding arguments of {}", kernel.name), || {
-            let params_binding = Bind::Range {
-                buffer: &uniform,
-                offset,
-                size: std::mem::size_of::<P>() as u64,
-            };
-            let mut entries = vec![wgpu::BindGroupEntry {
-                binding: 0,
-                resource: params_binding.resource(),
-            }];
-            for (i, b) in storage.iter().enumerate() {
-                entries.push(wgpu::BindGroupEntry {
-                    binding: i as u32 + 1,
-                    resource: b.resource(),
-                });
-            }
-            ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some(kernel.name),
-                layout: &pipeline.layout,
-                entries: &entries,
-            })
-        })?;
+        let (arena, offset) = self.uniform_slot(bytemuck::bytes_of(params))?;
+        let params_buffer = &self.uniforms[arena].buffer;
+        let params_size = std::mem::size_of::<P>() as u64;
+        let keys: Vec<BindingKey> = storage.iter().map(Bind::key).collect();
+        let bind_group =
+            ctx.bindings
+                .bind_group(&pipeline.layout, params_buffer, params_size, &keys, || {
+                    ctx.scoped(&format!("binding arguments of {}", kernel.name), || {
+                        let params_binding = Bind::Range {
+                            buffer: params_buffer,
+                            offset: 0,
+                            size: params_size,
+                        };
+                        let mut entries = vec![wgpu::BindGroupEntry {
+                            binding: 0,
+                            resource: params_binding.resource(),
+                        }];
+                        for (i, b) in storage.iter().enumerate() {
+                            entries.push(wgpu::BindGroupEntry {
+                                binding: i as u32 + 1,
+                                resource: b.resource(),
+                            });
+                        }
+                        ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                            label: Some(kernel.name),
+                            layout: &pipeline.layout,
+                            entries: &entries,
+                        })
+                    })
+                })?;
+        let offsets = [offset as u32];
         let method = self.method();
         if method == Some(TimingMethod::SubmitPerDispatch) {
             // What was recorded before runs first, outside this kernel's time.
@@ -289,7 +429,7 @@ impl<'c> Batch<'c> {
             }
             let pass = self.pass.as_mut().expect("just opened");
             pass.set_pipeline(&pipeline.pipeline);
-            pass.set_bind_group(0, &bind_group, &[]);
+            pass.set_bind_group(0, &bind_group, &offsets);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
             self.dispatches += 1;
             return Ok(());
@@ -314,7 +454,7 @@ impl<'c> Batch<'c> {
                 }),
             });
         pass.set_pipeline(&pipeline.pipeline);
-        pass.set_bind_group(0, &bind_group, &[]);
+        pass.set_bind_group(0, &bind_group, &offsets);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         drop(pass);
         self.dispatches += 1;
@@ -352,18 +492,11 @@ impl<'c> Batch<'c> {
             .encoder
             .take()
             .unwrap_or_else(|| ctx.device.create_command_encoder(&Default::default()));
-        for b in self.uniforms.drain(..) {
-            b.unmap();
-        }
         let Some(t) = self.timing.take() else {
-            return ctx.scoped("submitting GPU work", || {
-                ctx.queue.submit([encoder.finish()])
-            });
+            return self.submit_encoder(encoder);
         };
         let recorded = Instant::now();
-        let index = ctx.scoped("submitting GPU work", || {
-            ctx.queue.submit([encoder.finish()])
-        })?;
+        let index = self.submit_encoder(encoder)?;
         let record = recorded
             .duration_since(t.created)
             .saturating_sub(t.flushing);
@@ -406,6 +539,13 @@ impl<'c> Batch<'c> {
             out.push((block, names.to_vec()));
         }
         out
+    }
+}
+
+impl Drop for Batch<'_> {
+    /// A batch dropped unsubmitted (an error while recording) hands its arenas back.
+    fn drop(&mut self) {
+        self.ctx.bindings.return_arenas(self.uniforms.drain(..));
     }
 }
 

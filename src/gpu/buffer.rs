@@ -23,20 +23,9 @@ impl GpuContext {
         Ok(())
     }
 
-    /// A buffer of `usage` holding `bytes` (a multiple of 4), written through a mapping at
-    /// creation. Unlike wgpu's `create_buffer_init`, a device that is lost or destroyed
-    /// gives an error here instead of a panic.
-    pub(crate) fn buffer_init(
-        &self,
-        label: &str,
-        bytes: &[u8],
-        usage: wgpu::BufferUsages,
-    ) -> Result<wgpu::Buffer> {
-        self.buffer_init_parts(label, &[bytes], usage)
-    }
-
-    /// A buffer holding `parts` one after the other, written straight into its mapping (no
-    /// joined copy on the host).
+    /// A buffer of `usage` holding `parts` one after the other, written straight into its
+    /// mapping at creation (no joined copy on the host). Unlike wgpu's `create_buffer_init`,
+    /// a device that is lost or destroyed gives an error here instead of a panic.
     fn buffer_init_parts(
         &self,
         label: &str,
@@ -142,20 +131,23 @@ impl GpuContext {
         let Some(staging) = pending.staging else {
             return Ok(Vec::new());
         };
+        let len = pending.len.unwrap_or(staging.size());
         let (tx, rx) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+        staging.map_async(wgpu::MapMode::Read, ..len, move |r| {
             let _ = tx.send(r);
         });
         self.wait()?;
         rx.recv()
             .map_err(|e| GpuError::Readback(e.to_string()))?
             .map_err(|e| GpuError::Readback(e.to_string()))?;
+        // Unmapped on every path from here, so that a reused staging buffer can take the
+        // next copy.
         let data = staging
-            .get_mapped_range(..)
-            .map_err(|e| GpuError::Readback(e.to_string()))?
-            .to_vec();
+            .get_mapped_range(..len)
+            .map(|view| view.to_vec())
+            .map_err(|e| GpuError::Readback(e.to_string()));
         staging.unmap();
-        Ok(data)
+        data
     }
 
     /// Reads a whole buffer back as `T`s.
@@ -174,6 +166,8 @@ impl GpuContext {
 #[derive(Debug)]
 pub struct PendingRead {
     staging: Option<wgpu::Buffer>,
+    /// Bytes to read from the start of `staging` (`None`: all of it).
+    len: Option<u64>,
 }
 
 impl PendingRead {
@@ -181,7 +175,75 @@ impl PendingRead {
     pub(crate) fn of_staging(staging: wgpu::Buffer) -> Self {
         PendingRead {
             staging: Some(staging),
+            len: None,
         }
+    }
+}
+
+/// A mappable buffer kept for reading results back step after step, instead of a new
+/// one per read: it grows (to a power of two) when a read needs more room and is mapped
+/// only while [`GpuContext::complete_read`] copies out of it.
+#[derive(Debug, Default)]
+pub struct Readback {
+    staging: Option<wgpu::Buffer>,
+}
+
+impl Readback {
+    /// Records a copy of `bytes` bytes at `offset` of `buffer` into the kept buffer, as
+    /// [`Batch::read_later`] does into a new one. Complete each read before recording the
+    /// next one through the same `Readback`.
+    pub fn read_later(
+        &mut self,
+        batch: &mut Batch,
+        buffer: &wgpu::Buffer,
+        offset: u64,
+        bytes: u64,
+    ) -> Result<PendingRead> {
+        check_read(buffer, offset, bytes)?;
+        if bytes == 0 {
+            return Ok(PendingRead {
+                staging: None,
+                len: None,
+            });
+        }
+        let staging = match &self.staging {
+            Some(s) if s.size() >= bytes => s.clone(),
+            _ => {
+                let size = bytes.next_power_of_two().max(256);
+                let s = batch.ctx().staging_buffer(size)?;
+                self.staging = Some(s.clone());
+                s
+            }
+        };
+        batch.copy(buffer, offset, &staging, 0, bytes);
+        Ok(PendingRead {
+            staging: Some(staging),
+            len: Some(bytes),
+        })
+    }
+}
+
+fn check_read(buffer: &wgpu::Buffer, offset: u64, bytes: u64) -> Result<()> {
+    if !offset.is_multiple_of(4) || !bytes.is_multiple_of(4) || offset + bytes > buffer.size() {
+        return Err(GpuError::Readback(format!(
+            "range {offset}+{bytes} is unaligned or outside a buffer of {} bytes",
+            buffer.size()
+        )));
+    }
+    Ok(())
+}
+
+impl GpuContext {
+    /// A `MAP_READ` buffer of `bytes` that copies can fill.
+    fn staging_buffer(&self, bytes: u64) -> Result<wgpu::Buffer> {
+        self.scoped("creating a read-back buffer", || {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("readback"),
+                size: bytes,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        })
     }
 }
 
@@ -195,26 +257,17 @@ impl Batch<'_> {
         bytes: u64,
     ) -> Result<PendingRead> {
         if bytes == 0 {
-            return Ok(PendingRead { staging: None });
+            return Ok(PendingRead {
+                staging: None,
+                len: None,
+            });
         }
-        if !offset.is_multiple_of(4) || !bytes.is_multiple_of(4) || offset + bytes > buffer.size() {
-            return Err(GpuError::Readback(format!(
-                "range {offset}+{bytes} is unaligned or outside a buffer of {} bytes",
-                buffer.size()
-            )));
-        }
-        let ctx = self.ctx();
-        let staging = ctx.scoped("creating a read-back buffer", || {
-            ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("readback"),
-                size: bytes,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
-        })?;
+        check_read(buffer, offset, bytes)?;
+        let staging = self.ctx().staging_buffer(bytes)?;
         self.copy(buffer, offset, &staging, 0, bytes);
         Ok(PendingRead {
             staging: Some(staging),
+            len: None,
         })
     }
 }

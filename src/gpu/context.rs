@@ -7,6 +7,7 @@
 //! [`GpuError`]s; on a device created here, errors nobody captured are recorded rather than
 //! panicking, and a lost device is reported on the next call.
 
+use super::bindings::{BindGroupStats, Bindings};
 use super::pipeline::PipelineCache;
 use super::profile::{Profiler, TimingMethod};
 use super::select::{choose_adapter, no_adapter, AdapterRequest, AdapterSummary};
@@ -88,6 +89,7 @@ pub struct GpuContext {
     pub caps: Capabilities,
     health: Arc<Mutex<Health>>,
     pub(crate) pipelines: PipelineCache,
+    pub(crate) bindings: Bindings,
     wait_slice: Option<std::time::Duration>,
     profiler: std::sync::OnceLock<Profiler>,
 }
@@ -219,6 +221,7 @@ impl GpuContext {
             queue,
             health,
             pipelines: PipelineCache::default(),
+            bindings: Bindings::default(),
             wait_slice: None,
             profiler: std::sync::OnceLock::new(),
         }
@@ -273,6 +276,18 @@ impl GpuContext {
             return Err(map_error(context, e));
         }
         Ok(out)
+    }
+
+    /// Drops every cached bind group, and with them the buffers that only they kept alive
+    /// (see `gpu/bindings.rs`; groups no batch uses are dropped anyway after a few submits).
+    /// An [`Engine`](crate::engine::Engine) calls this when it is dropped.
+    pub fn release_bind_groups(&self) {
+        self.bindings.release();
+    }
+
+    /// How often recording found its bind group cached, and how many groups are cached.
+    pub fn bind_group_stats(&self) -> BindGroupStats {
+        self.bindings.stats()
     }
 
     /// Turns on per-kernel timing for every batch recorded from now on (see

@@ -1,6 +1,7 @@
 //! The GPU layer: context creation or adoption, pipelines, buffers, command batches.
 
 mod batch;
+mod bindings;
 mod buffer;
 mod context;
 mod pipeline;
@@ -8,7 +9,8 @@ pub mod profile;
 pub mod select;
 
 pub use batch::{grid_2d, Batch, Bind};
-pub use buffer::{PendingRead, STORAGE};
+pub use bindings::{BindGroupStats, STALE_AFTER, UNIFORM_ARENA_BYTES};
+pub use buffer::{PendingRead, Readback, STORAGE};
 pub use context::{
     enumerate_adapters, AdapterReport, Capabilities, GpuContext, SHARED_GL_WAIT_SLICE,
 };

@@ -140,10 +140,8 @@ impl AttentionMetadata {
         self.upload_with(ctx, &[])
     }
 
-    /// Uploads the metadata together with `extra` u32 arrays (the engine adds the step's
-    /// token ids and sampled rows) in one buffer, one write per step; `extra[i]` is bound
-    /// through [`AttentionBuffers::extra`].
-    pub fn upload_with(&self, ctx: &GpuContext, extra: &[&[u32]]) -> Result<AttentionBuffers> {
+    /// The arrays in section order, then `extra`.
+    fn parts<'a>(&'a self, extra: &[&'a [u32]]) -> Vec<&'a [u8]> {
         let mut parts: Vec<&[u8]> = vec![
             bytemuck::cast_slice(&self.token_pos),
             bytemuck::cast_slice(&self.block_tables),
@@ -151,13 +149,60 @@ impl AttentionMetadata {
             bytemuck::cast_slice(&self.positions),
         ];
         parts.extend(extra.iter().map(|e| bytemuck::cast_slice::<u32, u8>(e)));
-        let (buffer, sections) = ctx.upload_sections("step metadata", &parts)?;
+        parts
+    }
+
+    /// Uploads the metadata together with `extra` u32 arrays (the engine adds the step's
+    /// token ids and sampled rows) in one new buffer, one write; `extra[i]` is bound
+    /// through [`AttentionBuffers::extra`].
+    pub fn upload_with(&self, ctx: &GpuContext, extra: &[&[u32]]) -> Result<AttentionBuffers> {
+        let (buffer, sections) = ctx.upload_sections("step metadata", &self.parts(extra))?;
         Ok(AttentionBuffers {
             num_tokens: self.num_tokens,
             max_blocks_per_seq: self.max_blocks_per_seq,
             buffer,
             sections,
         })
+    }
+
+    /// Writes the metadata and `extra` into `into` in place, through `batch` (so the
+    /// batch's work sees them and earlier steps' work does not), first allocating it, or
+    /// a larger one, when the arrays do not fit. Each section is bound at its full
+    /// capacity, so the bindings, and the bind groups the step's kernels create from them,
+    /// stay the same from step to step (the kernels take lengths from their parameters).
+    pub fn write_into(
+        &self,
+        batch: &mut Batch,
+        into: &mut Option<AttentionBuffers>,
+        extra: &[&[u32]],
+    ) -> Result<()> {
+        let parts = self.parts(extra);
+        let fits = into.as_ref().is_some_and(|b| {
+            b.sections.len() == parts.len()
+                && parts
+                    .iter()
+                    .zip(&b.sections)
+                    .all(|(p, &(_, cap))| p.len() as u64 <= cap)
+        });
+        if !fits {
+            *into = Some(AttentionBuffers::with_capacity(batch.ctx(), &parts)?);
+        }
+        let bufs = into.as_mut().expect("allocated above");
+        bufs.num_tokens = self.num_tokens;
+        bufs.max_blocks_per_seq = self.max_blocks_per_seq;
+        // One write from the first section to the end of the last one's bytes (the gaps
+        // between sections are written with zeros).
+        let end = parts
+            .iter()
+            .zip(&bufs.sections)
+            .map(|(p, &(o, _))| o as usize + p.len())
+            .max()
+            .unwrap_or(0);
+        let mut image = vec![0u8; end.next_multiple_of(4)];
+        for (p, &(o, _)) in parts.iter().zip(&bufs.sections) {
+            image[o as usize..o as usize + p.len()].copy_from_slice(p);
+        }
+        batch.write(&bufs.buffer, 0, &image)
     }
 }
 
@@ -172,6 +217,32 @@ pub struct AttentionBuffers {
 }
 
 impl AttentionBuffers {
+    /// A buffer with room for arrays of twice the lengths of `parts` (rounded up to a power
+    /// of two), the block tables laid out last so that a step's write ends where its tables
+    /// end.
+    fn with_capacity(ctx: &GpuContext, parts: &[&[u8]]) -> Result<Self> {
+        let align = u64::from(ctx.limits.min_storage_buffer_offset_alignment).max(4);
+        let caps: Vec<u64> = parts
+            .iter()
+            .map(|p| (2 * p.len() as u64).next_power_of_two().max(64))
+            .collect();
+        let mut sections = vec![(0, 0); parts.len()];
+        let mut at = 0u64;
+        let order = (0..parts.len()).filter(|&i| i != 1).chain([1]);
+        for i in order {
+            at = at.next_multiple_of(align);
+            sections[i] = (at, caps[i]);
+            at += caps[i];
+        }
+        let buffer = ctx.storage_buffer("step metadata", at)?;
+        Ok(AttentionBuffers {
+            num_tokens: 0,
+            max_blocks_per_seq: 0,
+            buffer,
+            sections,
+        })
+    }
+
     fn section(&self, i: usize) -> Bind<'_> {
         let (offset, size) = self.sections[i];
         Bind::Range {
@@ -410,7 +481,7 @@ fn attention(
     let shards = pool.num_shards();
     let partial = if shards > 1 {
         let bytes = (shards * t * num_heads * (l.head_dim + 2) * 4) as u64;
-        Some(batch.ctx().storage_buffer("attention partials", bytes)?)
+        Some(pool.partials(batch.ctx(), bytes)?)
     } else {
         None
     };

@@ -218,6 +218,9 @@ pub struct KvPool {
     rotation: KvRotation,
     /// Arenas indexed `[shard * num_groups + group]`.
     arenas: Vec<wgpu::Buffer>,
+    /// Scratch for the per-shard attention partials of a sharded pool, kept across calls
+    /// (grown when a call needs more) so that steps bind the same buffer.
+    partials: std::sync::Mutex<Option<wgpu::Buffer>>,
 }
 
 impl KvPool {
@@ -275,6 +278,7 @@ impl KvPool {
             layers_per_arena,
             rotation: KvRotation::None,
             arenas: Vec::with_capacity(num_shards * num_groups),
+            partials: std::sync::Mutex::new(None),
         };
         for s in 0..num_shards {
             for g in 0..num_groups {
@@ -285,6 +289,23 @@ impl KvPool {
             }
         }
         Ok(pool)
+    }
+
+    /// A scratch buffer of at least `bytes` for attention partials, the same one from call
+    /// to call until a call needs more (work already recorded keeps the old one alive).
+    /// Every call in a batch gets the same buffer, so the batch orders its users.
+    pub fn partials(&self, ctx: &GpuContext, bytes: u64) -> Result<wgpu::Buffer> {
+        let mut kept = self.partials.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = kept.as_ref().filter(|b| b.size() >= bytes) {
+            return Ok(b.clone());
+        }
+        let size = bytes
+            .next_power_of_two()
+            .min(ctx.max_binding_bytes())
+            .max(bytes);
+        let b = ctx.storage_buffer("attention partials", size)?;
+        *kept = Some(b.clone());
+        Ok(b)
     }
 
     /// The same pool storing rows rotated by `rotation` (for a pool not yet written).
