@@ -542,6 +542,11 @@ fn a_profiled_engine_times_each_step_kind_and_keeps_its_tokens() {
         // The engine's own count of host time: one forward step per token.
         let host = unprofiled.stats().host;
         assert_eq!((host.steps, host.decode_steps), (6, 5), "{host:?}");
+        // Bind groups are cached across steps: the prefill creates them and the decode
+        // steps bind the same buffers (the metadata is rewritten in place), so the last
+        // decode step creates none.
+        assert!(host.bind_groups_created > 0, "{host:?}");
+        assert_eq!(host.last_bind_groups_created, 0, "{host:?}");
         assert!(
             !host.total.is_zero() && host.mean() <= host.total,
             "{host:?}"

@@ -141,12 +141,20 @@ pub struct HostTime {
     pub decode_total: std::time::Duration,
     /// The latest step's.
     pub last: std::time::Duration,
+    /// Bind groups the steps created because the context had none cached for their
+    /// bindings (`gpu/bindings.rs`): all of a step's on the first step, then only those of
+    /// buffers that changed (metadata that outgrew its buffer, block copy lists).
+    pub bind_groups_created: u64,
+    /// The latest step's.
+    pub last_bind_groups_created: usize,
 }
 
 impl HostTime {
-    pub(super) fn record(&mut self, d: std::time::Duration, decode: bool) {
+    pub(super) fn record(&mut self, d: std::time::Duration, decode: bool, bind_groups: usize) {
         self.steps += 1;
         self.total += d;
+        self.bind_groups_created += bind_groups as u64;
+        self.last_bind_groups_created = bind_groups;
         if decode {
             self.decode_steps += 1;
             self.decode_total += d;

@@ -105,8 +105,9 @@ impl Engine {
             false => None,
         };
         // The step's one submit: block operations, forward pass and read-back copies.
+        let created = batch.bind_groups_created();
         batch.submit()?;
-        self.host.record(host_start.elapsed(), !prefill);
+        self.host.record(host_start.elapsed(), !prefill, created);
         self.cache.finish(ctx, pending)?;
         let (ids, lps) = match argmax {
             Some(r) => argmax_logprobs(&bytemuck::pod_collect_to_vec(&ctx.complete_read(r)?), n),

@@ -78,6 +78,8 @@ pub struct Batch<'c> {
     pass: Option<wgpu::ComputePass<'static>>,
     encoder: Option<wgpu::CommandEncoder>,
     dispatches: usize,
+    /// Bind groups this batch created (the others came from the context's cache).
+    bind_groups_created: usize,
     /// Persistent buffers holding the dispatches' parameter blocks (see `bindings.rs`),
     /// taken from the context's free list and written when the batch submits. The last one
     /// is being filled.
@@ -114,6 +116,7 @@ impl<'c> Batch<'c> {
             pass: None,
             encoder: Some(encoder),
             dispatches: 0,
+            bind_groups_created: 0,
             uniforms: Vec::new(),
             writes: Vec::new(),
             staged: Vec::new(),
@@ -149,9 +152,11 @@ impl<'c> Batch<'c> {
     }
 
     /// Writes `bytes` to `buffer` at `offset` (multiples of 4; the buffer needs
-    /// `COPY_DST`) before any of this batch's commands run: every command of the batch sees
-    /// the new bytes, every earlier submission the old ones. The engine rewrites its step
-    /// metadata in place this way, so its bind groups stay valid across steps.
+    /// `COPY_DST`) before this batch's commands run: they see the new bytes, every earlier
+    /// submission the old ones. The engine rewrites its step metadata in place this way, so
+    /// its bind groups stay valid across steps. Write before recording what reads the bytes:
+    /// a batch profiled without timestamps submits dispatch by dispatch, and a write lands
+    /// before the next of those submits.
     pub fn write(&mut self, buffer: &wgpu::Buffer, offset: u64, bytes: &[u8]) -> Result<()> {
         let len = bytes.len() as u64;
         let align = wgpu::COPY_BUFFER_ALIGNMENT;
@@ -181,15 +186,14 @@ impl<'c> Batch<'c> {
 
     /// Records the copies that fill the arenas with the parameter blocks recorded so far and
     /// make the batch's [`Self::write`]s, from one staging buffer written at its creation,
-    /// into an encoder of their own that is submitted ahead of the batch's; hands the arenas
-    /// back. Every earlier submission that read an arena comes before this one in the
-    /// queue, so the arenas can serve the next batch at once.
+    /// into an encoder of their own to be submitted together with, and ahead of, the
+    /// batch's; returns it with the arenas, which go back to the free list once that submit
+    /// is made.
     ///
-    /// (`Queue::write_buffer` would order the same way by the WebGPU rules, but on lavapipe
-    /// with wgpu 30 a batch occasionally ran with another batch's parameter blocks when
-    /// arenas were reused that way and nothing waited in between; copies recorded by hand
-    /// have not.)
-    fn staged_copies(&mut self) -> Result<Option<wgpu::CommandEncoder>> {
+    /// Copies rather than `Queue::write_buffer`: a queue write lands before the next submit
+    /// of anyone on the queue, which may be another thread's batch submitted first, while
+    /// these copies travel in this batch's own submit, exactly ahead of its commands.
+    fn staged_copies(&mut self) -> (Result<Option<wgpu::CommandEncoder>>, Vec<Arena>) {
         let ctx = self.ctx;
         let arenas = std::mem::take(&mut self.uniforms);
         let writes = std::mem::take(&mut self.writes);
@@ -206,8 +210,7 @@ impl<'c> Batch<'c> {
             Self::record_copies(ctx, &parts).map(Some)
         };
         drop(parts);
-        ctx.bindings.return_arenas(arenas);
-        encoder
+        (encoder, arenas)
     }
 
     fn record_copies(
@@ -259,13 +262,17 @@ impl<'c> Batch<'c> {
     /// Submits `encoder` behind the copies of its parameter blocks and counts the submit.
     fn submit_encoder(&mut self, encoder: wgpu::CommandEncoder) -> Result<wgpu::SubmissionIndex> {
         let ctx = self.ctx;
-        let params = self.staged_copies()?;
-        let index = ctx.scoped("submitting GPU work", || match params {
-            Some(p) => ctx.queue.submit([p.finish(), encoder.finish()]),
-            None => ctx.queue.submit([encoder.finish()]),
-        })?;
+        let (params, arenas) = self.staged_copies();
+        let submitted = params.and_then(|params| {
+            ctx.scoped("submitting GPU work", || match params {
+                Some(p) => ctx.queue.submit([p.finish(), encoder.finish()]),
+                None => ctx.queue.submit([encoder.finish()]),
+            })
+        });
+        // Only now may another batch fill these arenas: its copies come after this submit.
+        ctx.bindings.return_arenas(arenas);
         ctx.bindings.submitted();
-        Ok(index)
+        submitted
     }
 
     /// Profiling without timestamps: submits what is recorded and waits for it; returns the
@@ -341,6 +348,11 @@ impl<'c> Batch<'c> {
         self.dispatches
     }
 
+    /// Number of bind groups recorded so far that were not in the context's cache.
+    pub fn bind_groups_created(&self) -> usize {
+        self.bind_groups_created
+    }
+
     /// The encoder, for commands outside a compute pass: ends the shared pass.
     fn encoder(&mut self) -> &mut wgpu::CommandEncoder {
         self.pass = None;
@@ -384,7 +396,7 @@ impl<'c> Batch<'c> {
         let params_buffer = &self.uniforms[arena].buffer;
         let params_size = std::mem::size_of::<P>() as u64;
         let keys: Vec<BindingKey> = storage.iter().map(Bind::key).collect();
-        let bind_group =
+        let (bind_group, created) =
             ctx.bindings
                 .bind_group(&pipeline.layout, params_buffer, params_size, &keys, || {
                     ctx.scoped(&format!("binding arguments of {}", kernel.name), || {
@@ -410,6 +422,7 @@ impl<'c> Batch<'c> {
                         })
                     })
                 })?;
+        self.bind_groups_created += usize::from(created);
         let offsets = [offset as u32];
         let method = self.method();
         if method == Some(TimingMethod::SubmitPerDispatch) {

@@ -2,10 +2,10 @@
 //! buffers that hold parameter blocks (uniform arenas) and the bind groups themselves.
 //!
 //! A batch copies each dispatch's parameter block into the host image of an arena taken
-//! from the context's free list, and writes the images with `Queue::write_buffer` just
-//! before it submits. A queue write is ordered after every earlier submission, so an arena
-//! goes back on the free list as soon as its batch is submitted, while that batch may still
-//! be running.
+//! from the context's free list; when it submits, one staging buffer carries the images
+//! and copies into the arenas run ahead of the batch's own commands, in the same submit
+//! (`Batch::staged_copies`). The queue runs submissions in order, so an arena goes back on
+//! the free list as soon as its batch is submitted, while that batch may still be running.
 //!
 //! Bind groups are cached by what they bind: the kernel's layout, the arena (the parameter
 //! block's place in it is a dynamic offset, so it is not part of the bind group) and each
@@ -14,7 +14,8 @@
 //! step creates no bind group after its first. A cached group keeps the buffers it binds
 //! alive, so entries that no batch has used for [`STALE_AFTER`] submits are dropped, and
 //! [`super::GpuContext::release_bind_groups`] drops them all (an engine does that when it
-//! is dropped, so its KV pool is freed at once).
+//! is dropped, so its KV pool is freed at once). Each [`super::GpuContext`] has its own
+//! arenas and cache, also when two of them share a device.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -121,7 +122,7 @@ impl Bindings {
         }
     }
 
-    /// Puts arenas back on the free list once their writes are queued (or abandoned).
+    /// Puts arenas back on the free list once their copies are submitted (or abandoned).
     pub fn return_arenas(&self, arenas: impl IntoIterator<Item = Arena>) {
         if let Ok(mut v) = self.arenas.lock() {
             v.extend(arenas.into_iter().map(|mut a| {
@@ -131,7 +132,8 @@ impl Bindings {
         }
     }
 
-    /// The cached bind group for these bindings, or the one `create` makes (then cached).
+    /// The cached bind group for these bindings, or the one `create` makes (then cached);
+    /// with whether it was created.
     pub fn bind_group<E>(
         &self,
         layout: &wgpu::BindGroupLayout,
@@ -139,7 +141,7 @@ impl Bindings {
         size: u64,
         storage: &[BindingKey],
         create: impl FnOnce() -> Result<wgpu::BindGroup, E>,
-    ) -> Result<wgpu::BindGroup, E> {
+    ) -> Result<(wgpu::BindGroup, bool), E> {
         let hash = key_hash(layout, params, size, storage);
         if let Ok(mut cache) = self.cache.lock() {
             let generation = cache.generation;
@@ -151,7 +153,7 @@ impl Bindings {
                 e.last_used = generation;
                 let group = e.group.clone();
                 cache.hits += 1;
-                return Ok(group);
+                return Ok((group, false));
             }
         }
         // Created outside the lock: creation may take a while and may fail.
@@ -168,7 +170,7 @@ impl Bindings {
                 last_used: generation,
             });
         }
-        Ok(group)
+        Ok((group, true))
     }
 
     /// Counts a submit; every [`STALE_AFTER`] submits drops the groups unused since the

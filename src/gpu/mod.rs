@@ -14,7 +14,7 @@ pub use buffer::{PendingRead, Readback, STORAGE};
 pub use context::{
     enumerate_adapters, AdapterReport, Capabilities, GpuContext, SHARED_GL_WAIT_SLICE,
 };
-pub use pipeline::{CompiledKernel, KernelSource, PRELUDE};
+pub use pipeline::{reflect_layout, CompiledKernel, KernelSource, PRELUDE};
 pub use profile::{Profiler, TimingMethod};
 pub use select::AdapterRequest;
 pub use wgpu::AdapterInfo;
