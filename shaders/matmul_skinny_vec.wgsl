@@ -12,6 +12,18 @@ fn x8(row: u32, j: u32, lane: u32) -> array<vec4<f32>, 2> {
     return array<vec4<f32>, 2>(x[i], x[i + 1u]);
 }
 
+fn pass_terms(
+    acc: ptr<function, array<f32, 8>>,
+    acc2: ptr<function, array<f32, 8>>,
+    r0: u32,
+    j: u32,
+    lane: u32,
+    b: array<vec4<f32>, 2>,
+    b2: array<vec4<f32>, 2>,
+) {
+    terms_by_row(acc, acc2, r0, j, lane, b, b2);
+}
+
 @compute @workgroup_size(64)
 fn matmul_skinny_vec(
     @builtin(workgroup_id) wg: vec3<u32>,
