@@ -603,6 +603,27 @@ fn profile_section(ctx: &GpuContext, e: &mut Engine, seqs: &[usize], tokens: usi
             groups_after.misses - groups.misses,
         );
     }
+    // One prompt prefilled alone (the step that samples its first token), three times.
+    let mut prefills: Vec<Duration> = (0..3)
+        .map(|i| {
+            let t = Instant::now();
+            let h = e
+                .add_request(Prompt::Tokens(prompt(7000 + i, PROMPT)), greedy(1))
+                .expect("add");
+            e.run_to_completion().expect("prefill");
+            drain(&h);
+            t.elapsed()
+        })
+        .collect();
+    prefills.sort();
+    println!();
+    println!(
+        "Unprofiled prefill, 1 x {PROMPT} tokens: median {:.1} ms ({:.0} tokens/s) of 3, \
+         fastest {:.1} ms",
+        ms(prefills[1]),
+        PROMPT as f64 / prefills[1].as_secs_f64(),
+        ms(prefills[0])
+    );
     let profiler = ctx.enable_profiling();
     println!();
     println!(

@@ -40,6 +40,14 @@ pub struct Scorer {
     readback: Readback,
 }
 
+impl Drop for Scorer {
+    /// As [`crate::engine::Engine`]'s: the context's cached bind groups would keep the
+    /// scorer's weights and pool alive until they age out.
+    fn drop(&mut self) {
+        self.ctx.release_bind_groups();
+    }
+}
+
 impl Scorer {
     /// Loads `model_dir` for windows of `context` tokens prefilled `chunk` at a time; the KV
     /// block size, dtype and rotation come from `config`.

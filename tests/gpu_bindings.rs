@@ -279,15 +279,17 @@ fn writes_land_before_their_batch_and_after_earlier_ones() {
             ctx.upload("x1", &[0f32; 8]).unwrap(),
             ctx.upload("x2", &[0f32; 8]).unwrap(),
         );
-        // Two batches submitted without a wait: the first adds y = 1s, the second rewrites
-        // y to 5s before its add. Neither sees the other's y.
+        // Two batches recorded, writes included, before either is submitted, then submitted
+        // without a wait: the first adds y = 1s, the second rewrites y to 5s before its
+        // add. Each write travels with its own batch (a queue write made when `b.write` is
+        // called would land before `a`'s add too), so neither sees the other's y.
         let mut a = Batch::new(ctx, "first");
         a.write(&y, 0, bytemuck::cast_slice(&[1f32; 8])).unwrap();
         add(&mut a, &x1, &y, 8).unwrap();
-        a.submit().unwrap();
         let mut b = Batch::new(ctx, "second");
         b.write(&y, 0, bytemuck::cast_slice(&[5f32; 8])).unwrap();
         add(&mut b, &x2, &y, 8).unwrap();
+        a.submit().unwrap();
         b.submit().unwrap();
         assert_eq!(ctx.read::<f32>(&x1).unwrap(), vec![1.0; 8], "{what}");
         assert_eq!(ctx.read::<f32>(&x2).unwrap(), vec![5.0; 8], "{what}");

@@ -259,8 +259,15 @@ impl<'c> Batch<'c> {
         Ok(encoder)
     }
 
-    /// Submits `encoder` behind the copies of its parameter blocks and counts the submit.
-    fn submit_encoder(&mut self, encoder: wgpu::CommandEncoder) -> Result<wgpu::SubmissionIndex> {
+    /// Submits `encoder` behind the copies of its parameter blocks; `last` counts the
+    /// batch as submitted for the bind group cache's ageing (a profiling flush does not,
+    /// so that a batch flushed dispatch by dispatch ages the cache by one submit like any
+    /// other).
+    fn submit_encoder(
+        &mut self,
+        encoder: wgpu::CommandEncoder,
+        last: bool,
+    ) -> Result<wgpu::SubmissionIndex> {
         let ctx = self.ctx;
         let (params, arenas) = self.staged_copies();
         let submitted = params.and_then(|params| {
@@ -271,7 +278,9 @@ impl<'c> Batch<'c> {
         });
         // Only now may another batch fill these arenas: its copies come after this submit.
         ctx.bindings.return_arenas(arenas);
-        ctx.bindings.submitted();
+        if last {
+            ctx.bindings.submitted();
+        }
         submitted
     }
 
@@ -281,7 +290,7 @@ impl<'c> Batch<'c> {
         let t = Instant::now();
         self.pass = None;
         if let Some(e) = self.encoder.take() {
-            self.submit_encoder(e)?;
+            self.submit_encoder(e, false)?;
         }
         self.ctx.wait_untimed()?;
         let took = t.elapsed();
@@ -391,6 +400,12 @@ impl<'c> Batch<'c> {
                 ),
             ));
         }
+        let method = self.method();
+        if method == Some(TimingMethod::SubmitPerDispatch) {
+            // What was recorded before runs first, outside this kernel's time (and before
+            // this dispatch's parameter block takes an arena: the flush hands arenas back).
+            self.flush()?;
+        }
         let ctx = self.ctx;
         let (arena, offset) = self.uniform_slot(bytemuck::bytes_of(params))?;
         let params_buffer = &self.uniforms[arena].buffer;
@@ -424,11 +439,6 @@ impl<'c> Batch<'c> {
                 })?;
         self.bind_groups_created += usize::from(created);
         let offsets = [offset as u32];
-        let method = self.method();
-        if method == Some(TimingMethod::SubmitPerDispatch) {
-            // What was recorded before runs first, outside this kernel's time.
-            self.flush()?;
-        }
         if method.is_none() {
             if self.pass.is_none() {
                 let pass = self
@@ -506,10 +516,10 @@ impl<'c> Batch<'c> {
             .take()
             .unwrap_or_else(|| ctx.device.create_command_encoder(&Default::default()));
         let Some(t) = self.timing.take() else {
-            return self.submit_encoder(encoder);
+            return self.submit_encoder(encoder, true);
         };
         let recorded = Instant::now();
-        let index = self.submit_encoder(encoder)?;
+        let index = self.submit_encoder(encoder, true)?;
         let record = recorded
             .duration_since(t.created)
             .saturating_sub(t.flushing);

@@ -12,7 +12,8 @@
 //! storage buffer with its range. Across engine steps those are the same buffers (model
 //! weights, the workspace, the KV pool, the step metadata written in place), so a decode
 //! step creates no bind group after its first. A cached group keeps the buffers it binds
-//! alive, so entries that no batch has used for [`STALE_AFTER`] submits are dropped, and
+//! alive, so entries that no batch has used for [`STALE_AFTER`] submits are dropped (at the
+//! next sweep, which runs every [`STALE_AFTER`] submits), and
 //! [`super::GpuContext::release_bind_groups`] drops them all (an engine does that when it
 //! is dropped, so its KV pool is freed at once). Each [`super::GpuContext`] has its own
 //! arenas and cache, also when two of them share a device.
@@ -24,7 +25,8 @@ use std::sync::Mutex;
 /// Bytes of each buffer that holds a batch's uniform parameter blocks.
 pub const UNIFORM_ARENA_BYTES: u64 = 64 * 1024;
 
-/// Submits after which a bind group no batch used is dropped from the cache.
+/// Submits after which a bind group no batch used is dropped from the cache, at the next
+/// sweep (every this many submits): it survives between this many and twice as many.
 pub const STALE_AFTER: u64 = 16;
 
 /// A persistent uniform buffer and the host image of what the batch holding it will
@@ -173,8 +175,8 @@ impl Bindings {
         Ok((group, true))
     }
 
-    /// Counts a submit; every [`STALE_AFTER`] submits drops the groups unused since the
-    /// previous sweep's horizon.
+    /// Counts a batch's submit; every [`STALE_AFTER`] submits drops the groups no batch has
+    /// used for [`STALE_AFTER`] submits.
     pub fn submitted(&self) {
         let Ok(mut cache) = self.cache.lock() else {
             return;

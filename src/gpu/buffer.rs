@@ -136,16 +136,17 @@ impl GpuContext {
         staging.map_async(wgpu::MapMode::Read, ..len, move |r| {
             let _ = tx.send(r);
         });
-        self.wait()?;
-        rx.recv()
-            .map_err(|e| GpuError::Readback(e.to_string()))?
-            .map_err(|e| GpuError::Readback(e.to_string()))?;
-        // Unmapped on every path from here, so that a reused staging buffer can take the
-        // next copy.
-        let data = staging
-            .get_mapped_range(..len)
-            .map(|view| view.to_vec())
-            .map_err(|e| GpuError::Readback(e.to_string()));
+        // Unmapped on every path (which also cancels a map still pending), so that a kept
+        // staging buffer can take the next copy even after a failed read.
+        let data = self.wait().and_then(|()| {
+            rx.recv()
+                .map_err(|e| GpuError::Readback(e.to_string()))?
+                .map_err(|e| GpuError::Readback(e.to_string()))?;
+            staging
+                .get_mapped_range(..len)
+                .map(|view| view.to_vec())
+                .map_err(|e| GpuError::Readback(e.to_string()))
+        });
         staging.unmap();
         data
     }

@@ -3,8 +3,8 @@
 //!
 //! Bind group layouts are explicit, reflected from the kernel's WGSL: every group-0 binding
 //! the entry point uses, uniforms with a dynamic offset (a batch's parameter blocks share
-//! one persistent buffer per 64 KiB, see `batch.rs`), storage buffers read-only unless the
-//! kernel writes them. A derived layout (`layout: None`) cannot take dynamic offsets, and
+//! one persistent buffer per 64 KiB, see `bindings.rs`), storage buffers read-only unless
+//! declared `read_write`. A derived layout (`layout: None`) cannot take dynamic offsets, and
 //! without them a bind group would name a fresh parameter offset every step and could never
 //! be reused.
 
