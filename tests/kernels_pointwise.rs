@@ -325,6 +325,9 @@ fn gather_rows_and_argmax_pick_last_positions_and_their_logprobs() {
         // Row 8: a tie between two maxima; the first must win, as in torch.argmax.
         x_ties[8 * width + 10] = 5.0;
         x_ties[8 * width + 900] = 5.0;
+        // Row 2: a tie within what one lane of the lane kernel scans (9 and 17 are 8 apart).
+        x_ties[2 * width + 9] = 6.0;
+        x_ties[2 * width + 17] = 6.0;
         let rows: Vec<u32> = vec![2, 8, 0];
         let xb = ctx.upload("x", &x_ties).unwrap();
         let rb = ctx.upload("rows", &rows).unwrap();
@@ -335,6 +338,16 @@ fn gather_rows_and_argmax_pick_last_positions_and_their_logprobs() {
         let mut b = Batch::new(ctx, "t");
         kernels::logits::gather_rows(&mut b, &xb, &rb, &out, tokens, rows.len(), width).unwrap();
         kernels::logits::argmax(&mut b, &out, &am, rows.len(), width).unwrap();
+        b.submit().unwrap();
+        // Both arg-max kernels pick the same tokens; the one `argmax` chose is checked
+        // against the reference below, the other here.
+        let am_other = ctx.storage_buffer("am", (rows.len() * 8) as u64).unwrap();
+        let other = match kernels::logits::ArgmaxKernel::choose(ctx) {
+            kernels::logits::ArgmaxKernel::Lanes => kernels::logits::ArgmaxKernel::Workgroup,
+            kernels::logits::ArgmaxKernel::Workgroup => kernels::logits::ArgmaxKernel::Lanes,
+        };
+        let mut b = Batch::new(ctx, "t");
+        kernels::logits::argmax_with(&mut b, other, &out, &am_other, rows.len(), width).unwrap();
         b.submit().unwrap();
         let want: Vec<f32> = rows
             .iter()
@@ -352,20 +365,23 @@ fn gather_rows_and_argmax_pick_last_positions_and_their_logprobs() {
             .chunks(width)
             .map(|row| r::argmax(row) as u32)
             .collect();
-        let (ids, lps) = kernels::logits::argmax_logprobs(&got, rows.len());
-        assert_eq!(ids, want_am, "argmax on {}", backend(ctx));
-        assert_eq!(want_am[1], 10);
-        // The chosen token's log_softmax, against a plain f64 reference.
-        for (i, row) in want.chunks(width).enumerate() {
-            let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-            let lse = m + row.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
-            let want_lp = row[want_am[i] as usize] as f64 - lse;
-            assert!(
-                (lps[i] as f64 - want_lp).abs() < 1e-5,
-                "row {i} logprob {} vs {want_lp} on {}",
-                lps[i],
-                backend(ctx)
-            );
+        let got_other: Vec<u32> = ctx.read(&am_other).unwrap();
+        assert_eq!((want_am[0], want_am[1]), (9, 10));
+        for (kernel, got) in [("chosen", &got), ("other", &got_other)] {
+            let (ids, lps) = kernels::logits::argmax_logprobs(got, rows.len());
+            assert_eq!(ids, want_am, "{kernel} argmax on {}", backend(ctx));
+            // The chosen token's log_softmax, against a plain f64 reference.
+            for (i, row) in want.chunks(width).enumerate() {
+                let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+                let lse = m + row.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
+                let want_lp = row[want_am[i] as usize] as f64 - lse;
+                assert!(
+                    (lps[i] as f64 - want_lp).abs() < 1e-5,
+                    "{kernel} row {i} logprob {} vs {want_lp} on {}",
+                    lps[i],
+                    backend(ctx)
+                );
+            }
         }
     }
 }

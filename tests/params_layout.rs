@@ -15,8 +15,8 @@ use pagellm::kernels::{
     rotate::{RotateQkParams, RotateRowsParams},
     silu_mul::SiluMulParams,
     softcap::SoftcapParams,
-    KernelParams, ALL, MATMUL_SKINNY, MATMUL_SKINNY_SG, MATMUL_SKINNY_VEC, PAGED_ATTENTION_LANES,
-    PAGED_ATTENTION_SG, RESHAPE_AND_CACHE_Q, RMS_NORM_LANES,
+    KernelParams, ALL, ARGMAX_LANES, MATMUL_SKINNY, MATMUL_SKINNY_SG, MATMUL_SKINNY_VEC,
+    PAGED_ATTENTION_LANES, PAGED_ATTENTION_SG, RESHAPE_AND_CACHE_Q, RMS_NORM_LANES,
 };
 
 /// (kernel name, [(field, offset)], size) of the uniform at @group(0) @binding(0).
@@ -92,6 +92,7 @@ fn every_params_struct_matches_its_shader() {
         check::<CopyBlocksParams>(),
         check::<GatherRowsParams>(),
         check::<ArgmaxParams>(),
+        check_kernel::<ArgmaxParams>(ARGMAX_LANES),
         check::<RotateRowsParams>(),
         check::<RotateQkParams>(),
     ];

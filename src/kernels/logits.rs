@@ -5,7 +5,7 @@
 //! Launchers for `shaders/gather_rows.wgsl` and `shaders/argmax.wgsl`.
 
 use super::matmul::{matmul, Output};
-use super::{check_len, groups, params, Weight, ARGMAX, GATHER_ROWS};
+use super::{check_len, groups, params, Weight, ARGMAX, ARGMAX_LANES, GATHER_ROWS};
 use crate::error::{GpuError, Result};
 use crate::gpu::{Batch, Bind};
 
@@ -52,6 +52,28 @@ pub fn gather_rows<'a>(
     )
 }
 
+/// The kernel that reduces a row of logits to its arg-max. Both pick the same token (the
+/// first of equal maxima); their logprobs may differ in the last bits (they add the
+/// exponentials in different orders), so the choice is fixed per adapter, never per call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArgmaxKernel {
+    /// `argmax.wgsl`: 256 threads per row, tree reductions.
+    Workgroup,
+    /// `argmax_lanes.wgsl`: eight invocations per row, no tree; for CPU adapters.
+    Lanes,
+}
+
+impl ArgmaxKernel {
+    /// The lane kernel on CPU adapters (where a 256-thread workgroup's barriers dominate),
+    /// the tree elsewhere.
+    pub fn choose(ctx: &crate::gpu::GpuContext) -> ArgmaxKernel {
+        match ctx.info.device_type {
+            wgpu::DeviceType::Cpu => ArgmaxKernel::Lanes,
+            _ => ArgmaxKernel::Workgroup,
+        }
+    }
+}
+
 /// out[r] = argmax(logits[r, :]) (first index on ties) and out[num_rows + r] = the bits of
 /// that token's log-probability as f32 (read them with [`argmax_logprobs`]); `out`:
 /// [2, num_rows] u32.
@@ -62,18 +84,42 @@ pub fn argmax(
     num_rows: usize,
     width: usize,
 ) -> Result<()> {
+    let kernel = ArgmaxKernel::choose(batch.ctx());
+    argmax_with(batch, kernel, logits, out, num_rows, width)
+}
+
+/// [`argmax`] computed by a given kernel (tests compare them).
+pub fn argmax_with(
+    batch: &mut Batch,
+    kernel: ArgmaxKernel,
+    logits: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    num_rows: usize,
+    width: usize,
+) -> Result<()> {
     check_len("argmax", "logits", logits, num_rows * width)?;
     check_len("argmax", "out", out, 2 * num_rows)?;
     if width == 0 {
         return Err(GpuError::invalid("argmax", "empty rows"));
+    }
+    let max = batch.ctx().limits.max_compute_workgroups_per_dimension as usize;
+    if num_rows > max {
+        return Err(GpuError::invalid(
+            "argmax",
+            format!("{num_rows} rows in one call (at most {max})"),
+        ));
     }
     let p = ArgmaxParams {
         num_rows: num_rows as u32,
         width: width as u32,
         ..Default::default()
     };
+    let source = match kernel {
+        ArgmaxKernel::Workgroup => ARGMAX,
+        ArgmaxKernel::Lanes => ARGMAX_LANES,
+    };
     batch.dispatch(
-        ARGMAX,
+        source,
         &[],
         &p,
         &[logits.into(), out.into()],

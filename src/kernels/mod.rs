@@ -89,6 +89,7 @@ kernel!(PAGED_ATTENTION_REDUCE, "paged_attention_reduce");
 kernel!(COPY_BLOCKS, "copy_blocks");
 kernel!(GATHER_ROWS, "gather_rows");
 kernel!(ARGMAX, "argmax");
+kernel!(ARGMAX_LANES, "argmax_lanes");
 kernel!(ROTATE_ROWS, "rotate_rows", ["rotate_common"]);
 kernel!(ROTATE_QK, "rotate_qk", ["rotate_common"]);
 
@@ -114,6 +115,7 @@ pub const ALL: &[KernelSource] = &[
     COPY_BLOCKS,
     GATHER_ROWS,
     ARGMAX,
+    ARGMAX_LANES,
     ROTATE_ROWS,
     ROTATE_QK,
 ];
