@@ -1,7 +1,7 @@
 //! A batch of GPU work recorded into one command encoder and submitted once. Kernel
 //! launchers append dispatches to a batch; the engine submits one batch per step.
 
-use super::bindings::{Arena, BindingKey, UNIFORM_ARENA_BYTES};
+use super::bindings::{Arena, UNIFORM_ARENA_BYTES};
 use super::profile::{Profiler, QueryBlock, TimingMethod, QUERIES_PER_SET};
 use super::{GpuContext, KernelSource, PendingRead};
 use crate::error::{GpuError, Result};
@@ -30,24 +30,6 @@ impl Bind<'_> {
         match *self {
             Bind::Whole(b) => b.size(),
             Bind::Range { size, .. } => size,
-        }
-    }
-
-    /// What the bind group cache compares.
-    fn key(&self) -> BindingKey {
-        match *self {
-            Bind::Whole(b) => BindingKey {
-                buffer: b.clone(),
-                range: None,
-            },
-            Bind::Range {
-                buffer,
-                offset,
-                size,
-            } => BindingKey {
-                buffer: buffer.clone(),
-                range: Some((offset, size)),
-            },
         }
     }
 
@@ -410,33 +392,36 @@ impl<'c> Batch<'c> {
         let (arena, offset) = self.uniform_slot(bytemuck::bytes_of(params))?;
         let params_buffer = &self.uniforms[arena].buffer;
         let params_size = std::mem::size_of::<P>() as u64;
-        let keys: Vec<BindingKey> = storage.iter().map(Bind::key).collect();
-        let (bind_group, created) =
-            ctx.bindings
-                .bind_group(&pipeline.layout, params_buffer, params_size, &keys, || {
-                    ctx.scoped(&format!("binding arguments of {}", kernel.name), || {
-                        let params_binding = Bind::Range {
-                            buffer: params_buffer,
-                            offset: 0,
-                            size: params_size,
-                        };
-                        let mut entries = vec![wgpu::BindGroupEntry {
-                            binding: 0,
-                            resource: params_binding.resource(),
-                        }];
-                        for (i, b) in storage.iter().enumerate() {
-                            entries.push(wgpu::BindGroupEntry {
-                                binding: i as u32 + 1,
-                                resource: b.resource(),
-                            });
-                        }
-                        ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                            label: Some(kernel.name),
-                            layout: &pipeline.layout,
-                            entries: &entries,
-                        })
+        let (bind_group, created) = ctx.bindings.bind_group(
+            &pipeline.layout,
+            params_buffer,
+            params_size,
+            storage,
+            || {
+                ctx.scoped(&format!("binding arguments of {}", kernel.name), || {
+                    let params_binding = Bind::Range {
+                        buffer: params_buffer,
+                        offset: 0,
+                        size: params_size,
+                    };
+                    let mut entries = vec![wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: params_binding.resource(),
+                    }];
+                    for (i, b) in storage.iter().enumerate() {
+                        entries.push(wgpu::BindGroupEntry {
+                            binding: i as u32 + 1,
+                            resource: b.resource(),
+                        });
+                    }
+                    ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                        label: Some(kernel.name),
+                        layout: &pipeline.layout,
+                        entries: &entries,
                     })
-                })?;
+                })
+            },
+        )?;
         self.bind_groups_created += usize::from(created);
         let offsets = [offset as u32];
         if method.is_none() {

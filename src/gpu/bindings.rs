@@ -18,6 +18,7 @@
 //! is dropped, so its KV pool is freed at once). Each [`super::GpuContext`] has its own
 //! arenas and cache, also when two of them share a device.
 
+use super::Bind;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
@@ -36,12 +37,25 @@ pub(crate) struct Arena {
     pub image: Vec<u8>,
 }
 
-/// One storage binding as the cache compares it: the buffer and its byte range (`None`
-/// for the whole buffer).
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub(crate) struct BindingKey {
-    pub buffer: wgpu::Buffer,
-    pub range: Option<(u64, u64)>,
+/// One storage binding as the cache keeps it: the buffer and its byte range (`None` for
+/// the whole buffer).
+#[derive(Clone, PartialEq, Eq)]
+struct BindingKey {
+    buffer: wgpu::Buffer,
+    range: Option<(u64, u64)>,
+}
+
+/// A binding's buffer and range, as the cache compares and hashes them (without cloning the
+/// buffer handle: lookups that hit create nothing).
+fn parts<'a>(b: &Bind<'a>) -> (&'a wgpu::Buffer, Option<(u64, u64)>) {
+    match *b {
+        Bind::Whole(buffer) => (buffer, None),
+        Bind::Range {
+            buffer,
+            offset,
+            size,
+        } => (buffer, Some((offset, size))),
+    }
 }
 
 struct Entry {
@@ -58,12 +72,16 @@ impl Entry {
         layout: &wgpu::BindGroupLayout,
         params: &wgpu::Buffer,
         size: u64,
-        storage: &[BindingKey],
+        storage: &[Bind<'_>],
     ) -> bool {
         self.layout == *layout
             && self.params.0 == *params
             && self.params.1 == size
-            && self.storage == storage
+            && self.storage.len() == storage.len()
+            && self.storage.iter().zip(storage).all(|(k, b)| {
+                let (buffer, range) = parts(b);
+                k.buffer == *buffer && k.range == range
+            })
     }
 }
 
@@ -97,13 +115,17 @@ fn key_hash(
     layout: &wgpu::BindGroupLayout,
     params: &wgpu::Buffer,
     size: u64,
-    storage: &[BindingKey],
+    storage: &[Bind<'_>],
 ) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     layout.hash(&mut h);
     params.hash(&mut h);
     size.hash(&mut h);
-    storage.hash(&mut h);
+    for b in storage {
+        let (buffer, range) = parts(b);
+        buffer.hash(&mut h);
+        range.hash(&mut h);
+    }
     h.finish()
 }
 
@@ -141,7 +163,7 @@ impl Bindings {
         layout: &wgpu::BindGroupLayout,
         params: &wgpu::Buffer,
         size: u64,
-        storage: &[BindingKey],
+        storage: &[Bind<'_>],
         create: impl FnOnce() -> Result<wgpu::BindGroup, E>,
     ) -> Result<(wgpu::BindGroup, bool), E> {
         let hash = key_hash(layout, params, size, storage);
@@ -167,7 +189,16 @@ impl Bindings {
             cache.buckets.entry(hash).or_default().push(Entry {
                 layout: layout.clone(),
                 params: (params.clone(), size),
-                storage: storage.to_vec(),
+                storage: storage
+                    .iter()
+                    .map(|b| {
+                        let (buffer, range) = parts(b);
+                        BindingKey {
+                            buffer: buffer.clone(),
+                            range,
+                        }
+                    })
+                    .collect(),
                 group: group.clone(),
                 last_used: generation,
             });
