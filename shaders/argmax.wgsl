@@ -5,17 +5,6 @@
 // Grid: one workgroup per row; 256 threads reduce (value, index) pairs, then sum
 // exp(logit - max) in a fixed tree order, so a row's result never depends on other rows.
 
-struct Params {
-    num_rows: u32,
-    width: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> logits: array<f32>;     // [num_rows, width]
-@group(0) @binding(2) var<storage, read_write> out: array<u32>;  // [2, num_rows]
-
 const WG: u32 = 256u;
 var<workgroup> best_v: array<f32, WG>;
 var<workgroup> best_i: array<u32, WG>;
@@ -25,10 +14,10 @@ var<workgroup> sums: array<f32, WG>;
 fn argmax(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     let r = wg.x;
     var bv = NEG_BIG;
-    var bi = 0xffffffffu;
+    var bi = NONE;
     for (var i = tid; i < p.width; i += WG) {
         let v = logits[r * p.width + i];
-        if v > bv || bi == 0xffffffffu {
+        if v > bv || bi == NONE {
             bv = v;
             bi = i;
         }
@@ -40,9 +29,7 @@ fn argmax(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         if tid < stride {
             let ov = best_v[tid + stride];
             let oi = best_i[tid + stride];
-            let mine_empty = best_i[tid] == 0xffffffffu;
-            let other_better = ov > best_v[tid] || (ov == best_v[tid] && oi < best_i[tid]);
-            if oi != 0xffffffffu && (mine_empty || other_better) {
+            if takes_over(ov, oi, best_v[tid], best_i[tid]) {
                 best_v[tid] = ov;
                 best_i[tid] = oi;
             }

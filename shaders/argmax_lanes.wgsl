@@ -8,19 +8,7 @@
 // exp(logit - max) over its elements in order, and the eight sums are added in lane order.
 // Grid: one workgroup per row. A row's result never depends on other rows.
 
-struct Params {
-    num_rows: u32,
-    width: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> logits: array<f32>;     // [num_rows, width]
-@group(0) @binding(2) var<storage, read_write> out: array<u32>;  // [2, num_rows]
-
 const LANES: u32 = 8u;
-const NONE: u32 = 0xffffffffu;
 var<workgroup> best_v: array<f32, LANES>;
 var<workgroup> best_i: array<u32, LANES>;
 var<workgroup> sums: array<f32, LANES>;
@@ -47,8 +35,7 @@ fn argmax_lanes(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     for (var l = 1u; l < LANES; l++) {
         let ov = best_v[l];
         let oi = best_i[l];
-        let better = ov > m || (ov == m && oi < mi);
-        if oi != NONE && (mi == NONE || better) {
+        if takes_over(ov, oi, m, mi) {
             m = ov;
             mi = oi;
         }

@@ -88,8 +88,8 @@ kernel!(
 kernel!(PAGED_ATTENTION_REDUCE, "paged_attention_reduce");
 kernel!(COPY_BLOCKS, "copy_blocks");
 kernel!(GATHER_ROWS, "gather_rows");
-kernel!(ARGMAX, "argmax");
-kernel!(ARGMAX_LANES, "argmax_lanes");
+kernel!(ARGMAX, "argmax", ["argmax_common"]);
+kernel!(ARGMAX_LANES, "argmax_lanes", ["argmax_common"]);
 kernel!(ROTATE_ROWS, "rotate_rows", ["rotate_common"]);
 kernel!(ROTATE_QK, "rotate_qk", ["rotate_common"]);
 
