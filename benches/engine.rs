@@ -582,7 +582,11 @@ fn pressure_workload(
 fn profile_section(ctx: &GpuContext, e: &mut Engine, seqs: &[usize], tokens: usize) {
     const PROMPT: usize = 128;
     // First without the profiler: the engine's own count of host time per forward step
-    // (recording and submit, not the wait), which profiling would inflate.
+    // (recording and submit, not the wait), which profiling would inflate. A short run
+    // first compiles every kernel a prefill and a decode step use (pipelines are compiled
+    // on first use; on CPU adapters a prefill's attention kernel is not a decode's), so
+    // that no compile lands in the steps timed.
+    decode(e, 1, PROMPT, 2);
     for &n in seqs {
         let before = e.stats().host;
         let groups = ctx.bind_group_stats();

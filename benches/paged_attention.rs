@@ -165,6 +165,7 @@ fn small_model(ctx: &GpuContext, quick: bool) {
         AttentionKernel::Plain,
         AttentionKernel::Subgroup,
         AttentionKernel::Lanes,
+        AttentionKernel::Tiles,
     ]
     .into_iter()
     .filter(|k| k.supports(ctx, SMALL.2))

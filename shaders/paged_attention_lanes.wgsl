@@ -56,6 +56,15 @@ fn seen_row(seq: u32, kvh: u32, pos: u32, win_start: u32, ctx_len: u32) -> u32 {
     return rb;
 }
 
+// seen_row(...) != NO_ROW, reading the block table only with a split pool (a whole pool
+// holds every block a query sees).
+fn sees(seq: u32, kvh: u32, pos: u32, win_start: u32, ctx_len: u32) -> bool {
+    if pos < win_start || pos >= ctx_len {
+        return false;
+    }
+    return p.num_shards == 1u || pool_row(seq, kvh, pos) != NO_ROW;
+}
+
 @compute @workgroup_size(QT)
 fn paged_attention_lanes(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -63,10 +72,12 @@ fn paged_attention_lanes(
     @builtin(local_invocation_index) tid: u32,
 ) {
     let item = (wg.y * nwg.x + wg.x) * QT + tid;
-    let live = item < p.num_tokens * p.num_heads;
     let it = min(item, p.num_tokens * p.num_heads - 1u);
-    let t = it / p.num_heads;
-    let h = it % p.num_heads;
+    lane_query(it / p.num_heads, it % p.num_heads, item < p.num_tokens * p.num_heads, tid);
+}
+
+// Query token t, head h, run by invocation `tid` alone; written out when `live`.
+fn lane_query(t: u32, h: u32, live: bool, tid: u32) {
     let tp = token_pos[t];
     let seq = tp.x;
     let ctx_len = tp.y + 1u;
@@ -75,12 +86,8 @@ fn paged_attention_lanes(
     let v_half = p.shard_num_blocks * p.num_kv_heads * kv_tile_words();
     let qb = (t * p.num_heads + h) * HD;
 
-    var m = NEG_BIG;
-    var l = 0.0;
-    for (var d = 0u; d < HD; d++) {
-        acc_w[d * QT + tid] = 0.0;
-    }
-
+    var st = vec2<f32>(NEG_BIG, 0.0);  // (M, L)
+    clear_acc(tid);
     for (var tile0 = win_start - win_start % TILE; tile0 < ctx_len; tile0 += TILE) {
         let n = min(TILE, ctx_len - tile0);
         // Scores, eight head elements (four pairs, in order) at a time.
@@ -88,71 +95,116 @@ fn paged_attention_lanes(
             score_w[j * QT + tid] = 0.0;
         }
         for (var c = 0u; c < HD / 8u; c++) {
-            let q0 = vec4<f32>(q[qb + 8u * c], q[qb + 8u * c + 1u], q[qb + 8u * c + 2u], q[qb + 8u * c + 3u]) * p.scale;
-            let q1 = vec4<f32>(q[qb + 8u * c + 4u], q[qb + 8u * c + 5u], q[qb + 8u * c + 6u], q[qb + 8u * c + 7u]) * p.scale;
+            let qc = q8(qb, c);
             for (var j = 0u; j < n; j++) {
                 let rb = seen_row(seq, kvh, tile0 + j, win_start, ctx_len);
                 let k = row8(0u, select(0u, rb, rb != NO_ROW), c);
-                var dot = score_w[j * QT + tid];
-                dot += q0.x * k[0].x + q0.y * k[0].y;
-                dot += q0.z * k[0].z + q0.w * k[0].w;
-                dot += q1.x * k[1].x + q1.y * k[1].y;
-                dot += q1.z * k[1].z + q1.w * k[1].w;
-                score_w[j * QT + tid] = dot;
+                score_w[j * QT + tid] = dot8(score_w[j * QT + tid], qc, k[0], k[1]);
             }
         }
-        // The tile's maximum, the probabilities and their sum.
-        var m_tile = NEG_BIG;
-        for (var j = 0u; j < n; j++) {
-            let seen = seen_row(seq, kvh, tile0 + j, win_start, ctx_len) != NO_ROW;
-            let sc = select(NEG_BIG, capped(score_w[j * QT + tid]), seen);
-            score_w[j * QT + tid] = sc;
-            m_tile = max(m_tile, sc);
-        }
-        var l_tile = 0.0;
-        for (var j = 0u; j < n; j++) {
-            let seen = seen_row(seq, kvh, tile0 + j, win_start, ctx_len) != NO_ROW;
-            let pr = select(0.0, exp(score_w[j * QT + tid] - m_tile), seen);
-            score_w[j * QT + tid] = pr;
-            l_tile += pr;
-        }
-        let m_new = max(m, m_tile);
-        let c_old = exp(m - m_new);
-        let c_tile = exp(m_tile - m_new);
-        l = l * c_old + l_tile * c_tile;
-        m = m_new;
+        let sc = merge_tile(st, tile_probabilities(seq, kvh, tile0, n, win_start, ctx_len, tid));
+        st = sc.xy;
         // The weighted values, eight head elements at a time, merged into A.
         for (var c = 0u; c < HD / 8u; c++) {
-            var a0 = vec4<f32>(0.0);
-            var a1 = vec4<f32>(0.0);
+            var a = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
             for (var j = 0u; j < n; j++) {
                 let rb = seen_row(seq, kvh, tile0 + j, win_start, ctx_len);
-                let pr = score_w[j * QT + tid];
                 let v = row8(v_half, select(0u, rb, rb != NO_ROW), c);
-                a0 = select(a0, a0 + pr * v[0], rb != NO_ROW);
-                a1 = select(a1, a1 + pr * v[1], rb != NO_ROW);
+                a = value_term(a, rb != NO_ROW, score_w[j * QT + tid], v[0], v[1]);
             }
-            let o = 8u * c * QT + tid;
-            let old0 = vec4<f32>(acc_w[o], acc_w[o + QT], acc_w[o + 2u * QT], acc_w[o + 3u * QT]);
-            let old1 = vec4<f32>(acc_w[o + 4u * QT], acc_w[o + 5u * QT], acc_w[o + 6u * QT], acc_w[o + 7u * QT]);
-            let new0 = old0 * c_old + a0 * c_tile;
-            let new1 = old1 * c_old + a1 * c_tile;
-            acc_w[o] = new0.x;
-            acc_w[o + QT] = new0.y;
-            acc_w[o + 2u * QT] = new0.z;
-            acc_w[o + 3u * QT] = new0.w;
-            acc_w[o + 4u * QT] = new1.x;
-            acc_w[o + 5u * QT] = new1.y;
-            acc_w[o + 6u * QT] = new1.z;
-            acc_w[o + 7u * QT] = new1.w;
+            merge_values(c, a, sc.zw, tid);
         }
     }
-
-    if !live {
-        return;
+    if live {
+        write_out(t, h, st, tid);
     }
+}
+
+// The pieces below are shared with paged_attention_tiles.wgsl.
+
+// q[qb + 8c .. qb + 8c + 8], scaled.
+fn q8(qb: u32, c: u32) -> array<vec4<f32>, 2> {
+    let b = qb + 8u * c;
+    return array<vec4<f32>, 2>(
+        vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]) * p.scale,
+        vec4<f32>(q[b + 4u], q[b + 5u], q[b + 6u], q[b + 7u]) * p.scale,
+    );
+}
+
+// A score's terms of one chunk of eight head elements (four pairs, in order) added to `s`.
+fn dot8(s: f32, qc: array<vec4<f32>, 2>, k0: vec4<f32>, k1: vec4<f32>) -> f32 {
+    var dot = s;
+    dot += qc[0].x * k0.x + qc[0].y * k0.y;
+    dot += qc[0].z * k0.z + qc[0].w * k0.w;
+    dot += qc[1].x * k1.x + qc[1].y * k1.y;
+    dot += qc[1].z * k1.z + qc[1].w * k1.w;
+    return dot;
+}
+
+// One position's weighted value row added to `a` when the query sees the position.
+fn value_term(a: array<vec4<f32>, 2>, seen: bool, pr: f32, v0: vec4<f32>, v1: vec4<f32>) -> array<vec4<f32>, 2> {
+    return array<vec4<f32>, 2>(select(a[0], a[0] + pr * v0, seen), select(a[1], a[1] + pr * v1, seen));
+}
+
+fn clear_acc(tid: u32) {
+    for (var d = 0u; d < HD; d++) {
+        acc_w[d * QT + tid] = 0.0;
+    }
+}
+
+// The tile's scores (positions tile0 .. tile0 + n, in score_w) soft-capped and masked to
+// what the query sees, its maximum m_T, the probabilities (in place) and their sum l_T:
+// (m_T, l_T).
+fn tile_probabilities(seq: u32, kvh: u32, tile0: u32, n: u32, win_start: u32, ctx_len: u32, tid: u32) -> vec2<f32> {
+    var m_tile = NEG_BIG;
+    for (var j = 0u; j < n; j++) {
+        let seen = sees(seq, kvh, tile0 + j, win_start, ctx_len);
+        let sc = select(NEG_BIG, capped(score_w[j * QT + tid]), seen);
+        score_w[j * QT + tid] = sc;
+        m_tile = max(m_tile, sc);
+    }
+    var l_tile = 0.0;
+    for (var j = 0u; j < n; j++) {
+        let seen = sees(seq, kvh, tile0 + j, win_start, ctx_len);
+        let pr = select(0.0, exp(score_w[j * QT + tid] - m_tile), seen);
+        score_w[j * QT + tid] = pr;
+        l_tile += pr;
+    }
+    return vec2<f32>(m_tile, l_tile);
+}
+
+// The running (M, L) after a tile of (m_T, l_T), and the factors A and the tile's values
+// are scaled by: (M', L', c_old, c_tile).
+fn merge_tile(st: vec2<f32>, tile: vec2<f32>) -> vec4<f32> {
+    let m_new = max(st.x, tile.x);
+    let c_old = exp(st.x - m_new);
+    let c_tile = exp(tile.x - m_new);
+    return vec4<f32>(m_new, st.y * c_old + tile.y * c_tile, c_old, c_tile);
+}
+
+// A[8c .. 8c + 8] = A * c_old + a * c_tile, with f = (c_old, c_tile).
+fn merge_values(c: u32, a: array<vec4<f32>, 2>, f: vec2<f32>, tid: u32) {
+    let o = 8u * c * QT + tid;
+    let old0 = vec4<f32>(acc_w[o], acc_w[o + QT], acc_w[o + 2u * QT], acc_w[o + 3u * QT]);
+    let old1 = vec4<f32>(acc_w[o + 4u * QT], acc_w[o + 5u * QT], acc_w[o + 6u * QT], acc_w[o + 7u * QT]);
+    let new0 = old0 * f.x + a[0] * f.y;
+    let new1 = old1 * f.x + a[1] * f.y;
+    acc_w[o] = new0.x;
+    acc_w[o + QT] = new0.y;
+    acc_w[o + 2u * QT] = new0.z;
+    acc_w[o + 3u * QT] = new0.w;
+    acc_w[o + 4u * QT] = new1.x;
+    acc_w[o + 5u * QT] = new1.y;
+    acc_w[o + 6u * QT] = new1.z;
+    acc_w[o + 7u * QT] = new1.w;
+}
+
+// Query token t, head h's result from A and st = (M, L): A / L, or with a split pool the
+// shard's partial (A, M, L).
+fn write_out(t: u32, h: u32, st: vec2<f32>, tid: u32) {
     if p.num_shards == 1u {
-        let inv = select(0.0, 1.0 / l, l > 0.0);
+        let qb = (t * p.num_heads + h) * HD;
+        let inv = select(0.0, 1.0 / st.y, st.y > 0.0);
         for (var d = 0u; d < HD; d++) {
             out[qb + d] = acc_w[d * QT + tid] * inv;
         }
@@ -162,7 +214,7 @@ fn paged_attention_lanes(
         for (var d = 0u; d < HD; d++) {
             out[o + d] = acc_w[d * QT + tid];
         }
-        out[o + HD] = m;
-        out[o + HD + 1u] = l;
+        out[o + HD] = st.x;
+        out[o + HD + 1u] = st.y;
     }
 }

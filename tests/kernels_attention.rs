@@ -196,6 +196,7 @@ fn run(ctx: &pagellm::GpuContext, seed: u64, c: &Case) {
         AttentionKernel::Plain,
         AttentionKernel::Subgroup,
         AttentionKernel::Lanes,
+        AttentionKernel::Tiles,
     ] {
         if !kernel.supports(ctx, hd) {
             continue;
@@ -319,6 +320,59 @@ fn sliding_window_with_holes_and_soft_capping() {
             softcap: Some(3.0),
         };
         run(ctx, 710, &case);
+    }
+}
+
+/// The query-tiled kernel takes a block of 8 flat-batch tokens as tiles only when they are
+/// 8 consecutive queries of one sequence; everything else runs per query. Chunks of 7, 8, 9,
+/// 15, 16, 17 and 70 tokens start at every offset modulo 8 of the flat batch, between
+/// decode tokens, some crossing a 64-position tile, with and without a window that starts
+/// inside a block of 8 queries, on a whole and on a split pool. `run` checks every kernel
+/// against the reference and against each other bit for bit.
+#[test]
+fn query_tiles_at_every_alignment() {
+    for ctx in contexts() {
+        if backend(ctx).starts_with("Vulkan") && ctx.info.device_type == wgpu::DeviceType::Cpu {
+            assert!(
+                AttentionKernel::Tiles.supports(ctx, 64),
+                "the query-tiled kernel must run on {}",
+                backend(ctx)
+            );
+        }
+        let seqs = vec![
+            (7, 7),
+            (30, 8),
+            (1, 1),
+            (9, 9),
+            (80, 15),
+            (16, 16),
+            (2, 1),
+            (17, 17),
+            (140, 70),
+            (5, 1),
+        ];
+        for (i, (window, arena_limit)) in [
+            (None, None),
+            (Some(12), None),
+            (Some(45), None),
+            (None, Some(2 * 4 * 2 * 8 * 64 * 2)),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let case = Case {
+                head_dim: 64,
+                block_size: 8,
+                num_heads: 4,
+                num_kv_heads: 2,
+                dtype: KvDtype::F16,
+                seqs: seqs.clone(),
+                arena_limit,
+                window,
+                softcap: None,
+            };
+            run(ctx, 900 + i as u64, &case);
+        }
     }
 }
 

@@ -16,7 +16,8 @@ use pagellm::kernels::{
     silu_mul::SiluMulParams,
     softcap::SoftcapParams,
     KernelParams, ALL, ARGMAX_LANES, MATMUL_SKINNY, MATMUL_SKINNY_SG, MATMUL_SKINNY_VEC,
-    PAGED_ATTENTION_LANES, PAGED_ATTENTION_SG, RESHAPE_AND_CACHE_Q, RMS_NORM_LANES,
+    PAGED_ATTENTION_LANES, PAGED_ATTENTION_SG, PAGED_ATTENTION_TILES, RESHAPE_AND_CACHE_Q,
+    RMS_NORM_LANES,
 };
 
 /// (kernel name, [(field, offset)], size) of the uniform at @group(0) @binding(0).
@@ -88,6 +89,7 @@ fn every_params_struct_matches_its_shader() {
         check::<PagedAttentionParams>(),
         check_kernel::<PagedAttentionParams>(PAGED_ATTENTION_SG),
         check_kernel::<PagedAttentionParams>(PAGED_ATTENTION_LANES),
+        check_kernel::<PagedAttentionParams>(PAGED_ATTENTION_TILES),
         check::<PagedAttentionReduceParams>(),
         check::<CopyBlocksParams>(),
         check::<GatherRowsParams>(),

@@ -85,6 +85,11 @@ kernel!(
     "paged_attention_lanes",
     ["paged_attention_kv"]
 );
+kernel!(
+    PAGED_ATTENTION_TILES,
+    "paged_attention_tiles",
+    ["paged_attention_kv", "paged_attention_lanes"]
+);
 kernel!(PAGED_ATTENTION_REDUCE, "paged_attention_reduce");
 kernel!(COPY_BLOCKS, "copy_blocks");
 kernel!(GATHER_ROWS, "gather_rows");
@@ -111,6 +116,7 @@ pub const ALL: &[KernelSource] = &[
     PAGED_ATTENTION,
     PAGED_ATTENTION_SG,
     PAGED_ATTENTION_LANES,
+    PAGED_ATTENTION_TILES,
     PAGED_ATTENTION_REDUCE,
     COPY_BLOCKS,
     GATHER_ROWS,

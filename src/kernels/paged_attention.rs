@@ -1,13 +1,14 @@
 //! Launcher for the attention kernels, `shaders/paged_attention.wgsl`, its subgroup variant
-//! `paged_attention_sg.wgsl` and the lane-per-query `paged_attention_lanes.wgsl` (and their
-//! shard merge, `shaders/paged_attention_reduce.wgsl`),
+//! `paged_attention_sg.wgsl`, the lane-per-query `paged_attention_lanes.wgsl` and its
+//! query-tiled form `paged_attention_tiles.wgsl` (and their shard merge,
+//! `shaders/paged_attention_reduce.wgsl`),
 //! plus the host-side metadata of a flat batch:
 //! which sequence and position each query token has, the block tables, and the slots the
 //! step's new K/V go to.
 
 use super::{
     check_len, params, PAGED_ATTENTION, PAGED_ATTENTION_LANES, PAGED_ATTENTION_REDUCE,
-    PAGED_ATTENTION_SG,
+    PAGED_ATTENTION_SG, PAGED_ATTENTION_TILES,
 };
 use crate::error::{GpuError, Result};
 use crate::gpu::{grid_2d, Batch, Bind, GpuContext};
@@ -136,6 +137,15 @@ impl AttentionMetadata {
         Ok(m)
     }
 
+    /// The most query tokens any one sequence has.
+    pub fn longest_query(&self) -> usize {
+        self.query_start
+            .windows(2)
+            .map(|w| (w[1] - w[0]) as usize)
+            .max()
+            .unwrap_or(0)
+    }
+
     pub fn upload(&self, ctx: &GpuContext) -> Result<AttentionBuffers> {
         self.upload_with(ctx, &[])
     }
@@ -160,6 +170,7 @@ impl AttentionMetadata {
         Ok(AttentionBuffers {
             num_tokens: self.num_tokens,
             max_blocks_per_seq: self.max_blocks_per_seq,
+            longest_query: self.longest_query(),
             buffer,
             sections,
         })
@@ -190,6 +201,7 @@ impl AttentionMetadata {
         let bufs = into.as_mut().expect("allocated above");
         bufs.num_tokens = self.num_tokens;
         bufs.max_blocks_per_seq = self.max_blocks_per_seq;
+        bufs.longest_query = self.longest_query();
         // One write from the first section to the end of the last one's bytes (the gaps
         // between sections are written with zeros).
         let end = parts
@@ -211,6 +223,8 @@ impl AttentionMetadata {
 pub struct AttentionBuffers {
     pub num_tokens: usize,
     pub max_blocks_per_seq: usize,
+    /// The most query tokens any one sequence has (the tiled kernel's work needs 8).
+    pub longest_query: usize,
     buffer: wgpu::Buffer,
     /// (offset, size) in bytes: token_pos, block_tables, slot_mapping, positions, extras.
     sections: Vec<(u64, u64)>,
@@ -238,6 +252,7 @@ impl AttentionBuffers {
         Ok(AttentionBuffers {
             num_tokens: 0,
             max_blocks_per_seq: 0,
+            longest_query: 0,
             buffer,
             sections,
         })
@@ -294,6 +309,12 @@ pub enum AttentionKernel {
     /// its query alone, eight per workgroup; needs head_dim % 8 == 0. Made for CPU
     /// adapters, where a workgroup's invocations are the lanes of a SIMD register.
     Lanes,
+    /// `paged_attention_tiles.wgsl`: `Lanes` with the queries of a sequence taken eight at
+    /// a time, each key and value row loaded once per eight queries and broadcast within
+    /// the subgroup; needs head_dim % 8 == 0 and subgroups of at least 8 invocations. A
+    /// batch in which no sequence has 8 query tokens (decode) runs the `Lanes` kernel,
+    /// whose results are the same bit for bit.
+    Tiles,
 }
 
 impl AttentionKernel {
@@ -302,19 +323,20 @@ impl AttentionKernel {
         match self {
             AttentionKernel::Plain => true,
             AttentionKernel::Lanes => head_dim.is_multiple_of(8),
-            AttentionKernel::Subgroup => {
+            AttentionKernel::Subgroup | AttentionKernel::Tiles => {
                 head_dim.is_multiple_of(8) && ctx.caps.subgroups && ctx.info.subgroup_min_size >= 8
             }
         }
     }
 
     /// On CPU adapters the lane-per-query kernel (1.8-5x faster than the subgroup kernel on
-    /// lavapipe, docs/BENCHMARKS.md); on GPUs the subgroup kernel where it can run, the
-    /// plain one elsewhere.
+    /// lavapipe, docs/BENCHMARKS.md), query-tiled where subgroups allow; on GPUs the
+    /// subgroup kernel where it can run, the plain one elsewhere.
     pub fn choose(ctx: &GpuContext, head_dim: usize) -> AttentionKernel {
-        if ctx.info.device_type == wgpu::DeviceType::Cpu
-            && AttentionKernel::Lanes.supports(ctx, head_dim)
-        {
+        let cpu = ctx.info.device_type == wgpu::DeviceType::Cpu;
+        if cpu && AttentionKernel::Tiles.supports(ctx, head_dim) {
+            AttentionKernel::Tiles
+        } else if cpu && AttentionKernel::Lanes.supports(ctx, head_dim) {
             AttentionKernel::Lanes
         } else if AttentionKernel::Subgroup.supports(ctx, head_dim) {
             AttentionKernel::Subgroup
@@ -528,16 +550,24 @@ fn attention(
                 let grid = [num_heads as u32, t as u32, 1];
                 batch.dispatch(source, &overrides, &p, &binds, grid)?;
             }
-            AttentionKernel::Lanes => {
+            AttentionKernel::Lanes | AttentionKernel::Tiles => {
                 binds.push(pool.slab(layer, shard));
-                let groups = (t * num_heads).div_ceil(LANES_WG) as u32;
+                // Tiles: a workgroup per (block of 8 tokens, head); Lanes: per 8 (token,
+                // head) pairs.
+                let (source, groups) =
+                    if kernel == AttentionKernel::Tiles && meta.longest_query >= LANES_WG {
+                        binds.push(q.into());
+                        (PAGED_ATTENTION_TILES, t.div_ceil(LANES_WG) * num_heads)
+                    } else {
+                        (PAGED_ATTENTION_LANES, (t * num_heads).div_ceil(LANES_WG))
+                    };
                 let grid = grid_2d(
-                    groups,
+                    groups as u32,
                     batch.ctx().limits.max_compute_workgroups_per_dimension,
                 );
                 let mut overrides = overrides.to_vec();
                 overrides.push(("HD", l.head_dim as f64));
-                batch.dispatch(PAGED_ATTENTION_LANES, &overrides, &p, &binds, grid)?;
+                batch.dispatch(source, &overrides, &p, &binds, grid)?;
             }
         }
     }
