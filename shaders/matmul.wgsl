@@ -10,7 +10,6 @@
 
 override WEIGHT_DTYPE: u32 = 0u;
 
-@group(0) @binding(1) var<storage, read> x: array<f32>;          // [m, k]
 @group(0) @binding(2) var<storage, read> w: array<u32>;          // [n, k] in WEIGHT_DTYPE
 
 const TILE: u32 = 64u;
@@ -41,7 +40,7 @@ fn matmul(
             let c = e % TK;
             var v = 0.0;
             if row0 + r < p.m && k0 + c < p.k {
-                v = x[(row0 + r) * p.k + k0 + c];
+                v = x_at(row0 + r, k0 + c);
             }
             xs[c * LD + r] = v;
         }

@@ -8,7 +8,17 @@
 // multiply on CPU adapters (measured: 1.4-1.5x faster at 8 and 32 rows on lavapipe; four
 // columns spill registers there and are slower).
 
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;    // [m, k], or gated [m, 2k]
 @group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;    // [n, k] in WEIGHT_DTYPE
+
+// Input row `row`'s elements 4i .. 4i + 4, through matmul_store.wgsl's GATED.
+fn x4(row: u32, i: u32) -> vec4<f32> {
+    let at = row * (x_stride() / 4u) + i;
+    if GATED == 0u {
+        return x[at];
+    }
+    return gated4(x[at], x[at + p.k / 4u]);
+}
 
 // Weights 8j .. 8j + 7 of column c, in order.
 fn weights8(c: u32, j: u32) -> array<vec4<f32>, 2> {

@@ -2,7 +2,6 @@
 // scalar loads. matmul_skinny_vec.wgsl and matmul_skinny_sg.wgsl are the faster ones for
 // k % 8 == 0 and keep this summation order.
 
-@group(0) @binding(1) var<storage, read> x: array<f32>;          // [m, k]
 @group(0) @binding(2) var<storage, read> w: array<u32>;          // [n, k] in WEIGHT_DTYPE
 
 @compute @workgroup_size(64)
@@ -23,7 +22,7 @@ fn matmul_skinny(
                 let b = bitcast<f32>(w[c * p.k + k]);
                 for (var r = 0u; r < ROWS; r++) {
                     let row = min(r0 + r, p.m - 1u);
-                    acc[r] += x[row * p.k + k] * b;
+                    acc[r] += x_at(row, k) * b;
                 }
             }
         } else {
@@ -32,8 +31,8 @@ fn matmul_skinny(
                 let b = unpack_pair(w[c * words + j], WEIGHT_DTYPE);
                 for (var r = 0u; r < ROWS; r++) {
                     let row = min(r0 + r, p.m - 1u);
-                    acc[r] += x[row * p.k + 2u * j] * b.x;
-                    acc[r] += x[row * p.k + 2u * j + 1u] * b.y;
+                    acc[r] += x_at(row, 2u * j) * b.x;
+                    acc[r] += x_at(row, 2u * j + 1u) * b.y;
                 }
             }
         }

@@ -4,12 +4,10 @@
 // adapters every load is a gather per lane). Same summation order as matmul_skinny.wgsl.
 // No early return: broadcasts need every lane of the subgroup.
 
-@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;    // [m, k]
-
 // x[row, 8j .. 8j + 8]: lane l of each group of 8 takes element 8j + l (a component of a
 // 16-byte load), and the eight values are broadcast to every lane.
 fn x8(row: u32, j: u32, lane: u32) -> array<vec4<f32>, 2> {
-    let xl = x[row * (p.k / 4u) + 2u * j + ((lane & 7u) >> 2u)][lane & 3u];
+    let xl = x4(row, 2u * j + ((lane & 7u) >> 2u))[lane & 3u];
     return array<vec4<f32>, 2>(
         vec4<f32>(
             subgroupBroadcast(xl, 0u),
@@ -45,8 +43,8 @@ fn pass_terms(
         terms_by_row(acc, acc2, r0, j, lane, b, b2);
         return;
     }
-    let i = min(r0 + (lane & 7u), p.m - 1u) * (p.k / 4u) + 2u * j;
-    let held = array<vec4<f32>, 2>(x[i], x[i + 1u]);
+    let row = min(r0 + (lane & 7u), p.m - 1u);
+    let held = array<vec4<f32>, 2>(x4(row, 2u * j), x4(row, 2u * j + 1u));
     var xa: vec4<f32>;
     var xb: vec4<f32>;
     xa = subgroupBroadcast(held[0], 0u);

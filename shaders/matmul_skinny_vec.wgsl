@@ -4,12 +4,9 @@
 // order as matmul_skinny.wgsl. Used where subgroup operations are missing (e.g. GL); see
 // matmul_skinny_sg.wgsl.
 
-@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;    // [m, k]
-
 // x[row, 8j .. 8j + 8] as two 16-byte loads.
 fn x8(row: u32, j: u32, lane: u32) -> array<vec4<f32>, 2> {
-    let i = row * (p.k / 4u) + 2u * j;
-    return array<vec4<f32>, 2>(x[i], x[i + 1u]);
+    return array<vec4<f32>, 2>(x4(row, 2u * j), x4(row, 2u * j + 1u));
 }
 
 fn pass_terms(

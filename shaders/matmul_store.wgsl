@@ -6,6 +6,27 @@
 // width], so one dispatch fills three buffers. Without splits y1 and y2 are y again and
 // never written through.
 
+// The input: x is [m, k] (GATED = 0), or [m, 2k], each row's gate then its up (the stacked
+// gate-up projection's output), and the product's input is act(gate) * up, computed as it is
+// read: SiLU (GATED = 1) or GELU with the tanh approximation (GATED = 2), as in
+// silu_mul.wgsl. That fuses the MLP's gated activation into the down projection.
+override GATED: u32 = 0u;
+
+// f32 words from one input row to the next.
+fn x_stride() -> u32 {
+    return select(p.k, 2u * p.k, GATED != 0u);
+}
+
+// act(g) * u, with the expressions of silu_mul.wgsl (tanh's argument clamped where tanh is
+// 1 to f32 precision, since some drivers' tanh overflows for large inputs).
+fn gated4(g: vec4<f32>, u: vec4<f32>) -> vec4<f32> {
+    if GATED == 2u {
+        let t = clamp(0.7978845608028654 * (g + 0.044715 * g * g * g), vec4<f32>(-15.0), vec4<f32>(15.0));
+        return 0.5 * g * (1.0 + tanh(t)) * u;
+    }
+    return g / (1.0 + exp(-g)) * u;
+}
+
 struct Params {
     m: u32,
     n: u32,          // rows of this weight chunk

@@ -76,15 +76,28 @@ fn step(
     }
 }
 
+/// `strict` runs check the prompt logits too, and run the MLP's gated activation both as a
+/// pass of its own and fused into the down projection (the default differs between CPU
+/// adapters and GPUs); the others run the adapter's default.
 fn run(kv: KvDtype, block_size: usize, strict: bool) {
     for ctx in contexts() {
-        for mut f in golden::all() {
+        let fused_modes: &[Option<bool>] = match strict {
+            true => &[Some(false), Some(true)],
+            false => &[None],
+        };
+        let runs = fused_modes
+            .iter()
+            .flat_map(|&m| golden::all().into_iter().map(move |f| (f, m)));
+        for (mut f, fused) in runs {
             if !strict {
                 f.logprob_tol += f16_kv_extra_tol(f.name);
             }
             let c = &f.files.config;
             let model = GpuModel::upload(ctx, &f.files, |_, _| {}).unwrap();
-            let ws = Workspace::new(ctx, c, 64, 64).unwrap();
+            let mut ws = Workspace::new(ctx, c, 64, 64).unwrap();
+            if let Some(on) = fused {
+                ws.set_fused_activation(ctx, c, on).unwrap();
+            }
             let layout = KvLayout {
                 num_layers: c.num_layers,
                 num_kv_heads: c.num_kv_heads,
@@ -94,7 +107,8 @@ fn run(kv: KvDtype, block_size: usize, strict: bool) {
             };
             let pool = KvPool::new(ctx, layout, PoolSize::Blocks(40)).unwrap();
             let what = format!(
-                "GPU {kv:?} pool bs={block_size} on {}",
+                "GPU {kv:?} pool bs={block_size} fused activation {} on {}",
+                ws.fused_activation(),
                 common::backend(ctx)
             );
             let (mut worst, mut worst_logit) = (0.0f64, 0.0f32);

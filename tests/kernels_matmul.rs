@@ -391,3 +391,92 @@ fn lm_head_returns_logits_and_greedy_tokens_of_chosen_rows() {
         assert_eq!(&got[..2], &want_am[..], "{what} argmax");
     }
 }
+
+#[test]
+fn gated_input_is_the_activation_of_gate_times_up() {
+    // The down projection reading the stacked gate-up output ([m, 2k]: each row's gate,
+    // then its up) and applying the gated activation as it reads: against the plain-Rust
+    // activation and product, for both activations, every kernel the adapter runs and 1, 9
+    // and 70 rows (the column kernels' 8-row passes and the passes of the rest), with bias
+    // and accumulation; and row 0 bitwise the same for every kernel and row count (batch
+    // invariance). k = 48 admits the vectorised column kernels, 34 does not.
+    use pagellm::kernels::matmul::matmul_gated_with;
+    use pagellm::model::arch::Activation;
+    for ctx in contexts() {
+        for k in [48, 34] {
+            for act in [Activation::Silu, Activation::GeluTanh] {
+                let mut g = rng(300 + k as u64);
+                let (m_max, n) = (70, 40);
+                let gate = randn(&mut g, m_max * k, 3.0);
+                let up = randn(&mut g, m_max * k, 1.0);
+                let stacked: Vec<f32> = (0..m_max)
+                    .flat_map(|r| {
+                        let row = r * k..(r + 1) * k;
+                        gate[row.clone()].iter().chain(&up[row]).copied()
+                    })
+                    .collect();
+                let wv = randn(&mut g, n * k, 0.5);
+                let bias = randn(&mut g, n, 1.0);
+                let y0 = randn(&mut g, m_max * n, 1.0);
+                let w = Weight::from_f32(ctx, "w", &wv, n, k, WeightDtype::F16).unwrap();
+                let bb = ctx.upload("bias", &bias).unwrap();
+                let x = match act {
+                    Activation::Silu => r::silu_mul(&gate, &up),
+                    Activation::GeluTanh => r::gelu_tanh_mul(&gate, &up),
+                };
+                let wr = rounded(&wv, WeightDtype::F16);
+                let mut first: Option<Vec<f32>> = None;
+                for kernel in KERNELS.into_iter().filter(|kern| kern.supports(ctx, k)) {
+                    for m in [1, 9, 70] {
+                        let gu = ctx.upload("gate up", &stacked[..2 * m * k]).unwrap();
+                        let yb = ctx.upload("y", &y0[..m * n]).unwrap();
+                        let mut b = Batch::new(ctx, "t");
+                        let out = Output::Accumulate;
+                        matmul_gated_with(&mut b, kernel, &gu, act, &w, Some(&bb), &yb, m, out)
+                            .unwrap();
+                        b.submit().unwrap();
+                        let got = read_f32(ctx, &yb, m * n);
+                        let mut want = r::matmul(&x[..m * k], &wr, Some(&bias[..]), m, n, k);
+                        want.iter_mut().zip(&y0).for_each(|(a, b)| *a += b);
+                        let what =
+                            format!("{kernel:?} {act:?} m={m} k={k} gated on {}", backend(ctx));
+                        assert_close(&what, &got, &want, 1e-4 * (k as f32).sqrt(), 1e-4);
+                        match &first {
+                            None => first = Some(got[..n].to_vec()),
+                            Some(f) => assert!(
+                                f.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                                "{what}: row 0 differs from the first kernel's"
+                            ),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_gated_input_must_hold_gate_and_up() {
+    use pagellm::kernels::matmul::matmul_gated;
+    use pagellm::model::arch::Activation;
+    for ctx in contexts() {
+        let (m, n, k) = (4, 8, 64);
+        let w = Weight::from_f32(ctx, "w", &vec![0.5; n * k], n, k, WeightDtype::F16).unwrap();
+        // [m, k] is the ungated input's size: half of what a gated one needs.
+        let x = ctx.upload("x", &vec![1.0f32; m * k]).unwrap();
+        let y = ctx.storage_buffer("y", (m * n * 4) as u64).unwrap();
+        let mut b = Batch::new(ctx, "t");
+        let e = matmul_gated(
+            &mut b,
+            &x,
+            Activation::Silu,
+            &w,
+            None,
+            &y,
+            m,
+            Output::Overwrite,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("gate up"), "{e}");
+    }
+}

@@ -21,6 +21,7 @@ use super::{
 };
 use crate::error::{GpuError, Result};
 use crate::gpu::{grid_2d, Batch, GpuContext};
+use crate::model::arch::Activation;
 
 // One parameter block for every matmul kernel (tests/params_layout.rs checks all four).
 params!(MatmulParams for MATMUL {
@@ -159,12 +160,64 @@ pub fn matmul_split(
     )
 }
 
+/// y[m, out] = (act(gate) * up) · weight[out, in]ᵀ + bias[out], where `gate_up` is
+/// `[m, 2 * in]` f32, each row's gate then its up (the stacked gate-up projection's
+/// output): the MLP's gated activation fused into the down projection, computed as the
+/// kernel reads its input, with the expressions of `silu_mul` (tests/kernels_matmul.rs
+/// checks it against the two calls it replaces).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_gated(
+    batch: &mut Batch,
+    gate_up: &wgpu::Buffer,
+    act: Activation,
+    weight: &Weight,
+    bias: Option<&wgpu::Buffer>,
+    y: &wgpu::Buffer,
+    m: usize,
+    output: Output,
+) -> Result<()> {
+    let kernel = MatmulKernel::choose(batch.ctx(), m, weight.cols);
+    matmul_gated_with(batch, kernel, gate_up, act, weight, bias, y, m, output)
+}
+
+/// [`matmul_gated`] computed by a given kernel.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_gated_with(
+    batch: &mut Batch,
+    kernel: MatmulKernel,
+    gate_up: &wgpu::Buffer,
+    act: Activation,
+    weight: &Weight,
+    bias: Option<&wgpu::Buffer>,
+    y: &wgpu::Buffer,
+    m: usize,
+    output: Output,
+) -> Result<()> {
+    let x = (gate_up, Some(act));
+    project(batch, kernel, x, weight, bias, Outputs::One(y), m, output)
+}
+
 /// [`matmul_with`] into `outputs`.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_into(
     batch: &mut Batch,
     kernel: MatmulKernel,
     x: &wgpu::Buffer,
+    weight: &Weight,
+    bias: Option<&wgpu::Buffer>,
+    outputs: Outputs<'_>,
+    m: usize,
+    output: Output,
+) -> Result<()> {
+    project(batch, kernel, (x, None), weight, bias, outputs, m, output)
+}
+
+/// Every matmul: the input `x`, gated by an activation or not (the kernels' `GATED`).
+#[allow(clippy::too_many_arguments)]
+fn project(
+    batch: &mut Batch,
+    kernel: MatmulKernel,
+    (x, act): (&wgpu::Buffer, Option<Activation>),
     weight: &Weight,
     bias: Option<&wgpu::Buffer>,
     outputs: Outputs<'_>,
@@ -182,7 +235,16 @@ pub fn matmul_into(
             format!("{kernel:?} cannot compute k = {k} on this adapter"),
         ));
     }
-    check_len(K, "x", x, m * k)?;
+    let gated = match act {
+        None => 0.0,
+        Some(Activation::Silu) => 1.0,
+        Some(Activation::GeluTanh) => 2.0,
+    };
+    if act.is_some() {
+        check_len(K, "gate up", x, 2 * m * k)?;
+    } else {
+        check_len(K, "x", x, m * k)?;
+    }
     // (the three bindings, split1, split2)
     let (ys, split1, split2) = match outputs {
         Outputs::One(y) => {
@@ -242,6 +304,7 @@ pub fn matmul_into(
             ys[2].into(),
         ];
         let dtype = ("WEIGHT_DTYPE", weight.dtype.code());
+        let gated = ("GATED", gated);
         let source = match kernel {
             MatmulKernel::Tiled => {
                 let grid = [groups(chunk.rows, 64), groups(m, 64), 1];
@@ -251,7 +314,7 @@ pub fn matmul_into(
                         format!("{m} x {} outputs in one call", chunk.rows),
                     ));
                 }
-                batch.dispatch(MATMUL, &[dtype], &p, &storage, grid)?;
+                batch.dispatch(MATMUL, &[dtype, gated], &p, &storage, grid)?;
                 continue;
             }
             MatmulKernel::Columns => MATMUL_SKINNY,
@@ -271,7 +334,7 @@ pub fn matmul_into(
                 first_row: first_row as u32,
                 ..p
             };
-            let constants = [dtype, ("ROWS", rows as f64)];
+            let constants = [dtype, gated, ("ROWS", rows as f64)];
             batch.dispatch(source, &constants, &p, &storage, grid)?;
         }
     }

@@ -44,11 +44,11 @@ macro_rules! kernel {
 kernel!(EMBEDDING, "embedding");
 kernel!(RMS_NORM, "rms_norm");
 kernel!(RMS_NORM_LANES, "rms_norm_lanes");
-kernel!(MATMUL, "matmul", ["matmul_store"]);
+kernel!(MATMUL, "matmul", ["matmul_store", "matmul_x"]);
 kernel!(
     MATMUL_SKINNY,
     "matmul_skinny",
-    ["matmul_store", "matmul_columns"]
+    ["matmul_store", "matmul_columns", "matmul_x"]
 );
 kernel!(
     MATMUL_SKINNY_VEC,

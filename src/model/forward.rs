@@ -5,7 +5,7 @@
 //! embed (× scale) → per layer [rms_norm → q/k/v (+bias; one matmul) (→ per-head q/k
 //!        rms_norm) → rope (→ rotate q, k) → reshape_and_cache → paged_attention (window,
 //!        soft-cap) → o_proj (→ rms_norm) += residual → rms_norm → gate and up (one matmul)
-//!        → act_mul → down (→ rms_norm) += residual]
+//!        → act(gate) * up (on GPUs fused into down) → down (→ rms_norm) += residual]
 //!       → final rms_norm → gather the sampling rows → LM head logits (→ soft-cap)
 //!       (→ arg-max)
 //! ```
@@ -18,11 +18,12 @@ use super::ModelConfig;
 use crate::error::{GpuError, Result};
 use crate::gpu::{Batch, Bind, GpuContext};
 use crate::kernels::logits::{lm_head, LogitsBuffers};
-use crate::kernels::matmul::{matmul, matmul_split, Output};
+use crate::kernels::matmul::{matmul, matmul_gated, matmul_split, Output};
 use crate::kernels::paged_attention::{paged_attention, AttentionBuffers, AttentionOptions};
 use crate::kernels::rotate::rotate_qk;
 use crate::kernels::Weight;
 use crate::kernels::{add, embedding, reshape_and_cache, rms_norm, rope, silu_mul};
+use crate::model::arch::Activation;
 use crate::pool::{KvPool, KvRotation};
 
 /// Activation buffers for up to `max_tokens` tokens and `max_rows` sampled rows per step,
@@ -38,7 +39,9 @@ pub struct Workspace {
     v: wgpu::Buffer,       // [T, kv_heads * head_dim]
     attn: wgpu::Buffer,    // [T, heads * head_dim]
     gate_up: wgpu::Buffer, // [T, 2 * intermediate]: gate then up, per token
-    act: wgpu::Buffer,     // [T, intermediate]
+    /// `[T, intermediate]`: the gated activation, where it is not fused into the down
+    /// projection (see [`Workspace::set_fused_activation`]).
+    act: Option<wgpu::Buffer>,
     /// `[T, heads * head_dim]`, `[T, kv_heads * head_dim]`: q and k normed per head
     /// (recipes with q/k norms).
     qk_normed: Option<(wgpu::Buffer, wgpu::Buffer)>,
@@ -74,7 +77,10 @@ impl Workspace {
             v: f("v", t * kvd)?,
             attn: f("attn", t * qd)?,
             gate_up: f("gate up", 2 * t * cfg.intermediate_size)?,
-            act: f("act", t * cfg.intermediate_size)?,
+            act: match fused_by_default(ctx) {
+                true => None,
+                false => Some(f("act", t * cfg.intermediate_size)?),
+            },
             qk_normed: match cfg.recipe.qk_norm {
                 true => Some((f("q normed", t * qd)?, f("k normed", t * kvd)?)),
                 false => None,
@@ -88,6 +94,39 @@ impl Workspace {
             argmax: f("argmax", 2 * r)?,
         })
     }
+
+    /// Whether the MLP's gated activation (SiLU or GELU of the gate, times up) is computed
+    /// by the down projection as it reads the gate-up output, instead of by a pass of its
+    /// own (`silu_mul`) into a buffer the down projection then reads. Both give the same
+    /// tokens up to rounding. The default: fused on GPUs (one pass over memory and one
+    /// dispatch fewer per layer), separate on CPU adapters, where the column kernels read
+    /// each input row once per subgroup and workgroup, so the fused activation is computed
+    /// many times over and measured slower (docs/BENCHMARKS.md).
+    pub fn fused_activation(&self) -> bool {
+        self.act.is_none()
+    }
+
+    /// Chooses [`Self::fused_activation`] (tests run both ways on one adapter); turning
+    /// fusion off allocates the activation buffer.
+    pub fn set_fused_activation(
+        &mut self,
+        ctx: &GpuContext,
+        cfg: &ModelConfig,
+        on: bool,
+    ) -> Result<()> {
+        if on {
+            self.act = None;
+        } else if self.act.is_none() {
+            let bytes = (self.max_tokens * cfg.intermediate_size * 4) as u64;
+            self.act = Some(ctx.storage_buffer("act", bytes)?);
+        }
+        Ok(())
+    }
+}
+
+/// Fusing the gated activation into the down projection is the default on GPUs only.
+fn fused_by_default(ctx: &GpuContext) -> bool {
+    ctx.info.device_type != wgpu::DeviceType::Cpu
 }
 
 /// What one step computes.
@@ -128,20 +167,26 @@ pub fn forward(
     let scale = rc.embed_scale.unwrap_or(1.0);
     embedding::scaled_embedding(batch, &model.embed, input.tokens, &ws.x, t, scale)?;
     // Writes a projection's output into the residual stream: accumulated by the matmul, or
-    // through its norm and an add.
+    // through its norm and an add. With `gated`, `a` holds each row's gate then its up, and
+    // the projection's input is their gated activation.
     let residual = |batch: &mut Batch,
                     norm: Option<&Weight>,
                     a: &wgpu::Buffer,
+                    gated: Option<Activation>,
                     w: &Weight,
                     bias: Option<&wgpu::Buffer>| {
+        let project = |batch: &mut Batch, y: &wgpu::Buffer, out: Output| match gated {
+            Some(act) => matmul_gated(batch, a, act, w, bias, y, t, out),
+            None => matmul(batch, a, w, bias, y, t, out),
+        };
         match (norm, &ws.y) {
             (Some(norm), Some(y)) => {
-                matmul(batch, a, w, bias, y, t, Output::Overwrite)?;
+                project(batch, y, Output::Overwrite)?;
                 batch.profile_site(None);
                 rms_norm::rms_norm(batch, y, norm, &ws.h, t, eps)?;
                 add::add(batch, &ws.x, &ws.h, t * c.hidden_size)
             }
-            _ => matmul(batch, a, w, bias, &ws.x, t, Output::Accumulate),
+            _ => project(batch, &ws.x, Output::Accumulate),
         }
     };
     for (i, l) in model.layers.iter().enumerate() {
@@ -202,6 +247,7 @@ pub fn forward(
             batch,
             l.post_attn_norm.as_ref(),
             &ws.attn,
+            None,
             &l.o,
             l.o_bias.as_ref(),
         )?;
@@ -218,19 +264,22 @@ pub fn forward(
             Output::Overwrite,
         )?;
         batch.profile_site(None);
-        silu_mul::gated_rows(
-            batch,
-            rc.activation,
-            &ws.gate_up,
-            &ws.act,
-            t,
-            c.intermediate_size,
-        )?;
+        // The gated activation (SiLU or GELU of the gate, times up): its own pass, or
+        // computed as the down projection reads the gate-up output.
+        let (down_in, gated) = match &ws.act {
+            Some(act) => {
+                let width = c.intermediate_size;
+                silu_mul::gated_rows(batch, rc.activation, &ws.gate_up, act, t, width)?;
+                (act, None)
+            }
+            None => (&ws.gate_up, Some(rc.activation)),
+        };
         batch.profile_site(Some("down"));
         residual(
             batch,
             l.post_mlp_norm.as_ref(),
-            &ws.act,
+            down_in,
+            gated,
             &l.down,
             l.down_bias.as_ref(),
         )?;
