@@ -8,12 +8,18 @@
 //! columns follow the kernel `matmul` picks on this adapter: rows per second relative to one
 //! row, and arithmetic rate (2·m·n·k flops).
 //!
+//! With `--gated`, a down projection's two ways of taking the MLP's gated activation, side
+//! by side with the kernel `matmul` picks: a `silu_mul` pass into a buffer and the matmul
+//! reading it, against the matmul reading the gate-up output and applying the activation
+//! itself (`matmul_gated`); `--n` is then the hidden size and `--k` the intermediate size.
+//!
 //! Run: `cargo bench --bench matmul` (adapter chosen as usual, e.g. `PAGELLM_BACKEND=gl`).
 //! `-- --quick` runs fewer repetitions; `-- --rows 1,8,32` picks row counts.
 
 use pagellm::gpu::Batch;
-use pagellm::kernels::matmul::{matmul_with, MatmulKernel, Output};
-use pagellm::kernels::{Weight, WeightDtype};
+use pagellm::kernels::matmul::{matmul_gated_with, matmul_with, MatmulKernel, Output};
+use pagellm::kernels::{silu_mul, Weight, WeightDtype};
+use pagellm::model::arch::Activation;
 use pagellm::GpuContext;
 use std::time::{Duration, Instant};
 
@@ -45,6 +51,10 @@ fn main() {
         .map(|v| v.split(',').filter_map(|r| r.parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 2, 4, 8, 9, 16, 32, 64, 128, 256]);
     let ctx = GpuContext::from_env().expect("GPU context");
+    if std::env::args().any(|a| a == "--gated") {
+        gated(&ctx, n, k, &rows, quick);
+        return;
+    }
     let kernels: Vec<MatmulKernel> = KERNELS
         .into_iter()
         .filter(|kern| kern.supports(&ctx, k))
@@ -101,6 +111,66 @@ fn main() {
             cells.join(" | "),
             rows_per_s / base,
             2.0 * (m * n * k) as f64 / med[i] / 1e9
+        );
+    }
+}
+
+/// The `--gated` table: per row count, the median time of a down projection that reads a
+/// separate activation pass's output and of one that applies the activation as it reads.
+fn gated(ctx: &GpuContext, n: usize, k: usize, rows: &[usize], quick: bool) {
+    println!("adapter: {}", ctx.describe());
+    println!("down projection: weight {n} x {k}, f16, SiLU; {CALLS_PER_SUBMIT} calls per submit");
+    println!();
+    let wv: Vec<f32> = (0..n * k)
+        .map(|i| ((i % 97) as f32 - 48.0) * 1e-3)
+        .collect();
+    let w = Weight::from_f32(ctx, "w", &wv, n, k, WeightDtype::F16).expect("weight");
+    let gu = ctx
+        .upload("gate up", &vec![0.5f32; 2 * MAX_ROWS * k])
+        .expect("gate up");
+    let act = ctx
+        .storage_buffer("act", (MAX_ROWS * k * 4) as u64)
+        .expect("act");
+    let y = ctx
+        .storage_buffer("y", (MAX_ROWS * n * 4) as u64)
+        .expect("y");
+    println!("| rows | kernel | silu_mul + matmul (ms) | fused (ms) | separate / fused |");
+    println!("|---:|---|---:|---:|---:|");
+    for &m in rows.iter().filter(|&&m| (1..=MAX_ROWS).contains(&m)) {
+        let kernel = MatmulKernel::choose(ctx, m, k);
+        let once = |fused: bool| {
+            let mut b = Batch::new(ctx, "bench");
+            for _ in 0..CALLS_PER_SUBMIT {
+                let out = Output::Overwrite;
+                if fused {
+                    matmul_gated_with(&mut b, kernel, &gu, Activation::Silu, &w, None, &y, m, out)
+                        .expect("gated matmul");
+                } else {
+                    silu_mul::gated_rows(&mut b, Activation::Silu, &gu, &act, m, k)
+                        .expect("silu_mul");
+                    matmul_with(&mut b, kernel, &act, &w, None, &y, m, out).expect("matmul");
+                }
+            }
+            let t = Instant::now();
+            b.submit().expect("submit");
+            ctx.wait().expect("wait");
+            t.elapsed().as_secs_f64() / CALLS_PER_SUBMIT as f64
+        };
+        once(false);
+        once(true);
+        let budget = Duration::from_millis(if quick { 300 } else { 3000 });
+        let start = Instant::now();
+        let (mut sep, mut fus) = (Vec::new(), Vec::new());
+        while sep.len() < 3 || (start.elapsed() < budget && sep.len() < 50) {
+            sep.push(once(false));
+            fus.push(once(true));
+        }
+        let (s, f) = (median(sep), median(fus));
+        println!(
+            "| {m} | {kernel:?} | {:.3} | {:.3} | {:.2} |",
+            s * 1e3,
+            f * 1e3,
+            s / f
         );
     }
 }

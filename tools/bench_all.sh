@@ -36,6 +36,18 @@ for bench in dispatch matmul paged_attention engine kv_memory kv_quant serving; 
         cargo bench --quiet --bench "$bench" -- "${extra[@]}" 2>/dev/null
     } >> "$out"
 done
+# The gated activation fused into the down projection or a pass of its own, at the
+# Llama-3.2-1B and tiny15m down shapes (the forward pass fuses it on GPUs only).
+for shape in "2048 8192" "288 768"; do
+    read -r n k <<< "$shape"
+    echo "running matmul --gated $n x $k ..." >&2
+    {
+        echo
+        echo "## cargo bench --bench matmul -- --gated --n $n --k $k --rows 1,16,128 ${extra[*]:-}"
+        echo
+        cargo bench --quiet --bench matmul -- --gated --n "$n" --k "$k" --rows 1,16,128 "${extra[@]}" 2>/dev/null
+    } >> "$out"
+done
 # Per-kernel profiles of decode and prefill on the model shapes users run (the engine
 # bench's --profile section); the full 1B shape only without --quick.
 runs=("tiny15m" "m110")
