@@ -101,7 +101,9 @@ impl Workspace {
     /// tokens up to rounding. The default: fused on GPUs (one pass over memory and one
     /// dispatch fewer per layer), separate on CPU adapters, where the column kernels read
     /// each input row once per subgroup and workgroup, so the fused activation is computed
-    /// many times over and measured slower (docs/BENCHMARKS.md).
+    /// many times over: on lavapipe it measured 1.1x faster at one row but 0.8-0.9x at 16
+    /// and 128 rows (docs/BENCHMARKS.md). A fixed choice per adapter, never per step, so a
+    /// row's result does not depend on the rows beside it.
     pub fn fused_activation(&self) -> bool {
         self.act.is_none()
     }
