@@ -68,8 +68,13 @@ fn terms_by_row(
 }
 
 // The body of both kernels, invocation `tid` of workgroup `wg` (of `nwg`), subgroup lane
-// `lane`: columns c and c + 64 of the workgroup's 128, rows first_row .. m.
+// `lane`: columns c and c + 64 of the workgroup's 128, rows first_row .. m (one-row passes
+// with WIDE: one_row_body).
 fn columns_body(wg: vec3<u32>, nwg: vec3<u32>, tid: u32, lane: u32) {
+    if ROWS == 1u && WIDE {
+        one_row_body(wg, nwg, tid, lane);
+        return;
+    }
     let column = (wg.y * nwg.x + wg.x) * 128u + tid;
     let c = min(column, p.n - 1u);
     let c2 = min(column + 64u, p.n - 1u);
@@ -90,6 +95,43 @@ fn columns_body(wg: vec3<u32>, nwg: vec3<u32>, tid: u32, lane: u32) {
         }
         if column + 64u < p.n {
             store_rows(r0, c2, acc2);
+        }
+    }
+}
+
+// With WIDE, one-row passes (a decode step's projections and LM head) give each invocation
+// four columns, c + 64 i for i < 4, 256 per workgroup. A single row needs only four
+// accumulators (more columns in the multi-row passes spill registers), and the row's eight
+// x values of a step, loaded once, serve four dot products instead of two: 15-25% faster
+// on lavapipe for the wider weights (docs/BENCHMARKS.md). The launcher asks for it on CPU
+// adapters for weights wide enough to give every core two workgroups (1,024 columns on two
+// cores); a GPU wants more workgroups, not wider ones. Each column's terms are added in the
+// same order as in the other passes, so the results are the same bits.
+override WIDE: bool = false;
+
+fn one_row_body(wg: vec3<u32>, nwg: vec3<u32>, tid: u32, lane: u32) {
+    let column = (wg.y * nwg.x + wg.x) * 256u + tid;
+    let c0 = min(column, p.n - 1u);
+    let c1 = min(column + 64u, p.n - 1u);
+    let c2 = min(column + 128u, p.n - 1u);
+    let c3 = min(column + 192u, p.n - 1u);
+    for (var r = p.first_row; r < p.m; r++) {
+        var a0 = 0.0;
+        var a1 = 0.0;
+        var a2 = 0.0;
+        var a3 = 0.0;
+        for (var j = 0u; j < p.k / 8u; j++) {
+            let xv = x8(r, j, lane);
+            a0 = add8(a0, xv[0], xv[1], weights8(c0, j));
+            a1 = add8(a1, xv[0], xv[1], weights8(c1, j));
+            a2 = add8(a2, xv[0], xv[1], weights8(c2, j));
+            a3 = add8(a3, xv[0], xv[1], weights8(c3, j));
+        }
+        let acc = array<f32, 4>(a0, a1, a2, a3);
+        for (var i = 0u; i < 4u; i++) {
+            if column + 64u * i < p.n {
+                store_output(r, p.n_offset + column + 64u * i, acc[i]);
+            }
         }
     }
 }

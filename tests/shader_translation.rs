@@ -25,6 +25,7 @@ fn override_values(name: &str) -> Vec<f64> {
         "ROWS" => vec![1.0, 2.0, 4.0, 8.0],
         "ACTIVATION" => vec![0.0, 1.0],
         "GATED" => vec![0.0, 1.0, 2.0],
+        "WIDE" => vec![0.0, 1.0],
         "BLOCK_SIZE" => vec![16.0, 24.0],
         "HD" => vec![48.0, 128.0],
         other => panic!("test does not know the values of override {other}"),

@@ -42,6 +42,18 @@ params!(MatmulParams for MATMUL {
 /// Rows up to which a GPU runs a column kernel instead of the tiled one.
 pub const SKINNY_MAX_M: usize = 8;
 
+/// Output columns from which a CPU adapter's one-row passes give each invocation four
+/// columns instead of two: two workgroups of 256 columns per core of this machine (a CPU
+/// adapter runs its workgroups on the host's cores; fewer would leave cores idle). The
+/// choice never changes a result bit.
+fn wide_min_columns() -> usize {
+    static COLUMNS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *COLUMNS.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        2 * 256 * cores
+    })
+}
+
 /// The kernel that computes a matmul call. All of them give bitwise the same result for a
 /// row, so the choice is purely about speed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -321,20 +333,28 @@ fn project(
             MatmulKernel::ColumnsVec => MATMUL_SKINNY_VEC,
             MatmulKernel::ColumnsSubgroup => MATMUL_SKINNY_SG,
         };
-        // Columns per workgroup: 64, or 128 where each invocation computes two.
-        let per_group = if kernel == MatmulKernel::Columns {
-            64
-        } else {
-            128
-        };
-        let grid = grid_2d(groups(chunk.rows, per_group), max_dim);
         for &(first_row, end_row, rows) in &passes {
+            // Columns per workgroup: 64, or where each invocation computes two, 128; 256 in
+            // the wide one-row passes of CPU adapters (see WIDE in matmul_columns_vec.wgsl).
+            let wide = kernel != MatmulKernel::Columns
+                && rows == 1
+                && chunk.rows >= wide_min_columns()
+                && batch.ctx().info.device_type == wgpu::DeviceType::Cpu;
+            let per_group = match (kernel, wide) {
+                (MatmulKernel::Columns, _) => 64,
+                (_, true) => 256,
+                _ => 128,
+            };
+            let grid = grid_2d(groups(chunk.rows, per_group), max_dim);
             let p = MatmulParams {
                 m: end_row as u32,
                 first_row: first_row as u32,
                 ..p
             };
-            let constants = [dtype, gated, ("ROWS", rows as f64)];
+            let mut constants = vec![dtype, gated, ("ROWS", rows as f64)];
+            if kernel != MatmulKernel::Columns {
+                constants.push(("WIDE", wide as u32 as f64));
+            }
             batch.dispatch(source, &constants, &p, &storage, grid)?;
         }
     }
