@@ -56,15 +56,6 @@ fn seen_row(seq: u32, kvh: u32, pos: u32, win_start: u32, ctx_len: u32) -> u32 {
     return rb;
 }
 
-// seen_row(...) != NO_ROW, reading the block table only with a split pool (a whole pool
-// holds every block a query sees).
-fn sees(seq: u32, kvh: u32, pos: u32, win_start: u32, ctx_len: u32) -> bool {
-    if pos < win_start || pos >= ctx_len {
-        return false;
-    }
-    return p.num_shards == 1u || pool_row(seq, kvh, pos) != NO_ROW;
-}
-
 @compute @workgroup_size(QT)
 fn paged_attention_lanes(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -158,14 +149,14 @@ fn clear_acc(tid: u32) {
 fn tile_probabilities(seq: u32, kvh: u32, tile0: u32, n: u32, win_start: u32, ctx_len: u32, tid: u32) -> vec2<f32> {
     var m_tile = NEG_BIG;
     for (var j = 0u; j < n; j++) {
-        let seen = sees(seq, kvh, tile0 + j, win_start, ctx_len);
+        let seen = seen_row(seq, kvh, tile0 + j, win_start, ctx_len) != NO_ROW;
         let sc = select(NEG_BIG, capped(score_w[j * QT + tid]), seen);
         score_w[j * QT + tid] = sc;
         m_tile = max(m_tile, sc);
     }
     var l_tile = 0.0;
     for (var j = 0u; j < n; j++) {
-        let seen = sees(seq, kvh, tile0 + j, win_start, ctx_len);
+        let seen = seen_row(seq, kvh, tile0 + j, win_start, ctx_len) != NO_ROW;
         let pr = select(0.0, exp(score_w[j * QT + tid] - m_tile), seen);
         score_w[j * QT + tid] = pr;
         l_tile += pr;

@@ -15,10 +15,10 @@
 // another shard). Otherwise (a block that holds decode tokens or a sequence's start or
 // end) each invocation runs its own query alone, as the lane kernel does.
 //
-// Why the results match the lane kernel's: a tile the lane's query does not see adds
-// m_T = NEG_BIG and l_T = 0, so M stays, c_old = 1 and the terms are zeros (exact no-ops);
-// within a tile, masked positions add 0 to l_T and nothing to A, and scores are summed per
-// position over the chunks in the same order.
+// Why the results match the lane kernel's: a lane merges only the tiles the lane kernel
+// visits for its query (from its window start's tile to its position), the others being
+// only there for the other lanes; within a tile, masked positions add 0 to l_T and nothing
+// to A, and scores are summed per position over the chunks in the same order.
 //
 // Broadcasts name their lane as a constant, so the eight positions of a group are spelled
 // out. Invocation tid's subgroup lane must lie in 0 .. QT (a workgroup of QT invocations
@@ -94,9 +94,13 @@ fn paged_attention_tiles(
             score_w[o + 6u * QT] = s6;
             score_w[o + 7u * QT] = s7;
         }
-        let sc = merge_tile(st, tile_probabilities(seq, kvh, tile0, n, win_start, ctx_len, tid));
-        st = sc.xy;
-        // The weighted values, eight head elements at a time, merged into A.
+        let tile = tile_probabilities(seq, kvh, tile0, n, win_start, ctx_len, tid);
+        // Whether the lane kernel visits this tile for this lane's query.
+        let seen = tile0 >= win_start - win_start % TILE && tile0 < ctx_len;
+        let sc = merge_tile(st, tile);
+        st = select(st, sc.xy, seen);
+        // The weighted values, eight head elements at a time, merged into A (the loop runs
+        // on every lane for the broadcasts).
         for (var c = 0u; c < HD / 8u; c++) {
             var a = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
             for (var g = 0u; g < groups; g++) {
@@ -113,7 +117,9 @@ fn paged_attention_tiles(
                 a = group_term(a, j0 + 6u, subgroupBroadcast(rb, 6u), score_w[o + 6u * QT], subgroupBroadcast(v[0], 6u), subgroupBroadcast(v[1], 6u), win_start, ctx_len);
                 a = group_term(a, j0 + 7u, subgroupBroadcast(rb, 7u), score_w[o + 7u * QT], subgroupBroadcast(v[0], 7u), subgroupBroadcast(v[1], 7u), win_start, ctx_len);
             }
-            merge_values(c, a, sc.zw, tid);
+            if seen {
+                merge_values(c, a, sc.zw, tid);
+            }
         }
     }
     write_out(t, h, st, tid);

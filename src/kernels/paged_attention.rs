@@ -77,8 +77,11 @@ pub struct AttentionMetadata {
 }
 
 impl AttentionMetadata {
-    /// Lays out `seqs` back to back. Fails when a sequence's query is longer than its
-    /// context, or its table is too short for its context.
+    /// Lays out `seqs` back to back: each sequence's query tokens together, at consecutive
+    /// positions (the query-tiled kernel relies on it: eight tokens whose first and last
+    /// are one sequence's, seven positions apart, are eight consecutive queries). Fails
+    /// when a sequence's query is longer than its context, or its table is too short for
+    /// its context.
     pub fn build(seqs: &[SeqSlice<'_>], block_size: usize) -> Result<Self> {
         const K: &str = "paged_attention metadata";
         let max_blocks = seqs
