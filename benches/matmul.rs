@@ -13,12 +13,23 @@
 //! reading it, against the matmul reading the gate-up output and applying the activation
 //! itself (`matmul_gated`); `--n` is then the hidden size and `--k` the intermediate size.
 //!
+//! With `--normed`, a projection's two ways of taking the RMSNorm of its input, side by side
+//! with the kernel `matmul` picks: an `rms_norm` pass (the adapter's kernel) into a buffer
+//! and the matmul reading it, against the matmul norming x as it reads (`matmul_normed`);
+//! `--n` is the projection's output width and `--k` the hidden size.
+//!
+//! With `--argmax`, the greedy arg-max kernels (`ArgmaxKernel`) side by side over rows of
+//! `--n` logits (the vocabulary).
+//!
 //! Run: `cargo bench --bench matmul` (adapter chosen as usual, e.g. `PAGELLM_BACKEND=gl`).
 //! `-- --quick` runs fewer repetitions; `-- --rows 1,8,32` picks row counts.
 
 use pagellm::gpu::Batch;
-use pagellm::kernels::matmul::{matmul_gated_with, matmul_with, MatmulKernel, Output};
-use pagellm::kernels::{silu_mul, Weight, WeightDtype};
+use pagellm::kernels::logits::{argmax_partials_len, argmax_with, ArgmaxKernel};
+use pagellm::kernels::matmul::{
+    matmul_gated_with, matmul_normed_with, matmul_with, MatmulKernel, Norm, Output, Outputs,
+};
+use pagellm::kernels::{rms_norm, silu_mul, Weight, WeightDtype};
 use pagellm::model::arch::Activation;
 use pagellm::GpuContext;
 use std::time::{Duration, Instant};
@@ -53,6 +64,14 @@ fn main() {
     let ctx = GpuContext::from_env().expect("GPU context");
     if std::env::args().any(|a| a == "--gated") {
         gated(&ctx, n, k, &rows, quick);
+        return;
+    }
+    if std::env::args().any(|a| a == "--argmax") {
+        argmax(&ctx, n, &rows, quick);
+        return;
+    }
+    if std::env::args().any(|a| a == "--normed") {
+        normed(&ctx, n, k, &rows, quick);
         return;
     }
     let kernels: Vec<MatmulKernel> = KERNELS
@@ -138,7 +157,7 @@ fn gated(ctx: &GpuContext, n: usize, k: usize, rows: &[usize], quick: bool) {
     println!("|---:|---|---:|---:|---:|");
     for &m in rows.iter().filter(|&&m| (1..=MAX_ROWS).contains(&m)) {
         let kernel = MatmulKernel::choose(ctx, m, k);
-        let once = |fused: bool| {
+        let (s, f) = side_by_side(quick, |fused| {
             let mut b = Batch::new(ctx, "bench");
             for _ in 0..CALLS_PER_SUBMIT {
                 let out = Output::Overwrite;
@@ -155,22 +174,146 @@ fn gated(ctx: &GpuContext, n: usize, k: usize, rows: &[usize], quick: bool) {
             b.submit().expect("submit");
             ctx.wait().expect("wait");
             t.elapsed().as_secs_f64() / CALLS_PER_SUBMIT as f64
-        };
-        once(false);
-        once(true);
-        let budget = Duration::from_millis(if quick { 300 } else { 3000 });
-        let start = Instant::now();
-        let (mut sep, mut fus) = (Vec::new(), Vec::new());
-        while sep.len() < 3 || (start.elapsed() < budget && sep.len() < 50) {
-            sep.push(once(false));
-            fus.push(once(true));
-        }
-        let (s, f) = (median(sep), median(fus));
+        });
         println!(
             "| {m} | {kernel:?} | {:.3} | {:.3} | {:.2} |",
             s * 1e3,
             f * 1e3,
             s / f
         );
+    }
+}
+
+/// Median seconds per call of `once(false)` and `once(true)`, measured alternately.
+fn side_by_side(quick: bool, once: impl Fn(bool) -> f64) -> (f64, f64) {
+    once(false);
+    once(true);
+    let budget = Duration::from_millis(if quick { 300 } else { 3000 });
+    let start = Instant::now();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    while a.len() < 3 || (start.elapsed() < budget && a.len() < 50) {
+        a.push(once(false));
+        b.push(once(true));
+    }
+    (median(a), median(b))
+}
+
+/// The `--normed` table: per row count, the median time of a projection that reads a
+/// separate norm pass's output and of one that norms its input as it reads.
+fn normed(ctx: &GpuContext, n: usize, k: usize, rows: &[usize], quick: bool) {
+    println!("adapter: {}", ctx.describe());
+    println!(
+        "normed projection: weight {n} x {k}, f16, bf16 norm; {CALLS_PER_SUBMIT} calls per submit"
+    );
+    println!();
+    let wv: Vec<f32> = (0..n * k)
+        .map(|i| ((i % 97) as f32 - 48.0) * 1e-3)
+        .collect();
+    let w = Weight::from_f32(ctx, "w", &wv, n, k, WeightDtype::F16).expect("weight");
+    let gv: Vec<f32> = (0..k).map(|i| 1.0 + (i % 7) as f32 * 0.1).collect();
+    let nw = Weight::from_f32(ctx, "norm", &gv, 1, k, WeightDtype::BF16).expect("norm");
+    let xv: Vec<f32> = (0..MAX_ROWS * k)
+        .map(|i| ((i % 13) as f32 - 6.0) * 0.1)
+        .collect();
+    let x = ctx.upload("x", &xv).expect("x");
+    let h = ctx
+        .storage_buffer("h", (MAX_ROWS * k * 4) as u64)
+        .expect("h");
+    let y = ctx
+        .storage_buffer("y", (MAX_ROWS * n * 4) as u64)
+        .expect("y");
+    let norm = Norm {
+        weight: &nw,
+        eps: 1e-5,
+    };
+    println!("| rows | kernel | rms_norm + matmul (ms) | fused (ms) | separate / fused |");
+    println!("|---:|---|---:|---:|---:|");
+    for &m in rows.iter().filter(|&&m| (1..=MAX_ROWS).contains(&m)) {
+        let kernel = MatmulKernel::choose(ctx, m, k);
+        let (s, f) = side_by_side(quick, |fused| {
+            let mut b = Batch::new(ctx, "bench");
+            for _ in 0..CALLS_PER_SUBMIT {
+                let out = Output::Overwrite;
+                if fused {
+                    let one = Outputs::One(&y);
+                    matmul_normed_with(&mut b, kernel, &x, norm, &w, None, one, m, out)
+                        .expect("normed matmul");
+                } else {
+                    rms_norm::rms_norm(&mut b, &x, &nw, &h, m, 1e-5).expect("rms_norm");
+                    matmul_with(&mut b, kernel, &h, &w, None, &y, m, out).expect("matmul");
+                }
+            }
+            let t = Instant::now();
+            b.submit().expect("submit");
+            ctx.wait().expect("wait");
+            t.elapsed().as_secs_f64() / CALLS_PER_SUBMIT as f64
+        });
+        println!(
+            "| {m} | {kernel:?} | {:.3} | {:.3} | {:.2} |",
+            s * 1e3,
+            f * 1e3,
+            s / f
+        );
+    }
+}
+
+/// The `--argmax` table: per row count, the median time of each arg-max kernel over rows of
+/// `width` logits, the kernels alternating.
+fn argmax(ctx: &GpuContext, width: usize, rows: &[usize], quick: bool) {
+    const KERNELS: [ArgmaxKernel; 3] = [
+        ArgmaxKernel::Workgroup,
+        ArgmaxKernel::Lanes,
+        ArgmaxKernel::Split,
+    ];
+    println!("adapter: {}", ctx.describe());
+    println!(
+        "arg-max over rows of {width} logits; {CALLS_PER_SUBMIT} calls per submit; this adapter's \
+         choice: {:?}",
+        ArgmaxKernel::choose(ctx)
+    );
+    println!();
+    let max_rows = rows.iter().copied().max().unwrap_or(1);
+    let lv: Vec<f32> = (0..max_rows * width)
+        .map(|i| ((i * 7919 % 10007) as f32) * 1e-3)
+        .collect();
+    let logits = ctx.upload("logits", &lv).expect("logits");
+    let out = ctx
+        .storage_buffer("out", (max_rows * 8) as u64)
+        .expect("out");
+    let words = argmax_partials_len(max_rows, width);
+    let partials = ctx
+        .storage_buffer("partials", (words * 4) as u64)
+        .expect("partials");
+    let cols: Vec<String> = KERNELS.iter().map(|k| format!("{k:?} (ms)")).collect();
+    println!("| rows | {} |", cols.join(" | "));
+    println!("|---:|{}", "---:|".repeat(KERNELS.len()));
+    for &m in rows {
+        let once = |kernel: ArgmaxKernel| {
+            let mut b = Batch::new(ctx, "bench");
+            for _ in 0..CALLS_PER_SUBMIT {
+                argmax_with(&mut b, kernel, &logits, &out, Some(&partials), m, width)
+                    .expect("argmax");
+            }
+            let t = Instant::now();
+            b.submit().expect("submit");
+            ctx.wait().expect("wait");
+            t.elapsed().as_secs_f64() / CALLS_PER_SUBMIT as f64
+        };
+        KERNELS.iter().for_each(|&k| {
+            once(k);
+        });
+        let budget = Duration::from_millis(if quick { 300 } else { 3000 });
+        let start = Instant::now();
+        let mut times = vec![Vec::new(); KERNELS.len()];
+        while times[0].len() < 3 || (start.elapsed() < budget && times[0].len() < 50) {
+            for (i, &k) in KERNELS.iter().enumerate() {
+                times[i].push(once(k));
+            }
+        }
+        let cells: Vec<String> = times
+            .into_iter()
+            .map(|t| format!("{:.3}", median(t) * 1e3))
+            .collect();
+        println!("| {m} | {} |", cells.join(" | "));
     }
 }

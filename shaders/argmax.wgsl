@@ -5,6 +5,9 @@
 // Grid: one workgroup per row; 256 threads reduce (value, index) pairs, then sum
 // exp(logit - max) in a fixed tree order, so a row's result never depends on other rows.
 
+@group(0) @binding(1) var<storage, read> logits: array<f32>;     // [num_rows, width]
+@group(0) @binding(2) var<storage, read_write> out: array<u32>;  // [2, num_rows]
+
 const WG: u32 = 256u;
 var<workgroup> best_v: array<f32, WG>;
 var<workgroup> best_i: array<u32, WG>;

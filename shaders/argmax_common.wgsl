@@ -1,16 +1,18 @@
-// Shared by argmax.wgsl and argmax_lanes.wgsl: the parameters, the bindings, and the rule
-// by which one (value, index) candidate takes over from another.
+// Shared by every arg-max kernel (argmax.wgsl, argmax_lanes.wgsl and the two passes of the
+// split one, argmax_slices.wgsl and argmax_merge.wgsl): the parameters and the rule by
+// which one (value, index) candidate takes over from another.
 
 struct Params {
     num_rows: u32,
     width: u32,
-    _pad0: u32,
+    slices: u32,  // the split kernel: slices of SLICE logits per row
     _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> logits: array<f32>;     // [num_rows, width]
-@group(0) @binding(2) var<storage, read_write> out: array<u32>;  // [2, num_rows]
+
+// Logits per slice in the split kernel (src/kernels/logits.rs mirrors it).
+const SLICE: u32 = 2048u;
 
 // The index of no candidate yet.
 const NONE: u32 = 0xffffffffu;

@@ -8,6 +8,9 @@
 // exp(logit - max) over its elements in order, and the eight sums are added in lane order.
 // Grid: one workgroup per row. A row's result never depends on other rows.
 
+@group(0) @binding(1) var<storage, read> logits: array<f32>;     // [num_rows, width]
+@group(0) @binding(2) var<storage, read_write> out: array<u32>;  // [2, num_rows]
+
 const LANES: u32 = 8u;
 var<workgroup> best_v: array<f32, LANES>;
 var<workgroup> best_i: array<u32, LANES>;

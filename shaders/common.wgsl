@@ -26,3 +26,15 @@ fn unpack_pair(w: u32, dtype: u32) -> vec2<f32> {
 
 // A finite stand-in for -infinity: WGSL has no infinity literal and exp() of it is 0 anyway.
 const NEG_BIG: f32 = -3.0e38;
+
+// RMSNorm's scale of a row of n elements, 1 / sqrt(mean(x^2) + eps), from its squares summed
+// in eight chains: chain i holds elements 8j + i in increasing j (a holds chains 0..3, b
+// chains 4..7, each updated as `a += u * u` for the row's 16-byte words u of even index and
+// `b += v * v` for those of odd index), the chains then added in order. rms_norm_lanes.wgsl
+// and the matmul kernels that norm their input as they read it (NORM in matmul_store.wgsl)
+// sum this way, so both give a row the same bits. Eight chains rather than one keep a GPU's
+// sequential dependency short.
+fn inv_rms(a: vec4<f32>, b: vec4<f32>, n: u32, eps: f32) -> f32 {
+    let ss = a.x + a.y + a.z + a.w + b.x + b.y + b.z + b.w;
+    return inverseSqrt(ss / f32(n) + eps);
+}

@@ -18,6 +18,7 @@ const TK: u32 = 16u;
 const LD: u32 = 65u;
 var<workgroup> xs: array<f32, 1040>;  // [TK][LD], x rows
 var<workgroup> ws: array<f32, 1040>;  // [TK][LD], weight rows (output columns)
+var<workgroup> scales: array<f32, 64>;  // with NORM: the norm scales of the tile's rows
 
 @compute @workgroup_size(16, 16)
 fn matmul(
@@ -33,6 +34,12 @@ fn matmul(
     var acc2 = vec4<f32>(0.0);
     var acc3 = vec4<f32>(0.0);
     let words_per_row = select(p.k / 2u, p.k, WEIGHT_DTYPE == DTYPE_F32);
+    if NORM {
+        if li < TILE {
+            scales[li] = row_scale(min(row0 + li, p.m - 1u));
+        }
+        workgroupBarrier();
+    }
     for (var k0 = 0u; k0 < p.k; k0 += TK) {
         for (var i = 0u; i < 4u; i++) {
             let e = li + i * 256u;
@@ -40,7 +47,7 @@ fn matmul(
             let c = e % TK;
             var v = 0.0;
             if row0 + r < p.m && k0 + c < p.k {
-                v = x_at(row0 + r, k0 + c);
+                v = xn_at(row0 + r, k0 + c, scales[r]);
             }
             xs[c * LD + r] = v;
         }

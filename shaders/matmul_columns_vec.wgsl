@@ -1,8 +1,9 @@
 // Shared by matmul_skinny_vec.wgsl and matmul_skinny_sg.wgsl (k % 8 == 0): the weights as
 // 16-byte words, the read of eight consecutive ones, the eight terms they add, and the
 // kernel body. The two kernels differ only in how they fetch x: each defines
-// `x8(row, j, lane)` (x[row, 8j .. 8j + 8]) and `pass_terms`, which adds a pass's eight
-// terms of step j to every row's accumulators (`terms_by_row` below, or its own way).
+// `x8(row, j, lane, s)` (x[row, 8j .. 8j + 8], normed with scale s under NORM),
+// `pass_scales` (the norm scales of a pass's rows) and `pass_terms`, which adds a pass's
+// eight terms of step j to every row's accumulators (`terms_by_row` below, or its own way).
 // Both kernels give each invocation two columns, c and c + 64 (128 per workgroup): the
 // loaded or broadcast x values then serve two dot products, which halves their cost per
 // multiply on CPU adapters (measured: 1.4-1.5x faster at 8 and 32 rows on lavapipe; four
@@ -18,6 +19,39 @@ fn x4(row: u32, i: u32) -> vec4<f32> {
         return x[at];
     }
     return gated4(x[at], x[at + p.k / 4u]);
+}
+
+// x4 as the product reads it: with NORM, times the row's norm scale `s` and the norm weight,
+// as rms_norm_lanes.wgsl writes it.
+fn xn4(row: u32, i: u32, s: f32) -> vec4<f32> {
+    if NORM {
+        return x4(row, i) * s * norm4(i);
+    }
+    return x4(row, i);
+}
+
+// With NORM, the norm scale of input row `row` (common.wgsl's inv_rms); 1 without.
+fn row_scale(row: u32) -> f32 {
+    if !NORM {
+        return 1.0;
+    }
+    var a = vec4<f32>(0.0);
+    var b = vec4<f32>(0.0);
+    for (var j = 0u; j < p.k / 8u; j++) {
+        let u = x4(row, 2u * j);
+        let v = x4(row, 2u * j + 1u);
+        a += u * u;
+        b += v * v;
+    }
+    return inv_rms(a, b, p.k, p.eps);
+}
+
+// The norm scales of a pass's rows (`rows[r]` for row r0 + r; past the last row, the last
+// row's), and in the subgroup kernel `own`, the scale of the row lane l of each group of 8
+// loads in an 8-row pass (r0 + l). Each kernel defines `pass_scales(r0, lane)`.
+struct Scales {
+    rows: array<f32, 8>,
+    own: f32,
 }
 
 // Weights 8j .. 8j + 7 of column c, in order.
@@ -50,7 +84,7 @@ fn add8(acc: f32, xa: vec4<f32>, xb: vec4<f32>, w: array<vec4<f32>, 2>) -> f32 {
 }
 
 // acc[r] += x[r0 + r, 8j .. 8j + 8] · b and acc2[r] likewise with b2, for the pass's rows
-// (past the last row, the last row again), each row fetched by x8.
+// (past the last row, the last row again), each row fetched by x8 with its norm scale.
 fn terms_by_row(
     acc: ptr<function, array<f32, 8>>,
     acc2: ptr<function, array<f32, 8>>,
@@ -59,9 +93,10 @@ fn terms_by_row(
     lane: u32,
     b: array<vec4<f32>, 2>,
     b2: array<vec4<f32>, 2>,
+    sc: Scales,
 ) {
     for (var r = 0u; r < ROWS; r++) {
-        let xv = x8(min(r0 + r, p.m - 1u), j, lane);
+        let xv = x8(min(r0 + r, p.m - 1u), j, lane, sc.rows[r]);
         (*acc)[r] = add8((*acc)[r], xv[0], xv[1], b);
         (*acc2)[r] = add8((*acc2)[r], xv[0], xv[1], b2);
     }
@@ -85,10 +120,11 @@ fn columns_body(wg: vec3<u32>, nwg: vec3<u32>, tid: u32, lane: u32) {
             acc[r] = 0.0;
             acc2[r] = 0.0;
         }
+        let sc = pass_scales(r0, lane);
         for (var j = 0u; j < p.k / 8u; j++) {
             let b = weights8(c, j);
             let b2 = weights8(c2, j);
-            pass_terms(&acc, &acc2, r0, j, lane, b, b2);
+            pass_terms(&acc, &acc2, r0, j, lane, b, b2, sc);
         }
         if column < p.n {
             store_rows(r0, c, acc);
@@ -120,8 +156,9 @@ fn one_row_body(wg: vec3<u32>, nwg: vec3<u32>, tid: u32, lane: u32) {
         var a1 = 0.0;
         var a2 = 0.0;
         var a3 = 0.0;
+        let s = pass_scales(r, lane).rows[0];
         for (var j = 0u; j < p.k / 8u; j++) {
-            let xv = x8(r, j, lane);
+            let xv = x8(r, j, lane, s);
             a0 = add8(a0, xv[0], xv[1], weights8(c0, j));
             a1 = add8(a1, xv[0], xv[1], weights8(c1, j));
             a2 = add8(a2, xv[0], xv[1], weights8(c2, j));

@@ -14,15 +14,17 @@ fn matmul_skinny(
     let c = min(column, p.n - 1u);
     for (var r0 = p.first_row; r0 < p.m; r0 += ROWS) {
         var acc: array<f32, 8>;
+        var sc: array<f32, 8>;
         for (var r = 0u; r < ROWS; r++) {
             acc[r] = 0.0;
+            sc[r] = row_scale(min(r0 + r, p.m - 1u));
         }
         if WEIGHT_DTYPE == DTYPE_F32 {
             for (var k = 0u; k < p.k; k++) {
                 let b = bitcast<f32>(w[c * p.k + k]);
                 for (var r = 0u; r < ROWS; r++) {
                     let row = min(r0 + r, p.m - 1u);
-                    acc[r] += x_at(row, k) * b;
+                    acc[r] += xn_at(row, k, sc[r]) * b;
                 }
             }
         } else {
@@ -31,8 +33,8 @@ fn matmul_skinny(
                 let b = unpack_pair(w[c * words + j], WEIGHT_DTYPE);
                 for (var r = 0u; r < ROWS; r++) {
                     let row = min(r0 + r, p.m - 1u);
-                    acc[r] += x_at(row, 2u * j) * b.x;
-                    acc[r] += x_at(row, 2u * j + 1u) * b.y;
+                    acc[r] += xn_at(row, 2u * j, sc[r]) * b.x;
+                    acc[r] += xn_at(row, 2u * j + 1u, sc[r]) * b.y;
                 }
             }
         }

@@ -6,8 +6,13 @@
 
 // x[row, 8j .. 8j + 8]: lane l of each group of 8 takes element 8j + l (a component of a
 // 16-byte load), and the eight values are broadcast to every lane.
-fn x8(row: u32, j: u32, lane: u32) -> array<vec4<f32>, 2> {
-    let xl = x4(row, 2u * j + ((lane & 7u) >> 2u))[lane & 3u];
+// With NORM the element is normed as rms_norm_lanes.wgsl norms it (scale s, then the norm
+// weight of that element alone).
+fn x8(row: u32, j: u32, lane: u32, s: f32) -> array<vec4<f32>, 2> {
+    var xl = x4(row, 2u * j + ((lane & 7u) >> 2u))[lane & 3u];
+    if NORM {
+        xl = xl * s * norm_at(8u * j + (lane & 7u));
+    }
     return array<vec4<f32>, 2>(
         vec4<f32>(
             subgroupBroadcast(xl, 0u),
@@ -20,6 +25,77 @@ fn x8(row: u32, j: u32, lane: u32) -> array<vec4<f32>, 2> {
             subgroupBroadcast(xl, 5u),
             subgroupBroadcast(xl, 6u),
             subgroupBroadcast(xl, 7u),
+        ),
+    );
+}
+
+// The norm scales of a pass's rows. In a one-row pass the row's squares are summed in
+// common.wgsl's eight chains with chain l computed by lane l of each group of 8 (the same
+// additions in the same order as when one invocation keeps all eight) and the chains
+// broadcast; in longer passes lane l of each group of 8 computes row r0 + l's scale (the row
+// it loads in an 8-row pass), and row r's is broadcast from lane r.
+fn pass_scales(r0: u32, lane: u32) -> Scales {
+    var sc: Scales;
+    if !NORM {
+        for (var r = 0u; r < 8u; r++) {
+            sc.rows[r] = 1.0;
+        }
+        sc.own = 1.0;
+        return sc;
+    }
+    if ROWS == 1u {
+        let base = r0 * (p.k / 4u);
+        var chain = 0.0;
+        for (var j = 0u; j < p.k / 8u; j++) {
+            let v = x[base + 2u * j + ((lane & 7u) >> 2u)][lane & 3u];
+            chain += v * v;
+        }
+        let a = vec4<f32>(
+            subgroupBroadcast(chain, 0u),
+            subgroupBroadcast(chain, 1u),
+            subgroupBroadcast(chain, 2u),
+            subgroupBroadcast(chain, 3u),
+        );
+        let b = vec4<f32>(
+            subgroupBroadcast(chain, 4u),
+            subgroupBroadcast(chain, 5u),
+            subgroupBroadcast(chain, 6u),
+            subgroupBroadcast(chain, 7u),
+        );
+        sc.rows[0] = inv_rms(a, b, p.k, p.eps);
+        sc.own = sc.rows[0];
+        return sc;
+    }
+    sc.own = row_scale(min(r0 + (lane & 7u), p.m - 1u));
+    sc.rows = array<f32, 8>(
+        subgroupBroadcast(sc.own, 0u),
+        subgroupBroadcast(sc.own, 1u),
+        subgroupBroadcast(sc.own, 2u),
+        subgroupBroadcast(sc.own, 3u),
+        subgroupBroadcast(sc.own, 4u),
+        subgroupBroadcast(sc.own, 5u),
+        subgroupBroadcast(sc.own, 6u),
+        subgroupBroadcast(sc.own, 7u),
+    );
+    return sc;
+}
+
+// The norm weights 8j .. 8j + 8 in an 8-row pass: lane l of each group of 8 loads element
+// 8j + l and they are broadcast.
+fn norm8(j: u32, lane: u32) -> array<vec4<f32>, 2> {
+    let g = norm_at(8u * j + (lane & 7u));
+    return array<vec4<f32>, 2>(
+        vec4<f32>(
+            subgroupBroadcast(g, 0u),
+            subgroupBroadcast(g, 1u),
+            subgroupBroadcast(g, 2u),
+            subgroupBroadcast(g, 3u),
+        ),
+        vec4<f32>(
+            subgroupBroadcast(g, 4u),
+            subgroupBroadcast(g, 5u),
+            subgroupBroadcast(g, 6u),
+            subgroupBroadcast(g, 7u),
         ),
     );
 }
@@ -38,13 +114,18 @@ fn pass_terms(
     lane: u32,
     b: array<vec4<f32>, 2>,
     b2: array<vec4<f32>, 2>,
+    sc: Scales,
 ) {
     if ROWS != 8u {
-        terms_by_row(acc, acc2, r0, j, lane, b, b2);
+        terms_by_row(acc, acc2, r0, j, lane, b, b2, sc);
         return;
     }
     let row = min(r0 + (lane & 7u), p.m - 1u);
-    let held = array<vec4<f32>, 2>(x4(row, 2u * j), x4(row, 2u * j + 1u));
+    var held = array<vec4<f32>, 2>(x4(row, 2u * j), x4(row, 2u * j + 1u));
+    if NORM {
+        let g = norm8(j, lane);
+        held = array<vec4<f32>, 2>(held[0] * sc.own * g[0], held[1] * sc.own * g[1]);
+    }
     var xa: vec4<f32>;
     var xb: vec4<f32>;
     xa = subgroupBroadcast(held[0], 0u);

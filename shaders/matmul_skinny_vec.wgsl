@@ -5,8 +5,17 @@
 // matmul_skinny_sg.wgsl.
 
 // x[row, 8j .. 8j + 8] as two 16-byte loads.
-fn x8(row: u32, j: u32, lane: u32) -> array<vec4<f32>, 2> {
-    return array<vec4<f32>, 2>(x4(row, 2u * j), x4(row, 2u * j + 1u));
+fn x8(row: u32, j: u32, lane: u32, s: f32) -> array<vec4<f32>, 2> {
+    return array<vec4<f32>, 2>(xn4(row, 2u * j, s), xn4(row, 2u * j + 1u, s));
+}
+
+// Every row's norm scale, computed by every invocation.
+fn pass_scales(r0: u32, lane: u32) -> Scales {
+    var sc: Scales;
+    for (var r = 0u; r < ROWS; r++) {
+        sc.rows[r] = row_scale(min(r0 + r, p.m - 1u));
+    }
+    return sc;
 }
 
 fn pass_terms(
@@ -17,8 +26,9 @@ fn pass_terms(
     lane: u32,
     b: array<vec4<f32>, 2>,
     b2: array<vec4<f32>, 2>,
+    sc: Scales,
 ) {
-    terms_by_row(acc, acc2, r0, j, lane, b, b2);
+    terms_by_row(acc, acc2, r0, j, lane, b, b2, sc);
 }
 
 @compute @workgroup_size(64)

@@ -27,6 +27,31 @@ fn gated4(g: vec4<f32>, u: vec4<f32>) -> vec4<f32> {
     return g / (1.0 + exp(-g)) * u;
 }
 
+// The input's RMSNorm (NORM): the product's input is x[r, e] * s_r * norm_w[e], s_r being
+// the row's 1 / sqrt(mean(x[r, :]^2) + eps) with its squares summed as common.wgsl's inv_rms
+// sums them, which is rms_norm_lanes.wgsl's output to the bit, computed as the kernel reads
+// x. That fuses the norm before a projection (the q k v, gate-up and LM head inputs) into
+// it. Needs k % 8 == 0; never with GATED.
+override NORM: bool = false;
+override NORM_DTYPE: u32 = 0u;
+
+// norm_w[4i .. 4i + 4].
+fn norm4(i: u32) -> vec4<f32> {
+    if NORM_DTYPE == DTYPE_F32 {
+        return bitcast<vec4<f32>>(vec4<u32>(norm_w[4u * i], norm_w[4u * i + 1u], norm_w[4u * i + 2u], norm_w[4u * i + 3u]));
+    }
+    return vec4<f32>(unpack_pair(norm_w[2u * i], NORM_DTYPE), unpack_pair(norm_w[2u * i + 1u], NORM_DTYPE));
+}
+
+// norm_w[e].
+fn norm_at(e: u32) -> f32 {
+    if NORM_DTYPE == DTYPE_F32 {
+        return bitcast<f32>(norm_w[e]);
+    }
+    let pair = unpack_pair(norm_w[e / 2u], NORM_DTYPE);
+    return select(pair.x, pair.y, (e & 1u) == 1u);
+}
+
 struct Params {
     m: u32,
     n: u32,          // rows of this weight chunk
@@ -38,7 +63,7 @@ struct Params {
     first_row: u32,  // column kernels: this dispatch computes rows first_row .. m; 0 in matmul.wgsl
     split1: u32,     // 0, or the first column that goes to y1
     split2: u32,     // with split1 > 0: the first column that goes to y2 (ldy when none does)
-    _pad0: u32,
+    eps: f32,        // with NORM: the norm's epsilon
     _pad1: u32,
 }
 
@@ -47,6 +72,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;     // [m, ldy], or [m, split1]
 @group(0) @binding(5) var<storage, read_write> y1: array<f32>;    // [m, split2 - split1]
 @group(0) @binding(6) var<storage, read_write> y2: array<f32>;    // [m, ldy - split2]
+@group(0) @binding(7) var<storage, read> norm_w: array<u32>;      // [k] in NORM_DTYPE (unused unless NORM)
 
 // Output row r, column col of the whole weight: acc, then + bias, then + what the output
 // holds when accumulating (the order every kernel keeps, for batch invariance).

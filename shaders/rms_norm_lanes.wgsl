@@ -2,9 +2,10 @@
 // CPU adapters: there a workgroup's invocations are the lanes of a SIMD register, so the
 // 256-invocation workgroup of rms_norm.wgsl runs 32 register-wide slices through eight
 // barriers for one row of a few hundred elements, while here every lane is busy whenever
-// the step has eight rows. Each lane sums its row's squares in increasing element order
-// (rms_norm.wgsl adds them as a tree, so the two round differently; an adapter uses one).
-// Rows of a multiple of 4 elements, read and written 16 bytes at a time.
+// the step has eight rows. Each lane sums its row's squares in the eight chains of
+// common.wgsl's inv_rms, as the matmul kernels' normed inputs do (rms_norm.wgsl adds them as
+// a tree, so the two round differently; an adapter uses one). Rows of a multiple of 8
+// elements, read and written 16 bytes at a time.
 
 override WEIGHT_DTYPE: u32 = 0u;
 
@@ -47,15 +48,15 @@ fn rms_norm_lanes(
     }
     let n4 = p.hidden / 4u;
     let base = t * n4;
-    var ss = 0.0;
-    for (var i = 0u; i < n4; i++) {
-        let v = x[base + i];
-        ss += v.x * v.x;
-        ss += v.y * v.y;
-        ss += v.z * v.z;
-        ss += v.w * v.w;
+    var a = vec4<f32>(0.0);
+    var b = vec4<f32>(0.0);
+    for (var i = 0u; i < n4; i += 2u) {
+        let u = x[base + i];
+        let v = x[base + i + 1u];
+        a += u * u;
+        b += v * v;
     }
-    let inv = inverseSqrt(ss / f32(p.hidden) + p.eps);
+    let inv = inv_rms(a, b, p.hidden, p.eps);
     for (var i = 0u; i < n4; i++) {
         out[base + i] = x[base + i] * inv * weight4(i);
     }

@@ -9,7 +9,7 @@ mod common;
 use common::{contexts, golden, rng};
 use pagellm::gpu::Batch;
 use pagellm::kernels::paged_attention::{AttentionMetadata, SeqSlice};
-use pagellm::model::forward::{forward, StepInput, Workspace};
+use pagellm::model::forward::{forward, NormFusion, StepInput, Workspace};
 use pagellm::model::gpu::GpuModel;
 use pagellm::model::reference::log_softmax;
 use pagellm::pool::{KvDtype, KvLayout, KvPool, PoolSize};
@@ -76,9 +76,9 @@ fn step(
     }
 }
 
-/// `strict` runs check the prompt logits too, and run the MLP's gated activation both as a
-/// pass of its own and fused into the down projection (the default differs between CPU
-/// adapters and GPUs); the others run the adapter's default.
+/// `strict` runs check the prompt logits too, and run the MLP's gated activation and the
+/// norms before projections both as passes of their own and fused into the projections (the
+/// defaults differ between CPU adapters and GPUs); the others run the adapter's defaults.
 fn run(kv: KvDtype, block_size: usize, strict: bool) {
     for ctx in contexts() {
         let fused_modes: &[Option<bool>] = match strict {
@@ -97,6 +97,13 @@ fn run(kv: KvDtype, block_size: usize, strict: bool) {
             let mut ws = Workspace::new(ctx, c, 64, 64).unwrap();
             if let Some(on) = fused {
                 ws.set_fused_activation(ctx, c, on).unwrap();
+                // Fused: every norm, at every row count, as GPUs run them.
+                let norms = if on {
+                    NormFusion::Always
+                } else {
+                    NormFusion::Never
+                };
+                ws.set_norm_fusion(ctx, c, norms).unwrap();
             }
             let layout = KvLayout {
                 num_layers: c.num_layers,
@@ -107,8 +114,9 @@ fn run(kv: KvDtype, block_size: usize, strict: bool) {
             };
             let pool = KvPool::new(ctx, layout, PoolSize::Blocks(40)).unwrap();
             let what = format!(
-                "GPU {kv:?} pool bs={block_size} fused activation {} on {}",
+                "GPU {kv:?} pool bs={block_size} fused activation {} norms {:?} on {}",
                 ws.fused_activation(),
+                ws.norm_fusion(),
                 common::backend(ctx)
             );
             let (mut worst, mut worst_logit) = (0.0f64, 0.0f32);
@@ -163,4 +171,78 @@ fn f32_pool_matches_transformers_logits_and_greedy_tokens() {
 #[test]
 fn default_f16_pool_gives_transformers_greedy_tokens() {
     run(KvDtype::F16, 8, false);
+}
+
+#[test]
+fn fused_norms_change_no_bit_where_the_lane_norm_kernel_runs() {
+    // Where the adapter norms rows with the lane-per-row kernel (CPU adapters), a norm fused
+    // into its projection sums and scales exactly as that kernel does, which is what lets
+    // each call there choose fused or separate by speed alone (NormFusion::WhereFaster).
+    // Every fixture, a prefill of its first prompt (every prompt position's logits) and
+    // three decode steps, with norms never, always and where faster fused: the logits must
+    // be the same bits. Elsewhere WhereFaster is refused.
+    use pagellm::kernels::rms_norm::RmsNormKernel;
+    for ctx in contexts() {
+        for f in golden::all() {
+            let c = &f.files.config;
+            let model = GpuModel::upload(ctx, &f.files, |_, _| {}).unwrap();
+            if RmsNormKernel::choose(ctx, c.hidden_size) != RmsNormKernel::Lanes {
+                let mut ws = Workspace::new(ctx, c, 64, 64).unwrap();
+                assert_eq!(ws.norm_fusion(), NormFusion::Always);
+                let e = ws
+                    .set_norm_fusion(ctx, c, NormFusion::WhereFaster)
+                    .unwrap_err();
+                assert!(e.to_string().contains("round differently"), "{e}");
+                continue;
+            }
+            let case = &f.cases[0];
+            let n = case.prompt_ids.len();
+            let table: Vec<u32> = (0..(n + 4).div_ceil(16) as u32).collect();
+            let mut runs = Vec::new();
+            let modes = [
+                NormFusion::Never,
+                NormFusion::Always,
+                NormFusion::WhereFaster,
+            ];
+            for mode in modes {
+                let mut ws = Workspace::new(ctx, c, 64, 64).unwrap();
+                if mode == NormFusion::WhereFaster {
+                    assert_eq!(ws.norm_fusion(), mode, "the default on CPU adapters");
+                }
+                ws.set_norm_fusion(ctx, c, mode).unwrap();
+                let layout = KvLayout {
+                    num_layers: c.num_layers,
+                    num_kv_heads: c.num_kv_heads,
+                    head_dim: c.head_dim,
+                    block_size: 16,
+                    dtype: KvDtype::F16,
+                };
+                let pool = KvPool::new(ctx, layout, PoolSize::Blocks(8)).unwrap();
+                let rows: Vec<u32> = (0..n as u32).collect();
+                let prefill = step(ctx, &model, &pool, &ws, &case.prompt_ids, n, &table, &rows);
+                let mut logits = prefill.logits;
+                let mut token = prefill.argmax[n - 1];
+                for s in 0..3 {
+                    let out = step(ctx, &model, &pool, &ws, &[token], n + s + 1, &table, &[0]);
+                    token = out.argmax[0];
+                    logits.extend(out.logits);
+                }
+                runs.push(
+                    logits
+                        .concat()
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect::<Vec<u32>>(),
+                );
+            }
+            for (mode, run) in modes.iter().zip(&runs).skip(1) {
+                assert!(
+                    run == &runs[0],
+                    "{} on {}: norms fused {mode:?} changed the logits",
+                    f.name,
+                    common::backend(ctx)
+                );
+            }
+        }
+    }
 }

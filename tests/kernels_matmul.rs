@@ -361,12 +361,16 @@ fn lm_head_returns_logits_and_greedy_tokens_of_chosen_rows() {
             .storage_buffer("l", (rows.len() * vocab * 4) as u64)
             .unwrap();
         let am = ctx.storage_buffer("am", (rows.len() * 8) as u64).unwrap();
+        let words = kernels::logits::argmax_partials_len(rows.len(), vocab);
+        let partials = ctx.storage_buffer("partials", (words * 4) as u64).unwrap();
         let mut b = Batch::new(ctx, "t");
         let out = kernels::logits::LogitsBuffers {
             gathered: &gathered,
             logits: &logits,
             argmax: Some(&am),
+            argmax_partials: Some(&partials),
             softcap: None,
+            norm: None,
         };
         kernels::logits::lm_head(&mut b, &hb, tokens, &rb, rows.len(), &w, out).unwrap();
         b.submit().unwrap();
@@ -518,6 +522,149 @@ fn wide_one_row_passes_give_the_same_bits() {
                     }
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn a_normed_input_is_the_lane_norm_kernels_output_to_the_bit() {
+    // The RMSNorm before a projection, computed by the projection as it reads x: against the
+    // plain-Rust norm and product (f64), and bitwise against rms_norm_lanes followed by the
+    // same kernel's plain matmul, for every kernel the adapter runs, 1, 3, 9 and 70 rows
+    // (one-row, short and 8-row passes; the tiled kernel's partial tile), rows of very
+    // different magnitudes, f32 and bf16 norm weights, with a bias; a weight wide enough for
+    // the one-row passes of four columns (WIDE) on a CPU adapter; and the stacked q k v
+    // outputs. Row 0 is the same bits for every kernel and row count (batch invariance).
+    use pagellm::kernels::matmul::{matmul_into, matmul_normed_with, Norm, Outputs};
+    use pagellm::kernels::rms_norm::{rms_norm_with, RmsNormKernel};
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    for ctx in contexts() {
+        for (k, n, norm_dtype) in [
+            (48, 40, WeightDtype::BF16),
+            (64, 512 * cores + 8, WeightDtype::F32),
+            (8, 24, WeightDtype::F16),
+        ] {
+            let (m_max, eps) = (70, 1e-5);
+            let mut g = rng(500 + k as u64);
+            let mut x = randn(&mut g, m_max * k, 1.0);
+            for (r, row) in x.chunks_mut(k).enumerate() {
+                let scale = [0.01, 1.0, 30.0][r % 3];
+                row.iter_mut().for_each(|v| *v *= scale);
+            }
+            let gv = randn(&mut g, k, 1.0);
+            let wv = randn(&mut g, n * k, 0.5);
+            let bias = randn(&mut g, n, 1.0);
+            let nw = Weight::from_f32(ctx, "norm", &gv, 1, k, norm_dtype).unwrap();
+            let w = Weight::from_f32(ctx, "w", &wv, n, k, WeightDtype::BF16).unwrap();
+            let bb = ctx.upload("bias", &bias).unwrap();
+            let normed = r::rms_norm(&x, &rounded(&gv, norm_dtype), eps);
+            let wr = rounded(&wv, WeightDtype::BF16);
+            let norm = Norm { weight: &nw, eps };
+            let mut first: Option<Vec<f32>> = None;
+            for kernel in KERNELS.into_iter().filter(|kern| kern.supports(ctx, k)) {
+                for m in [1, 3, 9, 70] {
+                    let xb = ctx.upload("x", &x[..m * k]).unwrap();
+                    let hb = ctx.storage_buffer("h", (m * k * 4) as u64).unwrap();
+                    let yb = ctx.storage_buffer("y", (m * n * 4) as u64).unwrap();
+                    let y2 = ctx.storage_buffer("y2", (m * n * 4) as u64).unwrap();
+                    let mut b = Batch::new(ctx, "t");
+                    let over = Output::Overwrite;
+                    let one = Outputs::One(&yb);
+                    matmul_normed_with(&mut b, kernel, &xb, norm, &w, Some(&bb), one, m, over)
+                        .unwrap();
+                    rms_norm_with(&mut b, RmsNormKernel::Lanes, &xb, &nw, &hb, m, eps).unwrap();
+                    matmul_with(&mut b, kernel, &hb, &w, Some(&bb), &y2, m, over).unwrap();
+                    b.submit().unwrap();
+                    let got = read_f32(ctx, &yb, m * n);
+                    let want = r::matmul(&normed[..m * k], &wr, Some(&bias[..]), m, n, k);
+                    let what = format!(
+                        "{kernel:?} m={m} n={n} k={k} norm {norm_dtype:?} on {}",
+                        backend(ctx)
+                    );
+                    assert_close(&what, &got, &want, 1e-4 * (k as f32).sqrt(), 1e-4);
+                    let separate = read_f32(ctx, &y2, m * n);
+                    assert!(
+                        got.iter()
+                            .zip(&separate)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{what}: differs from rms_norm_lanes then the matmul"
+                    );
+                    match &first {
+                        None => first = Some(got[..n].to_vec()),
+                        Some(f) => assert!(
+                            f.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{what}: row 0 differs from the first kernel's"
+                        ),
+                    }
+                    // The stacked q k v form: three outputs, each bitwise its columns of
+                    // the single output.
+                    if n == 40 {
+                        let widths = [16, 8];
+                        let ys: Vec<_> = [16, 8, 16]
+                            .iter()
+                            .map(|w| ctx.storage_buffer("part", (m * w * 4) as u64).unwrap())
+                            .collect();
+                        let three = Outputs::Three([&ys[0], &ys[1], &ys[2]], widths);
+                        let mut b = Batch::new(ctx, "t");
+                        matmul_normed_with(&mut b, kernel, &xb, norm, &w, None, three, m, over)
+                            .unwrap();
+                        matmul_into(&mut b, kernel, &hb, &w, None, Outputs::One(&y2), m, over)
+                            .unwrap();
+                        b.submit().unwrap();
+                        let whole = read_f32(ctx, &y2, m * n);
+                        let parts: Vec<Vec<f32>> = ys
+                            .iter()
+                            .zip([16, 8, 16])
+                            .map(|(y, w)| read_f32(ctx, y, m * w))
+                            .collect();
+                        for r in 0..m {
+                            let row: Vec<f32> = [(0, 16), (1, 8), (2, 16)]
+                                .iter()
+                                .flat_map(|&(i, w)| parts[i][r * w..(r + 1) * w].to_vec())
+                                .collect();
+                            assert!(
+                                row.iter()
+                                    .zip(&whole[r * n..(r + 1) * n])
+                                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                                "{what}: q k v row {r} differs"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_normed_input_needs_a_norm_of_its_width() {
+    use pagellm::kernels::matmul::{matmul_normed, Norm, Outputs};
+    for ctx in contexts() {
+        let (m, n) = (2, 8);
+        let y = ctx.storage_buffer("y", (m * n * 4) as u64).unwrap();
+        // (k, norm width, what the error names)
+        for (k, width, names) in [(64, 32, "norm of 1 x 32"), (12, 12, "k % 8")] {
+            let w = Weight::from_f32(ctx, "w", &vec![0.5; n * k], n, k, WeightDtype::F16).unwrap();
+            let nw =
+                Weight::from_f32(ctx, "n", &vec![1.0; width], 1, width, WeightDtype::F32).unwrap();
+            let x = ctx.upload("x", &vec![1.0f32; m * k]).unwrap();
+            let mut b = Batch::new(ctx, "t");
+            let norm = Norm {
+                weight: &nw,
+                eps: 1e-6,
+            };
+            let e = matmul_normed(
+                &mut b,
+                &x,
+                norm,
+                &w,
+                None,
+                Outputs::One(&y),
+                m,
+                Output::Overwrite,
+            )
+            .unwrap_err();
+            assert!(e.to_string().contains(names), "{e}");
         }
     }
 }

@@ -47,7 +47,12 @@ fn rms_norm_matches_reference() {
     for ctx in contexts() {
         for kernel in [RmsNormKernel::Workgroup, RmsNormKernel::Lanes] {
             let mut g = rng(2);
+            // 300 is a row only the workgroup kernel takes (the lane kernel's chains need a
+            // multiple of 8; refused below).
             for (tokens, hidden) in [(1, 64), (5, 300), (3, 1024), (17, 48)] {
+                if !kernel.supports(hidden) {
+                    continue;
+                }
                 let x = randn(&mut g, tokens * hidden, 3.0);
                 let wv = randn(&mut g, hidden, 1.0);
                 for dtype in DTYPES {
@@ -71,7 +76,7 @@ fn rms_norm_matches_reference() {
             let max = ctx.limits.max_compute_workgroups_per_dimension as usize;
             let (rows, hidden) = match kernel {
                 RmsNormKernel::Workgroup => (66_000, 16),
-                RmsNormKernel::Lanes => (8 * max + 9, 4),
+                RmsNormKernel::Lanes => (8 * max + 9, 8),
             };
             let x = randn(&mut g, rows * hidden, 3.0);
             let wv = randn(&mut g, hidden, 1.0);
@@ -85,12 +90,20 @@ fn rms_norm_matches_reference() {
             let what = format!("{kernel:?} rms_norm of {rows} rows on {}", backend(ctx));
             assert_close(&what, &read_f32(ctx, &out, x.len()), &want, 1e-5, 1e-5);
         }
-        // A row length the lane kernel cannot read 16 bytes at a time is refused by name.
-        let w = Weight::from_f32(ctx, "w", &[1.0; 6], 1, 6, WeightDtype::F32).unwrap();
-        let xb = ctx.upload("x", &[1.0f32; 6]).unwrap();
-        let mut b = Batch::new(ctx, "t");
-        let err = rms_norm_with(&mut b, RmsNormKernel::Lanes, &xb, &w, &xb, 1, 1e-6).unwrap_err();
-        assert!(err.to_string().contains("rows of 6"), "{err}");
+        // A row length the lane kernel cannot sum in eight chains of 16-byte words is
+        // refused by name.
+        for hidden in [6, 12] {
+            let w = Weight::from_f32(ctx, "w", &vec![1.0; hidden], 1, hidden, WeightDtype::F32)
+                .unwrap();
+            let xb = ctx.upload("x", &vec![1.0f32; hidden]).unwrap();
+            let mut b = Batch::new(ctx, "t");
+            let err =
+                rms_norm_with(&mut b, RmsNormKernel::Lanes, &xb, &w, &xb, 1, 1e-6).unwrap_err();
+            assert!(
+                err.to_string().contains(&format!("rows of {hidden}")),
+                "{err}"
+            );
+        }
     }
 }
 
@@ -315,6 +328,73 @@ fn rope_with_llama3_scaling_uses_scaled_frequencies() {
     }
 }
 
+const ARGMAX_KERNELS: [kernels::logits::ArgmaxKernel; 3] = [
+    kernels::logits::ArgmaxKernel::Workgroup,
+    kernels::logits::ArgmaxKernel::Lanes,
+    kernels::logits::ArgmaxKernel::Split,
+];
+
+/// The f64 log-softmax of `row` at `i`.
+fn log_softmax_at(row: &[f32], i: usize) -> f64 {
+    let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = m + row.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
+    row[i] as f64 - lse
+}
+
+#[test]
+fn the_split_arg_max_merges_slices_as_one_row() {
+    // Rows of several slices of the split kernel (2048 logits each) and a ragged last one,
+    // 70 rows (more than one merge workgroup): maxima tied across slices (the first must
+    // win), within a slice, at a slice's first and last logit, in the ragged slice, and a
+    // row whose logits are all equal. Every kernel against a plain-Rust arg-max and an f64
+    // logprob; the split kernel without its partials buffer is refused by name.
+    use kernels::logits::{argmax_logprobs, argmax_partials_len, argmax_with, ArgmaxKernel};
+    for ctx in contexts() {
+        let (rows, width) = (70, 3 * 2048 + 5);
+        let mut g = rng(7);
+        let mut x = randn(&mut g, rows * width, 2.0);
+        let ties: [&[usize]; 6] = [
+            &[100, 2048 + 100, 4096 + 7],
+            &[2047, 2048],
+            &[6144 + 4, 30],
+            &[6144, 6148],
+            &[0, 4095],
+            &[9, 17],
+        ];
+        for (r, at) in ties.iter().enumerate() {
+            for &i in *at {
+                x[r * width + i] = 12.0;
+            }
+        }
+        x[6 * width..7 * width].fill(0.5);
+        let xb = ctx.upload("logits", &x).unwrap();
+        let words = argmax_partials_len(rows, width);
+        let partials = ctx.storage_buffer("partials", (words * 4) as u64).unwrap();
+        for kernel in ARGMAX_KERNELS {
+            let am = ctx.storage_buffer("am", (rows * 8) as u64).unwrap();
+            let mut b = Batch::new(ctx, "t");
+            argmax_with(&mut b, kernel, &xb, &am, Some(&partials), rows, width).unwrap();
+            b.submit().unwrap();
+            let (ids, lps) = argmax_logprobs(&ctx.read::<u32>(&am).unwrap(), rows);
+            for (r, row) in x.chunks(width).enumerate() {
+                let what = format!("{kernel:?} row {r} on {}", backend(ctx));
+                assert_eq!(ids[r] as usize, r::argmax(row), "{what}");
+                let want = log_softmax_at(row, ids[r] as usize);
+                assert!(
+                    (lps[r] as f64 - want).abs() < 1e-5,
+                    "{what}: logprob {} vs {want}",
+                    lps[r]
+                );
+            }
+            assert_eq!(&ids[..7], &[100, 2047, 30, 6144, 0, 9, 0]);
+        }
+        let am = ctx.storage_buffer("am", (rows * 8) as u64).unwrap();
+        let mut b = Batch::new(ctx, "t");
+        let e = argmax_with(&mut b, ArgmaxKernel::Split, &xb, &am, None, rows, width).unwrap_err();
+        assert!(e.to_string().contains("partials"), "{e}");
+    }
+}
+
 #[test]
 fn gather_rows_and_argmax_pick_last_positions_and_their_logprobs() {
     for ctx in contexts() {
@@ -335,20 +415,32 @@ fn gather_rows_and_argmax_pick_last_positions_and_their_logprobs() {
             .storage_buffer("out", (rows.len() * width * 4) as u64)
             .unwrap();
         let am = ctx.storage_buffer("am", (rows.len() * 8) as u64).unwrap();
+        let words = kernels::logits::argmax_partials_len(rows.len(), width);
+        let partials = ctx.storage_buffer("partials", (words * 4) as u64).unwrap();
         let mut b = Batch::new(ctx, "t");
         kernels::logits::gather_rows(&mut b, &xb, &rb, &out, tokens, rows.len(), width).unwrap();
-        kernels::logits::argmax(&mut b, &out, &am, rows.len(), width).unwrap();
+        let n = rows.len();
+        kernels::logits::argmax(&mut b, &out, &am, Some(&partials), n, width).unwrap();
         b.submit().unwrap();
-        // Both arg-max kernels pick the same tokens; the one `argmax` chose is checked
-        // against the reference below, the other here.
-        let am_other = ctx.storage_buffer("am", (rows.len() * 8) as u64).unwrap();
-        let other = match kernels::logits::ArgmaxKernel::choose(ctx) {
-            kernels::logits::ArgmaxKernel::Lanes => kernels::logits::ArgmaxKernel::Workgroup,
-            kernels::logits::ArgmaxKernel::Workgroup => kernels::logits::ArgmaxKernel::Lanes,
-        };
-        let mut b = Batch::new(ctx, "t");
-        kernels::logits::argmax_with(&mut b, other, &out, &am_other, rows.len(), width).unwrap();
-        b.submit().unwrap();
+        // Every arg-max kernel picks the same tokens; the one `argmax` chose is checked
+        // against the reference below, and so are the others.
+        let mut others = Vec::new();
+        for kernel in ARGMAX_KERNELS {
+            let am_other = ctx.storage_buffer("am", (n * 8) as u64).unwrap();
+            let mut b = Batch::new(ctx, "t");
+            kernels::logits::argmax_with(
+                &mut b,
+                kernel,
+                &out,
+                &am_other,
+                Some(&partials),
+                n,
+                width,
+            )
+            .unwrap();
+            b.submit().unwrap();
+            others.push((format!("{kernel:?}"), ctx.read::<u32>(&am_other).unwrap()));
+        }
         let want: Vec<f32> = rows
             .iter()
             .flat_map(|&r| x_ties[r as usize * width..(r as usize + 1) * width].to_vec())
@@ -365,9 +457,9 @@ fn gather_rows_and_argmax_pick_last_positions_and_their_logprobs() {
             .chunks(width)
             .map(|row| r::argmax(row) as u32)
             .collect();
-        let got_other: Vec<u32> = ctx.read(&am_other).unwrap();
         assert_eq!((want_am[0], want_am[1]), (9, 10));
-        for (kernel, got) in [("chosen", &got), ("other", &got_other)] {
+        others.push(("chosen".into(), got));
+        for (kernel, got) in &others {
             let (ids, lps) = kernels::logits::argmax_logprobs(got, rows.len());
             assert_eq!(ids, want_am, "{kernel} argmax on {}", backend(ctx));
             // The chosen token's log_softmax, against a plain f64 reference.

@@ -15,9 +15,9 @@ use pagellm::kernels::{
     rotate::{RotateQkParams, RotateRowsParams},
     silu_mul::SiluMulParams,
     softcap::SoftcapParams,
-    KernelParams, ALL, ARGMAX_LANES, MATMUL_SKINNY, MATMUL_SKINNY_SG, MATMUL_SKINNY_VEC,
-    PAGED_ATTENTION_LANES, PAGED_ATTENTION_SG, PAGED_ATTENTION_TILES, RESHAPE_AND_CACHE_Q,
-    RMS_NORM_LANES,
+    KernelParams, ALL, ARGMAX_LANES, ARGMAX_MERGE, ARGMAX_SLICES, MATMUL_SKINNY, MATMUL_SKINNY_SG,
+    MATMUL_SKINNY_VEC, PAGED_ATTENTION_LANES, PAGED_ATTENTION_SG, PAGED_ATTENTION_TILES,
+    RESHAPE_AND_CACHE_Q, RMS_NORM_LANES,
 };
 
 /// (kernel name, [(field, offset)], size) of the uniform at @group(0) @binding(0).
@@ -95,6 +95,8 @@ fn every_params_struct_matches_its_shader() {
         check::<GatherRowsParams>(),
         check::<ArgmaxParams>(),
         check_kernel::<ArgmaxParams>(ARGMAX_LANES),
+        check_kernel::<ArgmaxParams>(ARGMAX_SLICES),
+        check_kernel::<ArgmaxParams>(ARGMAX_MERGE),
         check::<RotateRowsParams>(),
         check::<RotateQkParams>(),
     ];

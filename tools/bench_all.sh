@@ -48,6 +48,30 @@ for shape in "2048 8192" "288 768"; do
         cargo bench --quiet --bench matmul -- --gated --n "$n" --k "$k" --rows 1,16,128 "${extra[@]}" 2>/dev/null
     } >> "$out"
 done
+# The RMSNorm fused into the next projection or a pass of its own, at the Llama-3.2-1B
+# gate-up and q k v shapes and tiny15m's q k v (GPUs fuse every such norm; CPU adapters
+# only one-row steps of small projections).
+for shape in "16384 2048" "3072 2048" "864 288"; do
+    read -r n k <<< "$shape"
+    echo "running matmul --normed $n x $k ..." >&2
+    {
+        echo
+        echo "## cargo bench --bench matmul -- --normed --n $n --k $k --rows 1,16,128 ${extra[*]:-}"
+        echo
+        cargo bench --quiet --bench matmul -- --normed --n "$n" --k "$k" --rows 1,16,128 "${extra[@]}" 2>/dev/null
+    } >> "$out"
+done
+# The greedy arg-max kernels over tiny15m's and Llama 3's vocabularies (GPUs split a row
+# across workgroups, CPU adapters keep eight lanes per row).
+for vocab in 32000 128256; do
+    echo "running matmul --argmax $vocab ..." >&2
+    {
+        echo
+        echo "## cargo bench --bench matmul -- --argmax --n $vocab --rows 1,16 ${extra[*]:-}"
+        echo
+        cargo bench --quiet --bench matmul -- --argmax --n "$vocab" --rows 1,16 "${extra[@]}" 2>/dev/null
+    } >> "$out"
+done
 # Per-kernel profiles of decode and prefill on the model shapes users run (the engine
 # bench's --profile section); the full 1B shape only without --quick.
 runs=("tiny15m" "m110")

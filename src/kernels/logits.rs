@@ -4,8 +4,11 @@
 //! sequence.
 //! Launchers for `shaders/gather_rows.wgsl` and `shaders/argmax.wgsl`.
 
-use super::matmul::{matmul, Output};
-use super::{check_len, groups, params, Weight, ARGMAX, ARGMAX_LANES, GATHER_ROWS};
+use super::matmul::{matmul, matmul_normed, Norm, Output, Outputs};
+use super::{
+    check_len, groups, params, Weight, ARGMAX, ARGMAX_LANES, ARGMAX_MERGE, ARGMAX_SLICES,
+    GATHER_ROWS,
+};
 use crate::error::{GpuError, Result};
 use crate::gpu::{Batch, Bind};
 
@@ -19,9 +22,18 @@ params!(GatherRowsParams for GATHER_ROWS {
 params!(ArgmaxParams for ARGMAX {
     num_rows: u32,
     width: u32,
-    _pad0: u32,
+    slices: u32,
     _pad1: u32,
 });
+
+/// Logits per slice of the split arg-max (`SLICE` in `shaders/argmax_common.wgsl`).
+pub const ARGMAX_SLICE: usize = 2048;
+
+/// u32 words of the partials buffer that the split arg-max ([`ArgmaxKernel::Split`]) needs
+/// for `num_rows` rows of `width` logits: a maximum, its index and a sum per slice.
+pub fn argmax_partials_len(num_rows: usize, width: usize) -> usize {
+    3 * num_rows * width.div_ceil(ARGMAX_SLICE)
+}
 
 /// out[r, :] = x[rows[r], :]; `x`: [num_src_rows, width], `rows`: [num_rows] u32.
 pub fn gather_rows<'a>(
@@ -52,7 +64,7 @@ pub fn gather_rows<'a>(
     )
 }
 
-/// The kernel that reduces a row of logits to its arg-max. Both pick the same token (the
+/// The kernel that reduces a row of logits to its arg-max. All pick the same token (the
 /// first of equal maxima); their logprobs may differ in the last bits (they add the
 /// exponentials in different orders), so the choice is fixed per adapter, never per call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,31 +73,38 @@ pub enum ArgmaxKernel {
     Workgroup,
     /// `argmax_lanes.wgsl`: eight invocations per row, no tree; for CPU adapters.
     Lanes,
+    /// `argmax_slices.wgsl` then `argmax_merge.wgsl`: a workgroup of 64 threads per slice
+    /// of [`ARGMAX_SLICE`] logits of a row, then one invocation per row merging its slices;
+    /// needs a partials buffer ([`argmax_partials_len`]).
+    Split,
 }
 
 impl ArgmaxKernel {
-    /// The lane kernel on CPU adapters (where a 256-thread workgroup's barriers dominate),
-    /// the tree elsewhere.
+    /// The lane kernel on CPU adapters (where a 256-thread workgroup's barriers dominate,
+    /// and their few cores are kept busy by one workgroup per row), the split one elsewhere
+    /// (a GPU would run a one-sequence step's arg-max on one of its many cores).
     pub fn choose(ctx: &crate::gpu::GpuContext) -> ArgmaxKernel {
         match ctx.info.device_type {
             wgpu::DeviceType::Cpu => ArgmaxKernel::Lanes,
-            _ => ArgmaxKernel::Workgroup,
+            _ => ArgmaxKernel::Split,
         }
     }
 }
 
 /// out[r] = argmax(logits[r, :]) (first index on ties) and out[num_rows + r] = the bits of
 /// that token's log-probability as f32 (read them with [`argmax_logprobs`]); `out`:
-/// [2, num_rows] u32.
+/// [2, num_rows] u32; `partials`: scratch of [`argmax_partials_len`] words, needed where the
+/// adapter's kernel is [`ArgmaxKernel::Split`].
 pub fn argmax(
     batch: &mut Batch,
     logits: &wgpu::Buffer,
     out: &wgpu::Buffer,
+    partials: Option<&wgpu::Buffer>,
     num_rows: usize,
     width: usize,
 ) -> Result<()> {
     let kernel = ArgmaxKernel::choose(batch.ctx());
-    argmax_with(batch, kernel, logits, out, num_rows, width)
+    argmax_with(batch, kernel, logits, out, partials, num_rows, width)
 }
 
 /// [`argmax`] computed by a given kernel (tests compare them).
@@ -94,6 +113,7 @@ pub fn argmax_with(
     kernel: ArgmaxKernel,
     logits: &wgpu::Buffer,
     out: &wgpu::Buffer,
+    partials: Option<&wgpu::Buffer>,
     num_rows: usize,
     width: usize,
 ) -> Result<()> {
@@ -109,14 +129,32 @@ pub fn argmax_with(
             format!("{num_rows} rows in one call (at most {max})"),
         ));
     }
+    let slices = width.div_ceil(ARGMAX_SLICE);
     let p = ArgmaxParams {
         num_rows: num_rows as u32,
         width: width as u32,
+        slices: slices as u32,
         ..Default::default()
     };
     let source = match kernel {
         ArgmaxKernel::Workgroup => ARGMAX,
         ArgmaxKernel::Lanes => ARGMAX_LANES,
+        ArgmaxKernel::Split => {
+            let need = argmax_partials_len(num_rows, width);
+            let partials = partials.ok_or_else(|| {
+                GpuError::invalid(
+                    "argmax",
+                    format!("the split arg-max needs a partials buffer of {need} words"),
+                )
+            })?;
+            check_len("argmax", "partials", partials, need)?;
+            let grid = [slices as u32, num_rows as u32, 1];
+            let bufs = [logits.into(), partials.into()];
+            batch.dispatch(ARGMAX_SLICES, &[], &p, &bufs, grid)?;
+            let grid = [groups(num_rows, 64), 1, 1];
+            let bufs = [partials.into(), out.into()];
+            return batch.dispatch(ARGMAX_MERGE, &[], &p, &bufs, grid);
+        }
     };
     batch.dispatch(
         source,
@@ -146,12 +184,18 @@ pub struct LogitsBuffers<'a> {
     pub logits: &'a wgpu::Buffer,
     /// `[2, num_rows]` arg-max token ids and their logprobs (see [`argmax`]), when wanted.
     pub argmax: Option<&'a wgpu::Buffer>,
+    /// The arg-max's partials ([`argmax_partials_len`]), where the adapter splits it.
+    pub argmax_partials: Option<&'a wgpu::Buffer>,
     /// Soft-capping of the logits, `cap * tanh(logit / cap)` (Gemma 2), before the arg-max.
     pub softcap: Option<f32>,
+    /// The final RMSNorm, computed by the LM head as it reads the gathered rows
+    /// ([`matmul_normed`]); `None` when the hidden states are normed already.
+    pub norm: Option<Norm<'a>>,
 }
 
 /// Logits (and optionally their arg-max) of the rows `rows` of the final hidden states
-/// `hidden` (`[num_tokens, hidden_size]`) under the LM head `head` (`[vocab, hidden_size]`).
+/// `hidden` (`[num_tokens, hidden_size]`, normed by `out.norm` if it is given) under the LM
+/// head `head` (`[vocab, hidden_size]`).
 pub fn lm_head<'a>(
     batch: &mut Batch,
     hidden: &wgpu::Buffer,
@@ -171,20 +215,43 @@ pub fn lm_head<'a>(
         num_rows,
         head.cols,
     )?;
-    matmul(
-        batch,
-        out.gathered,
-        head,
-        None,
-        out.logits,
-        num_rows,
-        Output::Overwrite,
-    )?;
+    match out.norm {
+        Some(norm) => {
+            let logits = Outputs::One(out.logits);
+            let over = Output::Overwrite;
+            matmul_normed(
+                batch,
+                out.gathered,
+                norm,
+                head,
+                None,
+                logits,
+                num_rows,
+                over,
+            )?
+        }
+        None => matmul(
+            batch,
+            out.gathered,
+            head,
+            None,
+            out.logits,
+            num_rows,
+            Output::Overwrite,
+        )?,
+    }
     if let Some(cap) = out.softcap {
         super::softcap::softcap(batch, out.logits, num_rows * head.rows, cap)?;
     }
     if let Some(am) = out.argmax {
-        argmax(batch, out.logits, am, num_rows, head.rows)?;
+        argmax(
+            batch,
+            out.logits,
+            am,
+            out.argmax_partials,
+            num_rows,
+            head.rows,
+        )?;
     }
     Ok(())
 }

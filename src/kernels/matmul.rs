@@ -35,7 +35,7 @@ params!(MatmulParams for MATMUL {
     first_row: u32,
     split1: u32,
     split2: u32,
-    _pad0: u32,
+    eps: f32,
     _pad1: u32,
 });
 
@@ -205,8 +205,63 @@ pub fn matmul_gated_with(
     m: usize,
     output: Output,
 ) -> Result<()> {
-    let x = (gate_up, Some(act));
+    let x = Input::Gated(gate_up, act);
     project(batch, kernel, x, weight, bias, Outputs::One(y), m, output)
+}
+
+/// The RMSNorm of a projection's input, computed by the projection as it reads `x`.
+#[derive(Clone, Copy, Debug)]
+pub struct Norm<'a> {
+    /// The `[1, in]` norm weight (with Gemma's `1 +` already applied at load).
+    pub weight: &'a Weight,
+    pub eps: f32,
+}
+
+/// outputs = rms_norm(x) · weight[out, in]ᵀ + bias[out]: the RMSNorm before a projection
+/// (the q k v, gate-up and LM head inputs) fused into it. Each row's norm scale is computed
+/// as `rms_norm_lanes.wgsl` computes it and applied as it writes, so the result is bitwise
+/// that of [`rms_norm_with`](super::rms_norm::rms_norm_with) with
+/// [`RmsNormKernel::Lanes`](super::rms_norm::RmsNormKernel::Lanes) followed by the matmul
+/// (tests/kernels_matmul.rs checks it); one dispatch and one pass over `[m, in]` fewer.
+/// Needs `in % 8 == 0`.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_normed(
+    batch: &mut Batch,
+    x: &wgpu::Buffer,
+    norm: Norm<'_>,
+    weight: &Weight,
+    bias: Option<&wgpu::Buffer>,
+    outputs: Outputs<'_>,
+    m: usize,
+    output: Output,
+) -> Result<()> {
+    let kernel = MatmulKernel::choose(batch.ctx(), m, weight.cols);
+    matmul_normed_with(batch, kernel, x, norm, weight, bias, outputs, m, output)
+}
+
+/// [`matmul_normed`] computed by a given kernel.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_normed_with(
+    batch: &mut Batch,
+    kernel: MatmulKernel,
+    x: &wgpu::Buffer,
+    norm: Norm<'_>,
+    weight: &Weight,
+    bias: Option<&wgpu::Buffer>,
+    outputs: Outputs<'_>,
+    m: usize,
+    output: Output,
+) -> Result<()> {
+    let x = Input::Normed(x, norm);
+    project(batch, kernel, x, weight, bias, outputs, m, output)
+}
+
+/// What a matmul reads as its input (the kernels' `GATED` and `NORM`).
+#[derive(Clone, Copy, Debug)]
+enum Input<'a> {
+    Plain(&'a wgpu::Buffer),
+    Gated(&'a wgpu::Buffer, Activation),
+    Normed(&'a wgpu::Buffer, Norm<'a>),
 }
 
 /// [`matmul_with`] into `outputs`.
@@ -221,15 +276,24 @@ pub fn matmul_into(
     m: usize,
     output: Output,
 ) -> Result<()> {
-    project(batch, kernel, (x, None), weight, bias, outputs, m, output)
+    project(
+        batch,
+        kernel,
+        Input::Plain(x),
+        weight,
+        bias,
+        outputs,
+        m,
+        output,
+    )
 }
 
-/// Every matmul: the input `x`, gated by an activation or not (the kernels' `GATED`).
+/// Every matmul: its input as it is, gated by an activation or normed.
 #[allow(clippy::too_many_arguments)]
 fn project(
     batch: &mut Batch,
     kernel: MatmulKernel,
-    (x, act): (&wgpu::Buffer, Option<Activation>),
+    input: Input<'_>,
     weight: &Weight,
     bias: Option<&wgpu::Buffer>,
     outputs: Outputs<'_>,
@@ -247,15 +311,36 @@ fn project(
             format!("{kernel:?} cannot compute k = {k} on this adapter"),
         ));
     }
-    let gated = match act {
-        None => 0.0,
-        Some(Activation::Silu) => 1.0,
-        Some(Activation::GeluTanh) => 2.0,
+    let (x, gated, norm) = match input {
+        Input::Plain(x) => (x, 0.0, None),
+        Input::Gated(x, Activation::Silu) => (x, 1.0, None),
+        Input::Gated(x, Activation::GeluTanh) => (x, 2.0, None),
+        Input::Normed(x, norm) => (x, 0.0, Some(norm)),
     };
-    if act.is_some() {
+    if gated != 0.0 {
         check_len(K, "gate up", x, 2 * m * k)?;
     } else {
         check_len(K, "x", x, m * k)?;
+    }
+    if let Some(norm) = norm {
+        let w = norm.weight;
+        if w.rows * w.cols != k || w.chunks.len() != 1 {
+            return Err(GpuError::invalid(
+                K,
+                format!(
+                    "a norm of {} x {} in {} buffers before an input of {k}",
+                    w.rows,
+                    w.cols,
+                    w.chunks.len()
+                ),
+            ));
+        }
+        if !k.is_multiple_of(8) {
+            return Err(GpuError::invalid(
+                K,
+                format!("a normed input needs k % 8 == 0, not k = {k}"),
+            ));
+        }
     }
     // (the three bindings, split1, split2)
     let (ys, split1, split2) = match outputs {
@@ -303,10 +388,12 @@ fn project(
             first_row: 0,
             split1: split1 as u32,
             split2: split2 as u32,
+            eps: norm.map_or(0.0, |n| n.eps),
             ..Default::default()
         };
-        // The bias binding must be valid even when unused.
+        // The bias and norm bindings must be valid even when unused.
         let bias_buf = bias.unwrap_or(&chunk.buffer);
+        let norm_buf = norm.map_or(&chunk.buffer, |n| &n.weight.chunks[0].buffer);
         let storage = [
             x.into(),
             (&chunk.buffer).into(),
@@ -314,9 +401,12 @@ fn project(
             ys[0].into(),
             ys[1].into(),
             ys[2].into(),
+            norm_buf.into(),
         ];
         let dtype = ("WEIGHT_DTYPE", weight.dtype.code());
         let gated = ("GATED", gated);
+        let normed = ("NORM", norm.is_some() as u32 as f64);
+        let norm_dtype = ("NORM_DTYPE", norm.map_or(0.0, |n| n.weight.dtype.code()));
         let source = match kernel {
             MatmulKernel::Tiled => {
                 let grid = [groups(chunk.rows, 64), groups(m, 64), 1];
@@ -326,7 +416,13 @@ fn project(
                         format!("{m} x {} outputs in one call", chunk.rows),
                     ));
                 }
-                batch.dispatch(MATMUL, &[dtype, gated], &p, &storage, grid)?;
+                batch.dispatch(
+                    MATMUL,
+                    &[dtype, gated, normed, norm_dtype],
+                    &p,
+                    &storage,
+                    grid,
+                )?;
                 continue;
             }
             MatmulKernel::Columns => MATMUL_SKINNY,
@@ -351,7 +447,7 @@ fn project(
                 first_row: first_row as u32,
                 ..p
             };
-            let mut constants = vec![dtype, gated, ("ROWS", rows as f64)];
+            let mut constants = vec![dtype, gated, normed, norm_dtype, ("ROWS", rows as f64)];
             if kernel != MatmulKernel::Columns {
                 constants.push(("WIDE", wide as u32 as f64));
             }

@@ -95,6 +95,8 @@ kernel!(COPY_BLOCKS, "copy_blocks");
 kernel!(GATHER_ROWS, "gather_rows");
 kernel!(ARGMAX, "argmax", ["argmax_common"]);
 kernel!(ARGMAX_LANES, "argmax_lanes", ["argmax_common"]);
+kernel!(ARGMAX_SLICES, "argmax_slices", ["argmax_common"]);
+kernel!(ARGMAX_MERGE, "argmax_merge", ["argmax_common"]);
 kernel!(ROTATE_ROWS, "rotate_rows", ["rotate_common"]);
 kernel!(ROTATE_QK, "rotate_qk", ["rotate_common"]);
 
@@ -122,6 +124,8 @@ pub const ALL: &[KernelSource] = &[
     GATHER_ROWS,
     ARGMAX,
     ARGMAX_LANES,
+    ARGMAX_SLICES,
+    ARGMAX_MERGE,
     ROTATE_ROWS,
     ROTATE_QK,
 ];

@@ -19,7 +19,8 @@ pub enum RmsNormKernel {
     /// `rms_norm.wgsl`: a workgroup of 256 invocations per row, a tree of partial sums.
     Workgroup,
     /// `rms_norm_lanes.wgsl`: an invocation per row, eight rows per workgroup, the squares
-    /// summed in order; rows of a multiple of 4 elements.
+    /// summed in eight chains (as the matmul kernels' normed inputs sum them); rows of a
+    /// multiple of 8 elements.
     Lanes,
 }
 
@@ -28,7 +29,7 @@ impl RmsNormKernel {
     pub fn supports(self, hidden: usize) -> bool {
         match self {
             RmsNormKernel::Workgroup => true,
-            RmsNormKernel::Lanes => hidden.is_multiple_of(4),
+            RmsNormKernel::Lanes => hidden.is_multiple_of(8),
         }
     }
 

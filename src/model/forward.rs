@@ -10,6 +10,10 @@
 //!       (→ arg-max)
 //! ```
 //!
+//! The norms before q k v, gate and up, and the LM head may be computed by those projections
+//! as they read the residual stream ([`Workspace::norm_fusion`]); a fused final norm runs on
+//! the gathered rows only.
+//!
 //! The parenthesised steps run when the architecture's [`Recipe`](super::arch::Recipe)
 //! asks for them; the rotations run when the pool's [`KvRotation`] is Hadamard.
 
@@ -17,9 +21,12 @@ use super::gpu::GpuModel;
 use super::ModelConfig;
 use crate::error::{GpuError, Result};
 use crate::gpu::{Batch, Bind, GpuContext};
-use crate::kernels::logits::{lm_head, LogitsBuffers};
-use crate::kernels::matmul::{matmul, matmul_gated, matmul_split, Output};
+use crate::kernels::logits::{argmax_partials_len, lm_head, ArgmaxKernel, LogitsBuffers};
+use crate::kernels::matmul::{
+    matmul, matmul_gated, matmul_normed, matmul_split, Norm, Output, Outputs,
+};
 use crate::kernels::paged_attention::{paged_attention, AttentionBuffers, AttentionOptions};
+use crate::kernels::rms_norm::RmsNormKernel;
 use crate::kernels::rotate::rotate_qk;
 use crate::kernels::Weight;
 use crate::kernels::{add, embedding, reshape_and_cache, rms_norm, rope, silu_mul};
@@ -42,6 +49,9 @@ pub struct Workspace {
     /// `[T, intermediate]`: the gated activation, where it is not fused into the down
     /// projection (see [`Workspace::set_fused_activation`]).
     act: Option<wgpu::Buffer>,
+    /// Where the norms before q k v, gate-up and the LM head are computed (see
+    /// [`Workspace::norm_fusion`]).
+    norm_fusion: NormFusion,
     /// `[T, heads * head_dim]`, `[T, kv_heads * head_dim]`: q and k normed per head
     /// (recipes with q/k norms).
     qk_normed: Option<(wgpu::Buffer, wgpu::Buffer)>,
@@ -54,6 +64,8 @@ pub struct Workspace {
     /// `[2, R]`: the arg-max token of each sampled row, then the bits of its logprob
     /// (see [`crate::kernels::logits::argmax`]).
     pub argmax: wgpu::Buffer,
+    /// The arg-max's partials, where the adapter splits it across workgroups.
+    argmax_partials: Option<wgpu::Buffer>,
 }
 
 impl Workspace {
@@ -81,6 +93,7 @@ impl Workspace {
                 true => None,
                 false => Some(f("act", t * cfg.intermediate_size)?),
             },
+            norm_fusion: norm_fusion_by_default(ctx, cfg),
             qk_normed: match cfg.recipe.qk_norm {
                 true => Some((f("q normed", t * qd)?, f("k normed", t * kvd)?)),
                 false => None,
@@ -92,6 +105,13 @@ impl Workspace {
             gathered: f("gathered", r * cfg.hidden_size)?,
             logits: f("logits", r * cfg.vocab_size)?,
             argmax: f("argmax", 2 * r)?,
+            argmax_partials: match ArgmaxKernel::choose(ctx) {
+                ArgmaxKernel::Split => Some(f(
+                    "argmax partials",
+                    argmax_partials_len(r, cfg.vocab_size),
+                )?),
+                _ => None,
+            },
         })
     }
 
@@ -124,7 +144,95 @@ impl Workspace {
         }
         Ok(())
     }
+
+    /// Where the RMSNorms before the q k v, gate-up and LM head projections are computed:
+    /// by a pass of their own, or by those projections as they read the residual stream
+    /// (one dispatch and one pass over `[tokens, hidden]` fewer per norm;
+    /// [`crate::kernels::matmul::matmul_normed`]). See [`NormFusion`] for the default.
+    pub fn norm_fusion(&self) -> NormFusion {
+        self.norm_fusion
+    }
+
+    /// Whether a projection of `w` over `m` rows computes its input's norm.
+    fn fuse_norm_here(&self, m: usize, w: &Weight) -> bool {
+        match self.norm_fusion {
+            NormFusion::Never => false,
+            NormFusion::Always => true,
+            NormFusion::WhereFaster => m == 1 && w.rows * w.cols <= SMALL_FUSED_WEIGHT,
+        }
+    }
+
+    /// Chooses [`Self::norm_fusion`]. An error for a hidden size the fused norm cannot read
+    /// (not a multiple of 8), and for [`NormFusion::WhereFaster`] where the adapter's norm
+    /// kernel sums differently from the fused norm (a GPU's): that choice per call would
+    /// make a row's result depend on the step it runs in.
+    pub fn set_norm_fusion(
+        &mut self,
+        ctx: &GpuContext,
+        cfg: &ModelConfig,
+        mode: NormFusion,
+    ) -> Result<()> {
+        let bad = |why: String| Err(GpuError::invalid("forward", why));
+        if mode != NormFusion::Never && !norm_fusable(cfg) {
+            return bad(format!(
+                "norms of {} elements cannot be fused",
+                cfg.hidden_size
+            ));
+        }
+        if mode == NormFusion::WhereFaster && !same_bits_fused(ctx, cfg) {
+            return bad(
+                "this adapter's norms round differently when fused; fuse always or never".into(),
+            );
+        }
+        self.norm_fusion = mode;
+        Ok(())
+    }
 }
+
+/// Where a [`Workspace`] computes the norms that precede projections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormFusion {
+    /// Every norm by a pass of its own (the default where the hidden size is not a multiple
+    /// of 8).
+    Never,
+    /// Every such norm by its projection: the default on GPUs, whose norm kernel sums a
+    /// row's squares as a tree, so fused norms round differently from separate ones (the
+    /// tokens agree up to rounding) and the choice must hold for every step.
+    Always,
+    /// Each call the faster way: fused for one-row steps of projections of at most
+    /// [`SMALL_FUSED_WEIGHT`] weights, separate otherwise. Only where the adapter norms with
+    /// the lane-per-row kernel (CPU adapters), whose sums and scaling the fused norm
+    /// repeats exactly, so both ways give the same bits (tested); the default there. On
+    /// lavapipe the fused kernel's sum of squares, repeated by every workgroup, costs more
+    /// than the separate pass for wider weights and more rows (docs/BENCHMARKS.md).
+    WhereFaster,
+}
+
+/// Whether `cfg`'s norms before projections can be fused into them (a hidden size the
+/// normed-input matmul handles).
+fn norm_fusable(cfg: &ModelConfig) -> bool {
+    cfg.hidden_size.is_multiple_of(8)
+}
+
+/// Whether a fused norm gives the bits of `ctx`'s norm kernel.
+fn same_bits_fused(ctx: &GpuContext, cfg: &ModelConfig) -> bool {
+    RmsNormKernel::choose(ctx, cfg.hidden_size) == RmsNormKernel::Lanes
+}
+
+/// The default [`NormFusion`] for `cfg` on `ctx`.
+fn norm_fusion_by_default(ctx: &GpuContext, cfg: &ModelConfig) -> NormFusion {
+    match (norm_fusable(cfg), same_bits_fused(ctx, cfg)) {
+        (false, _) => NormFusion::Never,
+        (true, true) => NormFusion::WhereFaster,
+        (true, false) => NormFusion::Always,
+    }
+}
+
+/// Weights up to which [`NormFusion::WhereFaster`] fuses the norm into a one-row projection:
+/// measured on lavapipe (`cargo bench --bench matmul -- --normed`), fusion won 1.2-1.5x for
+/// 864 x 288 and 1536 x 288 weights and lost for 2304 x 768 and wider, where each of more
+/// workgroups repeats the row's sum of squares.
+pub const SMALL_FUSED_WEIGHT: usize = 1 << 19;
 
 /// Fusing the gated activation into the down projection is the default on GPUs only.
 fn fused_by_default(ctx: &GpuContext) -> bool {
@@ -191,20 +299,44 @@ pub fn forward(
             _ => project(batch, &ws.x, Output::Accumulate),
         }
     };
+    // A projection of the residual stream's norm: normed as the matmul reads it, or by a
+    // pass of its own into `ws.h`.
+    let normed = |batch: &mut Batch,
+                  site: &'static str,
+                  norm: &Weight,
+                  w: &Weight,
+                  bias: Option<&wgpu::Buffer>,
+                  outputs: Outputs<'_>| {
+        let fused = ws.fuse_norm_here(t, w);
+        batch.profile_site(None);
+        if !fused {
+            rms_norm::rms_norm(batch, &ws.x, norm, &ws.h, t, eps)?;
+        }
+        batch.profile_site(Some(site));
+        let r = match (fused, outputs) {
+            (true, _) => {
+                let norm = Norm { weight: norm, eps };
+                matmul_normed(batch, &ws.x, norm, w, bias, outputs, t, Output::Overwrite)
+            }
+            (false, Outputs::One(y)) => matmul(batch, &ws.h, w, bias, y, t, Output::Overwrite),
+            (false, Outputs::Three(ys, widths)) => {
+                matmul_split(batch, &ws.h, w, bias, ys, widths, t)
+            }
+        };
+        batch.profile_site(None);
+        r
+    };
     for (i, l) in model.layers.iter().enumerate() {
-        rms_norm::rms_norm(batch, &ws.x, &l.input_norm, &ws.h, t, eps)?;
-        batch.profile_site(Some("q k v"));
         let (qd, kvd) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-        matmul_split(
+        let qkv = Outputs::Three([&ws.q, &ws.k, &ws.v], [qd, kvd]);
+        normed(
             batch,
-            &ws.h,
+            "q k v",
+            &l.input_norm,
             &l.qkv,
             l.qkv_bias.as_ref(),
-            [&ws.q, &ws.k, &ws.v],
-            [qd, kvd],
-            t,
+            qkv,
         )?;
-        batch.profile_site(None);
         let (q, k) = match (&ws.qk_normed, &l.q_norm, &l.k_norm) {
             (Some((qn, kn)), Some(qw), Some(kw)) => {
                 rms_norm::rms_norm(batch, &ws.q, qw, qn, t * c.num_heads, eps)?;
@@ -253,19 +385,9 @@ pub fn forward(
             &l.o,
             l.o_bias.as_ref(),
         )?;
-        batch.profile_site(None);
-        rms_norm::rms_norm(batch, &ws.x, &l.mlp_norm, &ws.h, t, eps)?;
-        batch.profile_site(Some("gate up"));
-        matmul(
-            batch,
-            &ws.h,
-            &l.gate_up,
-            l.gate_up_bias.as_ref(),
-            &ws.gate_up,
-            t,
-            Output::Overwrite,
-        )?;
-        batch.profile_site(None);
+        let gate_up = Outputs::One(&ws.gate_up);
+        let bias = l.gate_up_bias.as_ref();
+        normed(batch, "gate up", &l.mlp_norm, &l.gate_up, bias, gate_up)?;
         // The gated activation (SiLU or GELU of the gate, times up): its own pass, or
         // computed as the down projection reads the gate-up output.
         let (down_in, gated) = match &ws.act {
@@ -287,24 +409,32 @@ pub fn forward(
         )?;
         batch.profile_site(None);
     }
-    rms_norm::rms_norm(batch, &ws.x, &model.norm, &ws.h, t, eps)?;
+    // The final norm: by the LM head as it reads the gathered rows, or over every token.
+    let head = model.lm_head();
+    let (hidden, norm) = match ws.fuse_norm_here(input.num_rows, head) {
+        true => (
+            &ws.x,
+            Some(Norm {
+                weight: &model.norm,
+                eps,
+            }),
+        ),
+        false => {
+            rms_norm::rms_norm(batch, &ws.x, &model.norm, &ws.h, t, eps)?;
+            (&ws.h, None)
+        }
+    };
     let out = LogitsBuffers {
         gathered: &ws.gathered,
         logits: &ws.logits,
         argmax: input.argmax.then_some(&ws.argmax),
+        argmax_partials: ws.argmax_partials.as_ref(),
         softcap: rc.final_softcap,
+        norm,
     };
     // Gathering the sampled rows, the vocabulary projection and the arg-max.
     batch.profile_site(Some("lm head"));
-    let r = lm_head(
-        batch,
-        &ws.h,
-        t,
-        input.rows,
-        input.num_rows,
-        model.lm_head(),
-        out,
-    );
+    let r = lm_head(batch, hidden, t, input.rows, input.num_rows, head, out);
     batch.profile_site(None);
     r
 }
