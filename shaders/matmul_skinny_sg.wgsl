@@ -13,18 +13,23 @@ fn x8(row: u32, j: u32, lane: u32, s: f32) -> array<vec4<f32>, 2> {
     if NORM {
         xl = xl * s * norm_at(8u * j + (lane & 7u));
     }
+    return broadcast8(xl);
+}
+
+// The values v of lanes 0 .. 7, in lane order, in every lane.
+fn broadcast8(v: f32) -> array<vec4<f32>, 2> {
     return array<vec4<f32>, 2>(
         vec4<f32>(
-            subgroupBroadcast(xl, 0u),
-            subgroupBroadcast(xl, 1u),
-            subgroupBroadcast(xl, 2u),
-            subgroupBroadcast(xl, 3u),
+            subgroupBroadcast(v, 0u),
+            subgroupBroadcast(v, 1u),
+            subgroupBroadcast(v, 2u),
+            subgroupBroadcast(v, 3u),
         ),
         vec4<f32>(
-            subgroupBroadcast(xl, 4u),
-            subgroupBroadcast(xl, 5u),
-            subgroupBroadcast(xl, 6u),
-            subgroupBroadcast(xl, 7u),
+            subgroupBroadcast(v, 4u),
+            subgroupBroadcast(v, 5u),
+            subgroupBroadcast(v, 6u),
+            subgroupBroadcast(v, 7u),
         ),
     );
 }
@@ -50,54 +55,21 @@ fn pass_scales(r0: u32, lane: u32) -> Scales {
             let v = x[base + 2u * j + ((lane & 7u) >> 2u)][lane & 3u];
             chain += v * v;
         }
-        let a = vec4<f32>(
-            subgroupBroadcast(chain, 0u),
-            subgroupBroadcast(chain, 1u),
-            subgroupBroadcast(chain, 2u),
-            subgroupBroadcast(chain, 3u),
-        );
-        let b = vec4<f32>(
-            subgroupBroadcast(chain, 4u),
-            subgroupBroadcast(chain, 5u),
-            subgroupBroadcast(chain, 6u),
-            subgroupBroadcast(chain, 7u),
-        );
-        sc.rows[0] = inv_rms(a, b, p.k, p.eps);
+        let chains = broadcast8(chain);
+        sc.rows[0] = inv_rms(chains[0], chains[1], p.k, p.eps);
         sc.own = sc.rows[0];
         return sc;
     }
     sc.own = row_scale(min(r0 + (lane & 7u), p.m - 1u));
-    sc.rows = array<f32, 8>(
-        subgroupBroadcast(sc.own, 0u),
-        subgroupBroadcast(sc.own, 1u),
-        subgroupBroadcast(sc.own, 2u),
-        subgroupBroadcast(sc.own, 3u),
-        subgroupBroadcast(sc.own, 4u),
-        subgroupBroadcast(sc.own, 5u),
-        subgroupBroadcast(sc.own, 6u),
-        subgroupBroadcast(sc.own, 7u),
-    );
+    let rows = broadcast8(sc.own);
+    sc.rows = array<f32, 8>(rows[0].x, rows[0].y, rows[0].z, rows[0].w, rows[1].x, rows[1].y, rows[1].z, rows[1].w);
     return sc;
 }
 
 // The norm weights 8j .. 8j + 8 in an 8-row pass: lane l of each group of 8 loads element
 // 8j + l and they are broadcast.
 fn norm8(j: u32, lane: u32) -> array<vec4<f32>, 2> {
-    let g = norm_at(8u * j + (lane & 7u));
-    return array<vec4<f32>, 2>(
-        vec4<f32>(
-            subgroupBroadcast(g, 0u),
-            subgroupBroadcast(g, 1u),
-            subgroupBroadcast(g, 2u),
-            subgroupBroadcast(g, 3u),
-        ),
-        vec4<f32>(
-            subgroupBroadcast(g, 4u),
-            subgroupBroadcast(g, 5u),
-            subgroupBroadcast(g, 6u),
-            subgroupBroadcast(g, 7u),
-        ),
-    );
+    return broadcast8(norm_at(8u * j + (lane & 7u)));
 }
 
 // A pass's terms of step j. Passes of eight rows: lane l of each group of 8 loads row

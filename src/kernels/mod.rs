@@ -93,9 +93,13 @@ kernel!(
 kernel!(PAGED_ATTENTION_REDUCE, "paged_attention_reduce");
 kernel!(COPY_BLOCKS, "copy_blocks");
 kernel!(GATHER_ROWS, "gather_rows");
-kernel!(ARGMAX, "argmax", ["argmax_common"]);
+kernel!(ARGMAX, "argmax", ["argmax_common", "argmax_tree"]);
 kernel!(ARGMAX_LANES, "argmax_lanes", ["argmax_common"]);
-kernel!(ARGMAX_SLICES, "argmax_slices", ["argmax_common"]);
+kernel!(
+    ARGMAX_SLICES,
+    "argmax_slices",
+    ["argmax_common", "argmax_tree"]
+);
 kernel!(ARGMAX_MERGE, "argmax_merge", ["argmax_common"]);
 kernel!(ROTATE_ROWS, "rotate_rows", ["rotate_common"]);
 kernel!(ROTATE_QK, "rotate_qk", ["rotate_common"]);
