@@ -25,10 +25,14 @@ fn argmax_merge(@builtin(global_invocation_id) gid: vec3<u32>) {
             mi = oi;
         }
     }
+    // A slice whose logits are all -inf has the sum NaN (exp(-inf - -inf)); its terms are
+    // 0 in the one-pass kernels, and skipping it keeps them 0 here.
     var total = 0.0;
     for (var s = 0u; s < p.slices; s++) {
-        let sm = bitcast<f32>(partials[base + 3u * s]);
-        total += bitcast<f32>(partials[base + 3u * s + 2u]) * exp(sm - m);
+        let f = exp(bitcast<f32>(partials[base + 3u * s]) - m);
+        if f > 0.0 {
+            total += bitcast<f32>(partials[base + 3u * s + 2u]) * f;
+        }
     }
     out[r] = mi;
     out[p.num_rows + r] = bitcast<u32>(-log(total));

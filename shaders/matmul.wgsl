@@ -18,7 +18,10 @@ const TK: u32 = 16u;
 const LD: u32 = 65u;
 var<workgroup> xs: array<f32, 1040>;  // [TK][LD], x rows
 var<workgroup> ws: array<f32, 1040>;  // [TK][LD], weight rows (output columns)
-var<workgroup> scales: array<f32, 64>;  // with NORM: the norm scales of the tile's rows
+// With NORM: the tile's rows' eight square-sum chains (chain c & 7 of row c >> 3), and their
+// norm scales.
+var<workgroup> chains: array<f32, 512>;
+var<workgroup> scales: array<f32, 64>;
 
 @compute @workgroup_size(16, 16)
 fn matmul(
@@ -35,8 +38,25 @@ fn matmul(
     var acc3 = vec4<f32>(0.0);
     let words_per_row = select(p.k / 2u, p.k, WEIGHT_DTYPE == DTYPE_F32);
     if NORM {
+        // The 512 chains of common.wgsl's inv_rms for the tile's 64 rows, two per thread
+        // (neighbouring threads read neighbouring elements of a row), each summed in order;
+        // then a thread per row adds its eight in order, as a single invocation would.
+        for (var q = 0u; q < 2u; q++) {
+            let c = li + 256u * q;
+            let base = min(row0 + (c >> 3u), p.m - 1u) * p.k + (c & 7u);
+            var sum = 0.0;
+            for (var e = 0u; e < p.k; e += 8u) {
+                let v = x[base + e];
+                sum += v * v;
+            }
+            chains[c] = sum;
+        }
+        workgroupBarrier();
         if li < TILE {
-            scales[li] = row_scale(min(row0 + li, p.m - 1u));
+            let c = 8u * li;
+            let a = vec4<f32>(chains[c], chains[c + 1u], chains[c + 2u], chains[c + 3u]);
+            let b = vec4<f32>(chains[c + 4u], chains[c + 5u], chains[c + 6u], chains[c + 7u]);
+            scales[li] = inv_rms(a, b, p.k, p.eps);
         }
         workgroupBarrier();
     }

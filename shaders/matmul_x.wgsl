@@ -22,7 +22,9 @@ fn xn_at(row: u32, e: u32, s: f32) -> f32 {
     return x_at(row, e);
 }
 
-// With NORM, the norm scale of input row `row` (common.wgsl's inv_rms); 1 without.
+// With NORM, the norm scale of input row `row` (common.wgsl's inv_rms), computed by one
+// invocation (matmul_skinny.wgsl; matmul.wgsl spreads the chains over its threads); 1
+// without.
 fn row_scale(row: u32) -> f32 {
     if !NORM {
         return 1.0;

@@ -530,19 +530,20 @@ fn wide_one_row_passes_give_the_same_bits() {
 fn a_normed_input_is_the_lane_norm_kernels_output_to_the_bit() {
     // The RMSNorm before a projection, computed by the projection as it reads x: against the
     // plain-Rust norm and product (f64), and bitwise against rms_norm_lanes followed by the
-    // same kernel's plain matmul, for every kernel the adapter runs, 1, 3, 9 and 70 rows
-    // (one-row, short and 8-row passes; the tiled kernel's partial tile), rows of very
-    // different magnitudes, f32 and bf16 norm weights, with a bias; a weight wide enough for
-    // the one-row passes of four columns (WIDE) on a CPU adapter; and the stacked q k v
-    // outputs. Row 0 is the same bits for every kernel and row count (batch invariance).
+    // same kernel's plain matmul, for every kernel the adapter runs, 1, 2, 3, 9 and 70 rows
+    // (one-row, two- and four-row and 8-row passes; the tiled kernel's partial tile), rows of
+    // very different magnitudes, f32, f16 and bf16 norms and weights, with a bias; a weight
+    // wide enough for the one-row passes of four columns (WIDE) on a CPU adapter; and the
+    // stacked q k v outputs. Row 0 is the same bits for every kernel and row count (batch
+    // invariance).
     use pagellm::kernels::matmul::{matmul_into, matmul_normed_with, Norm, Outputs};
     use pagellm::kernels::rms_norm::{rms_norm_with, RmsNormKernel};
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     for ctx in contexts() {
-        for (k, n, norm_dtype) in [
-            (48, 40, WeightDtype::BF16),
-            (64, 512 * cores + 8, WeightDtype::F32),
-            (8, 24, WeightDtype::F16),
+        for (k, n, norm_dtype, dtype) in [
+            (48, 40, WeightDtype::BF16, WeightDtype::BF16),
+            (64, 512 * cores + 8, WeightDtype::F32, WeightDtype::F16),
+            (8, 24, WeightDtype::F16, WeightDtype::F32),
         ] {
             let (m_max, eps) = (70, 1e-5);
             let mut g = rng(500 + k as u64);
@@ -555,14 +556,14 @@ fn a_normed_input_is_the_lane_norm_kernels_output_to_the_bit() {
             let wv = randn(&mut g, n * k, 0.5);
             let bias = randn(&mut g, n, 1.0);
             let nw = Weight::from_f32(ctx, "norm", &gv, 1, k, norm_dtype).unwrap();
-            let w = Weight::from_f32(ctx, "w", &wv, n, k, WeightDtype::BF16).unwrap();
+            let w = Weight::from_f32(ctx, "w", &wv, n, k, dtype).unwrap();
             let bb = ctx.upload("bias", &bias).unwrap();
             let normed = r::rms_norm(&x, &rounded(&gv, norm_dtype), eps);
-            let wr = rounded(&wv, WeightDtype::BF16);
+            let wr = rounded(&wv, dtype);
             let norm = Norm { weight: &nw, eps };
             let mut first: Option<Vec<f32>> = None;
             for kernel in KERNELS.into_iter().filter(|kern| kern.supports(ctx, k)) {
-                for m in [1, 3, 9, 70] {
+                for m in [1, 2, 3, 9, 70] {
                     let xb = ctx.upload("x", &x[..m * k]).unwrap();
                     let hb = ctx.storage_buffer("h", (m * k * 4) as u64).unwrap();
                     let yb = ctx.storage_buffer("y", (m * n * 4) as u64).unwrap();
@@ -578,7 +579,7 @@ fn a_normed_input_is_the_lane_norm_kernels_output_to_the_bit() {
                     let got = read_f32(ctx, &yb, m * n);
                     let want = r::matmul(&normed[..m * k], &wr, Some(&bias[..]), m, n, k);
                     let what = format!(
-                        "{kernel:?} m={m} n={n} k={k} norm {norm_dtype:?} on {}",
+                        "{kernel:?} m={m} n={n} k={k} {dtype:?} norm {norm_dtype:?} on {}",
                         backend(ctx)
                     );
                     assert_close(&what, &got, &want, 1e-4 * (k as f32).sqrt(), 1e-4);

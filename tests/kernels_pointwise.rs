@@ -345,8 +345,8 @@ fn log_softmax_at(row: &[f32], i: usize) -> f64 {
 fn the_split_arg_max_merges_slices_as_one_row() {
     // Rows of several slices of the split kernel (2048 logits each) and a ragged last one,
     // 70 rows (more than one merge workgroup): maxima tied across slices (the first must
-    // win), within a slice, at a slice's first and last logit, in the ragged slice, and a
-    // row whose logits are all equal. Every kernel against a plain-Rust arg-max and an f64
+    // win), within a slice, at a slice's first and last logit, in the ragged slice, a row
+    // whose logits are all equal, and one with a slice of -inf. Every kernel against a plain-Rust arg-max and an f64
     // logprob; the split kernel without its partials buffer is refused by name.
     use kernels::logits::{argmax_logprobs, argmax_partials_len, argmax_with, ArgmaxKernel};
     for ctx in contexts() {
@@ -367,6 +367,8 @@ fn the_split_arg_max_merges_slices_as_one_row() {
             }
         }
         x[6 * width..7 * width].fill(0.5);
+        // Row 7: a slice of -inf (masked logits), whose own sum is NaN in the split kernel.
+        x[7 * width + 2048..7 * width + 4096].fill(f32::NEG_INFINITY);
         let xb = ctx.upload("logits", &x).unwrap();
         let words = argmax_partials_len(rows, width);
         let partials = ctx.storage_buffer("partials", (words * 4) as u64).unwrap();

@@ -65,7 +65,8 @@ pub fn gather_rows<'a>(
 }
 
 /// The kernel that reduces a row of logits to its arg-max. All pick the same token (the
-/// first of equal maxima); their logprobs may differ in the last bits (they add the
+/// first of equal maxima) for a row without NaN (with one, which token wins depends on how
+/// the kernel splits the row); their logprobs may differ in the last bits (they add the
 /// exponentials in different orders), so the choice is fixed per adapter, never per call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ArgmaxKernel {
