@@ -219,7 +219,7 @@ pub struct Norm<'a> {
 
 /// outputs = rms_norm(x) · weight[out, in]ᵀ + bias[out]: the RMSNorm before a projection
 /// (the q k v, gate-up and LM head inputs) fused into it. Each row's norm scale is computed
-/// as `rms_norm_lanes.wgsl` computes it and applied as it writes, so the result is bitwise
+/// as `rms_norm_lanes.wgsl` computes it and applied to x as it is read, so the result is bitwise
 /// that of [`rms_norm_with`](super::rms_norm::rms_norm_with) with
 /// [`RmsNormKernel::Lanes`](super::rms_norm::RmsNormKernel::Lanes) followed by the matmul
 /// (tests/kernels_matmul.rs checks it); one dispatch and one pass over `[m, in]` fewer.
