@@ -320,6 +320,10 @@ fn profiling_counts_every_dispatch_by_kernel_and_phase_with_either_timing_method
                     "{what}: {name} waited for its read-back"
                 );
             }
+            // This context compiled add and the norm in the prefill step and nothing after.
+            assert!(!prefill.compile.is_zero(), "{what}: {prefill:?}");
+            assert!(prefill.compile <= prefill.record, "{what}: {prefill:?}");
+            assert!(decode.compile.is_zero(), "{what}: {decode:?}");
             // The first step's wall time ends where the next step begins, so it holds all
             // of its kernels' time.
             assert!(prefill.wall >= prefill.gpu_total(), "{what}: {prefill:?}");

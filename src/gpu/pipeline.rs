@@ -152,6 +152,7 @@ impl GpuContext {
         {
             return Ok(p);
         }
+        let started = std::time::Instant::now();
         let module = self.module(kernel)?;
         let pipeline = self.scoped(&format!("compiling kernel {}", kernel.name), || {
             self.device
@@ -174,6 +175,9 @@ impl GpuContext {
         });
         if let Ok(mut m) = self.pipelines.map.lock() {
             m.insert(key, pipeline.clone());
+        }
+        if let Some(p) = self.profiler() {
+            p.compile(started.elapsed());
         }
         Ok(pipeline)
     }

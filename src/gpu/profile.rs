@@ -14,8 +14,9 @@
 //!   calls against large ones, and on a shared device the wait includes other users' work.
 //!
 //! Host time is split into recording (from the batch's creation to its submit, less the
-//! time the fallback spent waiting), submitting (`queue.submit`), and waiting for the GPU
-//! (every wait of the context; with timestamps the kernels' time is inside it). Figures are
+//! time the fallback spent waiting; of it, the time spent compiling pipelines on first use
+//! is also shown alone), submitting (`queue.submit`), and waiting for the GPU (every wait
+//! of the context; with timestamps the kernels' time is inside it). Figures are
 //! grouped by the phase the caller names ([`Profiler::begin_step`] to
 //! [`Profiler::end_step`]: the engine says `prefill` or `decode`); a batch keeps the phase
 //! it was created in, and work outside a step is `other`. With profiling off, a batch and a
@@ -48,6 +49,10 @@ pub struct PhaseProfile {
     pub kernels: BTreeMap<String, KernelTime>,
     /// Host time recording batches.
     pub record: Duration,
+    /// Host time compiling pipelines, on the first use of each kernel variant in a context
+    /// (part of `record` when a batch's recording asks for the pipeline, as it does): a
+    /// step that compiles shows a recording time that later steps do not pay.
+    pub compile: Duration,
     /// Host time in `queue.submit`.
     pub submit: Duration,
     /// Host time waiting for the GPU.
@@ -222,6 +227,11 @@ impl Profiler {
         });
     }
 
+    /// Host time compiling a pipeline, in the current phase.
+    pub(crate) fn compile(&self, d: Duration) {
+        self.with(None, |p| p.compile += d);
+    }
+
     /// The figures so far, by phase; the profile starts again empty.
     pub fn take(&self) -> BTreeMap<&'static str, PhaseProfile> {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -272,8 +282,15 @@ pub fn report(
             ms(total),
             ms(total) / steps
         ));
+        let compiling = match p.compile.is_zero() {
+            true => String::new(),
+            false => format!(
+                " ({:.3} ms of it compiling pipelines on first use)",
+                ms(p.compile) / steps
+            ),
+        };
         out.push_str(&format!(
-            "  host per step: recording {:.3} ms, submitting {:.3} ms, waiting {:.3} ms\n",
+            "  host per step: recording {:.3} ms{compiling}, submitting {:.3} ms, waiting {:.3} ms\n",
             ms(p.record) / steps,
             ms(p.submit) / steps,
             ms(p.wait) / steps
