@@ -178,8 +178,14 @@ impl<'a> App<'a> {
     /// be compared with the engine here); returns (exit code, stdout, stderr).
     fn run(&self, args: &[&str]) -> (i32, String, String) {
         let screen = format!("-screen 0 {}x{}x24", WIDTH + 100, HEIGHT + 100);
+        // The X authority file in our scratch folder: without one, xvfb-run makes a temporary
+        // folder for it and removes that while Xvfb still runs, which now and then fails
+        // ("problem while cleaning up temporary directory") and turns the app's exit status
+        // into xvfb-run's 5.
+        let auth = self.scratch.join("xauthority");
         let mut child = Command::new(&self.xvfb_run)
-            .args(["-a", "-s", &screen])
+            .args(["-a", "-s", &screen, "-f"])
+            .arg(&auth)
             .arg(std::env::current_exe().unwrap())
             .arg("--child-app")
             .args(args)
