@@ -103,23 +103,9 @@ fn main() {
                 matmul_with(&mut b, kernel, &x, &w, None, &y, m, Output::Overwrite)
                     .expect("matmul");
             }
-            let t = Instant::now();
-            b.submit().expect("submit");
-            ctx.wait().expect("wait");
-            t.elapsed().as_secs_f64() / CALLS_PER_SUBMIT as f64
+            per_call(&ctx, b)
         };
-        kernels.iter().for_each(|&kern| {
-            once(kern);
-        });
-        let budget = Duration::from_millis(if quick { 300 } else { 3000 });
-        let start = Instant::now();
-        let mut times = vec![Vec::new(); kernels.len()];
-        while times[0].len() < 3 || (start.elapsed() < budget && times[0].len() < 50) {
-            for (t, &kern) in times.iter_mut().zip(&kernels) {
-                t.push(once(kern));
-            }
-        }
-        let med: Vec<f64> = times.into_iter().map(median).collect();
+        let med = alternating(quick, &kernels, once);
         let chosen = MatmulKernel::choose(&ctx, m, k);
         let i = kernels.iter().position(|&kern| kern == chosen).unwrap();
         let rows_per_s = m as f64 / med[i];
@@ -170,10 +156,7 @@ fn gated(ctx: &GpuContext, n: usize, k: usize, rows: &[usize], quick: bool) {
                     matmul_with(&mut b, kernel, &act, &w, None, &y, m, out).expect("matmul");
                 }
             }
-            let t = Instant::now();
-            b.submit().expect("submit");
-            ctx.wait().expect("wait");
-            t.elapsed().as_secs_f64() / CALLS_PER_SUBMIT as f64
+            per_call(ctx, b)
         });
         println!(
             "| {m} | {kernel:?} | {:.3} | {:.3} | {:.2} |",
@@ -184,18 +167,28 @@ fn gated(ctx: &GpuContext, n: usize, k: usize, rows: &[usize], quick: bool) {
     }
 }
 
-/// Median seconds per call of `once(false)` and `once(true)`, measured alternately.
-fn side_by_side(quick: bool, once: impl Fn(bool) -> f64) -> (f64, f64) {
-    once(false);
-    once(true);
+/// Median seconds per call of `once(v)` for each of `variants`, measured in turns so that
+/// the machine's drift hits all of them: one warm-up call each, then rounds until the time
+/// budget is spent (at least 3, at most 50).
+fn alternating<V: Copy>(quick: bool, variants: &[V], once: impl Fn(V) -> f64) -> Vec<f64> {
+    variants.iter().for_each(|&v| {
+        once(v);
+    });
     let budget = Duration::from_millis(if quick { 300 } else { 3000 });
     let start = Instant::now();
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    while a.len() < 3 || (start.elapsed() < budget && a.len() < 50) {
-        a.push(once(false));
-        b.push(once(true));
+    let mut times = vec![Vec::new(); variants.len()];
+    while times[0].len() < 3 || (start.elapsed() < budget && times[0].len() < 50) {
+        for (t, &v) in times.iter_mut().zip(variants) {
+            t.push(once(v));
+        }
     }
-    (median(a), median(b))
+    times.into_iter().map(median).collect()
+}
+
+/// [`alternating`] of the separate (`false`) and fused (`true`) ways.
+fn side_by_side(quick: bool, once: impl Fn(bool) -> f64) -> (f64, f64) {
+    let med = alternating(quick, &[false, true], once);
+    (med[0], med[1])
 }
 
 /// The `--normed` table: per row count, the median time of a projection that reads a
@@ -243,10 +236,7 @@ fn normed(ctx: &GpuContext, n: usize, k: usize, rows: &[usize], quick: bool) {
                     matmul_with(&mut b, kernel, &h, &w, None, &y, m, out).expect("matmul");
                 }
             }
-            let t = Instant::now();
-            b.submit().expect("submit");
-            ctx.wait().expect("wait");
-            t.elapsed().as_secs_f64() / CALLS_PER_SUBMIT as f64
+            per_call(ctx, b)
         });
         println!(
             "| {m} | {kernel:?} | {:.3} | {:.3} | {:.2} |",
@@ -294,26 +284,21 @@ fn argmax(ctx: &GpuContext, width: usize, rows: &[usize], quick: bool) {
                 argmax_with(&mut b, kernel, &logits, &out, Some(&partials), m, width)
                     .expect("argmax");
             }
-            let t = Instant::now();
-            b.submit().expect("submit");
-            ctx.wait().expect("wait");
-            t.elapsed().as_secs_f64() / CALLS_PER_SUBMIT as f64
+            per_call(ctx, b)
         };
-        KERNELS.iter().for_each(|&k| {
-            once(k);
-        });
-        let budget = Duration::from_millis(if quick { 300 } else { 3000 });
-        let start = Instant::now();
-        let mut times = vec![Vec::new(); KERNELS.len()];
-        while times[0].len() < 3 || (start.elapsed() < budget && times[0].len() < 50) {
-            for (i, &k) in KERNELS.iter().enumerate() {
-                times[i].push(once(k));
-            }
-        }
-        let cells: Vec<String> = times
+        let cells: Vec<String> = alternating(quick, &KERNELS, once)
             .into_iter()
-            .map(|t| format!("{:.3}", median(t) * 1e3))
+            .map(|t| format!("{:.3}", t * 1e3))
             .collect();
         println!("| {m} | {} |", cells.join(" | "));
     }
+}
+
+/// Seconds per call of the `CALLS_PER_SUBMIT` calls recorded in `b`: its submit and the
+/// wait for the adapter.
+fn per_call(ctx: &GpuContext, b: Batch<'_>) -> f64 {
+    let t = Instant::now();
+    b.submit().expect("submit");
+    ctx.wait().expect("wait");
+    t.elapsed().as_secs_f64() / CALLS_PER_SUBMIT as f64
 }
