@@ -869,8 +869,8 @@ fn main() {
             st.preempted_by_swap,
             st.preempted_by_recompute,
             st.recomputed_tokens,
-            s.stats.blocks_swapped_out,
-            s.stats.blocks_swapped_in,
+            s.stats.blocks_swapped_out(),
+            s.stats.blocks_swapped_in(),
         );
         if s.steps.len() != 3 {
             println!("(unexpected: {mode:?} took {} steps)", s.steps.len());
@@ -1015,8 +1015,8 @@ fn main() {
             sc.preempted_by_recompute,
             sc.chosen_by_cost,
             sc.recomputed_tokens,
-            st.blocks_swapped_out,
-            st.blocks_swapped_in,
+            st.blocks_swapped_out(),
+            st.blocks_swapped_in(),
         );
         if first.is_none() {
             first = Some(outs);

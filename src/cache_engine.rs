@@ -55,31 +55,16 @@ pub struct PendingSwapOut {
     host_blocks: Vec<u32>,
 }
 
-/// Counters of the work done, for statistics and benchmarks.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CacheEngineStats {
-    pub blocks_copied: u64,
-    pub blocks_swapped_out: u64,
-    pub blocks_swapped_in: u64,
-    pub bytes_to_host: u64,
-    pub bytes_to_device: u64,
-}
-
 #[derive(Debug)]
 pub struct CacheEngine {
     pub device: KvPool,
     pub host: HostPool,
-    pub stats: CacheEngineStats,
 }
 
 impl CacheEngine {
     pub fn new(device: KvPool, num_host_blocks: usize) -> Self {
         let host = HostPool::new(device.layout, num_host_blocks);
-        CacheEngine {
-            device,
-            host,
-            stats: CacheEngineStats::default(),
-        }
+        CacheEngine { device, host }
     }
 
     fn check(&self, ops: &BlockOps) -> Result<()> {
@@ -162,14 +147,11 @@ impl CacheEngine {
                     batch.copy(&staging, src + bb, buf, v, bb);
                 }
             }
-            self.stats.blocks_swapped_in += ops.swap_in.len() as u64;
-            self.stats.bytes_to_device += per_block * ops.swap_in.len() as u64;
         }
 
         // 3. Copy-on-write copies.
         if !ops.copies.is_empty() {
             copy_blocks(batch, &self.device, &ops.copy_pairs())?;
-            self.stats.blocks_copied += ops.copies.len() as u64;
         }
         Ok(pending)
     }
@@ -186,9 +168,6 @@ impl CacheEngine {
                 dst.copy_from_slice(&bytes[i * per_block..(i + 1) * per_block]);
             }
         }
-        let n = pending.host_blocks.len() as u64;
-        self.stats.blocks_swapped_out += n;
-        self.stats.bytes_to_host += n * per_block as u64;
         Ok(())
     }
 

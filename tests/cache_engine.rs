@@ -63,8 +63,6 @@ fn swap_round_trip(ctx: &pagellm::GpuContext, pool: KvPool) {
     for b in [1, 2, 3, 4, 5, 6, 8, 9, 10] {
         assert!(after[b] == fresh[b], "untouched block {b} changed");
     }
-    assert_eq!(engine.stats.blocks_swapped_out, 3);
-    assert_eq!(engine.stats.blocks_swapped_in, 3);
 }
 
 #[test]

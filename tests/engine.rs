@@ -217,7 +217,10 @@ fn preemption_by_swap_or_recompute_does_not_change_greedy_tokens() {
         );
         match mode {
             PreemptionMode::Swap => {
-                assert!(s.blocks_swapped_out > 0 && s.blocks_swapped_in > 0, "{s:?}")
+                assert!(
+                    s.blocks_swapped_out() > 0 && s.blocks_swapped_in() > 0,
+                    "{s:?}"
+                )
             }
             PreemptionMode::Recompute => assert!(s.scheduler.recomputed_tokens > 0, "{s:?}"),
         }

@@ -259,7 +259,7 @@ fn dropping_the_receiver_aborts_the_request_and_frees_its_blocks() {
     e.step().unwrap();
     let s = e.stats();
     assert_eq!(s.abandoned_requests, 1);
-    assert_eq!(s.running_requests, 1);
+    assert_eq!(s.pending_requests, 1);
     assert!(
         s.cache.device.used + 4 <= before,
         "{before} -> {:?}",

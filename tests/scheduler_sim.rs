@@ -2,9 +2,11 @@
 //! prompt lengths (1 to beyond the pool), `n` 1..8, beam widths 1..4, output lengths,
 //! arrivals over time and random aborts, on random pools from tiny to ample, random
 //! `max_num_seqs` and budgets, with and without prefix caching, in all three preemption
-//! modes (automatic with random injected costs). The driver checks after every step: the
-//! block manager's invariants, no sequence scheduled twice, gang scheduling, the budget and
-//! `max_num_seqs`, decode first. At the end of each run: every request finished, failed
+//! modes (automatic with random injected costs), with and without a sliding window. Each
+//! step's results go through `Scheduler::commit`, the code the engine runs. The driver
+//! checks after every step: the block manager's invariants, no sequence scheduled twice,
+//! gang scheduling, the budget and `max_num_seqs`, decode first, released blocks only
+//! outside the window. At the end of each run: every request finished, failed
 //! with a reason or was aborted within a bounded number of steps; nothing leaked; a request
 //! fails only if it could really never fit; and every finished request produced exactly
 //! what it produces alone on an ample pool.
@@ -41,6 +43,8 @@ struct Setup {
     config: EngineConfig,
     cache: CacheConfig,
     costs: Option<PreemptionCosts>,
+    /// A sliding window in every layer: blocks that left it are released.
+    window: Option<usize>,
 }
 
 fn random_setup(g: &mut Rng) -> Setup {
@@ -76,10 +80,12 @@ fn random_setup(g: &mut Rng) -> Setup {
         c.record_prefill(g.range(10, 100_000), 1.0);
         c
     });
+    let window = g.chance(25).then(|| g.range(1, 40));
     Setup {
         config,
         cache,
         costs,
+        window,
     }
 }
 
@@ -143,13 +149,14 @@ struct Tally {
     recomputes: u64,
     cow_copies: u64,
     prefix_hits: u64,
+    window_releases: u64,
 }
 
 /// One simulated run, added to `t`.
 fn run(seed: u64, memo: &mut BTreeMap<String, Outcome>, t: &mut Tally) -> Result<(), String> {
     let mut g = Rng(seed);
     let setup = random_setup(&mut g);
-    let mut d = Driver::new(setup.config.clone(), setup.cache);
+    let mut d = Driver::with_window(setup.config.clone(), setup.cache, setup.window);
     if let Some(c) = setup.costs {
         d.sched.costs = c;
     }
@@ -174,13 +181,17 @@ fn run(seed: u64, memo: &mut BTreeMap<String, Outcome>, t: &mut Tally) -> Result
         if d.steps - steps_before > 200 + 20 * work as u64 {
             return Err(format!(
                 "liveness: {} of {next} requests still pending after {} steps ({work} tokens of work) with {:?}",
-                d.groups.len(),
+                d.pending(),
                 d.steps - steps_before,
                 setup.config
             ));
         }
-        d.step()
-            .map_err(|e| format!("{e} with {:?} {:?}", setup.config, setup.cache))?;
+        d.step().map_err(|e| {
+            format!(
+                "{e} with {:?} {:?} window {:?}",
+                setup.config, setup.cache, setup.window
+            )
+        })?;
     }
     d.check_drained()?;
     let c = &setup.config;
@@ -217,6 +228,7 @@ fn run(seed: u64, memo: &mut BTreeMap<String, Outcome>, t: &mut Tally) -> Result
     t.recomputes += d.sched.stats.preempted_by_recompute;
     t.cow_copies += st.cow_copies;
     t.prefix_hits += st.prefix_hits;
+    t.window_releases += st.window_released_blocks;
     for o in d.outcomes.values() {
         match o {
             Outcome::Finished(_) => t.finished += 1,
@@ -254,6 +266,7 @@ fn random_mixes_keep_every_promise() {
         ("recompute preemptions", t.recomputes),
         ("copy-on-write copies", t.cow_copies),
         ("prefix-cache hits", t.prefix_hits),
+        ("blocks released by a sliding window", t.window_releases),
     ] {
         assert!(n > 0, "no {what} in {runs} runs");
     }

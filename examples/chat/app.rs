@@ -515,7 +515,11 @@ impl ChatApp {
             );
             row(
                 "blocks swapped",
-                format!("{} out, {} in", st.blocks_swapped_out, st.blocks_swapped_in),
+                format!(
+                    "{} out, {} in",
+                    st.blocks_swapped_out(),
+                    st.blocks_swapped_in()
+                ),
             );
             row(
                 "prefix cache",

@@ -48,6 +48,12 @@ pub enum CacheError {
     )]
     BlocksInFlight(SeqId),
 
+    #[error("request {0} is not held by the scheduler")]
+    UnknownGroup(u64),
+
+    #[error("a step's sampling results do not fit request {request}: {reason}")]
+    BadSample { request: u64, reason: String },
+
     #[error("{seq} has {num_tokens} tokens, so {value} is out of range")]
     TokenOutOfRange {
         seq: SeqId,

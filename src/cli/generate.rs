@@ -341,9 +341,10 @@ fn print_stats(engine: &Engine) {
     );
     eprintln!(
         "blocks swapped out/in:  {} / {}",
-        s.blocks_swapped_out, s.blocks_swapped_in
+        s.blocks_swapped_out(),
+        s.blocks_swapped_in()
     );
-    eprintln!("copy-on-write copies:   {}", s.copy_on_write_copies);
+    eprintln!("copy-on-write copies:   {}", s.copy_on_write_copies());
     eprintln!(
         "prefix cache:           {} hits, {} misses ({:.1}% hit rate)",
         c.prefix_hits,

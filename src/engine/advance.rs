@@ -1,40 +1,57 @@
-//! After the forward pass: record progress, then turn each sampled row into the next token
-//! of its sequence, by sampling (parallel samples, forked from the prompt's sequence once
-//! it is prefilled) or by a beam-search step, stream it, and apply the stop conditions.
-//! A failure here belongs to one request and fails that request alone.
+//! After the forward pass: turn each sampled row into the next token of its sequence, by
+//! sampling (parallel samples, forked from the prompt's sequence once it is prefilled) or
+//! by a beam-search step, stream it and apply the stop conditions; then hand the results to
+//! [`super::scheduler::Scheduler::commit`], which applies them to the groups and the block
+//! manager, and report the groups it let go. A failure here belongs to one request and
+//! fails that request alone.
 
-use super::core::{Engine, Result};
+use super::core::{Engine, EngineError, Result};
 use super::output::{CompletionOutput, FinishReason, RequestEvent, RequestId, TokenLogprob};
-use super::request::completion;
-use super::scheduler::SchedulerOutput;
+use super::request::{completion, Group, RequestSide, SeqOutput};
+use super::scheduler::{BeamChild, Fork, NextToken, SampleOutcome, Sampled, SchedulerOutput};
 use super::step_batch::{needs_logits, ReadBack};
-use crate::cache::SeqId;
 use crate::sampling::{log_softmax, Sampler, SamplingError};
+use crate::tokenizer::Tokenizer;
+
+/// What sampling one row needs besides the sequence.
+struct RowSampler<'a> {
+    tokenizer: &'a Tokenizer,
+    read: &'a ReadBack,
+    max_model_len: usize,
+}
+
+/// The sequence a token is sampled for: its tokens so far, its prompt length and its
+/// sample index.
+struct History<'a> {
+    tokens: &'a [u32],
+    prompt_len: usize,
+    index: usize,
+}
 
 impl Engine {
-    pub(super) fn advance(&mut self, sched: &SchedulerOutput, read: &ReadBack) -> Result<()> {
-        // With a sliding window in every layer, blocks that left it go back to the pool.
-        let window = self
-            .model
-            .config
-            .recipe
-            .common_window()
-            .filter(|_| self.config.free_out_of_window_blocks);
-        for s in &sched.scheduled {
-            let g = self
-                .groups
-                .get_mut(&s.request_id)
-                .expect("scheduled group exists");
-            let seq = &mut g.seqs[s.seq];
-            seq.num_computed = s.start + s.len;
-            self.scheduler
-                .blocks
-                .mark_computed(s.id, seq.num_computed)?;
-            if let Some(w) = window {
-                self.scheduler.blocks.release_out_of_window(s.id, w)?;
-            }
+    pub(super) fn advance(
+        &mut self,
+        sched: &SchedulerOutput<SeqOutput, RequestSide>,
+        read: &ReadBack,
+    ) -> Result<()> {
+        let sampled = self.sample_groups(sched, read);
+        let committed = self.scheduler.commit(sched, sampled)?;
+        for f in committed.failed {
+            f.group.send(RequestEvent::Failed(f.reason));
         }
-        // A group's sequences are scheduled next to each other.
+        for g in committed.finished {
+            self.complete(g);
+        }
+        Ok(())
+    }
+
+    /// Samples every group that has rows this step (a group's sequences are scheduled next
+    /// to each other, so its rows are consecutive).
+    fn sample_groups(
+        &mut self,
+        sched: &SchedulerOutput<SeqOutput, RequestSide>,
+        read: &ReadBack,
+    ) -> Vec<Sampled<SeqOutput>> {
         let mut by_group: Vec<(RequestId, Vec<(usize, usize)>)> = Vec::new();
         for (row, s) in sched.scheduled.iter().filter(|s| s.sample).enumerate() {
             match by_group.last_mut() {
@@ -42,201 +59,207 @@ impl Engine {
                 _ => by_group.push((s.request_id, vec![(s.seq, row)])),
             }
         }
+        let rs = RowSampler {
+            tokenizer: &self.tokenizer,
+            read,
+            max_model_len: self.max_model_len(),
+        };
+        let mut sampled = Vec::with_capacity(by_group.len());
         for (id, seq_rows) in by_group {
-            let result = if self.groups[&id].data.beam.is_some() {
-                self.advance_beams(id, &seq_rows, read)
-            } else {
-                self.advance_samples(id, &seq_rows, read)
+            let Some(g) = self.scheduler.get_mut(id) else {
+                continue;
             };
-            if let Err(e) = result {
-                self.scheduler.remove(id, &self.groups);
-                if let Some(g) = self.groups.remove(&id) {
-                    g.send(RequestEvent::Failed(e.to_string()));
-                }
-            }
+            let outcome = if g.data.beam.is_some() {
+                rs.beams(g, &seq_rows)
+            } else {
+                rs.samples(g, &seq_rows)
+            };
+            sampled.push(Sampled {
+                request_id: id,
+                outcome: outcome.unwrap_or_else(|e| SampleOutcome::Failed(e.to_string())),
+            });
         }
-        Ok(())
+        sampled
     }
 
-    /// Parallel sampling: fork the prompt's sequence into `n` once it is prefilled, then
-    /// give each sequence its next token.
-    fn advance_samples(
-        &mut self,
-        id: RequestId,
+    /// Sends a finished group's output: its samples, or its best beams.
+    fn complete(&self, mut g: Group) {
+        let outputs = match g.data.beam.take() {
+            Some(bs) => {
+                let params = &g.data.params;
+                bs.finish()
+                    .into_iter()
+                    .take(params.n)
+                    .enumerate()
+                    .map(|(i, f)| {
+                        let ends = f.tokens.last().is_some_and(|t| {
+                            self.tokenizer.is_eos(*t) || params.stop_token_ids.contains(t)
+                        });
+                        CompletionOutput {
+                            index: i,
+                            text: self.tokenizer.decode(&f.tokens, true).unwrap_or_default(),
+                            token_ids: f.tokens,
+                            finish_reason: if ends {
+                                FinishReason::Stop
+                            } else {
+                                FinishReason::Length
+                            },
+                            logprobs: Vec::new(),
+                            cumulative_logprob: f.cum_logprob,
+                        }
+                    })
+                    .collect()
+            }
+            None => g.seqs.iter().map(completion).collect(),
+        };
+        g.send(RequestEvent::Finished(g.output(g.request_id, outputs)));
+    }
+}
+
+impl RowSampler<'_> {
+    /// Parallel sampling: each sequence that sampled gets its next token; the first time,
+    /// a group of `n > 1` also gets its `n - 1` forks, each sampled from the same row with
+    /// its own sampler, starting from the prompt sequence's state before its own token.
+    fn samples(
+        &self,
+        g: &mut Group,
         seq_rows: &[(usize, usize)],
-        read: &ReadBack,
-    ) -> Result<()> {
-        let mut seq_rows = seq_rows.to_vec();
-        let g = &self.groups[&id];
-        let n = g.params().n;
+    ) -> Result<SampleOutcome<SeqOutput>> {
+        let n = g.data.params.n;
+        let mut forks = Vec::new();
+        let mut fork_data = Vec::new();
         if !g.forked && n > 1 {
-            let (first, r) = seq_rows[0];
+            let (first, _) = seq_rows[0];
             for index in 1..n {
-                let child = self.new_seq_id();
-                let g = self.groups.get_mut(&id).expect("group exists");
-                let si = self.scheduler.fork_seq(g, first, child)?;
-                let s = &mut g.seqs[si];
-                s.index = index;
-                s.data.sampler = Sampler::new(g.data.params.clone(), index as u64);
-                seq_rows.push((si, r));
+                let mut data = g.seqs[first].data.clone();
+                data.sampler = Sampler::new(g.data.params.clone(), index as u64);
+                fork_data.push((index, data));
             }
         }
-        self.groups.get_mut(&id).expect("group exists").forked = true;
-        for (si, r) in seq_rows {
-            let g = self.groups.get_mut(&id).expect("group exists");
-            let params = &g.data.params;
+        let mut tokens = Vec::with_capacity(seq_rows.len());
+        for &(si, row) in seq_rows {
             let seq = &mut g.seqs[si];
-            let (token, lp) = if needs_logits(params) {
-                let logits = read.logits(r).ok_or(SamplingError::EmptyLogits)?;
-                let (prompt, output) = seq.tokens.split_at(seq.prompt_len);
-                let out = seq.data.sampler.sample_after(logits, prompt, output)?;
-                let lp = params.logprobs.map(|_| TokenLogprob {
-                    token_id: out.token,
-                    logprob: out.logprob,
-                    top: out.top_logprobs.clone(),
-                });
-                seq.data.cum_logprob += out.logprob;
-                (out.token, lp)
-            } else {
-                seq.data.cum_logprob += f64::from(read.argmax_logprob[r]);
-                (read.argmax[r], None)
+            let h = History {
+                tokens: &seq.tokens,
+                prompt_len: seq.prompt_len,
+                index: seq.index,
             };
-            self.push_token(id, si, token, lp)?;
+            let (token, finish) = self.next_token(&g.data, &h, &mut seq.data, row)?;
+            tokens.push(NextToken {
+                seq: si,
+                token,
+                finish,
+            });
         }
-        self.finish_group_if_done(id);
-        Ok(())
+        if let Some(&(first, row)) = seq_rows.first() {
+            for (index, mut data) in fork_data {
+                let parent = &g.seqs[first];
+                let h = History {
+                    tokens: &parent.tokens,
+                    prompt_len: parent.prompt_len,
+                    index,
+                };
+                let (token, finish) = self.next_token(&g.data, &h, &mut data, row)?;
+                forks.push(Fork {
+                    index,
+                    token,
+                    finish,
+                    data,
+                });
+            }
+        }
+        Ok(SampleOutcome::Tokens { tokens, forks })
     }
 
-    /// Appends a sampled token, streams its text and applies the stop conditions.
-    fn push_token(
-        &mut self,
-        id: RequestId,
-        si: usize,
-        token: u32,
-        lp: Option<TokenLogprob>,
-    ) -> Result<()> {
-        let max_len = self.max_model_len();
-        let g = self.groups.get_mut(&id).expect("group exists");
-        let params = &g.data.params;
-        let seq = &mut g.seqs[si];
-        seq.tokens.push(token);
-        let out = &mut seq.data;
+    /// Samples one token for a sequence with history `h`, records its logprob, streams its
+    /// text and applies the stop conditions.
+    fn next_token(
+        &self,
+        side: &RequestSide,
+        h: &History,
+        out: &mut SeqOutput,
+        row: usize,
+    ) -> Result<(u32, Option<FinishReason>)> {
+        let params = &side.params;
+        let (token, lp) = if needs_logits(params) {
+            let logits = self.read.logits(row).ok_or(SamplingError::EmptyLogits)?;
+            let (prompt, output) = h.tokens.split_at(h.prompt_len);
+            let s = out.sampler.sample_after(logits, prompt, output)?;
+            let lp = params.logprobs.map(|_| TokenLogprob {
+                token_id: s.token,
+                logprob: s.logprob,
+                top: s.top_logprobs.clone(),
+            });
+            out.cum_logprob += s.logprob;
+            (s.token, lp)
+        } else {
+            out.cum_logprob += f64::from(self.read.argmax_logprob[row]);
+            (self.read.argmax[row], None)
+        };
         if let Some(lp) = &lp {
             out.logprobs.push(lp.clone());
         }
-        let delta = out.decoder.step(&self.tokenizer, token)?;
+        let delta = out.decoder.step(self.tokenizer, token)?;
         let mut update = out.stop.push(&delta);
         let eos = !params.ignore_eos && self.tokenizer.is_eos(token);
+        let len = h.tokens.len() + 1;
         let finish = if update.stop.is_some() || eos || params.stop_token_ids.contains(&token) {
             Some(FinishReason::Stop)
-        } else if seq.tokens.len() - seq.prompt_len >= params.max_tokens
-            || seq.tokens.len() >= max_len
-        {
+        } else if len - h.prompt_len >= params.max_tokens || len >= self.max_model_len {
             Some(FinishReason::Length)
         } else {
             None
         };
         if finish.is_some() && update.stop.is_none() {
-            let tail = out.decoder.flush(&self.tokenizer)?;
+            let tail = out.decoder.flush(self.tokenizer)?;
             let more = out.stop.push(&tail);
             update.delta.push_str(&more.delta);
             if more.stop.is_none() {
                 update.delta.push_str(&out.stop.finish());
             }
         }
-        seq.finish = finish;
-        let (index, sid) = (seq.index, seq.id);
         // A closed channel is noticed at the next step, which aborts the request.
-        g.send(RequestEvent::Token {
-            index,
+        let _ = side.events.send(RequestEvent::Token {
+            index: h.index,
             token_id: token,
             text: update.delta,
             logprob: lp,
         });
-        if finish.is_some() {
-            self.scheduler.free_seq(sid);
-        }
-        Ok(())
+        Ok((token, finish))
     }
 
-    /// Beam search: rank all expansions of the live beams; fork the kept parents' block
-    /// tables for their extra children and free the dropped beams.
-    fn advance_beams(
-        &mut self,
-        id: RequestId,
+    /// Beam search: rank all expansions of the live beams; the kept ones become the group's
+    /// new beams, each with its cumulative logprob.
+    fn beams(
+        &self,
+        g: &mut Group,
         seq_rows: &[(usize, usize)],
-        read: &ReadBack,
-    ) -> Result<()> {
+    ) -> Result<SampleOutcome<SeqOutput>> {
         let mut lp_rows = Vec::with_capacity(seq_rows.len());
         for &(_, r) in seq_rows {
-            let logits = read.logits(r).ok_or(SamplingError::EmptyLogits)?;
+            let logits = self.read.logits(r).ok_or(SamplingError::EmptyLogits)?;
             lp_rows.push(log_softmax(logits)?);
         }
-        let max_len = self.max_model_len();
-        let mut next_seq = self.next_seq;
-        let g = self.groups.get_mut(&id).expect("group exists");
-        let bs = g.data.beam.as_mut().expect("beam group");
-        let children = bs.step(&lp_rows)?;
-        let done = bs.is_done();
-        let old: Vec<usize> = seq_rows.iter().map(|&(si, _)| si).collect();
-        let kids: Vec<(usize, u32)> = children.iter().map(|c| (c.parent, c.token)).collect();
-        let replaced = self.scheduler.replace_beams(g, &old, &kids, || {
-            next_seq += 1;
-            SeqId(next_seq)
-        });
-        // Ids handed out stay used, even if the replacement failed.
-        self.next_seq = next_seq;
-        replaced?;
-        for (s, c) in g.seqs.iter_mut().zip(&children) {
-            s.data.cum_logprob = c.cum_logprob;
-        }
-        let out_of_room = g.seqs.iter().any(|s| s.tokens.len() >= max_len);
-        if done || out_of_room || g.seqs.is_empty() {
-            let bs = g.data.beam.take().expect("beam group");
-            let params = &g.data.params;
-            let outputs: Vec<CompletionOutput> = bs
-                .finish()
-                .into_iter()
-                .take(params.n)
-                .enumerate()
-                .map(|(i, f)| {
-                    let ends = f.tokens.last().is_some_and(|t| {
-                        self.tokenizer.is_eos(*t) || params.stop_token_ids.contains(t)
-                    });
-                    CompletionOutput {
-                        index: i,
-                        text: self.tokenizer.decode(&f.tokens, true).unwrap_or_default(),
-                        token_ids: f.tokens,
-                        finish_reason: if ends {
-                            FinishReason::Stop
-                        } else {
-                            FinishReason::Length
-                        },
-                        logprobs: Vec::new(),
-                        cumulative_logprob: f.cum_logprob,
-                    }
-                })
-                .collect();
-            self.complete(id, outputs);
-        }
-        Ok(())
-    }
-
-    fn finish_group_if_done(&mut self, id: RequestId) {
-        let Some(g) = self.groups.get(&id) else {
-            return;
+        let Some(bs) = g.data.beam.as_mut() else {
+            return Err(EngineError::Internal(
+                "a beam group without its search".into(),
+            ));
         };
-        if !g.is_finished() {
-            return;
+        let kept = bs.step(&lp_rows)?;
+        let mut done = bs.is_done();
+        let mut children = Vec::with_capacity(kept.len());
+        for c in kept {
+            let parent = seq_rows[c.parent].0;
+            let p = &g.seqs[parent];
+            done |= p.tokens.len() + 1 >= self.max_model_len;
+            let mut data = p.data.clone();
+            data.cum_logprob = c.cum_logprob;
+            children.push(BeamChild {
+                parent,
+                token: c.token,
+                data,
+            });
         }
-        let outputs = g.seqs.iter().map(completion).collect();
-        self.complete(id, outputs);
-    }
-
-    fn complete(&mut self, id: RequestId, outputs: Vec<CompletionOutput>) {
-        self.scheduler.remove(id, &self.groups);
-        if let Some(g) = self.groups.remove(&id) {
-            g.send(RequestEvent::Finished(g.output(id, outputs)));
-        }
+        Ok(SampleOutcome::Beams { children, done })
     }
 }

@@ -12,10 +12,10 @@
 
 use super::config::EngineConfig;
 use super::output::{FinishReason, RequestEvent, RequestId};
-use super::request::{completion, Group, Prompt, RequestHandle, RequestSide, SeqOutput};
+use super::request::{completion, Prompt, RequestHandle, RequestSide, SeqOutput};
 use super::scheduler::{PreemptionCosts, Scheduler, SchedulerStats};
 use super::sequence::{GroupShape, Sequence, SequenceGroup};
-use crate::cache::{BlockManager, BlockOps, CacheConfig, CacheError, CacheStats, SeqId};
+use crate::cache::{BlockManager, BlockOps, CacheConfig, CacheError, CacheStats};
 use crate::cache::{DeviceBlockId, HostBlockId};
 use crate::cache_engine::CacheEngine;
 use crate::error::GpuError;
@@ -26,7 +26,6 @@ use crate::model::{ModelError, ModelFiles};
 use crate::pool::{KvLayout, KvPool, KvRotation, PoolSize};
 use crate::sampling::{BeamSearch, BeamSearchConfig, SamplingError};
 use crate::tokenizer::{Tokenizer, TokenizerError};
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -62,10 +61,8 @@ pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 pub struct EngineStats {
     pub cache: CacheStats,
     pub scheduler: SchedulerStats,
-    pub copy_on_write_copies: u64,
-    pub blocks_swapped_out: u64,
-    pub blocks_swapped_in: u64,
-    pub running_requests: usize,
+    /// Requests the engine holds, in any queue.
+    pub pending_requests: usize,
     /// Requests by scheduler queue: waiting for admission, running, swapped to host.
     pub num_waiting: usize,
     pub num_running: usize,
@@ -84,6 +81,21 @@ pub struct EngineStats {
 }
 
 impl EngineStats {
+    /// Blocks copied because a sequence wrote into a block it shared.
+    pub fn copy_on_write_copies(&self) -> u64 {
+        self.cache.cow_copies
+    }
+
+    /// Blocks preemption moved to host memory.
+    pub fn blocks_swapped_out(&self) -> u64 {
+        self.cache.swapped_out_blocks
+    }
+
+    /// Blocks brought back from host memory.
+    pub fn blocks_swapped_in(&self) -> u64 {
+        self.cache.swapped_in_blocks
+    }
+
     /// Tokens the device pool holds when full.
     pub fn kv_pool_tokens(&self) -> usize {
         self.kv_blocks * self.kv_layout.block_size
@@ -98,10 +110,9 @@ pub struct Engine {
     max_model_len: usize,
     pub(super) cache: CacheEngine,
     pub(super) ws: Workspace,
-    pub(super) scheduler: Scheduler,
-    pub(super) groups: HashMap<RequestId, Group>,
+    /// Owns the requests' sequence groups, in its waiting, running and swapped queues.
+    pub(super) scheduler: Scheduler<SeqOutput, RequestSide>,
     next_request: RequestId,
-    pub(super) next_seq: u64,
     /// Consecutive steps that computed nothing while requests were pending.
     idle_steps: u32,
     abandoned: u64,
@@ -276,7 +287,13 @@ impl Engine {
         let cache_cfg = CacheConfig::new(config.block_size, gpu_blocks, cpu_blocks)
             .with_watermark_blocks(watermark)
             .with_prefix_caching(config.enable_prefix_caching);
-        let mut scheduler = Scheduler::new(config.clone(), BlockManager::new(cache_cfg)?);
+        // With a sliding window in every layer, blocks that left it go back to the pool.
+        let window = c
+            .recipe
+            .common_window()
+            .filter(|_| config.free_out_of_window_blocks);
+        let mut scheduler =
+            Scheduler::new(config.clone(), BlockManager::new(cache_cfg)?).with_window(window);
         scheduler.costs = PreemptionCosts::new(layout.block_bytes_all_layers());
         let mut engine = Engine {
             cache: CacheEngine::new(pool, cpu_blocks),
@@ -287,9 +304,7 @@ impl Engine {
             max_model_len,
             config,
             ctx,
-            groups: HashMap::new(),
             next_request: 0,
-            next_seq: 0,
             idle_steps: 0,
             abandoned: 0,
             swap_latency_s: 0.0,
@@ -314,7 +329,6 @@ impl Engine {
         if k < 2 {
             return Ok(());
         }
-        let before = self.cache.stats;
         // On a busy machine one measurement can come out inverted; a few more usually
         // settle it.
         let mut measured = None;
@@ -327,7 +341,6 @@ impl Engine {
                 break;
             }
         }
-        self.cache.stats = before;
         let Some((one, per_block)) = measured else {
             return Ok(()); // too noisy to tell; the static rule serves until a real swap
         };
@@ -415,7 +428,12 @@ impl Engine {
         let id = self.next_request;
         self.next_request += 1;
         let (tx, rx) = flume::unbounded();
-        let first = Sequence::new(self.new_seq_id(), 0, &ids, SeqOutput::new(&ids, &params, 0));
+        let first = Sequence::new(
+            self.scheduler.new_seq_id(),
+            0,
+            &ids,
+            SeqOutput::new(&ids, &params, 0),
+        );
         let max_len = ids.len().saturating_add(params.max_tokens);
         let side = RequestSide {
             params,
@@ -423,38 +441,29 @@ impl Engine {
             beam,
             events: tx,
         };
-        self.groups
-            .insert(id, SequenceGroup::new(id, shape, max_len, first, side));
-        self.scheduler.add(id);
+        self.scheduler
+            .add(SequenceGroup::new(id, shape, max_len, first, side));
         Ok(RequestHandle { id, events: rx })
-    }
-
-    pub(super) fn new_seq_id(&mut self) -> SeqId {
-        self.next_seq += 1;
-        SeqId(self.next_seq)
     }
 
     /// Aborts a request at any point, freeing everything it holds. Returns false for an
     /// unknown or already finished request.
     pub fn abort(&mut self, id: RequestId) -> bool {
-        if !self.groups.contains_key(&id) {
+        let Some(mut g) = self.scheduler.remove(id) else {
             return false;
+        };
+        for s in g.seqs.iter_mut().filter(|s| !s.is_finished()) {
+            s.finish = Some(FinishReason::Abort);
         }
-        self.scheduler.remove(id, &self.groups);
-        if let Some(mut g) = self.groups.remove(&id) {
-            for s in g.seqs.iter_mut().filter(|s| !s.is_finished()) {
-                s.finish = Some(FinishReason::Abort);
-            }
-            let outputs = g.seqs.iter().map(completion).collect();
-            g.send(RequestEvent::Finished(g.output(id, outputs)));
-        }
+        let outputs = g.seqs.iter().map(completion).collect();
+        g.send(RequestEvent::Finished(g.output(id, outputs)));
         true
     }
 
     /// Aborts every pending request (each gets its `Finished` event with finish reason
     /// `Abort`); returns how many there were.
     pub fn abort_all(&mut self) -> usize {
-        let ids: Vec<RequestId> = self.groups.keys().copied().collect();
+        let ids: Vec<RequestId> = self.scheduler.groups().map(|g| g.request_id).collect();
         for &id in &ids {
             self.abort(id);
         }
@@ -462,18 +471,15 @@ impl Engine {
     }
 
     pub fn has_unfinished(&self) -> bool {
-        !self.groups.is_empty()
+        !self.scheduler.is_empty()
     }
 
     pub fn stats(&self) -> EngineStats {
         let cache = self.scheduler.blocks.stats();
         EngineStats {
-            copy_on_write_copies: cache.cow_copies,
-            blocks_swapped_out: self.cache.stats.blocks_swapped_out,
-            blocks_swapped_in: self.cache.stats.blocks_swapped_in,
             cache,
             scheduler: self.scheduler.stats,
-            running_requests: self.groups.len(),
+            pending_requests: self.scheduler.num_groups(),
             num_waiting: self.scheduler.num_waiting(),
             num_running: self.scheduler.num_running(),
             num_swapped: self.scheduler.num_swapped(),
@@ -515,11 +521,9 @@ impl Engine {
 
     fn try_step(&mut self) -> Result<usize> {
         let start = Instant::now();
-        let sched = self.scheduler.schedule(&mut self.groups)?;
-        for (id, reason) in &sched.failed {
-            if let Some(g) = self.groups.remove(id) {
-                g.send(RequestEvent::Failed(reason.clone()));
-            }
+        let mut sched = self.scheduler.schedule()?;
+        for f in std::mem::take(&mut sched.failed) {
+            f.group.send(RequestEvent::Failed(f.reason));
         }
         if sched.scheduled.is_empty() {
             return self.idle_step(&sched.ops, start);
@@ -541,10 +545,9 @@ impl Engine {
     /// scheduler lost liveness; rather than loop, every pending request fails.
     fn idle_step(&mut self, ops: &BlockOps, start: Instant) -> Result<usize> {
         if !ops.is_empty() {
-            let before = self.cache.stats;
             self.cache.execute(&self.ctx, ops)?;
-            let moved = (self.cache.stats.bytes_to_host - before.bytes_to_host)
-                + (self.cache.stats.bytes_to_device - before.bytes_to_device);
+            let blocks = ops.swap_out.len() + ops.swap_in.len();
+            let moved = blocks as u64 * self.scheduler.costs.block_bytes;
             let seconds = start.elapsed().as_secs_f64() - self.swap_latency_s;
             self.scheduler.costs.record_swap(moved, seconds);
             self.idle_steps = 0;
@@ -564,29 +567,22 @@ impl Engine {
     /// Aborts requests whose caller dropped the event receiver, freeing their blocks.
     fn drop_abandoned(&mut self) {
         let gone: Vec<RequestId> = self
-            .groups
-            .iter()
-            .filter(|(_, g)| g.abandoned())
-            .map(|(&id, _)| id)
+            .scheduler
+            .groups()
+            .filter(|g| g.abandoned())
+            .map(|g| g.request_id)
             .collect();
         for id in gone {
             tracing::debug!(request = id, "caller went away; aborting");
-            self.scheduler.remove(id, &self.groups);
-            self.groups.remove(&id);
+            self.scheduler.remove(id);
             self.abandoned += 1;
         }
     }
 
     /// Fails every pending request with `reason` and frees everything they held.
     fn fail_all(&mut self, reason: &str) {
-        let ids: Vec<RequestId> = self.groups.keys().copied().collect();
-        for id in ids {
-            self.scheduler.remove(id, &self.groups);
-            if let Some(g) = self.groups.remove(&id) {
-                g.send(RequestEvent::Failed(reason.to_string()));
-            }
+        for g in self.scheduler.remove_all() {
+            g.send(RequestEvent::Failed(reason.to_string()));
         }
-        // A plan recorded before the error is void: its blocks are free again.
-        let _ = self.scheduler.blocks.take_ops();
     }
 }

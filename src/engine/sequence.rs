@@ -1,8 +1,9 @@
 //! Sequences and sequence groups: the scheduler's view of a request. A group is the unit of
 //! admission, preemption and resumption; its sequences are the `n` samples or the live beams.
 //!
-//! What the scheduler needs (token ids, progress, group shape, arrival, state) is plain data
-//! here; what only the engine needs (sampler, detokenizer, stop strings, logprobs, the
+//! What the scheduler needs (token ids, progress, group shape, arrival) is plain data here;
+//! where a group is (waiting, running, swapped) is the queue of the [`super::scheduler`]
+//! that holds it, and nothing else; what only the engine needs (sampler, detokenizer, stop strings, logprobs, the
 //! event channel) rides along as the type parameters `D` (per sequence) and `R` (per
 //! request), so the scheduler and the block manager run, and are tested, without a GPU, a
 //! tokenizer or a channel (`()` for both).
@@ -51,14 +52,6 @@ impl<D> Sequence<D> {
     }
 }
 
-/// Where a group is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GroupState {
-    Waiting,
-    Running,
-    Swapped,
-}
-
 /// How a request's sequences multiply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GroupShape {
@@ -85,7 +78,6 @@ pub struct SequenceGroup<D = (), R = ()> {
     /// Most tokens (prompt included) any of its sequences can reach.
     pub max_len: usize,
     pub seqs: Vec<Sequence<D>>,
-    pub state: GroupState,
     /// Parallel samples are forked from the prompt's sequence once it is prefilled.
     pub forked: bool,
     pub data: R,
@@ -105,7 +97,6 @@ impl<D, R> SequenceGroup<D, R> {
             shape,
             max_len,
             seqs: vec![first],
-            state: GroupState::Waiting,
             forked: false,
             data,
         }

@@ -2,8 +2,10 @@
 //! attention metadata in one upload, the block operations and the forward pass recorded
 //! into one command buffer and submitted once, and the read-back of what sampling needs.
 
-use super::core::{Engine, Result};
-use super::scheduler::SchedulerOutput;
+use super::core::{Engine, EngineError, Result};
+use super::request::{RequestSide, SeqOutput};
+use super::scheduler::{ScheduledSeq, SchedulerOutput};
+use super::sequence::Sequence;
 use crate::error::GpuError;
 use crate::gpu::Batch;
 use crate::kernels::logits::argmax_logprobs;
@@ -13,14 +15,17 @@ use crate::model::forward::{forward, StepInput};
 impl Engine {
     /// Records and submits the step: block operations, the forward pass over the flat
     /// batch, and the read-back of what sampling needs.
-    pub(super) fn run_forward(&mut self, sched: &SchedulerOutput) -> Result<ReadBack> {
+    pub(super) fn run_forward(
+        &mut self,
+        sched: &SchedulerOutput<SeqOutput, RequestSide>,
+    ) -> Result<ReadBack> {
         let host_start = std::time::Instant::now();
         // A step with any prompt chunk (or recomputation) is a prefill step, even when
         // decodes ride along.
-        let prefill = sched.scheduled.iter().any(|s| {
-            let seq = &self.groups[&s.request_id].seqs[s.seq];
-            s.len > 1 || s.start < seq.prompt_len
-        });
+        let mut prefill = false;
+        for s in &sched.scheduled {
+            prefill |= s.len > 1 || s.start < self.scheduled_seq(s)?.prompt_len;
+        }
         if let Some(p) = self.ctx.profiler() {
             p.begin_step(if prefill { "prefill" } else { "decode" });
         }
@@ -29,7 +34,7 @@ impl Engine {
         let mut tables = Vec::with_capacity(sched.scheduled.len());
         let mut rows = Vec::new();
         for s in &sched.scheduled {
-            let seq = &self.groups[&s.request_id].seqs[s.seq];
+            let seq = self.scheduled_seq(s)?;
             tokens.extend_from_slice(&seq.tokens[s.start..s.start + s.len]);
             if s.sample {
                 rows.push((tokens.len() - 1) as u32);
@@ -53,11 +58,11 @@ impl Engine {
             })
             .collect();
         let meta = AttentionMetadata::build(&slices, self.config.block_size)?;
-        let need_logits = sched
-            .scheduled
-            .iter()
-            .filter(|s| s.sample)
-            .any(|s| needs_logits(self.groups[&s.request_id].params()));
+        let need_logits = sched.scheduled.iter().filter(|s| s.sample).any(|s| {
+            self.scheduler
+                .get(s.request_id)
+                .is_some_and(|g| needs_logits(g.params()))
+        });
 
         let ctx = &self.ctx;
         let mut batch = Batch::new(ctx, "engine step");
@@ -122,6 +127,15 @@ impl Engine {
             argmax_logprob: lps,
             logits,
             vocab,
+        })
+    }
+}
+
+impl Engine {
+    /// A sequence this step scheduled; missing, it is a scheduler fault.
+    fn scheduled_seq(&self, s: &ScheduledSeq) -> Result<&Sequence<SeqOutput>> {
+        self.scheduler.scheduled_seq(s).ok_or_else(|| {
+            EngineError::Internal(format!("scheduled {} is not a running sequence", s.id))
         })
     }
 }

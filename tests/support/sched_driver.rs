@@ -1,16 +1,20 @@
 //! A stand-in for the engine around the real `Scheduler` and `BlockManager`, with no GPU:
-//! the "forward pass" marks tokens computed, and "sampling" draws each next token from a
-//! hash of the sequence's own history, so a request's output depends on nothing but the
-//! request. Preemption, batching or pool size must therefore never change it; the driver
-//! checks the scheduler's promises after every step and returns the first one broken.
+//! there is no forward pass, and "sampling" draws each next token from a hash of the
+//! sequence's own history, so a request's output depends on nothing but the request. The
+//! samples go through `Scheduler::commit`, the same code the engine runs after sampling
+//! (progress, sliding-window release, forks, beams, finishing, freeing). Preemption,
+//! batching, windows or pool size must never change an output; the driver checks the
+//! scheduler's promises after every step and returns the first one broken.
 
 #![allow(dead_code)]
 
 use pagellm::cache::{BlockManager, CacheConfig, SeqId};
-use pagellm::engine::scheduler::{Groups, Scheduler, SchedulerOutput};
-use pagellm::engine::sequence::{GroupShape, GroupState, Sequence, SequenceGroup};
+use pagellm::engine::scheduler::{
+    BeamChild, Fork, NextToken, Queue, SampleOutcome, Sampled, Scheduler, SchedulerOutput,
+};
+use pagellm::engine::sequence::{GroupShape, Sequence, SequenceGroup};
 use pagellm::engine::{EngineConfig, FinishReason, RequestId};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 
 /// A request: its prompt, how it multiplies, its output length, and the seed its tokens
 /// are drawn with.
@@ -51,12 +55,12 @@ pub struct Side {
 type Score = f64;
 
 pub struct Driver {
-    pub sched: Scheduler,
-    pub groups: Groups<Score, Side>,
+    pub sched: Scheduler<Score, Side>,
     pub outcomes: BTreeMap<RequestId, Outcome>,
     pub steps: u64,
     pub tokens_computed: u64,
-    next_seq: u64,
+    /// The sliding window every layer has, if any (blocks that left it are released).
+    window: Option<usize>,
     /// Consecutive steps in which nothing was computed and no block moved.
     idle: u32,
 }
@@ -83,21 +87,24 @@ const EOS_BELOW: u64 = 15;
 
 impl Driver {
     pub fn new(config: EngineConfig, cache: CacheConfig) -> Self {
+        Self::with_window(config, cache, None)
+    }
+
+    /// A driver whose model has a sliding window of `window` tokens in every layer.
+    pub fn with_window(config: EngineConfig, cache: CacheConfig, window: Option<usize>) -> Self {
         let blocks = BlockManager::new(cache).expect("valid cache configuration");
         Driver {
-            sched: Scheduler::new(config, blocks),
-            groups: HashMap::new(),
+            sched: Scheduler::new(config, blocks).with_window(window),
             outcomes: BTreeMap::new(),
             steps: 0,
             tokens_computed: 0,
-            next_seq: 0,
+            window,
             idle: 0,
         }
     }
 
     pub fn add(&mut self, id: RequestId, req: Req) {
-        self.next_seq += 1;
-        let first = Sequence::new(SeqId(self.next_seq), 0, &req.prompt, 0.0);
+        let first = Sequence::new(self.sched.new_seq_id(), 0, &req.prompt, 0.0);
         let g = SequenceGroup::new(
             id,
             req.shape,
@@ -108,49 +115,56 @@ impl Driver {
                 ended: Vec::new(),
             },
         );
-        self.groups.insert(id, g);
-        self.sched.add(id);
+        self.sched.add(g);
     }
 
     pub fn abort(&mut self, id: RequestId) {
-        if self.groups.contains_key(&id) {
-            self.sched.remove(id, &self.groups);
-            self.groups.remove(&id);
+        if self.sched.remove(id).is_some() {
             self.outcomes.insert(id, Outcome::Aborted);
         }
     }
 
     pub fn is_idle(&self) -> bool {
-        self.groups.is_empty()
+        self.sched.is_empty()
+    }
+
+    /// Requests not yet ended.
+    pub fn pending(&self) -> usize {
+        self.sched.num_groups()
     }
 
     /// One step: schedule, check, "compute", sample. Errors name the broken promise.
-    pub fn step(&mut self) -> Result<SchedulerOutput, String> {
+    pub fn step(&mut self) -> Result<SchedulerOutput<Score, Side>, String> {
         self.steps += 1;
         let oldest = self.oldest_running_decode();
-        let out = self
+        let mut out = self
             .sched
-            .schedule(&mut self.groups)
+            .schedule()
             .map_err(|e| format!("step {}: schedule failed: {e}", self.steps))?;
-        for (id, reason) in &out.failed {
-            if reason.is_empty() {
+        for f in std::mem::take(&mut out.failed) {
+            let id = f.group.request_id;
+            if f.reason.is_empty() {
                 return Err(format!("request {id} failed without a reason"));
             }
-            if self.groups.remove(id).is_none() {
-                return Err(format!("request {id} failed but was not pending"));
+            if self.outcomes.contains_key(&id) {
+                return Err(format!("request {id} failed but had already ended"));
             }
-            if self.sched.contains(*id) {
+            if self.sched.contains(id) {
                 return Err(format!("failed request {id} is still queued"));
             }
-            self.outcomes.insert(*id, Outcome::Failed(reason.clone()));
+            if f.group
+                .seqs
+                .iter()
+                .any(|s| self.sched.blocks.contains(s.id))
+            {
+                return Err(format!("failed request {id} still holds blocks"));
+            }
+            self.outcomes.insert(id, Outcome::Failed(f.reason));
         }
         // Progress by age: the oldest running decode is served first, so it computes in
         // every step unless it failed or was itself preempted.
         if let Some(id) = oldest {
-            let running = self
-                .groups
-                .get(&id)
-                .is_some_and(|g| g.state == GroupState::Running);
+            let running = self.sched.queue_of(id) == Some(Queue::Running);
             if running && !out.scheduled.iter().any(|s| s.request_id == id) {
                 return Err(format!(
                     "step {}: the oldest running decode {id} was not served",
@@ -171,19 +185,20 @@ impl Driver {
                 self.steps
             ));
         }
-        if out.scheduled.is_empty() && out.ops.is_empty() && !self.groups.is_empty() {
+        if out.scheduled.is_empty() && out.ops.is_empty() && !self.is_idle() {
             self.idle += 1;
             if self.idle > 2 {
                 return Err(format!(
                     "step {}: {} requests pending, nothing scheduled for 3 steps",
                     self.steps,
-                    self.groups.len()
+                    self.pending()
                 ));
             }
         } else {
             self.idle = 0;
         }
-        self.compute(&out);
+        self.compute(&out)
+            .map_err(|e| format!("step {}: {e}", self.steps))?;
         Ok(out)
     }
 
@@ -191,9 +206,9 @@ impl Driver {
     /// group), if its width fits the budget.
     fn oldest_running_decode(&self) -> Option<RequestId> {
         let cfg = &self.sched.config;
-        self.groups
-            .values()
-            .filter(|g| g.state == GroupState::Running)
+        self.sched
+            .running()
+            .iter()
             .min_by_key(|g| g.arrival)
             .filter(|g| {
                 (g.is_decoding() || !cfg.decode_first)
@@ -210,7 +225,7 @@ impl Driver {
             if self.steps - start >= max_steps {
                 return Err(format!(
                     "liveness: {} requests still pending after {max_steps} steps",
-                    self.groups.len()
+                    self.pending()
                 ));
             }
             self.step()?;
@@ -230,7 +245,7 @@ impl Driver {
         self.sched.blocks.check_invariants()
     }
 
-    fn check_step(&mut self, out: &SchedulerOutput) -> Result<(), String> {
+    fn check_step(&mut self, out: &SchedulerOutput<Score, Side>) -> Result<(), String> {
         let cfg = &self.sched.config;
         let mut seen = HashSet::new();
         let mut tokens = 0;
@@ -241,13 +256,14 @@ impl Driver {
                 return Err(format!("{} scheduled twice", s.id));
             }
             let g = self
-                .groups
-                .get(&s.request_id)
+                .sched
+                .get(s.request_id)
                 .ok_or_else(|| format!("request {} scheduled but unknown", s.request_id))?;
-            if g.state != GroupState::Running {
+            let queue = self.sched.queue_of(s.request_id);
+            if queue != Some(Queue::Running) {
                 return Err(format!(
-                    "request {} scheduled while {:?}",
-                    s.request_id, g.state
+                    "request {} scheduled while {queue:?}",
+                    s.request_id
                 ));
             }
             let seq = &g.seqs[s.seq];
@@ -271,8 +287,20 @@ impl Driver {
                 return Err(format!("{}: tokens without slots", s.id));
             }
             let table = bm.block_table(s.id).map_err(|e| e.to_string())?;
-            if table.len() != seq.tokens.len().div_ceil(bm.block_size()) {
+            let holes = bm.released_blocks(s.id).map_err(|e| e.to_string())?;
+            if holes + table.len() != seq.tokens.len().div_ceil(bm.block_size()) {
                 return Err(format!("{}: block table does not cover its tokens", s.id));
+            }
+            // Only blocks every future query's window has left may be released.
+            let unseen = match self.window {
+                Some(w) => (seq.num_computed + 1).saturating_sub(w),
+                None => 0,
+            };
+            if holes * bm.block_size() > unseen {
+                return Err(format!(
+                    "{}: {holes} blocks released, but position {unseen} on is still seen",
+                    s.id
+                ));
             }
             tokens += s.len;
             rows += s.sample as usize;
@@ -287,11 +315,7 @@ impl Driver {
                 cfg.max_num_batched_tokens
             ));
         }
-        let running: Vec<&SequenceGroup<Score, Side>> = self
-            .groups
-            .values()
-            .filter(|g| g.state == GroupState::Running)
-            .collect();
+        let running = self.sched.running();
         let live: usize = running.iter().map(|g| g.live().count()).sum();
         let slots: usize = running.iter().map(|g| g.slots()).sum();
         if live > cfg.max_num_seqs || slots > cfg.max_num_seqs || rows > cfg.max_num_seqs {
@@ -300,7 +324,7 @@ impl Driver {
                 cfg.max_num_seqs
             ));
         }
-        for g in &running {
+        for g in running {
             let live: Vec<usize> = g
                 .seqs
                 .iter()
@@ -342,17 +366,10 @@ impl Driver {
         Ok(())
     }
 
-    /// The "forward pass" and sampling.
-    fn compute(&mut self, out: &SchedulerOutput) {
+    /// "Sampling", then the scheduler's own commit of the step.
+    fn compute(&mut self, out: &SchedulerOutput<Score, Side>) -> Result<(), String> {
         let mut sampled: Vec<(RequestId, Vec<usize>)> = Vec::new();
         for s in &out.scheduled {
-            let g = self.groups.get_mut(&s.request_id).expect("checked");
-            let seq = &mut g.seqs[s.seq];
-            seq.num_computed = s.start + s.len;
-            self.sched
-                .blocks
-                .mark_computed(s.id, seq.num_computed)
-                .expect("marking computed tokens");
             self.tokens_computed += s.len as u64;
             if s.sample {
                 match sampled.last_mut() {
@@ -361,119 +378,146 @@ impl Driver {
                 }
             }
         }
+        let mut results = Vec::with_capacity(sampled.len());
         for (id, seqs) in sampled {
-            match self.groups[&id].shape {
-                GroupShape::Samples(_) => self.sample(id, seqs),
-                GroupShape::Beams(_) => self.beam_step(id, seqs),
-            }
+            let g = self
+                .sched
+                .get_mut(id)
+                .ok_or_else(|| format!("sampled request {id} is not held"))?;
+            let outcome = match g.shape {
+                GroupShape::Samples(n) => sample(g, n, &seqs),
+                GroupShape::Beams(width) => beam_step(g, width, &seqs),
+            };
+            results.push(Sampled {
+                request_id: id,
+                outcome,
+            });
         }
+        let done = self
+            .sched
+            .commit(out, results)
+            .map_err(|e| format!("commit failed: {e}"))?;
+        if let Some(f) = done.failed.first() {
+            return Err(format!(
+                "commit failed request {}: {}",
+                f.group.request_id, f.reason
+            ));
+        }
+        for g in done.finished {
+            if g.seqs.iter().any(|s| self.sched.blocks.contains(s.id)) {
+                return Err(format!(
+                    "finished request {} still holds blocks",
+                    g.request_id
+                ));
+            }
+            let outs = match g.shape {
+                GroupShape::Samples(_) => {
+                    let mut outs: Vec<(usize, Vec<u32>)> = g
+                        .seqs
+                        .iter()
+                        .map(|s| (s.index, s.output_ids().to_vec()))
+                        .collect();
+                    outs.sort();
+                    outs.into_iter().map(|o| o.1).collect()
+                }
+                GroupShape::Beams(_) => {
+                    let mut all: Vec<(Vec<u32>, f64)> = g.data.ended.clone();
+                    all.extend(g.seqs.iter().map(|s| (s.output_ids().to_vec(), s.data)));
+                    all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+                    all.into_iter().map(|a| a.0).collect()
+                }
+            };
+            self.outcomes.insert(g.request_id, Outcome::Finished(outs));
+        }
+        Ok(())
     }
+}
 
-    fn sample(&mut self, id: RequestId, mut seqs: Vec<usize>) {
-        let g = self.groups.get_mut(&id).expect("sampled group");
-        let GroupShape::Samples(n) = g.shape else {
-            unreachable!()
-        };
-        if !g.forked && n > 1 {
-            for index in 1..n {
-                self.next_seq += 1;
-                let si = self
-                    .sched
-                    .fork_seq(g, seqs[0], SeqId(self.next_seq))
-                    .expect("fork");
-                g.seqs[si].index = index;
-                seqs.push(si);
-            }
-        }
-        g.forked = true;
-        let (seed, max_tokens, eos) = (
-            g.data.req.seed,
-            g.data.req.max_tokens,
-            !g.data.req.ignore_eos,
-        );
-        for si in seqs {
-            let s = &mut g.seqs[si];
-            let t = draw(seed, s.index as u64, &s.tokens, 0) % VOCAB;
-            s.tokens.push(t as u32);
-            if eos && t < EOS_BELOW {
-                s.finish = Some(FinishReason::Stop);
-            } else if s.tokens.len() - s.prompt_len >= max_tokens {
-                s.finish = Some(FinishReason::Length);
-            }
-            if s.is_finished() {
-                self.sched.free_seq(s.id);
-            }
-        }
-        if g.is_finished() {
-            let mut outs: Vec<(usize, Vec<u32>)> = g
-                .seqs
-                .iter()
-                .map(|s| (s.index, s.output_ids().to_vec()))
-                .collect();
-            outs.sort();
-            self.finish(id, outs.into_iter().map(|o| o.1).collect());
-        }
-    }
+/// A sample's next token and whether it ends the sample.
+fn next_sample(req: &Req, index: usize, history: &[u32], prompt_len: usize) -> NextTokenOf {
+    let t = draw(req.seed, index as u64, history, 0) % VOCAB;
+    let finish = if !req.ignore_eos && t < EOS_BELOW {
+        Some(FinishReason::Stop)
+    } else if history.len() + 1 - prompt_len >= req.max_tokens {
+        Some(FinishReason::Length)
+    } else {
+        None
+    };
+    (t as u32, finish)
+}
 
-    /// Each live beam proposes two continuations; the best `width` survive, and a
-    /// continuation whose token is an "EOS" ends its hypothesis.
-    fn beam_step(&mut self, id: RequestId, seqs: Vec<usize>) {
-        let g = self.groups.get_mut(&id).expect("beam group");
-        let GroupShape::Beams(width) = g.shape else {
-            unreachable!()
-        };
-        let (seed, max_tokens, eos) = (
-            g.data.req.seed,
-            g.data.req.max_tokens,
-            !g.data.req.ignore_eos,
-        );
-        let mut cands: Vec<(f64, usize, u32)> = Vec::new();
-        for (p, &si) in seqs.iter().enumerate() {
+type NextTokenOf = (u32, Option<FinishReason>);
+
+/// Parallel samples: each sequence that sampled draws its next token; the first time, a
+/// group of `n > 1` also draws for its `n - 1` forks, from the shared history.
+fn sample(g: &SequenceGroup<Score, Side>, n: usize, seqs: &[usize]) -> SampleOutcome<Score> {
+    let req = &g.data.req;
+    let tokens = seqs
+        .iter()
+        .map(|&si| {
             let s = &g.seqs[si];
-            for k in 0..2 {
-                let h = draw(seed, 0, &s.tokens, k);
-                let lp = -((h >> 40) as f64) / (1u64 << 24) as f64;
-                cands.push((s.data + lp, p, (h % VOCAB) as u32));
+            let (token, finish) = next_sample(req, s.index, &s.tokens, s.prompt_len);
+            NextToken {
+                seq: si,
+                token,
+                finish,
             }
-        }
-        cands.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-        cands.truncate(width);
-        let mut kids = Vec::new();
-        let mut scores = Vec::new();
-        for &(score, p, t) in &cands {
-            if eos && (t as u64) < EOS_BELOW {
-                let mut toks = g.seqs[seqs[p]].output_ids().to_vec();
-                toks.push(t);
-                g.data.ended.push((toks, score));
-            } else {
-                kids.push((p, t));
-                scores.push(score);
-            }
-        }
-        let mut next = self.next_seq;
-        self.sched
-            .replace_beams(g, &seqs, &kids, || {
-                next += 1;
-                SeqId(next)
-            })
-            .expect("replace beams");
-        self.next_seq = next;
-        for (s, sc) in g.seqs.iter_mut().zip(scores) {
-            s.data = sc;
-        }
-        let done = g.seqs.is_empty() || g.seqs[0].tokens.len() - g.seqs[0].prompt_len >= max_tokens;
-        if done {
-            let mut all: Vec<(Vec<u32>, f64)> = g.data.ended.clone();
-            all.extend(g.seqs.iter().map(|s| (s.output_ids().to_vec(), s.data)));
-            all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-            let outs = all.into_iter().map(|a| a.0).collect();
-            self.finish(id, outs);
+        })
+        .collect();
+    let mut forks = Vec::new();
+    if !g.forked && n > 1 {
+        let s = &g.seqs[seqs[0]];
+        for index in 1..n {
+            let (token, finish) = next_sample(req, index, &s.tokens, s.prompt_len);
+            forks.push(Fork {
+                index,
+                token,
+                finish,
+                data: 0.0,
+            });
         }
     }
+    SampleOutcome::Tokens { tokens, forks }
+}
 
-    fn finish(&mut self, id: RequestId, outs: Vec<Vec<u32>>) {
-        self.sched.remove(id, &self.groups);
-        self.groups.remove(&id);
-        self.outcomes.insert(id, Outcome::Finished(outs));
+/// Each live beam proposes two continuations; the best `width` survive, and a
+/// continuation whose token is an "EOS" ends its hypothesis.
+fn beam_step(
+    g: &mut SequenceGroup<Score, Side>,
+    width: usize,
+    seqs: &[usize],
+) -> SampleOutcome<Score> {
+    let (seed, max_tokens, eos) = (
+        g.data.req.seed,
+        g.data.req.max_tokens,
+        !g.data.req.ignore_eos,
+    );
+    let mut cands: Vec<(f64, usize, u32)> = Vec::new();
+    for &si in seqs {
+        let s = &g.seqs[si];
+        for k in 0..2 {
+            let h = draw(seed, 0, &s.tokens, k);
+            let lp = -((h >> 40) as f64) / (1u64 << 24) as f64;
+            cands.push((s.data + lp, si, (h % VOCAB) as u32));
+        }
     }
+    cands.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    cands.truncate(width);
+    let mut children = Vec::new();
+    for &(score, parent, token) in &cands {
+        if eos && (token as u64) < EOS_BELOW {
+            let mut toks = g.seqs[parent].output_ids().to_vec();
+            toks.push(token);
+            g.data.ended.push((toks, score));
+        } else {
+            children.push(BeamChild {
+                parent,
+                token,
+                data: score,
+            });
+        }
+    }
+    let s = &g.seqs[seqs[0]];
+    let done = s.tokens.len() + 1 - s.prompt_len >= max_tokens;
+    SampleOutcome::Beams { children, done }
 }

@@ -5,15 +5,17 @@
 //! group can be admitted or swapped in with), or it needs more sequence slots than
 //! `max_num_seqs`, or more tokens in one step than the step's budget.
 
-use super::super::sequence::{GroupShape, GroupState, SequenceGroup};
-use super::Scheduler;
+use super::super::sequence::{GroupShape, SequenceGroup};
+use super::{appending, Queue, Scheduler};
 use crate::cache::{CacheError, SeqId};
 
-impl Scheduler {
-    /// Why `g` can never run from where it is, or `None` when it may run now or later.
-    pub(super) fn never_runs<D, R>(
+impl<D, R> Scheduler<D, R> {
+    /// Why `g`, in `queue`, can never run from where it is, or `None` when it may run now
+    /// or later.
+    pub(super) fn never_runs(
         &self,
         g: &SequenceGroup<D, R>,
+        queue: Queue,
     ) -> Result<Option<String>, CacheError> {
         let c = &self.config;
         let slots = g.slots();
@@ -32,14 +34,15 @@ impl Scheduler {
                 c.max_num_batched_tokens
             )));
         }
-        let need = match g.state {
-            GroupState::Waiting => {
+        let need = match queue {
+            Queue::Waiting => {
                 let prompts: Vec<&[u32]> = g.live().map(|s| s.tokens.as_slice()).collect();
                 self.blocks.blocks_to_allocate_group(&prompts) + self.first_growth(g)
             }
-            GroupState::Running | GroupState::Swapped => {
+            Queue::Running | Queue::Swapped => {
                 let ids = g.live_ids();
-                let appending: Vec<SeqId> = self.appending(g).iter().map(|a| a.0).collect();
+                let appending: Vec<SeqId> =
+                    appending(&self.blocks, g).iter().map(|a| a.0).collect();
                 self.blocks.group_blocks_after_append(&ids, &appending)?
             }
         };
@@ -50,7 +53,7 @@ impl Scheduler {
         let live = g.live().count();
         let len = g.live().map(|s| s.tokens.len()).max().unwrap_or(0);
         let cfg = self.blocks.config();
-        let unshared = if g.state == GroupState::Waiting && live > 1 {
+        let unshared = if queue == Queue::Waiting && live > 1 {
             " (recomputed after a preemption, its sequences no longer share blocks; more \
              swap space, --num-cpu-blocks, lets such a group be swapped instead)"
         } else {
@@ -70,7 +73,7 @@ impl Scheduler {
     /// becomes `width` sequences that each write their own token: a new block each when
     /// the sequence fills its last block, else copies of that shared block for all writers
     /// but the last. Otherwise each sequence whose last block is full takes a new one.
-    fn first_growth<D, R>(&self, g: &SequenceGroup<D, R>) -> usize {
+    fn first_growth(&self, g: &SequenceGroup<D, R>) -> usize {
         let bs = self.blocks.block_size();
         let width = g.shape.width();
         let live: Vec<usize> = g.live().map(|s| s.tokens.len()).collect();

@@ -1,17 +1,23 @@
 //! Continuous batching with chunked prefill (after vLLM's scheduler, Kwon et al. SOSP 2023,
 //! and its chunked-prefill policy, Agrawal et al., "Sarathi-Serve", OSDI 2024).
 //!
-//! Each step, in order (`schedule`):
-//! 1. **Running decodes** (every live sequence has only its newest token to compute), oldest
-//!    first, get the slots their new tokens need. When the pool is short, the newest running
-//!    group is preempted (swap or recompute, see `preempt.rs`) until the group at hand fits,
-//!    possibly preempting that group itself.
-//! 2. **Running prefills** get chunks of their prompts from what is left of the token budget.
-//! 3. If nothing was preempted this step, **swapped groups** come back, oldest first, while
-//!    they fit.
-//! 4. If nothing was preempted and nothing is left in host memory, **waiting groups** are
-//!    admitted first come, first served, while blocks (above the watermark), sequence slots
-//!    and the budget allow.
+//! The scheduler owns the sequence groups: its waiting, running and swapped queues hold
+//! them, so the queue a group sits in is its status and nothing mirrors it (`queues.rs`).
+//! Each step has two halves, both plain Rust:
+//!
+//! - [`Scheduler::schedule`] plans the step, in order:
+//!   1. **Running decodes** (every live sequence has only its newest token to compute),
+//!      oldest first, get the slots their new tokens need. When the pool is short, the
+//!      newest running group is preempted (swap or recompute, see `preempt.rs`) until the
+//!      group at hand fits, possibly preempting that group itself.
+//!   2. **Running prefills** get chunks of their prompts from what is left of the budget.
+//!   3. If nothing was preempted this step, **swapped groups** come back, oldest first,
+//!      while they fit.
+//!   4. If nothing was preempted and nothing is left in host memory, **waiting groups** are
+//!      admitted first come, first served, while blocks (above the watermark), sequence
+//!      slots and the budget allow.
+//! - [`Scheduler::commit`] (`commit.rs`) takes what the forward pass computed and what
+//!   sampling made of it: progress, forks, beams, finished sequences and groups.
 //!
 //! A group is scheduled as a unit (gang scheduling): all its live sequences compute their
 //! next token in the same step or none do, and a group reserves its full width of sequence
@@ -20,21 +26,25 @@
 //! other group produces is unchanged.
 //!
 //! Sequences progress by `num_computed` against their token count; there is no separate
-//! prefill phase. The scheduler and the block manager are plain Rust: groups carry the
-//! engine's own data as type parameters (see `sequence.rs`), so both run without a GPU.
+//! prefill phase. Groups carry the engine's own data as type parameters (see
+//! `sequence.rs`), so the scheduler and the block manager run, and are tested, without a
+//! GPU.
 
+mod commit;
 mod cost;
-mod groups;
 mod limits;
 mod preempt;
+mod queues;
 
+pub use commit::{BeamChild, Committed, Fork, NextToken, SampleOutcome, Sampled};
 pub use cost::{choose_mode, CostEstimate, PreemptionCosts, Victim};
+pub use queues::Queue;
 
 use super::config::EngineConfig;
 use super::output::RequestId;
-use super::sequence::{GroupState, SequenceGroup};
+use super::sequence::SequenceGroup;
 use crate::cache::{AllocStatus, BlockManager, BlockOps, CacheError, SeqId};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 /// One sequence's share of a step.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,14 +60,39 @@ pub struct ScheduledSeq {
     pub sample: bool,
 }
 
-#[derive(Debug, Default)]
-pub struct SchedulerOutput {
+/// A group the scheduler gave up, with the reason; its blocks are already free.
+pub struct FailedGroup<D = (), R = ()> {
+    pub group: SequenceGroup<D, R>,
+    pub reason: String,
+}
+
+impl<D, R> std::fmt::Debug for FailedGroup<D, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FailedGroup")
+            .field("request_id", &self.group.request_id)
+            .field("reason", &self.reason)
+            .finish()
+    }
+}
+
+#[derive(Debug)]
+pub struct SchedulerOutput<D = (), R = ()> {
     /// Sequences of one group are next to each other.
     pub scheduled: Vec<ScheduledSeq>,
     pub ops: BlockOps,
-    /// Requests that can never run, with the reason. The scheduler has already forgotten
-    /// them and freed their blocks; the caller reports them and drops their groups.
-    pub failed: Vec<(RequestId, String)>,
+    /// Requests that can never run. The scheduler has already let them go and freed their
+    /// blocks; the caller reports them.
+    pub failed: Vec<FailedGroup<D, R>>,
+}
+
+impl<D, R> Default for SchedulerOutput<D, R> {
+    fn default() -> Self {
+        SchedulerOutput {
+            scheduled: Vec::new(),
+            ops: BlockOps::default(),
+            failed: Vec::new(),
+        }
+    }
 }
 
 /// Counters for `--stats`.
@@ -81,163 +116,128 @@ pub struct SchedulerStats {
     pub peak_blocks_used: usize,
 }
 
-pub type Groups<D, R> = HashMap<RequestId, SequenceGroup<D, R>>;
-
-pub struct Scheduler {
+pub struct Scheduler<D = (), R = ()> {
     pub config: EngineConfig,
     pub blocks: BlockManager,
     /// Measured figures that automatic preemption weighs; the engine keeps them current.
     pub costs: PreemptionCosts,
-    waiting: VecDeque<RequestId>,
-    running: Vec<RequestId>,
-    swapped: VecDeque<RequestId>,
     pub stats: SchedulerStats,
+    /// With a sliding window of this many tokens in every layer, blocks that left it go
+    /// back to the pool as sequences progress.
+    window: Option<usize>,
+    /// Arrival order.
+    waiting: VecDeque<SequenceGroup<D, R>>,
+    running: Vec<SequenceGroup<D, R>>,
+    /// Arrival order.
+    swapped: VecDeque<SequenceGroup<D, R>>,
+    next_seq: u64,
 }
 
 /// State of one scheduling pass.
-#[derive(Default)]
-struct Pass {
+struct Pass<D, R> {
     budget: usize,
     /// Something was preempted, or a running group waits for blocks: no swap-ins or
     /// admissions this step.
     preempted: bool,
     /// Running groups already given their share of this step.
     served: Vec<RequestId>,
-    out: SchedulerOutput,
+    out: SchedulerOutput<D, R>,
 }
 
-impl Scheduler {
+impl<D, R> Scheduler<D, R> {
     pub fn new(config: EngineConfig, blocks: BlockManager) -> Self {
         Scheduler {
             config,
             blocks,
             costs: PreemptionCosts::default(),
+            stats: SchedulerStats::default(),
+            window: None,
             waiting: VecDeque::new(),
             running: Vec::new(),
             swapped: VecDeque::new(),
-            stats: SchedulerStats::default(),
+            next_seq: 0,
         }
     }
 
-    /// Queues a new group (its state must be `Waiting`).
-    pub fn add(&mut self, id: RequestId) {
-        self.waiting.push_back(id);
-    }
-
-    pub fn num_waiting(&self) -> usize {
-        self.waiting.len()
-    }
-
-    pub fn num_running(&self) -> usize {
-        self.running.len()
-    }
-
-    pub fn num_swapped(&self) -> usize {
-        self.swapped.len()
-    }
-
-    /// Whether the scheduler still tracks `id` in any queue.
-    pub fn contains(&self, id: RequestId) -> bool {
-        self.waiting.contains(&id) || self.running.contains(&id) || self.swapped.contains(&id)
-    }
-
-    /// Sequence slots the running groups hold (see [`SequenceGroup::slots`]).
-    pub fn running_slots<D, R>(&self, groups: &Groups<D, R>) -> usize {
-        self.running
-            .iter()
-            .filter_map(|id| groups.get(id))
-            .map(SequenceGroup::slots)
-            .sum()
+    /// Releases blocks that left a sliding window of `window` tokens (one every layer
+    /// has) as sequences progress; `None` keeps every block.
+    pub fn with_window(mut self, window: Option<usize>) -> Self {
+        self.window = window;
+        self
     }
 
     /// Plans one step: which sequences compute which tokens, the block operations that
     /// must run first, and the requests that failed because they can never run.
-    pub fn schedule<D, R>(
-        &mut self,
-        groups: &mut Groups<D, R>,
-    ) -> Result<SchedulerOutput, CacheError> {
+    pub fn schedule(&mut self) -> Result<SchedulerOutput<D, R>, CacheError> {
         self.stats.steps += 1;
         let mut pass = Pass {
             budget: self.config.max_num_batched_tokens,
-            ..Pass::default()
+            preempted: false,
+            served: Vec::new(),
+            out: SchedulerOutput::default(),
         };
-        self.schedule_running(groups, &mut pass)?;
+        self.schedule_running(&mut pass)?;
         if !pass.preempted {
-            self.schedule_swapped(groups, &mut pass)?;
+            self.schedule_swapped(&mut pass)?;
         }
         // Admitting right after a preemption would only invite the next one.
         if self.swapped.is_empty() && !pass.preempted {
-            self.schedule_waiting(groups, &mut pass)?;
+            self.schedule_waiting(&mut pass)?;
         }
         pass.out.ops = self.blocks.take_ops();
-        self.record_peaks(groups);
+        self.record_peaks();
         Ok(pass.out)
     }
 
     /// Phases 1 and 2: running decodes first, oldest first, then chunks of running
     /// prefills (with `decode_first` off, all running groups strictly oldest first).
-    fn schedule_running<D, R>(
-        &mut self,
-        groups: &mut Groups<D, R>,
-        pass: &mut Pass,
-    ) -> Result<(), CacheError> {
+    fn schedule_running(&mut self, pass: &mut Pass<D, R>) -> Result<(), CacheError> {
         let decode_first = self.config.decode_first;
         let mut order: Vec<(bool, u64, RequestId)> = self
             .running
             .iter()
-            .map(|id| {
-                let g = &groups[id];
-                (decode_first && !g.is_decoding(), g.arrival, *id)
-            })
+            .map(|g| (decode_first && !g.is_decoding(), g.arrival, g.request_id))
             .collect();
         order.sort_unstable();
         for (_, _, id) in order {
-            // Preempted earlier in this pass.
-            if !self.running.contains(&id) {
-                continue;
+            if self.grow(id, pass)? {
+                self.serve(id, pass);
             }
-            if !self.grow(id, groups, pass)? {
-                continue;
-            }
-            self.take_tokens(&groups[&id], pass);
-            pass.served.push(id);
         }
         Ok(())
     }
 
-    /// Gives every live sequence of `id` that needs one the slot for its newest token,
-    /// preempting the newest running groups while the pool is short. False when `id`
-    /// itself was preempted or failed (it can never grow this far), when it waits for room
+    /// Gives every live sequence of running group `id` that needs one the slot for its
+    /// newest token, preempting the newest running groups while the pool is short. False
+    /// when `id` is no longer running (preempted earlier in this pass), when it was
+    /// preempted or failed now (it can never grow this far), when it waits for room
     /// because it could not recover from a preemption, or when its decode does not fit
     /// what is left of the budget (in the last two cases nothing is taken, and it is tried
     /// again next step).
-    fn grow<D, R>(
-        &mut self,
-        id: RequestId,
-        groups: &mut Groups<D, R>,
-        pass: &mut Pass,
-    ) -> Result<bool, CacheError> {
-        let g = &groups[&id];
+    fn grow(&mut self, id: RequestId, pass: &mut Pass<D, R>) -> Result<bool, CacheError> {
+        let Some(g) = self.running.iter().find(|g| g.request_id == id) else {
+            return Ok(false);
+        };
         if g.is_decoding() && g.live().count() > pass.budget {
             return Ok(false);
         }
-        let appending = self.appending(g);
+        let appending = appending(&self.blocks, g);
         let ids: Vec<SeqId> = appending.iter().map(|a| a.0).collect();
         if !self.blocks.can_append_slots(&ids) {
-            if let Some(reason) = self.never_runs(g)? {
-                self.fail(id, reason, groups, pass);
+            if let Some(reason) = self.never_runs(g, Queue::Running)? {
+                self.fail(id, reason, pass);
                 return Ok(false);
             }
         }
         while !self.blocks.can_append_slots(&ids) {
-            let victim = self.pick_victim(id, &pass.served, groups)?;
-            if victim == id && !pass.served.is_empty() && !self.recoverable(&groups[&id])? {
+            let victim = self.pick_victim(id, &pass.served)?;
+            if victim == id && !pass.served.is_empty() && !self.recoverable_running(id)? {
                 // Preempting it would doom it; older groups are progressing and will make
                 // room. Nothing new is let in meanwhile.
                 pass.preempted = true;
                 return Ok(false);
             }
-            self.preempt(victim, groups)?;
+            self.preempt(victim)?;
             pass.preempted = true;
             if victim == id {
                 return Ok(false);
@@ -250,60 +250,53 @@ impl Scheduler {
     }
 
     /// Phase 3: swapped groups come back, oldest first, while they fit.
-    fn schedule_swapped<D, R>(
-        &mut self,
-        groups: &mut Groups<D, R>,
-        pass: &mut Pass,
-    ) -> Result<(), CacheError> {
-        while let Some(&id) = self.swapped.front() {
-            let g = &groups[&id];
-            if let Some(reason) = self.never_runs(g)? {
-                self.fail(id, reason, groups, pass);
+    fn schedule_swapped(&mut self, pass: &mut Pass<D, R>) -> Result<(), CacheError> {
+        while let Some(g) = self.swapped.front() {
+            let id = g.request_id;
+            if let Some(reason) = self.never_runs(g, Queue::Swapped)? {
+                self.fail(id, reason, pass);
                 continue;
             }
-            let ids = g.live_ids();
-            let appending = self.appending(g);
-            let append_ids: Vec<SeqId> = appending.iter().map(|a| a.0).collect();
-            let need = self.blocks.group_blocks_after_append(&ids, &append_ids)?;
-            let usable = self
-                .blocks
-                .num_available_device_blocks()
-                .saturating_sub(self.blocks.watermark_blocks());
-            if self.blocks.can_swap_in(&ids) != AllocStatus::Now
-                || need > usable
-                || pass.budget == 0
-                || self.running_slots(groups) + g.slots() > self.config.max_num_seqs
-                || (g.is_decoding() && g.live().count() > pass.budget)
-            {
+            if !self.fits_swap_in(g, pass)? {
                 break;
             }
-            self.swapped.pop_front();
-            self.blocks.swap_in(&ids)?;
+            let appending = appending(&self.blocks, g);
+            self.blocks.swap_in(&g.live_ids())?;
             for (seq, token) in appending {
                 self.blocks.append_slot(seq, token)?;
             }
-            groups.get_mut(&id).expect("swapped group exists").state = GroupState::Running;
-            self.running.push(id);
-            self.take_tokens(&groups[&id], pass);
-            pass.served.push(id);
+            self.running.extend(self.swapped.pop_front());
+            self.serve(id, pass);
         }
         Ok(())
     }
 
+    /// Whether swapped group `g` can come back now: its blocks and its first growth fit
+    /// above the watermark, and the budget and the sequence slots have room for it.
+    fn fits_swap_in(&self, g: &SequenceGroup<D, R>, pass: &Pass<D, R>) -> Result<bool, CacheError> {
+        let ids = g.live_ids();
+        let append_ids: Vec<SeqId> = appending(&self.blocks, g).iter().map(|a| a.0).collect();
+        let need = self.blocks.group_blocks_after_append(&ids, &append_ids)?;
+        let usable = self
+            .blocks
+            .num_available_device_blocks()
+            .saturating_sub(self.blocks.watermark_blocks());
+        Ok(self.blocks.can_swap_in(&ids) == AllocStatus::Now
+            && need <= usable
+            && pass.budget > 0
+            && self.running_slots() + g.slots() <= self.config.max_num_seqs
+            && !(g.is_decoding() && g.live().count() > pass.budget))
+    }
+
     /// Phase 4: admission, first come first served.
-    fn schedule_waiting<D, R>(
-        &mut self,
-        groups: &mut Groups<D, R>,
-        pass: &mut Pass,
-    ) -> Result<(), CacheError> {
-        while let Some(&id) = self.waiting.front() {
-            let g = &groups[&id];
-            if let Some(reason) = self.never_runs(g)? {
-                self.fail(id, reason, groups, pass);
+    fn schedule_waiting(&mut self, pass: &mut Pass<D, R>) -> Result<(), CacheError> {
+        while let Some(g) = self.waiting.front() {
+            let id = g.request_id;
+            if let Some(reason) = self.never_runs(g, Queue::Waiting)? {
+                self.fail(id, reason, pass);
                 continue;
             }
-            if pass.budget == 0 || self.running_slots(groups) + g.slots() > self.config.max_num_seqs
-            {
+            if pass.budget == 0 || self.running_slots() + g.slots() > self.config.max_num_seqs {
                 break;
             }
             let live: Vec<(SeqId, &[u32])> =
@@ -313,88 +306,90 @@ impl Scheduler {
                 break;
             }
             let cached = self.blocks.allocate_group(&live)?;
-            self.waiting.pop_front();
-            let g = groups.get_mut(&id).expect("waiting group exists");
-            g.state = GroupState::Running;
+            let Some(mut g) = self.waiting.pop_front() else {
+                break;
+            };
             for (s, c) in g.seqs.iter_mut().filter(|s| !s.is_finished()).zip(cached) {
                 s.num_computed = c;
             }
-            self.running.push(id);
-            self.take_tokens(&groups[&id], pass);
-            pass.served.push(id);
+            self.running.push(g);
+            self.serve(id, pass);
         }
         Ok(())
     }
 
-    /// Live sequences of `g` whose newest token has no slot yet, with that token.
-    fn appending<D, R>(&self, g: &SequenceGroup<D, R>) -> Vec<(SeqId, u32)> {
-        g.live()
-            .filter(|s| s.tokens.len() > self.blocks.num_tokens(s.id).unwrap_or(usize::MAX))
-            .map(|s| (s.id, *s.tokens.last().expect("sequences are never empty")))
-            .collect()
-    }
-
-    /// Schedules the uncomputed tokens of `g`'s live sequences within the budget, as a
-    /// gang: if every sequence's remaining tokens fit, all of them run and all sample;
-    /// otherwise a lone sequence takes a chunk, and several take chunks that stop short of
-    /// their last token, so their samples still land in one step.
-    fn take_tokens<D, R>(&mut self, g: &SequenceGroup<D, R>, pass: &mut Pass) {
-        let live: Vec<(usize, usize)> = g
-            .seqs
+    /// Gives running group `id` its tokens of this step (see [`take_tokens`]).
+    fn serve(&mut self, id: RequestId, pass: &mut Pass<D, R>) {
+        let Some(g) = self.running.iter().find(|g| g.request_id == id) else {
+            return;
+        };
+        let before = pass.out.scheduled.len();
+        take_tokens(g, &mut pass.budget, &mut pass.out.scheduled);
+        self.stats.partial_prefills += pass.out.scheduled[before..]
             .iter()
-            .enumerate()
-            .filter(|(_, s)| !s.is_finished())
-            .map(|(i, s)| (i, s.pending()))
-            .collect();
-        let total: usize = live.iter().map(|l| l.1).sum();
-        let all = total <= pass.budget;
-        for &(i, remaining) in &live {
-            let cap = if all || live.len() == 1 {
-                remaining
-            } else {
-                remaining - 1
-            };
-            let len = cap.min(pass.budget);
-            if len == 0 {
-                continue;
-            }
-            pass.budget -= len;
-            self.stats.partial_prefills += (len < remaining) as u64;
-            let s = &g.seqs[i];
-            pass.out.scheduled.push(ScheduledSeq {
-                request_id: g.request_id,
-                seq: i,
-                id: s.id,
-                start: s.num_computed,
-                len,
-                sample: len == remaining,
-            });
-        }
+            .filter(|s| !s.sample)
+            .count() as u64;
+        pass.served.push(id);
     }
 
     /// Forgets `id`, frees its blocks and reports it as failed with `reason`.
-    fn fail<D, R>(
-        &mut self,
-        id: RequestId,
-        reason: String,
-        groups: &Groups<D, R>,
-        pass: &mut Pass,
-    ) {
+    fn fail(&mut self, id: RequestId, reason: String, pass: &mut Pass<D, R>) {
         tracing::warn!(request = id, "{reason}");
-        self.remove(id, groups);
-        self.stats.failed_requests += 1;
-        pass.out.failed.push((id, reason));
+        if let Some(group) = self.remove(id) {
+            self.stats.failed_requests += 1;
+            pass.out.failed.push(FailedGroup { group, reason });
+        }
     }
 
-    fn record_peaks<D, R>(&mut self, groups: &Groups<D, R>) {
+    fn record_peaks(&mut self) {
         let used = self.blocks.num_used_device_blocks();
         self.stats.peak_blocks_used = self.stats.peak_blocks_used.max(used);
-        let seqs: usize = self
-            .running
-            .iter()
-            .filter_map(|id| groups.get(id))
-            .map(|g| g.live().count())
-            .sum();
+        let seqs: usize = self.running.iter().map(|g| g.live().count()).sum();
         self.stats.peak_running_seqs = self.stats.peak_running_seqs.max(seqs);
+    }
+}
+
+/// Live sequences of `g` whose newest token has no slot yet, with that token.
+fn appending<D, R>(blocks: &BlockManager, g: &SequenceGroup<D, R>) -> Vec<(SeqId, u32)> {
+    g.live()
+        .filter(|s| s.tokens.len() > blocks.num_tokens(s.id).unwrap_or(usize::MAX))
+        .map(|s| (s.id, *s.tokens.last().expect("sequences are never empty")))
+        .collect()
+}
+
+/// Schedules the uncomputed tokens of `g`'s live sequences within `budget`, as a gang: if
+/// every sequence's remaining tokens fit, all of them run and all sample; otherwise a lone
+/// sequence takes a chunk, and several take chunks that stop short of their last token, so
+/// their samples still land in one step.
+fn take_tokens<D, R>(g: &SequenceGroup<D, R>, budget: &mut usize, out: &mut Vec<ScheduledSeq>) {
+    let live: Vec<(usize, usize)> = g
+        .seqs
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| !s.is_finished())
+        .map(|(i, s)| (i, s.pending()))
+        .collect();
+    let total: usize = live.iter().map(|l| l.1).sum();
+    let all = total <= *budget;
+    for &(i, remaining) in &live {
+        let cap = if all || live.len() == 1 {
+            remaining
+        } else {
+            remaining - 1
+        };
+        let len = cap.min(*budget);
+        if len == 0 {
+            continue;
+        }
+        *budget -= len;
+        let s = &g.seqs[i];
+        out.push(ScheduledSeq {
+            request_id: g.request_id,
+            seq: i,
+            id: s.id,
+            start: s.num_computed,
+            len,
+            sample: len == remaining,
+        });
     }
 }

@@ -10,82 +10,93 @@
 //! blocks are being written).
 
 use super::super::config::PreemptionMode;
-use super::super::sequence::{GroupState, SequenceGroup};
+use super::super::sequence::SequenceGroup;
 use super::cost::{choose_mode, Victim};
-use super::{Groups, Scheduler};
+use super::Scheduler;
 use crate::cache::CacheError;
 use crate::engine::output::RequestId;
 use std::collections::VecDeque;
 
-impl Scheduler {
-    pub(super) fn preempt<D, R>(
-        &mut self,
-        id: RequestId,
-        groups: &mut Groups<D, R>,
-    ) -> Result<(), CacheError> {
-        self.running.retain(|&r| r != id);
-        let victim = self.victim(&groups[&id])?;
+impl<D, R> Scheduler<D, R> {
+    /// Moves running group `id` to the swapped queue (its blocks to the host pool) or to
+    /// the waiting queue (its blocks freed, to be recomputed).
+    pub(super) fn preempt(&mut self, id: RequestId) -> Result<(), CacheError> {
+        let i = self
+            .running
+            .iter()
+            .position(|g| g.request_id == id)
+            .ok_or(CacheError::UnknownGroup(id))?;
+        let victim = self.victim(&self.running[i])?;
         let (mode, estimate) = choose_mode(self.config.preemption_mode, &self.costs, &victim);
         if estimate.is_some() {
             self.stats.chosen_by_cost += 1;
             self.stats.last_estimate = estimate;
         }
-        self.stats.preemptions += 1;
-        let g = groups.get_mut(&id).expect("running group exists");
-        let ids = g.live_ids();
-        let arrival = g.arrival;
+        let ids = self.running[i].live_ids();
         if mode == PreemptionMode::Swap {
+            // The blocks move first: should that fail, the group is still running.
             self.blocks.swap_out(&ids)?;
-            g.state = GroupState::Swapped;
+            let g = self.running.remove(i);
+            insert_by_arrival(&mut self.swapped, g);
             self.stats.preempted_by_swap += 1;
-            insert_by_arrival(&mut self.swapped, id, arrival, groups);
         } else {
+            let mut g = self.running.remove(i);
             for s in g.seqs.iter_mut().filter(|s| !s.is_finished()) {
-                self.blocks.free(s.id)?;
+                if self.blocks.contains(s.id) {
+                    self.blocks.free(s.id)?;
+                }
                 self.stats.recomputed_tokens += s.num_computed as u64;
                 s.num_computed = 0;
             }
-            g.state = GroupState::Waiting;
+            insert_by_arrival(&mut self.waiting, g);
             self.stats.preempted_by_recompute += 1;
-            insert_by_arrival(&mut self.waiting, id, arrival, groups);
         }
+        self.stats.preemptions += 1;
         tracing::debug!(request = id, ?mode, ?estimate, "preempted");
         Ok(())
     }
 
     /// The group to preempt so that `id` can grow: the newest running group not yet served
     /// this step whose preemption it can recover from, else `id` itself.
-    pub(super) fn pick_victim<D, R>(
+    pub(super) fn pick_victim(
         &self,
         id: RequestId,
         served: &[RequestId],
-        groups: &Groups<D, R>,
     ) -> Result<RequestId, CacheError> {
-        let mut candidates: Vec<(u64, RequestId)> = self
+        let mut candidates: Vec<&SequenceGroup<D, R>> = self
             .running
             .iter()
-            .filter(|&&r| r != id && !served.contains(&r))
-            .map(|&r| (groups[&r].arrival, r))
+            .filter(|g| g.request_id != id && !served.contains(&g.request_id))
             .collect();
-        candidates.sort_unstable_by(|a, b| b.cmp(a));
-        for (_, r) in candidates {
-            if self.recoverable(&groups[&r])? {
-                return Ok(r);
+        candidates.sort_unstable_by_key(|g| std::cmp::Reverse(g.arrival));
+        for g in candidates {
+            if self.recoverable(g)? {
+                return Ok(g.request_id);
             }
         }
         Ok(id)
     }
 
+    /// [`Self::recoverable`] for running group `id`.
+    pub(super) fn recoverable_running(&self, id: RequestId) -> Result<bool, CacheError> {
+        let g = self
+            .running
+            .iter()
+            .find(|g| g.request_id == id)
+            .ok_or(CacheError::UnknownGroup(id))?;
+        self.recoverable(g)
+    }
+
     /// Whether `g` can come back after a preemption: it swaps, or it fits the pool
     /// recomputed (without its shared blocks).
-    pub(super) fn recoverable<D, R>(&self, g: &SequenceGroup<D, R>) -> Result<bool, CacheError> {
+    fn recoverable(&self, g: &SequenceGroup<D, R>) -> Result<bool, CacheError> {
         let v = self.victim(g)?;
         let swaps =
             v.host_has_room && self.config.preemption_mode != Some(PreemptionMode::Recompute);
         Ok(v.recompute_fits || swaps)
     }
 
-    fn victim<D, R>(&self, g: &SequenceGroup<D, R>) -> Result<Victim, CacheError> {
+    fn victim(&self, g: &SequenceGroup<D, R>) -> Result<Victim, CacheError> {
         let ids = g.live_ids();
         let bs = self.blocks.block_size();
         // Recomputed sequences no longer share blocks, at any length up to their last.
@@ -100,16 +111,11 @@ impl Scheduler {
     }
 }
 
-/// Puts `id` before the first group of `queue` that arrived after it.
-fn insert_by_arrival<D, R>(
-    queue: &mut VecDeque<RequestId>,
-    id: RequestId,
-    arrival: u64,
-    groups: &Groups<D, R>,
-) {
+/// Puts `g` before the first group of `queue` that arrived after it.
+fn insert_by_arrival<D, R>(queue: &mut VecDeque<SequenceGroup<D, R>>, g: SequenceGroup<D, R>) {
     let pos = queue
         .iter()
-        .position(|other| groups.get(other).is_some_and(|o| o.arrival > arrival))
+        .position(|other| other.arrival > g.arrival)
         .unwrap_or(queue.len());
-    queue.insert(pos, id);
+    queue.insert(pos, g);
 }
