@@ -30,7 +30,7 @@ use pagellm::kernels::matmul::{
     matmul_gated_with, matmul_normed_with, matmul_with, MatmulKernel, Norm, Output, Outputs,
 };
 use pagellm::kernels::{rms_norm, silu_mul, Weight, WeightDtype};
-use pagellm::model::arch::Activation;
+use pagellm::nn::Activation;
 use pagellm::GpuContext;
 use std::time::{Duration, Instant};
 

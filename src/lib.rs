@@ -12,6 +12,7 @@ pub mod eval;
 pub mod gpu;
 pub mod kernels;
 pub mod model;
+pub mod nn;
 pub mod pool;
 pub mod reference;
 pub mod sampling;

@@ -405,7 +405,7 @@ fn gated_input_is_the_activation_of_gate_times_up() {
     // and accumulation; and row 0 bitwise the same for every kernel and row count (batch
     // invariance). k = 48 admits the vectorised column kernels, 34 does not.
     use pagellm::kernels::matmul::matmul_gated_with;
-    use pagellm::model::arch::Activation;
+    use pagellm::nn::Activation;
     for ctx in contexts() {
         for k in [48, 34] {
             for act in [Activation::Silu, Activation::GeluTanh] {
@@ -462,7 +462,7 @@ fn gated_input_is_the_activation_of_gate_times_up() {
 #[test]
 fn a_gated_input_must_hold_gate_and_up() {
     use pagellm::kernels::matmul::matmul_gated;
-    use pagellm::model::arch::Activation;
+    use pagellm::nn::Activation;
     for ctx in contexts() {
         let (m, n, k) = (4, 8, 64);
         let w = Weight::from_f32(ctx, "w", &vec![0.5; n * k], n, k, WeightDtype::F16).unwrap();

@@ -21,7 +21,7 @@ use super::{
 };
 use crate::error::{GpuError, Result};
 use crate::gpu::{grid_2d, Batch, GpuContext};
-use crate::model::arch::Activation;
+use crate::nn::Activation;
 
 // One parameter block for every matmul kernel (tests/params_layout.rs checks all four).
 params!(MatmulParams for MATMUL {

@@ -3,7 +3,7 @@
 use super::{check_len, groups, params, SILU_MUL};
 use crate::error::Result;
 use crate::gpu::{grid_2d, Batch};
-use crate::model::arch::Activation;
+use crate::nn::Activation;
 
 params!(SiluMulParams for SILU_MUL {
     rows: u32,

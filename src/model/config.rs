@@ -9,7 +9,7 @@
 pub use super::arch::Architecture;
 use super::arch::{self, Recipe, Rope};
 use super::error::{ModelError, Result};
-use crate::kernels::rope::RopeScaling;
+use crate::nn::rope::RopeScaling;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 

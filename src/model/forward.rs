@@ -30,7 +30,7 @@ use crate::kernels::rms_norm::RmsNormKernel;
 use crate::kernels::rotate::rotate_qk;
 use crate::kernels::Weight;
 use crate::kernels::{add, embedding, reshape_and_cache, rms_norm, rope, silu_mul};
-use crate::model::arch::Activation;
+use crate::nn::Activation;
 use crate::pool::{KvPool, KvRotation};
 
 /// Activation buffers for up to `max_tokens` tokens and `max_rows` sampled rows per step,
@@ -296,7 +296,12 @@ pub fn forward(
                 rms_norm::rms_norm(batch, y, norm, &ws.h, t, eps)?;
                 add::add(batch, &ws.x, &ws.h, t * c.hidden_size)
             }
-            _ => project(batch, &ws.x, Output::Accumulate),
+            (None, _) => project(batch, &ws.x, Output::Accumulate),
+            // The recipe gives both or neither (`Recipe::sandwich_norms`).
+            (Some(_), None) => Err(GpuError::invalid(
+                "forward",
+                "a post-norm weight without the workspace buffer it writes through",
+            )),
         }
     };
     // A projection of the residual stream's norm: normed as the matmul reads it, or by a

@@ -3,11 +3,12 @@
 //! GPU engine is tested against, built only from [`crate::reference`] and the checkpoint,
 //! and it follows the same architecture recipe ([`super::arch::Recipe`]) as the GPU graph.
 
-use super::arch::{Activation, Slice};
+use super::arch::Slice;
 use super::error::Result;
 use super::gpu::{computing_config, norm_values};
 use super::spec;
 use super::{ModelConfig, ModelFiles};
+use crate::nn::Activation;
 use crate::reference as r;
 
 struct Layer {
@@ -89,14 +90,10 @@ impl ReferenceModel {
                     gate_bias: opt(&n.gate_bias)?,
                     up_bias: opt(&n.up_bias)?,
                     down_bias: opt(&n.down_bias)?,
-                    inv_freq: crate::kernels::rope::inv_freq(
-                        cfg.head_dim,
-                        rope.theta,
-                        &rope.scaling,
-                    )
-                    .into_iter()
-                    .map(f64::from)
-                    .collect(),
+                    inv_freq: crate::nn::rope::inv_freq(cfg.head_dim, rope.theta, &rope.scaling)
+                        .into_iter()
+                        .map(f64::from)
+                        .collect(),
                     rope_factor: rope.scaling.attention_factor(),
                 })
             })

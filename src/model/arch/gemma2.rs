@@ -10,8 +10,7 @@
 //!   `layer_types` says otherwise.
 
 use super::{
-    activation, layer_windows, separate_layer, window_or, ArchDef, Architecture, Defaults,
-    NormKind, GEMMA_NORMS,
+    activation, layer_windows, separate_layer, window_or, ArchDef, Architecture, Defaults, NormKind,
 };
 use crate::model::config::{ConfigReader, ModelConfig};
 use crate::model::error::Result;
@@ -64,5 +63,5 @@ pub(super) const DEF: ArchDef = ArchDef {
         let window = gemma_window(r)?;
         layer_windows(r, cfg, window, |i| i % 2 == 0).map(drop)
     },
-    layer: |cfg, i| separate_layer(cfg, i, &GEMMA_NORMS),
+    layer: |cfg, i| separate_layer(cfg, i),
 };

@@ -10,7 +10,7 @@
 //!   `rope_local_base_freq`, base 1e4 by default).
 
 use super::gemma2::{gemma_common, gemma_window};
-use super::{layer_windows, separate_layer, ArchDef, Architecture, Defaults, GEMMA_NORMS};
+use super::{layer_windows, separate_layer, ArchDef, Architecture, Defaults};
 use crate::model::config::parse_rope;
 
 pub(super) const DEF: ArchDef = ArchDef {
@@ -40,7 +40,7 @@ pub(super) const DEF: ArchDef = ArchDef {
             )?,
             None => super::Rope {
                 theta: local_theta,
-                scaling: crate::kernels::rope::RopeScaling::None,
+                scaling: crate::nn::rope::RopeScaling::None,
             },
         };
         cfg.recipe.local_rope = Some(local);
@@ -53,5 +53,5 @@ pub(super) const DEF: ArchDef = ArchDef {
         }
         Ok(())
     },
-    layer: |cfg, i| separate_layer(cfg, i, &GEMMA_NORMS),
+    layer: |cfg, i| separate_layer(cfg, i),
 };

@@ -1,7 +1,7 @@
 //! `llama` (LlamaForCausalLM): the base recipe. Optional biases: `attention_bias` on q/k/v/o,
 //! `mlp_bias` on gate/up/down.
 
-use super::{activation, separate_layer, ArchDef, Architecture, Defaults, LLAMA_NORMS};
+use super::{activation, separate_layer, ArchDef, Architecture, Defaults};
 
 pub(super) const DEF: ArchDef = ArchDef {
     model_type: "llama",
@@ -12,5 +12,5 @@ pub(super) const DEF: ArchDef = ArchDef {
         cfg.recipe.activation = activation(r, "hidden_act", "silu")?;
         Ok(())
     },
-    layer: |cfg, i| separate_layer(cfg, i, &LLAMA_NORMS),
+    layer: |cfg, i| separate_layer(cfg, i),
 };

@@ -1,9 +1,7 @@
 //! `mistral` (MistralForCausalLM): Llama's graph without biases, every layer windowed by
 //! `sliding_window` (transformers' default 4096 when the key is absent; `null` for none).
 
-use super::{
-    activation, all_layers, separate_layer, window_or, ArchDef, Architecture, Defaults, LLAMA_NORMS,
-};
+use super::{activation, all_layers, separate_layer, window_or, ArchDef, Architecture, Defaults};
 
 pub(super) const DEF: ArchDef = ArchDef {
     model_type: "mistral",
@@ -16,5 +14,5 @@ pub(super) const DEF: ArchDef = ArchDef {
         all_layers(cfg, window_or(r, Some(4096))?);
         Ok(())
     },
-    layer: |cfg, i| separate_layer(cfg, i, &LLAMA_NORMS),
+    layer: |cfg, i| separate_layer(cfg, i),
 };

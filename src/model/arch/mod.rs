@@ -22,7 +22,8 @@ mod qwen3;
 
 use super::config::{ConfigReader, ModelConfig};
 use super::error::{ModelError, Result};
-use crate::kernels::rope::RopeScaling;
+use crate::nn::rope::RopeScaling;
+use crate::nn::Activation;
 
 /// Which Hugging Face architecture a checkpoint is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,15 +45,6 @@ pub enum NormKind {
     /// `x / rms(x) * (1 + w)` (Gemma: weights are stored as offsets from one). Loaders add
     /// the one in f32, as transformers does, so the kernels see an ordinary weight.
     OnePlusWeight,
-}
-
-/// The gated MLP's activation: `act(gate) * up`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Activation {
-    /// `silu` (`hidden_act: "silu"`).
-    Silu,
-    /// GELU with the tanh approximation (`gelu_pytorch_tanh`).
-    GeluTanh,
 }
 
 /// One rotary embedding: base and frequency scaling.
@@ -283,30 +275,12 @@ impl Tensors {
     }
 }
 
-/// Names of the norms around a layer's attention and MLP.
-struct NormNames {
-    mlp: &'static str,
-    post_attn: Option<&'static str>,
-    post_mlp: Option<&'static str>,
-}
-
-/// Llama's norms: `post_attention_layernorm` is the MLP's input norm.
-const LLAMA_NORMS: NormNames = NormNames {
-    mlp: "post_attention_layernorm",
-    post_attn: None,
-    post_mlp: None,
-};
-
-/// Gemma's four norms: `post_attention_layernorm` normalises the attention output.
-const GEMMA_NORMS: NormNames = NormNames {
-    mlp: "pre_feedforward_layernorm",
-    post_attn: Some("post_attention_layernorm"),
-    post_mlp: Some("post_feedforward_layernorm"),
-};
-
 /// Separate q/k/v/o and gate/up/down projections under Llama's names, with the biases
-/// `cfg` asks for and q/k norms when the recipe has them.
-fn separate_layer(cfg: &ModelConfig, i: usize, norms: &NormNames) -> LayerTensors {
+/// `cfg` asks for, q/k norms when the recipe has them, and the norms the recipe puts around
+/// attention and the MLP: Llama's two (`post_attention_layernorm` is the MLP's input norm)
+/// or, with [`Recipe::sandwich_norms`], Gemma's four (`post_attention_layernorm`
+/// normalises the attention output, `pre_feedforward_layernorm` is the MLP's input norm).
+fn separate_layer(cfg: &ModelConfig, i: usize) -> LayerTensors {
     let (h, inter, hd) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
     let (qd, kvd) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
     let mut t = Tensors::new(i);
@@ -322,13 +296,13 @@ fn separate_layer(cfg: &ModelConfig, i: usize, norms: &NormNames) -> LayerTensor
     let qk = cfg.recipe.qk_norm;
     let q_norm = t.opt(qk, "self_attn.q_norm.weight", vec![hd]);
     let k_norm = t.opt(qk, "self_attn.k_norm.weight", vec![hd]);
-    let post_attn_norm = norms
-        .post_attn
-        .map(|n| t.whole(&format!("{n}.weight"), vec![h]));
-    let mlp_norm = t.whole(&format!("{}.weight", norms.mlp), vec![h]);
-    let post_mlp_norm = norms
-        .post_mlp
-        .map(|n| t.whole(&format!("{n}.weight"), vec![h]));
+    let sandwich = cfg.recipe.sandwich_norms;
+    let post_attn_norm = t.opt(sandwich, "post_attention_layernorm.weight", vec![h]);
+    let mlp_norm = match sandwich {
+        true => t.whole("pre_feedforward_layernorm.weight", vec![h]),
+        false => t.whole("post_attention_layernorm.weight", vec![h]),
+    };
+    let post_mlp_norm = t.opt(sandwich, "post_feedforward_layernorm.weight", vec![h]);
     let gate = t.whole("mlp.gate_proj.weight", vec![inter, h]);
     let up = t.whole("mlp.up_proj.weight", vec![inter, h]);
     let down = t.whole("mlp.down_proj.weight", vec![h, inter]);

@@ -1,9 +1,7 @@
 //! `qwen2` (Qwen2ForCausalLM): Llama's graph with q/k/v biases (never o), and with
 //! `use_sliding_window` a window on the layers from `max_window_layers` on.
 
-use super::{
-    activation, qwen_windows, separate_layer, ArchDef, Architecture, Defaults, LLAMA_NORMS,
-};
+use super::{activation, qwen_windows, separate_layer, ArchDef, Architecture, Defaults};
 
 pub(super) const DEF: ArchDef = ArchDef {
     model_type: "qwen2",
@@ -15,5 +13,5 @@ pub(super) const DEF: ArchDef = ArchDef {
         (cfg.qkv_bias, cfg.o_bias) = (true, false);
         qwen_windows(r, cfg)
     },
-    layer: |cfg, i| separate_layer(cfg, i, &LLAMA_NORMS),
+    layer: |cfg, i| separate_layer(cfg, i),
 };

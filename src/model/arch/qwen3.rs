@@ -2,9 +2,7 @@
 //! q/k/v/o instead), plus an RMSNorm over each head of q and of k (`q_norm`, `k_norm`, one
 //! weight of `head_dim`) before rope. `head_dim` is given, independent of the hidden size.
 
-use super::{
-    activation, qwen_windows, separate_layer, ArchDef, Architecture, Defaults, LLAMA_NORMS,
-};
+use super::{activation, qwen_windows, separate_layer, ArchDef, Architecture, Defaults};
 
 pub(super) const DEF: ArchDef = ArchDef {
     model_type: "qwen3",
@@ -16,5 +14,5 @@ pub(super) const DEF: ArchDef = ArchDef {
         cfg.recipe.qk_norm = true;
         qwen_windows(r, cfg)
     },
-    layer: |cfg, i| separate_layer(cfg, i, &LLAMA_NORMS),
+    layer: |cfg, i| separate_layer(cfg, i),
 };
