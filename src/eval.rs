@@ -14,9 +14,10 @@
 use crate::engine::{kv_layout, open_model};
 use crate::engine::{EngineConfig, EngineError};
 use crate::gpu::{Batch, GpuContext, Readback};
-use crate::kernels::paged_attention::{AttentionBuffers, AttentionMetadata, SeqSlice};
-use crate::model::forward::{forward, StepInput, Workspace};
+use crate::kernels::paged_attention::{AttentionBuffers, SeqSlice};
+use crate::model::forward::Workspace;
 use crate::model::gpu::GpuModel;
+use crate::model::step::{record_step, FlatBatch};
 use crate::pool::{KvPool, KvRotation, PoolSize};
 use crate::tokenizer::Tokenizer;
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -138,22 +139,25 @@ impl Scorer {
                 context_len: end,
                 block_table: &table,
             };
-            let meta = AttentionMetadata::build(&[slice], bs)?;
             let rows: Vec<u32> = (0..(end - start) as u32).collect();
             if let Some(p) = self.ctx.profiler() {
                 p.begin_step("score");
             }
             let mut b = Batch::new(&self.ctx, "score");
-            meta.write_into(&mut b, &mut self.meta, &[&tokens[start..end], &rows])?;
-            let bufs = self.meta.as_ref().expect("written above");
-            let input = StepInput {
-                tokens: bufs.extra(0).expect("tokens section"),
-                meta: bufs,
-                rows: bufs.extra(1).expect("rows section"),
-                num_rows: rows.len(),
+            let step = FlatBatch {
+                seqs: &[slice],
+                tokens: &tokens[start..end],
+                rows: &rows,
                 argmax: false,
             };
-            forward(&mut b, &self.model, &self.pool, &self.ws, &input)?;
+            record_step(
+                &mut b,
+                &self.model,
+                &self.pool,
+                &self.ws,
+                &mut self.meta,
+                &step,
+            )?;
             let bytes = (rows.len() * vocab * 4) as u64;
             let pending = self
                 .readback
@@ -225,6 +229,38 @@ const MAGIC: &[u8; 8] = b"PGLLOGP2";
 pub struct LogprobFile;
 
 impl LogprobFile {
+    /// Opens a saved file and checks that it was saved for the same `header` (tokens,
+    /// window size and vocabulary); the reader is left at the first row.
+    fn open(p: &Path, header: &[u8]) -> anyhow::Result<BufReader<std::fs::File>> {
+        use anyhow::{bail, Context};
+        let f = std::fs::File::open(p).with_context(|| format!("opening {}", p.display()))?;
+        let mut r = BufReader::new(f);
+        let mut magic = [0u8; 8];
+        if r.read_exact(&mut magic).is_err() || &magic != MAGIC {
+            bail!("{} is not a pagellm log-probability file", p.display());
+        }
+        let mut got = vec![0u8; header.len() - MAGIC.len()];
+        r.read_exact(&mut got)
+            .with_context(|| format!("{} ends inside its header", p.display()))?;
+        if got[..] != header[MAGIC.len()..] {
+            bail!(
+                "{} was saved for other tokens, another window size or another vocabulary \
+                 (the text, --context and the model must be the same as when it was saved)",
+                p.display()
+            );
+        }
+        Ok(r)
+    }
+
+    /// Creates a file for rows of log-probabilities under `header`.
+    fn create(p: &Path, header: &[u8]) -> anyhow::Result<BufWriter<std::fs::File>> {
+        use anyhow::Context;
+        let f = std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
+        let mut w = BufWriter::new(f);
+        w.write_all(header)?;
+        Ok(w)
+    }
+
     fn header(vocab: usize, context: usize, tokens: &[u32]) -> Vec<u8> {
         let mut h = MAGIC.to_vec();
         for v in [vocab as u32, context as u32, tokens.len() as u32] {
@@ -247,7 +283,7 @@ pub fn score(
     base: Option<&Path>,
     mut progress: impl FnMut(usize, usize),
 ) -> anyhow::Result<Report> {
-    use anyhow::{bail, Context};
+    use anyhow::bail;
     let vocab = scorer.vocab_size();
     let context = scorer.context();
     let windows: Vec<&[u32]> = tokens.chunks(context).filter(|w| w.len() >= 2).collect();
@@ -269,110 +305,121 @@ pub fn score(
         }
     }
     // The baseline is checked before anything is written.
-    let mut reader = match base {
-        Some(p) => {
-            let f = std::fs::File::open(p).with_context(|| format!("opening {}", p.display()))?;
-            let mut r = BufReader::new(f);
-            let mut magic = [0u8; 8];
-            if r.read_exact(&mut magic).is_err() || &magic != MAGIC {
-                bail!("{} is not a pagellm log-probability file", p.display());
-            }
-            let mut got = vec![0u8; header.len() - MAGIC.len()];
-            r.read_exact(&mut got)
-                .with_context(|| format!("{} ends inside its header", p.display()))?;
-            if got[..] != header[MAGIC.len()..] {
-                bail!(
-                    "{} was saved for other tokens, another window size or another vocabulary \
-                     (the text, --context and the model must be the same as when it was saved)",
-                    p.display()
-                );
-            }
-            Some(r)
-        }
-        None => None,
-    };
-    let mut writer = match save {
-        Some(p) => {
-            let f =
-                std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
-            let mut w = BufWriter::new(f);
-            w.write_all(&header)?;
-            Some(w)
-        }
-        None => None,
-    };
-    let (mut nll, mut scored) = (0f64, 0usize);
-    let (mut base_nll, mut agree) = (0f64, 0usize);
-    let mut klds: Vec<f64> = Vec::new();
-    let mut base_row = vec![0f32; vocab];
-    let mut raw = vec![0u8; vocab * 4];
-    let mut io_error: Option<anyhow::Error> = None;
+    let reader = base.map(|p| LogprobFile::open(p, &header)).transpose()?;
+    let writer = save.map(|p| LogprobFile::create(p, &header)).transpose()?;
+    let mut tally = Tally::new(vocab, reader, writer);
     for (wi, w) in windows.iter().enumerate() {
-        scorer.score_window(w, |pos, lp| {
-            if io_error.is_some() {
-                return;
-            }
-            let next = w[pos + 1] as usize;
-            nll -= lp[next] as f64;
-            scored += 1;
-            if let Some(out) = writer.as_mut() {
-                let bytes: Vec<u8> = lp.iter().flat_map(|&v| v.to_le_bytes()).collect();
-                if let Err(e) = out.write_all(&bytes) {
-                    io_error = Some(e.into());
-                }
-            }
-            if let Some(r) = reader.as_mut() {
-                if let Err(e) = r.read_exact(&mut raw) {
-                    io_error = Some(anyhow::anyhow!("the baseline file ends early: {e}"));
-                    return;
-                }
-                for (b, c) in base_row.iter_mut().zip(raw.chunks_exact(4)) {
-                    *b = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                }
-                base_nll -= base_row[next] as f64;
-                let kld: f64 = base_row
-                    .iter()
-                    .zip(lp)
-                    .map(|(&b, &q)| {
-                        let p = (b as f64).exp();
-                        if p > 0.0 {
-                            p * (b as f64 - q as f64)
-                        } else {
-                            0.0
-                        }
-                    })
-                    .sum();
-                klds.push(kld.max(0.0));
-                if crate::reference::argmax(&base_row) == crate::reference::argmax(lp) {
-                    agree += 1;
-                }
-            }
-        })?;
-        if let Some(e) = io_error.take() {
+        scorer.score_window(w, |pos, lp| tally.add(lp, w[pos + 1] as usize))?;
+        if let Some(e) = tally.io_error.take() {
             return Err(e);
         }
         progress(wi + 1, windows.len());
     }
-    if let Some(mut w) = writer {
-        w.flush()?;
-    }
-    let divergence = reader.map(|_| {
-        let n = klds.len().max(1) as f64;
-        let mut sorted = klds.clone();
-        sorted.sort_by(f64::total_cmp);
-        let p99 = sorted[((sorted.len() as f64 * 0.99).ceil() as usize).clamp(1, sorted.len()) - 1];
-        Divergence {
-            mean_kld: klds.iter().sum::<f64>() / n,
-            p99_kld: p99,
-            max_kld: *sorted.last().unwrap_or(&0.0),
-            top1_agreement: agree as f64 / n,
-            base_perplexity: (base_nll / n).exp(),
+    tally.finish(windows.len())
+}
+
+/// What a scoring run adds up, token by token.
+struct Tally {
+    nll: f64,
+    scored: usize,
+    base_nll: f64,
+    agree: usize,
+    klds: Vec<f64>,
+    base_row: Vec<f32>,
+    raw: Vec<u8>,
+    reader: Option<BufReader<std::fs::File>>,
+    writer: Option<BufWriter<std::fs::File>>,
+    /// The first read or write that failed; scoring stops after the window.
+    io_error: Option<anyhow::Error>,
+}
+
+impl Tally {
+    fn new(
+        vocab: usize,
+        reader: Option<BufReader<std::fs::File>>,
+        writer: Option<BufWriter<std::fs::File>>,
+    ) -> Self {
+        Tally {
+            nll: 0.0,
+            scored: 0,
+            base_nll: 0.0,
+            agree: 0,
+            klds: Vec::new(),
+            base_row: vec![0f32; vocab],
+            raw: vec![0u8; vocab * 4],
+            reader,
+            writer,
+            io_error: None,
         }
-    });
-    Ok(Report {
-        windows: windows.len(),
-        tokens_scored: scored,
-        mean_nll: nll / scored as f64,
-        divergence,
-    })
+    }
+
+    /// Scores `next` under log-probabilities `lp`: saved, and compared with the baseline.
+    fn add(&mut self, lp: &[f32], next: usize) {
+        if self.io_error.is_some() {
+            return;
+        }
+        self.nll -= lp[next] as f64;
+        self.scored += 1;
+        if let Some(out) = self.writer.as_mut() {
+            let bytes: Vec<u8> = lp.iter().flat_map(|&v| v.to_le_bytes()).collect();
+            if let Err(e) = out.write_all(&bytes) {
+                self.io_error = Some(e.into());
+            }
+        }
+        let Some(r) = self.reader.as_mut() else {
+            return;
+        };
+        if let Err(e) = r.read_exact(&mut self.raw) {
+            self.io_error = Some(anyhow::anyhow!("the baseline file ends early: {e}"));
+            return;
+        }
+        for (b, c) in self.base_row.iter_mut().zip(self.raw.chunks_exact(4)) {
+            *b = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        self.base_nll -= self.base_row[next] as f64;
+        let kld: f64 = self
+            .base_row
+            .iter()
+            .zip(lp)
+            .map(|(&b, &q)| {
+                let p = (b as f64).exp();
+                if p > 0.0 {
+                    p * (b as f64 - q as f64)
+                } else {
+                    0.0
+                }
+            })
+            .sum();
+        self.klds.push(kld.max(0.0));
+        if crate::reference::argmax(&self.base_row) == crate::reference::argmax(lp) {
+            self.agree += 1;
+        }
+    }
+
+    fn finish(self, windows: usize) -> anyhow::Result<Report> {
+        if let Some(mut w) = self.writer {
+            w.flush()?;
+        }
+        let klds = &self.klds;
+        let divergence = self.reader.map(|_| {
+            let n = klds.len().max(1) as f64;
+            let mut sorted = klds.clone();
+            sorted.sort_by(f64::total_cmp);
+            let p99 =
+                sorted[((sorted.len() as f64 * 0.99).ceil() as usize).clamp(1, sorted.len()) - 1];
+            Divergence {
+                mean_kld: klds.iter().sum::<f64>() / n,
+                p99_kld: p99,
+                max_kld: *sorted.last().unwrap_or(&0.0),
+                top1_agreement: self.agree as f64 / n,
+                base_perplexity: (self.base_nll / n).exp(),
+            }
+        });
+        Ok(Report {
+            windows,
+            tokens_scored: self.scored,
+            mean_nll: self.nll / self.scored as f64,
+            divergence,
+        })
+    }
 }

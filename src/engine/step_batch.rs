@@ -6,11 +6,10 @@ use super::core::{Engine, EngineError, Result};
 use super::request::{RequestSide, SeqOutput};
 use super::scheduler::{ScheduledSeq, SchedulerOutput};
 use super::sequence::Sequence;
-use crate::error::GpuError;
-use crate::gpu::Batch;
+use crate::gpu::{Batch, GpuContext, PendingRead};
 use crate::kernels::logits::argmax_logprobs;
-use crate::kernels::paged_attention::{AttentionMetadata, SeqSlice, NO_BLOCK};
-use crate::model::forward::{forward, StepInput};
+use crate::kernels::paged_attention::{SeqSlice, NO_BLOCK};
+use crate::model::step::{record_step, FlatBatch};
 
 impl Engine {
     /// Records and submits the step: block operations, the forward pass over the flat
@@ -20,77 +19,45 @@ impl Engine {
         sched: &SchedulerOutput<SeqOutput, RequestSide>,
     ) -> Result<ReadBack> {
         let host_start = std::time::Instant::now();
-        // A step with any prompt chunk (or recomputation) is a prefill step, even when
-        // decodes ride along.
-        let mut prefill = false;
-        for s in &sched.scheduled {
-            prefill |= s.len > 1 || s.start < self.scheduled_seq(s)?.prompt_len;
-        }
+        let prefill = self.is_prefill(sched)?;
         if let Some(p) = self.ctx.profiler() {
             p.begin_step(if prefill { "prefill" } else { "decode" });
         }
-        // The flat batch: each scheduled sequence's new tokens, back to back.
-        let mut tokens = Vec::new();
-        let mut tables = Vec::with_capacity(sched.scheduled.len());
-        let mut rows = Vec::new();
-        for s in &sched.scheduled {
-            let seq = self.scheduled_seq(s)?;
-            tokens.extend_from_slice(&seq.tokens[s.start..s.start + s.len]);
-            if s.sample {
-                rows.push((tokens.len() - 1) as u32);
-            }
-            // Released blocks (left every layer's window) are holes the kernel never reads.
-            let blocks = &self.scheduler.blocks;
-            let holes = blocks.released_blocks(s.id)?;
-            let table: Vec<u32> = std::iter::repeat_n(NO_BLOCK, holes)
-                .chain(blocks.block_table(s.id)?.iter().map(|b| b.0))
-                .collect();
-            tables.push(table);
-        }
+        let flat = self.flat_batch(sched)?;
         let slices: Vec<SeqSlice> = sched
             .scheduled
             .iter()
-            .zip(&tables)
+            .zip(&flat.tables)
             .map(|(s, t)| SeqSlice {
                 query_len: s.len,
                 context_len: s.start + s.len,
                 block_table: t,
             })
             .collect();
-        let meta = AttentionMetadata::build(&slices, self.config.block_size)?;
         let need_logits = sched.scheduled.iter().filter(|s| s.sample).any(|s| {
             self.scheduler
                 .get(s.request_id)
                 .is_some_and(|g| needs_logits(g.params()))
         });
-
         let ctx = &self.ctx;
         let mut batch = Batch::new(ctx, "engine step");
-        // The step's metadata, token ids and sampled rows: one buffer kept across steps,
-        // rewritten in place with one write, so the step's bind groups are the last step's.
-        let io = &mut self.step_buffers;
-        meta.write_into(&mut batch, &mut io.meta, &[&tokens, &rows])?;
-        let missing = || GpuError::invalid("step metadata", "an extra array is missing");
-        let bufs = io.meta.as_ref().ok_or_else(missing)?;
-        let tok_buf = bufs.extra(0).ok_or_else(missing)?;
-        let row_buf = bufs.extra(1).ok_or_else(missing)?;
         let pending = self.cache.encode(&mut batch, &sched.ops)?;
-        let input = StepInput {
-            tokens: tok_buf,
-            meta: bufs,
-            rows: row_buf,
-            // With no sampling row, gather row 0 anyway (harmless) to keep shapes simple.
-            num_rows: rows.len().max(1),
+        let step = FlatBatch {
+            seqs: &slices,
+            tokens: &flat.tokens,
+            rows: &flat.rows,
             argmax: true,
         };
-        forward(
+        let io = &mut self.step_buffers;
+        record_step(
             &mut batch,
             &self.model,
             &self.cache.device,
             &self.ws,
-            &input,
+            &mut io.meta,
+            &step,
         )?;
-        let n = rows.len();
+        let n = flat.rows.len();
         let vocab = self.model.config.vocab_size;
         let argmax = match n {
             0 => None,
@@ -114,21 +81,51 @@ impl Engine {
         batch.submit()?;
         self.host.record(host_start.elapsed(), !prefill, created);
         self.cache.finish(ctx, pending)?;
-        let (ids, lps) = match argmax {
-            Some(r) => argmax_logprobs(&bytemuck::pod_collect_to_vec(&ctx.complete_read(r)?), n),
-            None => (Vec::new(), Vec::new()),
-        };
-        let logits = match logits {
-            Some(r) => bytemuck::pod_collect_to_vec(&ctx.complete_read(r)?),
-            None => Vec::new(),
-        };
-        Ok(ReadBack {
-            argmax: ids,
-            argmax_logprob: lps,
-            logits,
-            vocab,
-        })
+        ReadBack::complete(ctx, argmax, logits, n, vocab)
     }
+
+    /// A step with any prompt chunk (or recomputation) is a prefill step, even when
+    /// decodes ride along.
+    fn is_prefill(&self, sched: &SchedulerOutput<SeqOutput, RequestSide>) -> Result<bool> {
+        let mut prefill = false;
+        for s in &sched.scheduled {
+            prefill |= s.len > 1 || s.start < self.scheduled_seq(s)?.prompt_len;
+        }
+        Ok(prefill)
+    }
+
+    /// The flat batch: each scheduled sequence's new tokens, back to back, the rows that
+    /// sample, and each sequence's block table (released blocks, which left every layer's
+    /// window, are holes the kernels never read).
+    fn flat_batch(&self, sched: &SchedulerOutput<SeqOutput, RequestSide>) -> Result<Flat> {
+        let mut flat = Flat {
+            tokens: Vec::new(),
+            rows: Vec::new(),
+            tables: Vec::with_capacity(sched.scheduled.len()),
+        };
+        let blocks = &self.scheduler.blocks;
+        for s in &sched.scheduled {
+            let seq = self.scheduled_seq(s)?;
+            flat.tokens
+                .extend_from_slice(&seq.tokens[s.start..s.start + s.len]);
+            if s.sample {
+                flat.rows.push((flat.tokens.len() - 1) as u32);
+            }
+            let holes = blocks.released_blocks(s.id)?;
+            let table: Vec<u32> = std::iter::repeat_n(NO_BLOCK, holes)
+                .chain(blocks.block_table(s.id)?.iter().map(|b| b.0))
+                .collect();
+            flat.tables.push(table);
+        }
+        Ok(flat)
+    }
+}
+
+/// A step's token ids, sampled rows and block tables (see [`Engine::flat_batch`]).
+struct Flat {
+    tokens: Vec<u32>,
+    rows: Vec<u32>,
+    tables: Vec<Vec<u32>>,
 }
 
 impl Engine {
@@ -150,6 +147,31 @@ pub(super) struct ReadBack {
 }
 
 impl ReadBack {
+    /// Waits for the step's read-backs: the arg-max and its logprob of each of `n` rows,
+    /// and their logits when they were read.
+    fn complete(
+        ctx: &GpuContext,
+        argmax: Option<PendingRead>,
+        logits: Option<PendingRead>,
+        n: usize,
+        vocab: usize,
+    ) -> Result<Self> {
+        let (ids, lps) = match argmax {
+            Some(r) => argmax_logprobs(&bytemuck::pod_collect_to_vec(&ctx.complete_read(r)?), n),
+            None => (Vec::new(), Vec::new()),
+        };
+        let logits = match logits {
+            Some(r) => bytemuck::pod_collect_to_vec(&ctx.complete_read(r)?),
+            None => Vec::new(),
+        };
+        Ok(ReadBack {
+            argmax: ids,
+            argmax_logprob: lps,
+            logits,
+            vocab,
+        })
+    }
+
     pub fn logits(&self, row: usize) -> Option<&[f32]> {
         self.logits.get(row * self.vocab..(row + 1) * self.vocab)
     }

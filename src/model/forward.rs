@@ -17,7 +17,7 @@
 //! The parenthesised steps run when the architecture's [`Recipe`](super::arch::Recipe)
 //! asks for them; the rotations run when the pool's [`KvRotation`] is Hadamard.
 
-use super::gpu::GpuModel;
+use super::gpu::{GpuLayer, GpuModel};
 use super::ModelConfig;
 use crate::error::{GpuError, Result};
 use crate::gpu::{Batch, Bind, GpuContext};
@@ -272,19 +272,153 @@ pub fn forward(
             ),
         ));
     }
-    let rc = &c.recipe;
-    let eps = c.rms_norm_eps;
-    let scale = rc.embed_scale.unwrap_or(1.0);
+    let pass = Pass {
+        model,
+        pool,
+        ws,
+        input,
+        t,
+        eps: c.rms_norm_eps,
+    };
+    let scale = c.recipe.embed_scale.unwrap_or(1.0);
     embedding::scaled_embedding(batch, &model.embed, input.tokens, &ws.x, t, scale)?;
-    // Writes a projection's output into the residual stream: accumulated by the matmul, or
-    // through its norm and an add. With `gated`, `a` holds each row's gate then its up, and
-    // the projection's input is their gated activation.
-    let residual = |batch: &mut Batch,
-                    norm: Option<&Weight>,
-                    a: &wgpu::Buffer,
-                    gated: Option<Activation>,
-                    w: &Weight,
-                    bias: Option<&wgpu::Buffer>| {
+    for (i, l) in model.layers.iter().enumerate() {
+        pass.attention_block(batch, i, l)?;
+        pass.mlp_block(batch, l)?;
+    }
+    pass.lm_head(batch)
+}
+
+/// What every block of one forward pass reads: the model, the KV pool, the workspace and
+/// the step's input, over `t` tokens.
+struct Pass<'a> {
+    model: &'a GpuModel,
+    pool: &'a KvPool,
+    ws: &'a Workspace,
+    input: &'a StepInput<'a>,
+    t: usize,
+    eps: f32,
+}
+
+impl Pass<'_> {
+    /// `x += [norm](o_proj(attention(rope(qkv(norm(x))))))`, writing the new keys and
+    /// values of layer `i` into the pool on the way.
+    fn attention_block(&self, batch: &mut Batch, i: usize, l: &GpuLayer) -> Result<()> {
+        let (c, ws, t) = (&self.model.config, self.ws, self.t);
+        let (qd, kvd) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+        let qkv = Outputs::Three([&ws.q, &ws.k, &ws.v], [qd, kvd]);
+        let bias = l.qkv_bias.as_ref();
+        self.normed(batch, "q k v", &l.input_norm, &l.qkv, bias, qkv)?;
+        let (q, k) = self.qk_norms(batch, l)?;
+        let meta = self.input.meta;
+        let (heads, kv_heads) = (c.num_heads, c.num_kv_heads);
+        let table = &self.model.ropes[l.rope];
+        rope::rope(batch, table, meta.positions(), q, k, t, heads, kv_heads)?;
+        if self.pool.rotation() == KvRotation::Hadamard {
+            rotate_qk(batch, q, k, t * heads, t * kv_heads, c.head_dim)?;
+        }
+        let slots = meta.slot_mapping();
+        reshape_and_cache::reshape_and_cache(batch, self.pool, i, k, &ws.v, slots, t)?;
+        let rc = &c.recipe;
+        let opts = AttentionOptions {
+            scale: rc.attn_scale,
+            window: rc.layers[i].window,
+            softcap: rc.attn_softcap,
+        };
+        paged_attention(batch, self.pool, i, meta, q, &ws.attn, heads, opts)?;
+        batch.profile_site(Some("o"));
+        let post = l.post_attn_norm.as_ref();
+        self.residual(batch, post, &ws.attn, None, &l.o, l.o_bias.as_ref())
+    }
+
+    /// q and k normed per head where the recipe has q/k norms, else as projected.
+    fn qk_norms(&self, batch: &mut Batch, l: &GpuLayer) -> Result<(&wgpu::Buffer, &wgpu::Buffer)> {
+        let (c, ws, t, eps) = (&self.model.config, self.ws, self.t, self.eps);
+        match (&ws.qk_normed, &l.q_norm, &l.k_norm) {
+            (Some((qn, kn)), Some(qw), Some(kw)) => {
+                rms_norm::rms_norm(batch, &ws.q, qw, qn, t * c.num_heads, eps)?;
+                rms_norm::rms_norm(batch, &ws.k, kw, kn, t * c.num_kv_heads, eps)?;
+                Ok((qn, kn))
+            }
+            (_, None, None) => Ok((&ws.q, &ws.k)),
+            // The recipe gives the weights and the buffers together (`Recipe::qk_norm`).
+            _ => Err(GpuError::invalid(
+                "forward",
+                "q/k norm weights without the workspace buffers they write, or only one of them",
+            )),
+        }
+    }
+
+    /// `x += [norm](down(act(gate(norm(x))) * up(norm(x))))`.
+    fn mlp_block(&self, batch: &mut Batch, l: &GpuLayer) -> Result<()> {
+        let (c, ws) = (&self.model.config, self.ws);
+        let gate_up = Outputs::One(&ws.gate_up);
+        let bias = l.gate_up_bias.as_ref();
+        self.normed(batch, "gate up", &l.mlp_norm, &l.gate_up, bias, gate_up)?;
+        // The gated activation (SiLU or GELU of the gate, times up): its own pass, or
+        // computed as the down projection reads the gate-up output.
+        let activation = c.recipe.activation;
+        let (down_in, gated) = match &ws.act {
+            Some(act) => {
+                let width = c.intermediate_size;
+                silu_mul::gated_rows(batch, activation, &ws.gate_up, act, self.t, width)?;
+                (act, None)
+            }
+            None => (&ws.gate_up, Some(activation)),
+        };
+        batch.profile_site(Some("down"));
+        let post = l.post_mlp_norm.as_ref();
+        self.residual(batch, post, down_in, gated, &l.down, l.down_bias.as_ref())?;
+        batch.profile_site(None);
+        Ok(())
+    }
+
+    /// The final norm, then the sampled rows' logits (and arg-max): the norm by the LM head
+    /// as it reads the gathered rows, or over every token first.
+    fn lm_head(&self, batch: &mut Batch) -> Result<()> {
+        let (model, ws, input, t) = (self.model, self.ws, self.input, self.t);
+        let head = model.lm_head();
+        let (hidden, norm) = match ws.fuse_norm_here(input.num_rows, head) {
+            true => (
+                &ws.x,
+                Some(Norm {
+                    weight: &model.norm,
+                    eps: self.eps,
+                }),
+            ),
+            false => {
+                rms_norm::rms_norm(batch, &ws.x, &model.norm, &ws.h, t, self.eps)?;
+                (&ws.h, None)
+            }
+        };
+        let out = LogitsBuffers {
+            gathered: &ws.gathered,
+            logits: &ws.logits,
+            argmax: input.argmax.then_some(&ws.argmax),
+            argmax_partials: ws.argmax_partials.as_ref(),
+            softcap: model.config.recipe.final_softcap,
+            norm,
+        };
+        // Gathering the sampled rows, the vocabulary projection and the arg-max.
+        batch.profile_site(Some("lm head"));
+        let r = lm_head(batch, hidden, t, input.rows, input.num_rows, head, out);
+        batch.profile_site(None);
+        r
+    }
+
+    /// Writes a projection's output into the residual stream: accumulated by the matmul, or
+    /// through its norm and an add. With `gated`, `a` holds each row's gate then its up, and
+    /// the projection's input is their gated activation.
+    fn residual(
+        &self,
+        batch: &mut Batch,
+        norm: Option<&Weight>,
+        a: &wgpu::Buffer,
+        gated: Option<Activation>,
+        w: &Weight,
+        bias: Option<&wgpu::Buffer>,
+    ) -> Result<()> {
+        let (ws, t) = (self.ws, self.t);
         let project = |batch: &mut Batch, y: &wgpu::Buffer, out: Output| match gated {
             Some(act) => matmul_gated(batch, a, act, w, bias, y, t, out),
             None => matmul(batch, a, w, bias, y, t, out),
@@ -293,8 +427,8 @@ pub fn forward(
             (Some(norm), Some(y)) => {
                 project(batch, y, Output::Overwrite)?;
                 batch.profile_site(None);
-                rms_norm::rms_norm(batch, y, norm, &ws.h, t, eps)?;
-                add::add(batch, &ws.x, &ws.h, t * c.hidden_size)
+                rms_norm::rms_norm(batch, y, norm, &ws.h, t, self.eps)?;
+                add::add(batch, &ws.x, &ws.h, t * self.model.config.hidden_size)
             }
             (None, _) => project(batch, &ws.x, Output::Accumulate),
             // The recipe gives both or neither (`Recipe::sandwich_norms`).
@@ -303,15 +437,20 @@ pub fn forward(
                 "a post-norm weight without the workspace buffer it writes through",
             )),
         }
-    };
-    // A projection of the residual stream's norm: normed as the matmul reads it, or by a
-    // pass of its own into `ws.h`.
-    let normed = |batch: &mut Batch,
-                  site: &'static str,
-                  norm: &Weight,
-                  w: &Weight,
-                  bias: Option<&wgpu::Buffer>,
-                  outputs: Outputs<'_>| {
+    }
+
+    /// A projection of the residual stream's norm: normed as the matmul reads it, or by a
+    /// pass of its own into `ws.h`.
+    fn normed(
+        &self,
+        batch: &mut Batch,
+        site: &'static str,
+        norm: &Weight,
+        w: &Weight,
+        bias: Option<&wgpu::Buffer>,
+        outputs: Outputs<'_>,
+    ) -> Result<()> {
+        let (ws, t, eps) = (self.ws, self.t, self.eps);
         let fused = ws.fuse_norm_here(t, w);
         batch.profile_site(None);
         if !fused {
@@ -330,116 +469,5 @@ pub fn forward(
         };
         batch.profile_site(None);
         r
-    };
-    for (i, l) in model.layers.iter().enumerate() {
-        let (qd, kvd) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-        let qkv = Outputs::Three([&ws.q, &ws.k, &ws.v], [qd, kvd]);
-        normed(
-            batch,
-            "q k v",
-            &l.input_norm,
-            &l.qkv,
-            l.qkv_bias.as_ref(),
-            qkv,
-        )?;
-        let (q, k) = match (&ws.qk_normed, &l.q_norm, &l.k_norm) {
-            (Some((qn, kn)), Some(qw), Some(kw)) => {
-                rms_norm::rms_norm(batch, &ws.q, qw, qn, t * c.num_heads, eps)?;
-                rms_norm::rms_norm(batch, &ws.k, kw, kn, t * c.num_kv_heads, eps)?;
-                (qn, kn)
-            }
-            _ => (&ws.q, &ws.k),
-        };
-        rope::rope(
-            batch,
-            &model.ropes[l.rope],
-            input.meta.positions(),
-            q,
-            k,
-            t,
-            c.num_heads,
-            c.num_kv_heads,
-        )?;
-        let rotated = pool.rotation() == KvRotation::Hadamard;
-        if rotated {
-            let (rows_q, rows_k) = (t * c.num_heads, t * c.num_kv_heads);
-            rotate_qk(batch, q, k, rows_q, rows_k, c.head_dim)?;
-        }
-        reshape_and_cache::reshape_and_cache(
-            batch,
-            pool,
-            i,
-            k,
-            &ws.v,
-            input.meta.slot_mapping(),
-            t,
-        )?;
-        let opts = AttentionOptions {
-            scale: rc.attn_scale,
-            window: rc.layers[i].window,
-            softcap: rc.attn_softcap,
-        };
-        paged_attention(batch, pool, i, input.meta, q, &ws.attn, c.num_heads, opts)?;
-
-        batch.profile_site(Some("o"));
-        residual(
-            batch,
-            l.post_attn_norm.as_ref(),
-            &ws.attn,
-            None,
-            &l.o,
-            l.o_bias.as_ref(),
-        )?;
-        let gate_up = Outputs::One(&ws.gate_up);
-        let bias = l.gate_up_bias.as_ref();
-        normed(batch, "gate up", &l.mlp_norm, &l.gate_up, bias, gate_up)?;
-        // The gated activation (SiLU or GELU of the gate, times up): its own pass, or
-        // computed as the down projection reads the gate-up output.
-        let (down_in, gated) = match &ws.act {
-            Some(act) => {
-                let width = c.intermediate_size;
-                silu_mul::gated_rows(batch, rc.activation, &ws.gate_up, act, t, width)?;
-                (act, None)
-            }
-            None => (&ws.gate_up, Some(rc.activation)),
-        };
-        batch.profile_site(Some("down"));
-        residual(
-            batch,
-            l.post_mlp_norm.as_ref(),
-            down_in,
-            gated,
-            &l.down,
-            l.down_bias.as_ref(),
-        )?;
-        batch.profile_site(None);
     }
-    // The final norm: by the LM head as it reads the gathered rows, or over every token.
-    let head = model.lm_head();
-    let (hidden, norm) = match ws.fuse_norm_here(input.num_rows, head) {
-        true => (
-            &ws.x,
-            Some(Norm {
-                weight: &model.norm,
-                eps,
-            }),
-        ),
-        false => {
-            rms_norm::rms_norm(batch, &ws.x, &model.norm, &ws.h, t, eps)?;
-            (&ws.h, None)
-        }
-    };
-    let out = LogitsBuffers {
-        gathered: &ws.gathered,
-        logits: &ws.logits,
-        argmax: input.argmax.then_some(&ws.argmax),
-        argmax_partials: ws.argmax_partials.as_ref(),
-        softcap: rc.final_softcap,
-        norm,
-    };
-    // Gathering the sampled rows, the vocabulary projection and the arg-max.
-    batch.profile_site(Some("lm head"));
-    let r = lm_head(batch, hidden, t, input.rows, input.num_rows, head, out);
-    batch.profile_site(None);
-    r
 }

@@ -2,7 +2,8 @@
 //! architecture registry ([`arch`]: Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3),
 //! safetensors weights ([`checkpoint`]) validated against the tensor list the config implies
 //! ([`spec`]), a plain-Rust reference forward pass ([`reference`]) and the GPU model
-//! ([`gpu`]), both following the architecture's recipe.
+//! ([`gpu`]), both following the architecture's recipe; the GPU forward pass ([`forward`])
+//! and one step of it over a flat batch ([`step`]).
 
 pub mod arch;
 pub mod checkpoint;
@@ -12,6 +13,7 @@ pub mod forward;
 pub mod gpu;
 pub mod reference;
 pub mod spec;
+pub mod step;
 
 pub use checkpoint::{Checkpoint, TensorRef};
 pub use config::{Architecture, ModelConfig};
