@@ -42,7 +42,7 @@ fn prompts() -> Vec<String> {
         .collect()
 }
 
-#[path = "../tests/support/http.rs"]
+#[path = "../tests/common/http.rs"]
 mod http;
 use http::{agent, serve};
 

@@ -1,5 +1,8 @@
-//! Typed errors of the library. The CLI wraps them in `anyhow`; the library never panics on
-//! input a user controls (environment variables, kernel arguments, model files).
+//! Errors of the GPU layer ([`GpuError`]), which the kernels, the pool, the cache engine and
+//! the forward pass return. Every other module has its own typed error (`ModelError`,
+//! `CacheError`, `SamplingError`, `TokenizerError`, `EngineError`); the CLI wraps them in
+//! `anyhow`. The library never panics on input a user controls (environment variables,
+//! kernel arguments, model files).
 
 /// Errors from the GPU layer: adapter choice, device creation, wgpu validation and memory
 /// errors, lost devices, and kernel arguments that do not describe a valid launch.

@@ -1,8 +1,21 @@
 //! pagellm: Llama-family inference on any GPU wgpu reaches, around a paged KV cache.
 //!
-//! Layers, bottom up: [`gpu`] (context, pipelines, buffers, command batches), [`kernels`]
-//! (WGSL compute kernels with typed launchers), [`pool`] (GPU storage of the KV blocks), and
-//! [`reference`] (plain-Rust versions of every kernel, the oracle the GPU is tested against).
+//! Modules, bottom up:
+//! - [`gpu`]: the wgpu context, pipelines, buffers and command batches;
+//! - [`nn`]: plain definitions of the network's parts (activations, rotary embeddings);
+//! - [`kernels`]: the WGSL compute kernels with typed launchers;
+//! - [`reference`]: plain-Rust versions of every kernel, the oracle the GPU is tested
+//!   against;
+//! - [`pool`]: GPU storage of the KV blocks (f16, f32, int8, int4);
+//! - [`cache`]: the block manager (block tables, reference counts, copy-on-write, swap,
+//!   prefix caching), plain Rust; [`cache_engine`] carries out its plans on the GPU;
+//! - [`model`]: checkpoints, the architecture registry, the GPU model and its forward pass,
+//!   and a plain-Rust reference forward pass;
+//! - [`tokenizer`] and [`sampling`]: text in and out, and the next token from logits;
+//! - [`engine`]: requests, the scheduler and the step loop; [`eval`]: teacher-forced
+//!   scoring (perplexity, KL against a baseline);
+//! - [`server`]: the OpenAI-compatible HTTP server;
+//! - [`error`]: the GPU layer's typed errors (each other module has its own).
 
 pub mod cache;
 pub mod cache_engine;

@@ -2,9 +2,9 @@
 //! fail alone in every preemption mode; forks never exceed `max_num_seqs`; a group's
 //! sequences are never split by the token budget; running decodes go before prefill
 //! chunks; automatic preemption follows the measured costs. Every run also passes the
-//! driver's per-step checks (`support/sched_driver.rs`) and ends with nothing leaked.
+//! driver's per-step checks (`common/sched_driver.rs`) and ends with nothing leaked.
 
-#[path = "support/sched_driver.rs"]
+#[path = "common/sched_driver.rs"]
 mod driver;
 
 use driver::{Driver, Outcome, Req};

@@ -11,7 +11,7 @@
 //! fails only if it could really never fit; and every finished request produced exactly
 //! what it produces alone on an ample pool.
 
-#[path = "support/sched_driver.rs"]
+#[path = "common/sched_driver.rs"]
 mod driver;
 
 use driver::{splitmix, Driver, Outcome, Req};

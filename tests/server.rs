@@ -12,7 +12,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-#[path = "support/http.rs"]
+#[path = "common/http.rs"]
 mod http;
 use http::{agent, listening, serve, Served};
 

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-#[path = "support/http.rs"]
+#[path = "common/http.rs"]
 mod http;
 use http::{agent, serve, Served};
 

@@ -1,5 +1,7 @@
-//! The block manager's invariants (DESIGN.md, "Block manager invariants"), checked in one
-//! place so that tests can call it after every operation.
+//! The block manager's invariants, checked in one place so that tests can call it after
+//! every operation: free and used blocks partition the pool, a block is free iff its count
+//! is 0, a count equals the block-table entries pointing at the block (plus the pending
+//! plan's and the prefix cache's holds), and each table covers exactly its tokens.
 //!
 //! Device blocks have three exclusive states (see `device.rs`): free (count 0, on the free
 //! list, unnamed), evictable (count 0, named, in the LRU evictor) and in use (count > 0).

@@ -2,7 +2,10 @@
 //! of each sequence), compute their logits with the LM head, and optionally reduce them to
 //! the arg-max and its logprob on the GPU, so greedy decoding reads back 8 bytes per
 //! sequence.
-//! Launchers for `shaders/gather_rows.wgsl` and `shaders/argmax.wgsl`.
+//! Launchers for `shaders/gather_rows.wgsl` and the arg-max kernels: `argmax.wgsl` (a
+//! 256-thread tree per row), `argmax_lanes.wgsl` (eight lanes per row, CPU adapters) and
+//! `argmax_slices.wgsl` + `argmax_merge.wgsl` (a row split across workgroups, GPUs); see
+//! [`ArgmaxKernel`].
 
 use super::matmul::{matmul, matmul_normed, Norm, Output, Outputs};
 use super::{

@@ -1,6 +1,6 @@
 //! GPU storage of the paged KV cache: the pool of fixed-size blocks for every layer.
 //!
-//! Logical layout per layer, as in DESIGN.md: K and V each `[num_blocks, num_kv_heads,
+//! Logical layout per layer: K and V each `[num_blocks, num_kv_heads,
 //! block_size, head_dim]`, f16 (packed two per u32) by default, f32, or quantized to 8 or 4
 //! bits with the scales inside each (block, KV head) tile (see [`quant`]), so that a block
 //! stays one self-contained run of bytes whatever the dtype. Physically the pool

@@ -1,6 +1,7 @@
 //! Plain-Rust reference versions of the kernels: simple loops in f32 (f64 where accuracy
 //! matters), written from the definitions rather than from the shaders. Tests compare the
-//! GPU against these; later the reference forward pass is built from them.
+//! GPU against these, and the reference forward pass ([`crate::model::reference`]) is
+//! built from them.
 //!
 //! Shapes follow the kernels: activations row-major `[rows, cols]`, weights Hugging Face
 //! `[out, in]`.

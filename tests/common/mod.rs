@@ -1,5 +1,9 @@
 //! Shared helpers of the GPU tests: one context per software-reachable backend, seeded
 //! random data, and tolerant comparison that names the first failing index.
+//!
+//! This folder holds every test helper, each included by the tests that need it: this
+//! module, `golden.rs` (transformers fixtures), `http.rs` (a `pagellm serve` child and a
+//! client) and `sched_driver.rs` (the GPU-free engine stand-in around the real scheduler).
 #![allow(dead_code)]
 
 use pagellm::gpu::{AdapterRequest, Batch, GpuContext};

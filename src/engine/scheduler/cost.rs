@@ -98,8 +98,8 @@ fn ewma(slot: &mut Option<f64>, value: f64) {
 ///   pool is full.
 /// - Automatic: recompute when the host pool is full; swap a group whose sequences would
 ///   not fit the pool once they no longer share blocks; otherwise the cheaper estimate,
-///   and before there are estimates DESIGN.md's rule (swap groups of several sequences,
-///   recompute single ones).
+///   and before there are estimates the static rule: swap groups of several sequences
+///   (recomputing them would lose their sharing), recompute single ones.
 pub fn choose_mode(
     explicit: Option<PreemptionMode>,
     costs: &PreemptionCosts,
