@@ -202,6 +202,32 @@ pub(crate) fn open_model(model_dir: &Path) -> Result<(ModelFiles, Tokenizer)> {
     Ok((files, tokenizer))
 }
 
+/// The context the engine serves: `config.max_model_len`, checked against the model's, or
+/// the model's default; the other sizes are checked to be positive.
+fn context_length(c: &crate::model::ModelConfig, config: &EngineConfig) -> Result<usize> {
+    if config.block_size == 0 || config.max_num_seqs == 0 || config.max_num_batched_tokens == 0 {
+        return Err(EngineError::Config(
+            "block size, max_num_seqs and max_num_batched_tokens must be positive".into(),
+        ));
+    }
+    Ok(match config.max_model_len {
+        Some(n) if n < 2 => {
+            return Err(EngineError::Config(format!(
+                "max_model_len {n} leaves no room for a prompt and a generated token; it \
+                     must be at least 2"
+            )))
+        }
+        Some(n) if n > c.max_model_len() => {
+            return Err(EngineError::Config(format!(
+                "max_model_len {n} exceeds the model's context of {} tokens",
+                c.max_model_len()
+            )))
+        }
+        Some(n) => n,
+        None => c.default_context(),
+    })
+}
+
 /// The KV pool layout `config` asks of model `c`, validated.
 pub(crate) fn kv_layout(c: &crate::model::ModelConfig, config: &EngineConfig) -> Result<KvLayout> {
     let layout = KvLayout {
@@ -238,28 +264,7 @@ impl Engine {
         if config.profile {
             ctx.enable_profiling();
         }
-        if config.block_size == 0 || config.max_num_seqs == 0 || config.max_num_batched_tokens == 0
-        {
-            return Err(EngineError::Config(
-                "block size, max_num_seqs and max_num_batched_tokens must be positive".into(),
-            ));
-        }
-        let max_model_len = match config.max_model_len {
-            Some(n) if n < 2 => {
-                return Err(EngineError::Config(format!(
-                    "max_model_len {n} leaves no room for a prompt and a generated token; it \
-                     must be at least 2"
-                )))
-            }
-            Some(n) if n > c.max_model_len() => {
-                return Err(EngineError::Config(format!(
-                    "max_model_len {n} exceeds the model's context of {} tokens",
-                    c.max_model_len()
-                )))
-            }
-            Some(n) => n,
-            None => c.default_context(),
-        };
+        let max_model_len = context_length(&c, &config)?;
         let layout = kv_layout(&c, &config)?;
         let gpu_blocks = config
             .num_gpu_blocks
