@@ -1,17 +1,22 @@
 //! The scheduler and block manager on the CPU, case by case: requests that can never fit
 //! fail alone in every preemption mode; forks never exceed `max_num_seqs`; a group's
 //! sequences are never split by the token budget; running decodes go before prefill
-//! chunks; automatic preemption follows the measured costs. Every run also passes the
-//! driver's per-step checks (`common/sched_driver.rs`) and ends with nothing leaked.
+//! chunks; automatic preemption follows the measured costs; a commit whose samples do not
+//! fit their group fails that group alone, and forks share blocks until they finish. Every
+//! driver run also passes the driver's per-step checks (`common/sched_driver.rs`) and ends
+//! with nothing leaked.
 
 #[path = "common/sched_driver.rs"]
 mod driver;
 
 use driver::{Driver, Outcome, Req};
-use pagellm::cache::CacheConfig;
-use pagellm::engine::scheduler::{choose_mode, PreemptionCosts, Victim};
-use pagellm::engine::sequence::GroupShape;
-use pagellm::engine::{EngineConfig, PreemptionMode};
+use pagellm::cache::{BlockManager, CacheConfig};
+use pagellm::engine::scheduler::{
+    choose_mode, BeamChild, Fork, NextToken, PreemptionCosts, SampleOutcome, Sampled, Scheduler,
+    SchedulerOutput, Victim,
+};
+use pagellm::engine::sequence::{GroupShape, Sequence, SequenceGroup};
+use pagellm::engine::{EngineConfig, FinishReason, PreemptionMode};
 
 const MODES: [Option<PreemptionMode>; 3] = [
     Some(PreemptionMode::Swap),
@@ -347,4 +352,186 @@ fn automatic_preemption_swaps_or_recomputes_by_injected_cost() {
         let r = req(5 + *id as usize, GroupShape::Samples(1), 30, 50 + id);
         assert_eq!(*out, alone(&r));
     }
+}
+
+/// A bare scheduler (no driver) with two single-prompt requests prefilled in one step: 0 of
+/// `shape_0`, 1 a single sample. Returns the scheduler and that step's plan.
+fn two_prefilled(shape_0: GroupShape) -> (Scheduler, SchedulerOutput) {
+    let cfg = EngineConfig {
+        block_size: 4,
+        max_num_seqs: 16,
+        max_num_batched_tokens: 64,
+        enable_prefix_caching: false,
+        ..EngineConfig::default()
+    };
+    let blocks = BlockManager::new(CacheConfig::new(4, 32, 8).with_watermark_blocks(0)).unwrap();
+    let mut s = Scheduler::new(cfg, blocks);
+    for (id, shape) in [(0, shape_0), (1, GroupShape::Samples(1))] {
+        let first = Sequence::new(s.new_seq_id(), 0, &[5, 6, 7, 8, 9, 10], ());
+        s.add(SequenceGroup::new(id, shape, 20, first, ()));
+    }
+    let out = s.schedule().unwrap();
+    assert_eq!(out.scheduled.len(), 2, "{out:?}");
+    (s, out)
+}
+
+fn tokens(seq: usize, token: u32) -> SampleOutcome<()> {
+    SampleOutcome::Tokens {
+        tokens: vec![NextToken {
+            seq,
+            token,
+            finish: None,
+        }],
+        forks: Vec::new(),
+    }
+}
+
+#[test]
+fn a_commit_that_does_not_fit_its_group_fails_that_group_alone() {
+    let fork = |index| Fork {
+        index,
+        token: 3,
+        finish: None,
+        data: (),
+    };
+    let cases: Vec<(GroupShape, SampleOutcome<()>, &str)> = vec![
+        (GroupShape::Samples(1), tokens(4, 1), "does not have live"),
+        (
+            GroupShape::Samples(3),
+            SampleOutcome::Tokens {
+                tokens: vec![],
+                forks: vec![fork(1), fork(2)],
+            },
+            "exactly one sampled sequence",
+        ),
+        (
+            GroupShape::Beams(2),
+            SampleOutcome::Beams {
+                children: vec![BeamChild {
+                    parent: 3,
+                    token: 1,
+                    data: (),
+                }],
+                done: false,
+            },
+            "parent is not one of the group's sequences",
+        ),
+        (
+            GroupShape::Samples(1),
+            SampleOutcome::Failed("sampling broke".into()),
+            "sampling broke",
+        ),
+    ];
+    for (shape, bad, want) in cases {
+        let (mut s, out) = two_prefilled(shape);
+        let sampled = vec![
+            Sampled {
+                request_id: 0,
+                outcome: bad,
+            },
+            Sampled {
+                request_id: 1,
+                outcome: tokens(0, 42),
+            },
+        ];
+        let done = s.commit(&out, sampled).unwrap();
+        assert!(done.finished.is_empty());
+        let [f] = done.failed.as_slice() else {
+            panic!("{shape:?}: {} failed", done.failed.len());
+        };
+        assert_eq!(f.group.request_id, 0);
+        assert!(f.reason.contains(want), "{shape:?}: {}", f.reason);
+        // The failed group is gone with its blocks; the other one took its token.
+        assert_eq!(s.queue_of(0), None);
+        assert!(f.group.seqs.iter().all(|q| !s.blocks.contains(q.id)));
+        let other = s.get(1).unwrap();
+        assert_eq!(other.seqs[0].tokens, [5, 6, 7, 8, 9, 10, 42]);
+        assert_eq!(other.seqs[0].num_computed, 6);
+        assert_eq!(s.blocks.num_used_device_blocks(), 2);
+        s.blocks.check_invariants().unwrap();
+    }
+}
+
+#[test]
+fn a_commit_forks_samples_and_frees_what_finishes() {
+    let (mut s, out) = two_prefilled(GroupShape::Samples(3));
+    let sampled = vec![Sampled {
+        request_id: 0,
+        outcome: SampleOutcome::Tokens {
+            tokens: vec![NextToken {
+                seq: 0,
+                token: 11,
+                finish: None,
+            }],
+            forks: vec![
+                Fork {
+                    index: 1,
+                    token: 12,
+                    finish: Some(FinishReason::Stop),
+                    data: (),
+                },
+                Fork {
+                    index: 2,
+                    token: 13,
+                    finish: None,
+                    data: (),
+                },
+            ],
+        },
+    }];
+    let done = s.commit(&out, sampled).unwrap();
+    assert!(done.finished.is_empty() && done.failed.is_empty());
+    let g = s.get(0).unwrap();
+    let got: Vec<(usize, Vec<u32>, bool)> = g
+        .seqs
+        .iter()
+        .map(|q| (q.index, q.output_ids().to_vec(), s.blocks.contains(q.id)))
+        .collect();
+    // The finished fork holds no blocks; the live ones share the prompt's two blocks.
+    assert_eq!(
+        got,
+        [
+            (0, vec![11], true),
+            (1, vec![12], false),
+            (2, vec![13], true)
+        ]
+    );
+    assert!(g.forked);
+    assert_eq!(g.slots(), 2);
+    let live = g.live_ids();
+    let table = s.blocks.block_table(live[0]).unwrap().to_vec();
+    assert_eq!(s.blocks.block_table(live[1]).unwrap(), &table[..]);
+    assert_eq!(s.blocks.device_refcount(table[1]), Some(2));
+    s.blocks.check_invariants().unwrap();
+    // Both live samples finish next step: the group leaves the scheduler, blocks freed.
+    let out = s.schedule().unwrap();
+    let rows: Vec<NextToken> = out
+        .scheduled
+        .iter()
+        .filter(|x| x.request_id == 0)
+        .map(|x| NextToken {
+            seq: x.seq,
+            token: 1,
+            finish: Some(FinishReason::Length),
+        })
+        .collect();
+    assert_eq!(rows.len(), 2);
+    let done = s
+        .commit(
+            &out,
+            vec![Sampled {
+                request_id: 0,
+                outcome: SampleOutcome::Tokens {
+                    tokens: rows,
+                    forks: Vec::new(),
+                },
+            }],
+        )
+        .unwrap();
+    assert_eq!(done.finished.len(), 1);
+    assert_eq!(s.queue_of(0), None);
+    assert_eq!(s.num_groups(), 1);
+    // Only request 1's prompt and the slot it took this step remain.
+    assert_eq!(s.blocks.sequences().count(), 1);
+    s.blocks.check_invariants().unwrap();
 }
