@@ -20,10 +20,9 @@
 
 use pagellm::engine::{Engine, EngineConfig, Prompt};
 use pagellm::gpu::Batch;
-use pagellm::kernels::paged_attention::{
-    paged_attention, AttentionBuffers, AttentionMetadata, AttentionOptions, SeqSlice,
-};
+use pagellm::kernels::paged_attention::{paged_attention, AttentionBuffers, AttentionOptions};
 use pagellm::kernels::reshape_and_cache::reshape_and_cache;
+use pagellm::model::step::{AttentionMetadata, SeqSlice};
 use pagellm::pool::{KvDtype, KvLayout, KvPool, KvRotation, PoolSize};
 use pagellm::sampling::SamplingParams;
 use pagellm::GpuContext;

@@ -20,8 +20,9 @@
 use pagellm::gpu::Batch;
 use pagellm::kernels::paged_attention::{
     contiguous_attention, paged_attention, paged_attention_with, AttentionBuffers, AttentionKernel,
-    AttentionMetadata, AttentionOptions, SeqSlice,
+    AttentionOptions,
 };
+use pagellm::model::step::{AttentionMetadata, SeqSlice};
 use pagellm::pool::{KvDtype, KvLayout, KvPool, PoolSize};
 use pagellm::GpuContext;
 use rand::seq::SliceRandom;

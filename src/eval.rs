@@ -14,10 +14,10 @@
 use crate::engine::{kv_layout, open_model};
 use crate::engine::{EngineConfig, EngineError};
 use crate::gpu::{Batch, GpuContext, Readback};
-use crate::kernels::paged_attention::{AttentionBuffers, SeqSlice};
+use crate::kernels::paged_attention::AttentionBuffers;
 use crate::model::forward::Workspace;
 use crate::model::gpu::GpuModel;
-use crate::model::step::{record_step, FlatBatch};
+use crate::model::step::{record_step, FlatBatch, SeqSlice};
 use crate::pool::{KvPool, KvRotation, PoolSize};
 use crate::tokenizer::Tokenizer;
 use std::io::{BufReader, BufWriter, Read, Write};

@@ -8,10 +8,10 @@
 mod common;
 use common::{contexts, golden, rng};
 use pagellm::gpu::Batch;
-use pagellm::kernels::paged_attention::{AttentionMetadata, SeqSlice};
 use pagellm::model::forward::{forward, NormFusion, StepInput, Workspace};
 use pagellm::model::gpu::GpuModel;
 use pagellm::model::reference::log_softmax;
+use pagellm::model::step::{AttentionMetadata, SeqSlice};
 use pagellm::pool::{KvDtype, KvLayout, KvPool, PoolSize};
 use rand::seq::SliceRandom;
 

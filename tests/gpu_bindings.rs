@@ -8,7 +8,8 @@ mod common;
 use common::*;
 use pagellm::gpu::{reflect_layout, Batch, Bind, GpuContext, Readback, STALE_AFTER};
 use pagellm::kernels::add::add;
-use pagellm::kernels::paged_attention::{AttentionBuffers, AttentionMetadata, SeqSlice};
+use pagellm::kernels::paged_attention::AttentionBuffers;
+use pagellm::model::step::{AttentionMetadata, SeqSlice};
 use pagellm::GpuError;
 
 /// A context of its own on `ctx`'s device, so that its cache counts only this test's work.

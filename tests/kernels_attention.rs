@@ -10,9 +10,10 @@ mod common;
 use common::*;
 use pagellm::gpu::Batch;
 use pagellm::kernels::paged_attention::{
-    paged_attention_with, AttentionKernel, AttentionMetadata, AttentionOptions, SeqSlice, NO_BLOCK,
+    paged_attention_with, AttentionKernel, AttentionOptions, NO_BLOCK,
 };
 use pagellm::kernels::reshape_and_cache::reshape_and_cache;
+use pagellm::model::step::{AttentionMetadata, SeqSlice};
 use pagellm::pool::{quant, KvDtype, KvLayout, KvPool, PoolSize};
 use pagellm::reference as r;
 use rand::seq::SliceRandom;

@@ -8,8 +8,8 @@ use super::scheduler::{ScheduledSeq, SchedulerOutput};
 use super::sequence::Sequence;
 use crate::gpu::{Batch, GpuContext, PendingRead};
 use crate::kernels::logits::argmax_logprobs;
-use crate::kernels::paged_attention::{SeqSlice, NO_BLOCK};
-use crate::model::step::{record_step, FlatBatch};
+use crate::kernels::paged_attention::NO_BLOCK;
+use crate::model::step::{record_step, FlatBatch, SeqSlice};
 
 impl Engine {
     /// Records and submits the step: block operations, the forward pass over the flat

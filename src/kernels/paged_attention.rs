@@ -1,10 +1,8 @@
 //! Launcher for the attention kernels, `shaders/paged_attention.wgsl`, its subgroup variant
 //! `paged_attention_sg.wgsl`, the lane-per-query `paged_attention_lanes.wgsl` and its
 //! query-tiled form `paged_attention_tiles.wgsl` (and their shard merge,
-//! `shaders/paged_attention_reduce.wgsl`),
-//! plus the host-side metadata of a flat batch:
-//! which sequence and position each query token has, the block tables, and the slots the
-//! step's new K/V go to.
+//! `shaders/paged_attention_reduce.wgsl`), and the GPU buffer of a flat batch's metadata
+//! ([`AttentionBuffers`]; the host-side builder is [`crate::model::step::AttentionMetadata`]).
 
 use super::{
     check_len, params, PAGED_ATTENTION, PAGED_ATTENTION_LANES, PAGED_ATTENTION_REDUCE,
@@ -48,149 +46,54 @@ pub const NO_BLOCK: u32 = u32::MAX;
 /// Largest head size the attention kernels hold in workgroup or private memory.
 pub const MAX_HEAD_DIM: usize = 256;
 
-/// One sequence's share of a flat batch: its `query_len` newest tokens are computed this
-/// step, and after the step its cache holds `context_len` tokens, reachable through
-/// `block_table` (physical block ids, logical order).
-#[derive(Clone, Copy, Debug)]
-pub struct SeqSlice<'a> {
-    pub query_len: usize,
-    pub context_len: usize,
-    pub block_table: &'a [u32],
-}
-
-/// Host-side metadata of a flat batch of query tokens.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct AttentionMetadata {
+/// The sizes the attention kernels take from a flat batch's metadata (built by
+/// [`crate::model::step::AttentionMetadata`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MetadataShape {
     pub num_tokens: usize,
-    pub num_seqs: usize,
     pub max_blocks_per_seq: usize,
-    /// Offset of each sequence's first query token; `num_seqs + 1` entries.
-    pub query_start: Vec<u32>,
-    /// `[num_tokens]` (sequence index, position).
-    pub token_pos: Vec<[u32; 2]>,
-    /// `[num_seqs, max_blocks_per_seq]`, padded with 0.
-    pub block_tables: Vec<u32>,
-    /// `[num_tokens]` slot of each token's new K/V.
-    pub slot_mapping: Vec<i32>,
-    /// `[num_tokens]` position of each token (for RoPE).
-    pub positions: Vec<u32>,
+    /// The most query tokens any one sequence has.
+    pub longest_query: usize,
 }
 
-impl AttentionMetadata {
-    /// Lays out `seqs` back to back: each sequence's query tokens together, at consecutive
-    /// positions (the query-tiled kernel relies on it: eight tokens whose first and last
-    /// are one sequence's, seven positions apart, are eight consecutive queries). Fails
-    /// when a sequence's query is longer than its context, or its table is too short for
-    /// its context.
-    pub fn build(seqs: &[SeqSlice<'_>], block_size: usize) -> Result<Self> {
-        const K: &str = "paged_attention metadata";
-        let max_blocks = seqs
-            .iter()
-            .map(|s| s.context_len.div_ceil(block_size))
-            .max()
-            .unwrap_or(0)
-            .max(1);
-        let mut m = AttentionMetadata {
-            num_seqs: seqs.len(),
-            max_blocks_per_seq: max_blocks,
-            query_start: vec![0],
-            block_tables: vec![0; seqs.len() * max_blocks],
-            ..Default::default()
-        };
-        for (i, s) in seqs.iter().enumerate() {
-            if s.query_len == 0 || s.query_len > s.context_len {
-                return Err(GpuError::invalid(
-                    K,
-                    format!(
-                        "sequence {i}: query of {} tokens, context of {}",
-                        s.query_len, s.context_len
-                    ),
-                ));
-            }
-            let needed = s.context_len.div_ceil(block_size);
-            if s.block_table.len() < needed {
-                return Err(GpuError::invalid(
-                    K,
-                    format!(
-                        "sequence {i}: {} blocks for {} tokens of block size {block_size}",
-                        s.block_table.len(),
-                        s.context_len
-                    ),
-                ));
-            }
-            m.block_tables[i * max_blocks..i * max_blocks + needed]
-                .copy_from_slice(&s.block_table[..needed]);
-            for pos in s.context_len - s.query_len..s.context_len {
-                let block = s.block_table[pos / block_size];
-                if block == NO_BLOCK {
-                    return Err(GpuError::invalid(
-                        K,
-                        format!("sequence {i}: position {pos} is in a released block"),
-                    ));
-                }
-                let block = block as usize;
-                m.token_pos.push([i as u32, pos as u32]);
-                m.positions.push(pos as u32);
-                m.slot_mapping
-                    .push((block * block_size + pos % block_size) as i32);
-            }
-            m.num_tokens += s.query_len;
-            m.query_start.push(m.num_tokens as u32);
-        }
-        Ok(m)
-    }
+/// A flat batch's metadata on the GPU: one buffer, each array a section of it, in the order
+/// token_pos, block_tables, slot_mapping, positions, then extra u32 arrays (the engine adds
+/// the step's token ids and sampled rows).
+#[derive(Debug)]
+pub struct AttentionBuffers {
+    pub num_tokens: usize,
+    pub max_blocks_per_seq: usize,
+    /// The most query tokens any one sequence has (the tiled kernel's work needs 8).
+    pub longest_query: usize,
+    buffer: wgpu::Buffer,
+    /// (offset, size) in bytes: token_pos, block_tables, slot_mapping, positions, extras.
+    sections: Vec<(u64, u64)>,
+}
 
-    /// The most query tokens any one sequence has.
-    pub fn longest_query(&self) -> usize {
-        self.query_start
-            .windows(2)
-            .map(|w| (w[1] - w[0]) as usize)
-            .max()
-            .unwrap_or(0)
-    }
-
-    pub fn upload(&self, ctx: &GpuContext) -> Result<AttentionBuffers> {
-        self.upload_with(ctx, &[])
-    }
-
-    /// The arrays in section order, then `extra`.
-    fn parts<'a>(&'a self, extra: &[&'a [u32]]) -> Vec<&'a [u8]> {
-        let mut parts: Vec<&[u8]> = vec![
-            bytemuck::cast_slice(&self.token_pos),
-            bytemuck::cast_slice(&self.block_tables),
-            bytemuck::cast_slice(&self.slot_mapping),
-            bytemuck::cast_slice(&self.positions),
-        ];
-        parts.extend(extra.iter().map(|e| bytemuck::cast_slice::<u32, u8>(e)));
-        parts
-    }
-
-    /// Uploads the metadata together with `extra` u32 arrays (the engine adds the step's
-    /// token ids and sampled rows) in one new buffer, one write; `extra[i]` is bound
-    /// through [`AttentionBuffers::extra`].
-    pub fn upload_with(&self, ctx: &GpuContext, extra: &[&[u32]]) -> Result<AttentionBuffers> {
-        let (buffer, sections) = ctx.upload_sections("step metadata", &self.parts(extra))?;
+impl AttentionBuffers {
+    /// Uploads the arrays `parts` (see the type's docs) in one new buffer, one write.
+    pub fn upload(ctx: &GpuContext, shape: MetadataShape, parts: &[&[u8]]) -> Result<Self> {
+        let (buffer, sections) = ctx.upload_sections("step metadata", parts)?;
         Ok(AttentionBuffers {
-            num_tokens: self.num_tokens,
-            max_blocks_per_seq: self.max_blocks_per_seq,
-            longest_query: self.longest_query(),
+            num_tokens: shape.num_tokens,
+            max_blocks_per_seq: shape.max_blocks_per_seq,
+            longest_query: shape.longest_query,
             buffer,
             sections,
         })
     }
 
-    /// Writes the metadata and `extra` into `into` in place, through `batch` (so the
-    /// batch's work sees them and earlier steps' work does not), first allocating it, or
-    /// a larger one, when the arrays do not fit. Each section is bound at its full
-    /// capacity, so the bindings, and the bind groups the step's kernels create from them,
-    /// stay the same from step to step (the kernels take lengths from their parameters).
-    pub fn write_into(
-        &self,
+    /// Writes the arrays `parts` into `into` in place, through `batch` (so the batch's work
+    /// sees them and earlier steps' work does not), first allocating it, or a larger one,
+    /// when they do not fit. Each section is bound at its full capacity, so the bindings,
+    /// and the bind groups the step's kernels create from them, stay the same from step to
+    /// step (the kernels take lengths from their parameters).
+    pub fn write(
         batch: &mut Batch,
-        into: &mut Option<AttentionBuffers>,
-        extra: &[&[u32]],
+        into: &mut Option<Self>,
+        shape: MetadataShape,
+        parts: &[&[u8]],
     ) -> Result<()> {
-        let parts = self.parts(extra);
         let fits = into.as_ref().is_some_and(|b| {
             b.sections.len() == parts.len()
                 && parts
@@ -199,12 +102,17 @@ impl AttentionMetadata {
                     .all(|(p, &(_, cap))| p.len() as u64 <= cap)
         });
         if !fits {
-            *into = Some(AttentionBuffers::with_capacity(batch.ctx(), &parts)?);
+            *into = Some(AttentionBuffers::with_capacity(batch.ctx(), parts)?);
         }
-        let bufs = into.as_mut().expect("allocated above");
-        bufs.num_tokens = self.num_tokens;
-        bufs.max_blocks_per_seq = self.max_blocks_per_seq;
-        bufs.longest_query = self.longest_query();
+        let Some(bufs) = into.as_mut() else {
+            return Err(GpuError::invalid(
+                "step metadata",
+                "no buffer after allocating one",
+            ));
+        };
+        bufs.num_tokens = shape.num_tokens;
+        bufs.max_blocks_per_seq = shape.max_blocks_per_seq;
+        bufs.longest_query = shape.longest_query;
         // One write from the first section to the end of the last one's bytes (the gaps
         // between sections are written with zeros).
         let end = parts
@@ -219,21 +127,7 @@ impl AttentionMetadata {
         }
         batch.write(&bufs.buffer, 0, &image)
     }
-}
 
-/// [`AttentionMetadata`] on the GPU: one buffer, each array a section of it.
-#[derive(Debug)]
-pub struct AttentionBuffers {
-    pub num_tokens: usize,
-    pub max_blocks_per_seq: usize,
-    /// The most query tokens any one sequence has (the tiled kernel's work needs 8).
-    pub longest_query: usize,
-    buffer: wgpu::Buffer,
-    /// (offset, size) in bytes: token_pos, block_tables, slot_mapping, positions, extras.
-    sections: Vec<(u64, u64)>,
-}
-
-impl AttentionBuffers {
     /// A buffer with room for arrays of twice the lengths of `parts` (rounded up to a power
     /// of two), the block tables laid out last so that a step's write ends where its tables
     /// end.
@@ -290,7 +184,7 @@ impl AttentionBuffers {
         self.section(3)
     }
 
-    /// The `i`-th extra array given to [`AttentionMetadata::upload_with`].
+    /// The `i`-th extra array (see the type's docs).
     pub fn extra(&self, i: usize) -> Option<Bind<'_>> {
         (4 + i < self.sections.len()).then(|| self.section(4 + i))
     }
