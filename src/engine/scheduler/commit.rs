@@ -158,10 +158,7 @@ impl<D, R> Scheduler<D, R> {
         let Scheduler {
             running, blocks, ..
         } = self;
-        let g = running
-            .iter_mut()
-            .find(|g| g.request_id == id)
-            .ok_or(CacheError::UnknownGroup(id))?;
+        let g = running_group(running, id)?;
         if tokens
             .iter()
             .any(|t| g.seqs.get(t.seq).is_none_or(Sequence::is_finished))
@@ -218,10 +215,7 @@ impl<D, R> Scheduler<D, R> {
         let Scheduler {
             running, blocks, ..
         } = self;
-        let g = running
-            .iter_mut()
-            .find(|g| g.request_id == id)
-            .ok_or(CacheError::UnknownGroup(id))?;
+        let g = running_group(running, id)?;
         if children.iter().any(|c| c.parent >= g.seqs.len()) {
             return Err(CacheError::BadSample {
                 request: id,
@@ -264,6 +258,17 @@ impl<D, R> Scheduler<D, R> {
         self.next_seq = next_seq;
         Ok(done || g.seqs.is_empty())
     }
+}
+
+/// Running group `id`, among `running`.
+fn running_group<D, R>(
+    running: &mut [SequenceGroup<D, R>],
+    id: RequestId,
+) -> Result<&mut SequenceGroup<D, R>, CacheError> {
+    running
+        .iter_mut()
+        .find(|g| g.request_id == id)
+        .ok_or(CacheError::UnknownGroup(id))
 }
 
 /// `parent` continued by `token` as sequence `id` with sample index (or beam rank) `index`.
