@@ -81,6 +81,52 @@ struct Uploader<'a> {
 }
 
 impl Uploader<'_> {
+    /// Layer `i`'s weights. The recipe and the layer's tensors must agree on the optional
+    /// norms, or the forward pass would have a weight without its step (or the reverse).
+    fn layer(&mut self, i: usize, p: &mut impl FnMut(u64, u64)) -> Result<GpuLayer> {
+        let cfg = self.cfg;
+        let n = spec::layer(cfg, i);
+        let rc = &cfg.recipe;
+        let sandwich = (n.post_attn_norm.is_some(), n.post_mlp_norm.is_some());
+        let qk = (n.q_norm.is_some(), n.k_norm.is_some());
+        if sandwich != (rc.sandwich_norms, rc.sandwich_norms) || qk != (rc.qk_norm, rc.qk_norm) {
+            return Err(ModelError::Unsupported(format!(
+                "layer {i}: the architecture's recipe (sandwich norms {}, q/k norms {}) and \
+                 its tensors (post-attention/post-MLP norms {sandwich:?}, q/k norms {qk:?}) \
+                 disagree",
+                rc.sandwich_norms, rc.qk_norm
+            )));
+        }
+        let qd = cfg.num_heads * cfg.head_dim;
+        let kvd = cfg.num_kv_heads * cfg.head_dim;
+        let inter = cfg.intermediate_size;
+        Ok(GpuLayer {
+            input_norm: self.norm(&n.input_norm, p)?,
+            qkv: self.stacked(&[&n.q, &n.k, &n.v], p)?,
+            o: self.weight(&n.o, p)?,
+            qkv_bias: self.stacked_bias(
+                "q k v bias",
+                &[&n.q_bias, &n.k_bias, &n.v_bias],
+                &[qd, kvd, kvd],
+            )?,
+            o_bias: self.bias(&n.o_bias)?,
+            q_norm: self.opt_norm(&n.q_norm, p)?,
+            k_norm: self.opt_norm(&n.k_norm, p)?,
+            post_attn_norm: self.opt_norm(&n.post_attn_norm, p)?,
+            mlp_norm: self.norm(&n.mlp_norm, p)?,
+            post_mlp_norm: self.opt_norm(&n.post_mlp_norm, p)?,
+            gate_up: self.stacked(&[&n.gate, &n.up], p)?,
+            down: self.weight(&n.down, p)?,
+            gate_up_bias: self.stacked_bias(
+                "gate up bias",
+                &[&n.gate_bias, &n.up_bias],
+                &[inter, inter],
+            )?,
+            down_bias: self.bias(&n.down_bias)?,
+            rope: usize::from(rc.layers[i].local_rope && rc.local_rope.is_some()),
+        })
+    }
+
     fn weight(&mut self, s: &Slice, progress: &mut impl FnMut(u64, u64)) -> Result<Weight> {
         let p = self.ck.part(s)?;
         let w = Weight::upload(self.ctx, &s.name, p.bytes, p.rows, p.cols, p.dtype)?;
@@ -229,40 +275,9 @@ impl GpuModel {
             rows: None,
         };
         let embed = up.weight(&whole(spec::EMBED), p)?;
-        let mut layers = Vec::with_capacity(cfg.num_layers);
-        let qd = cfg.num_heads * cfg.head_dim;
-        let kvd = cfg.num_kv_heads * cfg.head_dim;
-        let inter = cfg.intermediate_size;
-        for i in 0..cfg.num_layers {
-            let n = spec::layer(&cfg, i);
-            layers.push(GpuLayer {
-                input_norm: up.norm(&n.input_norm, p)?,
-                qkv: up.stacked(&[&n.q, &n.k, &n.v], p)?,
-                o: up.weight(&n.o, p)?,
-                qkv_bias: up.stacked_bias(
-                    "q k v bias",
-                    &[&n.q_bias, &n.k_bias, &n.v_bias],
-                    &[qd, kvd, kvd],
-                )?,
-                o_bias: up.bias(&n.o_bias)?,
-                q_norm: up.opt_norm(&n.q_norm, p)?,
-                k_norm: up.opt_norm(&n.k_norm, p)?,
-                post_attn_norm: up.opt_norm(&n.post_attn_norm, p)?,
-                mlp_norm: up.norm(&n.mlp_norm, p)?,
-                post_mlp_norm: up.opt_norm(&n.post_mlp_norm, p)?,
-                gate_up: up.stacked(&[&n.gate, &n.up], p)?,
-                down: up.weight(&n.down, p)?,
-                gate_up_bias: up.stacked_bias(
-                    "gate up bias",
-                    &[&n.gate_bias, &n.up_bias],
-                    &[inter, inter],
-                )?,
-                down_bias: up.bias(&n.down_bias)?,
-                rope: usize::from(
-                    cfg.recipe.layers[i].local_rope && cfg.recipe.local_rope.is_some(),
-                ),
-            });
-        }
+        let layers = (0..cfg.num_layers)
+            .map(|i| up.layer(i, p))
+            .collect::<Result<Vec<_>>>()?;
         let norm = up.norm(&whole(spec::FINAL_NORM), p)?;
         let lm_head = if cfg.tie_word_embeddings {
             None

@@ -135,6 +135,18 @@ impl SamplingParams {
     /// Checks every parameter against its range and the model's vocabulary size; the error
     /// names the first offending parameter, its value and what is allowed.
     pub fn validate(&self, vocab_size: usize) -> Result<(), SamplingError> {
+        self.validate_filters(vocab_size)?;
+        self.validate_outputs(vocab_size)?;
+        self.validate_penalties()?;
+        self.validate_stops(vocab_size)?;
+        if let Some(width) = self.beam_width {
+            self.validate_beam(width)?;
+        }
+        Ok(())
+    }
+
+    /// `n`, temperature and the filters.
+    fn validate_filters(&self, vocab_size: usize) -> Result<(), SamplingError> {
         if self.n == 0 {
             return Err(invalid("n", self.n, "must be at least 1"));
         }
@@ -163,6 +175,11 @@ impl SamplingParams {
         if !in_range(self.min_p, 0.0, 1.0) {
             return Err(invalid("min_p", self.min_p, "must be in [0, 1]"));
         }
+        Ok(())
+    }
+
+    /// How much each sample returns: tokens and logprobs.
+    fn validate_outputs(&self, vocab_size: usize) -> Result<(), SamplingError> {
         if self.max_tokens == 0 {
             return Err(invalid("max_tokens", self.max_tokens, "must be at least 1"));
         }
@@ -178,6 +195,10 @@ impl SamplingParams {
                 ));
             }
         }
+        Ok(())
+    }
+
+    fn validate_penalties(&self) -> Result<(), SamplingError> {
         if !self.length_penalty.is_finite() {
             return Err(invalid(
                 "length_penalty",
@@ -200,6 +221,10 @@ impl SamplingParams {
                 "must be a finite number > 0 (1 is off)",
             ));
         }
+        Ok(())
+    }
+
+    fn validate_stops(&self, vocab_size: usize) -> Result<(), SamplingError> {
         if let Some(i) = self.stop.iter().position(String::is_empty) {
             return Err(invalid(
                 "stop",
@@ -217,9 +242,6 @@ impl SamplingParams {
                 format!("[.., {id}, ..]"),
                 format!("token ids must be below the vocabulary size {vocab_size}"),
             ));
-        }
-        if let Some(width) = self.beam_width {
-            self.validate_beam(width)?;
         }
         Ok(())
     }
