@@ -155,43 +155,8 @@ impl ModelConfig {
 
     pub fn parse(path: &Path, v: &Value) -> Result<Self> {
         let r = ConfigReader { path, v };
-        let model_type = v.get("model_type").and_then(Value::as_str).unwrap_or("");
-        let def = arch::lookup(model_type).ok_or_else(|| ModelError::UnknownArchitecture {
-            model_type: model_type.to_string(),
-            architectures: v
-                .get("architectures")
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|s| s.as_str().map(String::from))
-                        .collect()
-                })
-                .unwrap_or_default(),
-            supported: arch::supported().join(", "),
-        })?;
-        let hidden_size = r.usize("hidden_size")?;
-        let num_heads = r.usize("num_attention_heads")?;
-        let num_kv_heads = r.opt_usize("num_key_value_heads")?.unwrap_or(num_heads);
-        let head_dim = match r.opt_usize("head_dim")?.or(def.defaults.head_dim) {
-            Some(d) => d,
-            None if hidden_size % num_heads == 0 => hidden_size / num_heads,
-            None => {
-                return Err(r.err(format!(
-                    "hidden_size {hidden_size} is not divisible by num_attention_heads {num_heads} and head_dim is not given"
-                )))
-            }
-        };
-        if num_heads % num_kv_heads != 0 {
-            return Err(r.err(format!(
-                "num_attention_heads {num_heads} is not a multiple of num_key_value_heads {num_kv_heads}"
-            )));
-        }
-        if head_dim % 2 != 0 || head_dim > crate::kernels::paged_attention::MAX_HEAD_DIM {
-            return Err(ModelError::Unsupported(format!(
-                "head_dim {head_dim} (must be even and at most {})",
-                crate::kernels::paged_attention::MAX_HEAD_DIM
-            )));
-        }
+        let def = registry_entry(v)?;
+        let (hidden_size, num_heads, num_kv_heads, head_dim) = attention_shape(&r, def)?;
         let num_layers = r.usize("num_hidden_layers")?;
         let max_position_embeddings = r
             .opt_usize("max_position_embeddings")?
@@ -389,4 +354,56 @@ fn parse_scaling(
             "rope scaling type {other:?} (supported: default, linear, llama3, longrope)"
         ))),
     }
+}
+
+/// The registry entry of config.json's `model_type`, or an error listing what is supported.
+fn registry_entry(v: &Value) -> Result<&'static arch::ArchDef> {
+    let model_type = v.get("model_type").and_then(Value::as_str).unwrap_or("");
+    arch::lookup(model_type).ok_or_else(|| ModelError::UnknownArchitecture {
+        model_type: model_type.to_string(),
+        architectures: v
+            .get("architectures")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        supported: arch::supported().join(", "),
+    })
+}
+
+/// `(hidden_size, num_attention_heads, num_key_value_heads, head_dim)`, checked: heads
+/// divide into KV heads, and the head size is one the attention kernels take.
+fn attention_shape(
+    r: &ConfigReader<'_>,
+    def: &arch::ArchDef,
+) -> Result<(usize, usize, usize, usize)> {
+    let hidden_size = r.usize("hidden_size")?;
+    let num_heads = r.usize("num_attention_heads")?;
+    let num_kv_heads = r.opt_usize("num_key_value_heads")?.unwrap_or(num_heads);
+    let head_dim = match r.opt_usize("head_dim")?.or(def.defaults.head_dim) {
+        Some(d) => d,
+        None if hidden_size % num_heads == 0 => hidden_size / num_heads,
+        None => {
+            return Err(r.err(format!(
+                "hidden_size {hidden_size} is not divisible by num_attention_heads {num_heads} \
+                 and head_dim is not given"
+            )))
+        }
+    };
+    if num_heads % num_kv_heads != 0 {
+        return Err(r.err(format!(
+            "num_attention_heads {num_heads} is not a multiple of num_key_value_heads \
+             {num_kv_heads}"
+        )));
+    }
+    if head_dim % 2 != 0 || head_dim > crate::kernels::paged_attention::MAX_HEAD_DIM {
+        return Err(ModelError::Unsupported(format!(
+            "head_dim {head_dim} (must be even and at most {})",
+            crate::kernels::paged_attention::MAX_HEAD_DIM
+        )));
+    }
+    Ok((hidden_size, num_heads, num_kv_heads, head_dim))
 }
