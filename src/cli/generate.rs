@@ -172,22 +172,7 @@ impl GenerateArgs {
 pub fn run(args: GenerateArgs) -> Result<()> {
     let dir = args.model.clone().unwrap_or_else(default_model_dir);
     let requests = args.requests()?;
-    let ctx = Arc::new(pagellm::GpuContext::from_env()?);
-    let bar = indicatif::ProgressBar::new(0).with_style(
-        indicatif::ProgressStyle::with_template("loading {msg} {bar:30} {bytes}/{total_bytes}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    bar.set_message(dir.display().to_string());
-    let mut engine = Engine::with_context(ctx, &dir, args.engine.config(), |done, total| {
-        // Only worth a bar for real models.
-        if total > 64 << 20 {
-            bar.set_length(total);
-            bar.set_position(done);
-        }
-    })
-    .with_context(|| format!("loading the model in {}", dir.display()))?;
-    bar.finish_and_clear();
-
+    let mut engine = load(&args, &dir)?;
     let mut handles: Vec<RequestHandle> = Vec::new();
     for (i, (prompt, params)) in requests.iter().enumerate() {
         let h = engine
@@ -199,37 +184,11 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         && handles.len() == 1
         && requests[0].1.n == 1
         && requests[0].1.beam_width.is_none();
-    let mut outputs: Vec<Option<Result<RequestOutput, String>>> = vec![None; handles.len()];
-    let stdout = std::io::stdout();
     if stream {
         print!("{}", requests[0].0);
-        stdout.lock().flush().ok();
+        std::io::stdout().lock().flush().ok();
     }
-    while engine.has_unfinished() {
-        engine.step()?;
-        for (i, h) in handles.iter().enumerate() {
-            while let Ok(ev) = h.events.try_recv() {
-                match ev {
-                    RequestEvent::Token { text, .. } if stream => {
-                        print!("{text}");
-                        stdout.lock().flush().ok();
-                    }
-                    RequestEvent::Token { .. } => {}
-                    RequestEvent::Finished(out) => outputs[i] = Some(Ok(out)),
-                    RequestEvent::Failed(msg) => outputs[i] = Some(Err(msg)),
-                }
-            }
-        }
-    }
-    for (i, h) in handles.iter().enumerate() {
-        while let Ok(ev) = h.events.try_recv() {
-            match ev {
-                RequestEvent::Finished(out) => outputs[i] = Some(Ok(out)),
-                RequestEvent::Failed(msg) => outputs[i] = Some(Err(msg)),
-                RequestEvent::Token { .. } => {}
-            }
-        }
-    }
+    let outputs = drive(&mut engine, &handles, stream)?;
     if stream {
         println!();
     }
@@ -259,6 +218,58 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         bail!("{failed} of {} requests failed", handles.len());
     }
     Ok(())
+}
+
+/// Opens the model in `dir` on the adapter the environment chooses, with a progress bar
+/// for the weight upload of real models.
+fn load(args: &GenerateArgs, dir: &std::path::Path) -> Result<Engine> {
+    let ctx = Arc::new(pagellm::GpuContext::from_env()?);
+    let bar = indicatif::ProgressBar::new(0).with_style(
+        indicatif::ProgressStyle::with_template("loading {msg} {bar:30} {bytes}/{total_bytes}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_message(dir.display().to_string());
+    let engine = Engine::with_context(ctx, dir, args.engine.config(), |done, total| {
+        // Only worth a bar for real models.
+        if total > 64 << 20 {
+            bar.set_length(total);
+            bar.set_position(done);
+        }
+    })
+    .with_context(|| format!("loading the model in {}", dir.display()))?;
+    bar.finish_and_clear();
+    Ok(engine)
+}
+
+type Outcome = Option<std::result::Result<RequestOutput, String>>;
+
+/// Steps the engine until every request has ended, printing the one request's text as it
+/// streams when `stream`; returns each request's output or failure.
+fn drive(engine: &mut Engine, handles: &[RequestHandle], stream: bool) -> Result<Vec<Outcome>> {
+    let mut outputs: Vec<Outcome> = vec![None; handles.len()];
+    let stdout = std::io::stdout();
+    let drain = |outputs: &mut [Outcome], stream: bool| {
+        for (i, h) in handles.iter().enumerate() {
+            while let Ok(ev) = h.events.try_recv() {
+                match ev {
+                    RequestEvent::Token { text, .. } if stream => {
+                        print!("{text}");
+                        stdout.lock().flush().ok();
+                    }
+                    RequestEvent::Token { .. } => {}
+                    RequestEvent::Finished(out) => outputs[i] = Some(Ok(out)),
+                    RequestEvent::Failed(msg) => outputs[i] = Some(Err(msg)),
+                }
+            }
+        }
+    };
+    while engine.has_unfinished() {
+        engine.step()?;
+        drain(&mut outputs, stream);
+    }
+    // Events sent outside a step (none today) still reach their request.
+    drain(&mut outputs, false);
+    Ok(outputs)
 }
 
 fn to_json(out: &RequestOutput) -> serde_json::Value {
