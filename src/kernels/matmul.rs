@@ -20,7 +20,7 @@ use super::{
     check_len, groups, params, Weight, MATMUL, MATMUL_SKINNY, MATMUL_SKINNY_SG, MATMUL_SKINNY_VEC,
 };
 use crate::error::{GpuError, Result};
-use crate::gpu::{grid_2d, Batch, GpuContext};
+use crate::gpu::{grid_2d, Batch, Bind, GpuContext, KernelSource};
 use crate::nn::Activation;
 
 // One parameter block for every matmul kernel (tests/params_layout.rs checks all four).
@@ -311,6 +311,94 @@ fn project(
             format!("{kernel:?} cannot compute k = {k} on this adapter"),
         ));
     }
+    let (x, gated, norm) = checked_input(input, m, k)?;
+    let (ys, split1, split2) = checked_outputs(outputs, m, n_total)?;
+    if let Some(b) = bias {
+        check_len(K, "bias", b, n_total)?;
+    }
+    for chunk in &weight.chunks {
+        let p = MatmulParams {
+            m: m as u32,
+            n: chunk.rows as u32,
+            k: k as u32,
+            n_offset: chunk.first_row as u32,
+            ldy: n_total as u32,
+            has_bias: bias.is_some() as u32,
+            accumulate: (output == Output::Accumulate) as u32,
+            first_row: 0,
+            split1: split1 as u32,
+            split2: split2 as u32,
+            eps: norm.map_or(0.0, |n| n.eps),
+            ..Default::default()
+        };
+        // The bias and norm bindings must be valid even when unused.
+        let bias_buf = bias.unwrap_or(&chunk.buffer);
+        let norm_buf = norm.map_or(&chunk.buffer, |n| &n.weight.chunks[0].buffer);
+        let storage = [
+            x.into(),
+            (&chunk.buffer).into(),
+            bias_buf.into(),
+            ys[0].into(),
+            ys[1].into(),
+            ys[2].into(),
+            norm_buf.into(),
+        ];
+        let constants = [
+            ("WEIGHT_DTYPE", weight.dtype.code()),
+            ("GATED", gated),
+            ("NORM", norm.is_some() as u32 as f64),
+            ("NORM_DTYPE", norm.map_or(0.0, |n| n.weight.dtype.code())),
+        ];
+        let source = match kernel {
+            MatmulKernel::Tiled => {
+                tiled_pass(batch, chunk.rows, m, &constants, &p, &storage)?;
+                continue;
+            }
+            MatmulKernel::Columns => MATMUL_SKINNY,
+            MatmulKernel::ColumnsVec => MATMUL_SKINNY_VEC,
+            MatmulKernel::ColumnsSubgroup => MATMUL_SKINNY_SG,
+        };
+        let call = ColumnCall {
+            kernel,
+            source,
+            rows: chunk.rows,
+            params: p,
+            constants: &constants,
+        };
+        column_passes(batch, &call, &storage, m)?;
+    }
+    Ok(())
+}
+
+/// The tiled kernel over `m` rows of a chunk of `cols` output columns: a workgroup per
+/// 64 x 64 tile.
+fn tiled_pass(
+    batch: &mut Batch,
+    cols: usize,
+    m: usize,
+    constants: &[(&'static str, f64)],
+    p: &MatmulParams,
+    storage: &[Bind<'_>],
+) -> Result<()> {
+    let max_dim = batch.ctx().limits.max_compute_workgroups_per_dimension;
+    let grid = [groups(cols, 64), groups(m, 64), 1];
+    if grid[0] > max_dim || grid[1] > max_dim {
+        return Err(GpuError::invalid(
+            "matmul",
+            format!("{m} x {cols} outputs in one call"),
+        ));
+    }
+    batch.dispatch(MATMUL, constants, p, storage, grid)
+}
+
+/// The input buffer, the `GATED` code and the norm of `input`, checked against `m` rows
+/// of `k` values.
+fn checked_input<'a>(
+    input: Input<'a>,
+    m: usize,
+    k: usize,
+) -> Result<(&'a wgpu::Buffer, f64, Option<Norm<'a>>)> {
+    const K: &str = "matmul";
     let (x, gated, norm) = match input {
         Input::Plain(x) => (x, 0.0, None),
         Input::Gated(x, Activation::Silu) => (x, 1.0, None),
@@ -342,11 +430,21 @@ fn project(
             ));
         }
     }
-    // (the three bindings, split1, split2)
-    let (ys, split1, split2) = match outputs {
+    Ok((x, gated, norm))
+}
+
+/// The three output bindings and the two split columns of `outputs`, checked against `m`
+/// rows of `n_total` columns.
+fn checked_outputs<'a>(
+    outputs: Outputs<'a>,
+    m: usize,
+    n_total: usize,
+) -> Result<([&'a wgpu::Buffer; 3], usize, usize)> {
+    const K: &str = "matmul";
+    match outputs {
         Outputs::One(y) => {
             check_len(K, "y", y, m * n_total)?;
-            ([y, y, y], 0, 0)
+            Ok(([y, y, y], 0, 0))
         }
         Outputs::Three(ys, [w0, w1]) => {
             if w0 == 0 || w1 == 0 || w0 + w1 >= n_total {
@@ -358,17 +456,33 @@ fn project(
             for (i, (y, w)) in ys.iter().zip([w0, w1, n_total - w0 - w1]).enumerate() {
                 check_len(K, ["y", "y1", "y2"][i], *y, m * w)?;
             }
-            (ys, w0, w0 + w1)
+            Ok((ys, w0, w0 + w1))
         }
-    };
-    if let Some(b) = bias {
-        check_len(K, "bias", b, n_total)?;
     }
+}
+
+/// One weight chunk's call of a column kernel.
+struct ColumnCall<'a> {
+    kernel: MatmulKernel,
+    source: KernelSource,
+    /// Output columns of the chunk.
+    rows: usize,
+    params: MatmulParams,
+    constants: &'a [(&'static str, f64)],
+}
+
+/// A column kernel over `m` rows: one dispatch of 8-row passes over the first m - m % 8
+/// rows, one for the remaining rows in a pass of the next power of two (a pipeline per
+/// pass size), so that 9 rows do not cost two full passes.
+fn column_passes(
+    batch: &mut Batch,
+    call: &ColumnCall,
+    storage: &[Bind<'_>],
+    m: usize,
+) -> Result<()> {
     let max_dim = batch.ctx().limits.max_compute_workgroups_per_dimension;
-    // Column kernels: one dispatch of 8-row passes over the first m - m % 8 rows, one for
-    // the remaining rows in a pass of the next power of two (a pipeline per pass size), so
-    // that 9 rows do not cost two full passes. (first row, end row, rows per pass):
     let full = m - m % 8;
+    // (first row, end row, rows per pass)
     let mut passes = Vec::with_capacity(2);
     if full > 0 {
         passes.push((0, full, 8));
@@ -376,83 +490,30 @@ fn project(
     if full < m {
         passes.push((full, m, (m - full).next_power_of_two()));
     }
-    for chunk in &weight.chunks {
+    for (first_row, end_row, rows) in passes {
+        // Columns per workgroup: 64, or where each invocation computes two, 128; 256 in the
+        // wide one-row passes of CPU adapters (see WIDE in matmul_columns_vec.wgsl).
+        let wide = call.kernel != MatmulKernel::Columns
+            && rows == 1
+            && call.rows >= wide_min_columns()
+            && batch.ctx().info.device_type == wgpu::DeviceType::Cpu;
+        let per_group = match (call.kernel, wide) {
+            (MatmulKernel::Columns, _) => 64,
+            (_, true) => 256,
+            _ => 128,
+        };
+        let grid = grid_2d(groups(call.rows, per_group), max_dim);
         let p = MatmulParams {
-            m: m as u32,
-            n: chunk.rows as u32,
-            k: k as u32,
-            n_offset: chunk.first_row as u32,
-            ldy: n_total as u32,
-            has_bias: bias.is_some() as u32,
-            accumulate: (output == Output::Accumulate) as u32,
-            first_row: 0,
-            split1: split1 as u32,
-            split2: split2 as u32,
-            eps: norm.map_or(0.0, |n| n.eps),
-            ..Default::default()
+            m: end_row as u32,
+            first_row: first_row as u32,
+            ..call.params
         };
-        // The bias and norm bindings must be valid even when unused.
-        let bias_buf = bias.unwrap_or(&chunk.buffer);
-        let norm_buf = norm.map_or(&chunk.buffer, |n| &n.weight.chunks[0].buffer);
-        let storage = [
-            x.into(),
-            (&chunk.buffer).into(),
-            bias_buf.into(),
-            ys[0].into(),
-            ys[1].into(),
-            ys[2].into(),
-            norm_buf.into(),
-        ];
-        let dtype = ("WEIGHT_DTYPE", weight.dtype.code());
-        let gated = ("GATED", gated);
-        let normed = ("NORM", norm.is_some() as u32 as f64);
-        let norm_dtype = ("NORM_DTYPE", norm.map_or(0.0, |n| n.weight.dtype.code()));
-        let source = match kernel {
-            MatmulKernel::Tiled => {
-                let grid = [groups(chunk.rows, 64), groups(m, 64), 1];
-                if grid[0] > max_dim || grid[1] > max_dim {
-                    return Err(GpuError::invalid(
-                        K,
-                        format!("{m} x {} outputs in one call", chunk.rows),
-                    ));
-                }
-                batch.dispatch(
-                    MATMUL,
-                    &[dtype, gated, normed, norm_dtype],
-                    &p,
-                    &storage,
-                    grid,
-                )?;
-                continue;
-            }
-            MatmulKernel::Columns => MATMUL_SKINNY,
-            MatmulKernel::ColumnsVec => MATMUL_SKINNY_VEC,
-            MatmulKernel::ColumnsSubgroup => MATMUL_SKINNY_SG,
-        };
-        for &(first_row, end_row, rows) in &passes {
-            // Columns per workgroup: 64, or where each invocation computes two, 128; 256 in
-            // the wide one-row passes of CPU adapters (see WIDE in matmul_columns_vec.wgsl).
-            let wide = kernel != MatmulKernel::Columns
-                && rows == 1
-                && chunk.rows >= wide_min_columns()
-                && batch.ctx().info.device_type == wgpu::DeviceType::Cpu;
-            let per_group = match (kernel, wide) {
-                (MatmulKernel::Columns, _) => 64,
-                (_, true) => 256,
-                _ => 128,
-            };
-            let grid = grid_2d(groups(chunk.rows, per_group), max_dim);
-            let p = MatmulParams {
-                m: end_row as u32,
-                first_row: first_row as u32,
-                ..p
-            };
-            let mut constants = vec![dtype, gated, normed, norm_dtype, ("ROWS", rows as f64)];
-            if kernel != MatmulKernel::Columns {
-                constants.push(("WIDE", wide as u32 as f64));
-            }
-            batch.dispatch(source, &constants, &p, &storage, grid)?;
+        let mut constants = call.constants.to_vec();
+        constants.push(("ROWS", rows as f64));
+        if call.kernel != MatmulKernel::Columns {
+            constants.push(("WIDE", wide as u32 as f64));
         }
+        batch.dispatch(call.source, &constants, &p, storage, grid)?;
     }
     Ok(())
 }

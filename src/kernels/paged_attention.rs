@@ -349,7 +349,49 @@ fn attention(
     contiguous: bool,
 ) -> Result<()> {
     const K: &str = "paged_attention";
-    let (pool, layer, meta, q, out, num_heads, opts) = args;
+    check_attention(batch, kernel, &args)?;
+    let (pool, _, meta, q, out, num_heads, _) = args;
+    let l = pool.layout;
+    let t = meta.num_tokens;
+    if t == 0 {
+        return Ok(());
+    }
+    check_len(K, "q", q, t * num_heads * l.head_dim)?;
+    check_len(K, "out", out, t * num_heads * l.head_dim)?;
+    check_len(K, "token_pos", meta.token_pos(), 2 * t)?;
+    let shards = pool.num_shards();
+    let partial = if shards > 1 {
+        let bytes = (shards * t * num_heads * (l.head_dim + 2) * 4) as u64;
+        Some(pool.partials(batch.ctx(), bytes)?)
+    } else {
+        None
+    };
+    let target = partial.as_ref().unwrap_or(out);
+    for shard in 0..shards {
+        attention_shard(batch, kernel, &args, contiguous, shard, target)?;
+    }
+    if let Some(partial) = &partial {
+        let p = PagedAttentionReduceParams {
+            num_tokens: t as u32,
+            num_heads: num_heads as u32,
+            head_dim: l.head_dim as u32,
+            num_shards: shards as u32,
+        };
+        batch.dispatch(
+            PAGED_ATTENTION_REDUCE,
+            &[],
+            &p,
+            &[partial.into(), out.into()],
+            [num_heads as u32, t as u32, 1],
+        )?;
+    }
+    Ok(())
+}
+
+/// The launch's arguments describe one the kernel can run.
+fn check_attention(batch: &Batch, kernel: AttentionKernel, args: &AttentionArgs<'_>) -> Result<()> {
+    const K: &str = "paged_attention";
+    let &(pool, layer, _, _, _, num_heads, opts) = args;
     if opts.window == Some(0) || opts.softcap.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
         return Err(GpuError::invalid(
             K,
@@ -360,7 +402,6 @@ fn attention(
         ));
     }
     let l = pool.layout;
-    let t = meta.num_tokens;
     if layer >= l.num_layers {
         return Err(GpuError::invalid(
             K,
@@ -391,97 +432,81 @@ fn attention(
             ),
         ));
     }
-    if t == 0 {
-        return Ok(());
-    }
-    check_len(K, "q", q, t * num_heads * l.head_dim)?;
-    check_len(K, "out", out, t * num_heads * l.head_dim)?;
-    check_len(K, "token_pos", meta.token_pos(), 2 * t)?;
-    let shards = pool.num_shards();
-    let partial = if shards > 1 {
-        let bytes = (shards * t * num_heads * (l.head_dim + 2) * 4) as u64;
-        Some(pool.partials(batch.ctx(), bytes)?)
-    } else {
-        None
+    Ok(())
+}
+
+/// Attention over the blocks of pool shard `shard`, into `target` (the output, or the
+/// shards' partials when there are several).
+fn attention_shard(
+    batch: &mut Batch,
+    kernel: AttentionKernel,
+    args: &AttentionArgs<'_>,
+    contiguous: bool,
+    shard: usize,
+    target: &wgpu::Buffer,
+) -> Result<()> {
+    let &(pool, layer, meta, q, _, num_heads, opts) = args;
+    let l = pool.layout;
+    let t = meta.num_tokens;
+    let (first, count) = pool.shard_range(shard);
+    let p = PagedAttentionParams {
+        num_tokens: t as u32,
+        num_heads: num_heads as u32,
+        num_kv_heads: l.num_kv_heads as u32,
+        head_dim: l.head_dim as u32,
+        block_size: l.block_size as u32,
+        max_blocks_per_seq: meta.max_blocks_per_seq as u32,
+        shard_first_block: first as u32,
+        shard_num_blocks: count as u32,
+        scale: opts.scale,
+        num_shards: pool.num_shards() as u32,
+        shard_index: shard as u32,
+        window: opts.window.map_or(0, |w| w.min(u32::MAX as usize) as u32),
+        softcap: opts.softcap.unwrap_or(0.0),
+        ..Default::default()
     };
-    let target = partial.as_ref().unwrap_or(out);
-    for shard in 0..shards {
-        let (first, count) = pool.shard_range(shard);
-        let p = PagedAttentionParams {
-            num_tokens: t as u32,
-            num_heads: num_heads as u32,
-            num_kv_heads: l.num_kv_heads as u32,
-            head_dim: l.head_dim as u32,
-            block_size: l.block_size as u32,
-            max_blocks_per_seq: meta.max_blocks_per_seq as u32,
-            shard_first_block: first as u32,
-            shard_num_blocks: count as u32,
-            scale: opts.scale,
-            num_shards: shards as u32,
-            shard_index: shard as u32,
-            window: opts.window.map_or(0, |w| w.min(u32::MAX as usize) as u32),
-            softcap: opts.softcap.unwrap_or(0.0),
-            ..Default::default()
-        };
-        let overrides = [
-            ("KV_DTYPE", l.dtype.code()),
-            // Float pools ignore it; one value keeps them to one pipeline each.
-            ("KV_GROUP", l.group_size().max(1) as f64),
-            ("CONTIGUOUS", contiguous as u32 as f64),
-            ("BLOCK_SIZE", l.block_size as f64),
-        ];
-        let mut binds = vec![
-            q.into(),
-            pool.slab(layer, shard),
-            meta.block_tables(),
-            meta.token_pos(),
-            target.into(),
-        ];
-        match kernel {
-            AttentionKernel::Plain | AttentionKernel::Subgroup => {
-                let source = if kernel == AttentionKernel::Plain {
-                    PAGED_ATTENTION
+    let overrides = [
+        ("KV_DTYPE", l.dtype.code()),
+        // Float pools ignore it; one value keeps them to one pipeline each.
+        ("KV_GROUP", l.group_size().max(1) as f64),
+        ("CONTIGUOUS", contiguous as u32 as f64),
+        ("BLOCK_SIZE", l.block_size as f64),
+    ];
+    let mut binds = vec![
+        q.into(),
+        pool.slab(layer, shard),
+        meta.block_tables(),
+        meta.token_pos(),
+        target.into(),
+    ];
+    match kernel {
+        AttentionKernel::Plain | AttentionKernel::Subgroup => {
+            let source = if kernel == AttentionKernel::Plain {
+                PAGED_ATTENTION
+            } else {
+                PAGED_ATTENTION_SG
+            };
+            let grid = [num_heads as u32, t as u32, 1];
+            batch.dispatch(source, &overrides, &p, &binds, grid)
+        }
+        AttentionKernel::Lanes | AttentionKernel::Tiles => {
+            binds.push(pool.slab(layer, shard));
+            // Tiles: a workgroup per (block of 8 tokens, head); Lanes: per 8 (token, head)
+            // pairs.
+            let (source, groups) =
+                if kernel == AttentionKernel::Tiles && meta.longest_query >= LANES_WG {
+                    binds.push(q.into());
+                    (PAGED_ATTENTION_TILES, t.div_ceil(LANES_WG) * num_heads)
                 } else {
-                    PAGED_ATTENTION_SG
+                    (PAGED_ATTENTION_LANES, (t * num_heads).div_ceil(LANES_WG))
                 };
-                let grid = [num_heads as u32, t as u32, 1];
-                batch.dispatch(source, &overrides, &p, &binds, grid)?;
-            }
-            AttentionKernel::Lanes | AttentionKernel::Tiles => {
-                binds.push(pool.slab(layer, shard));
-                // Tiles: a workgroup per (block of 8 tokens, head); Lanes: per 8 (token,
-                // head) pairs.
-                let (source, groups) =
-                    if kernel == AttentionKernel::Tiles && meta.longest_query >= LANES_WG {
-                        binds.push(q.into());
-                        (PAGED_ATTENTION_TILES, t.div_ceil(LANES_WG) * num_heads)
-                    } else {
-                        (PAGED_ATTENTION_LANES, (t * num_heads).div_ceil(LANES_WG))
-                    };
-                let grid = grid_2d(
-                    groups as u32,
-                    batch.ctx().limits.max_compute_workgroups_per_dimension,
-                );
-                let mut overrides = overrides.to_vec();
-                overrides.push(("HD", l.head_dim as f64));
-                batch.dispatch(source, &overrides, &p, &binds, grid)?;
-            }
+            let grid = grid_2d(
+                groups as u32,
+                batch.ctx().limits.max_compute_workgroups_per_dimension,
+            );
+            let mut overrides = overrides.to_vec();
+            overrides.push(("HD", l.head_dim as f64));
+            batch.dispatch(source, &overrides, &p, &binds, grid)
         }
     }
-    if let Some(partial) = &partial {
-        let p = PagedAttentionReduceParams {
-            num_tokens: t as u32,
-            num_heads: num_heads as u32,
-            head_dim: l.head_dim as u32,
-            num_shards: shards as u32,
-        };
-        batch.dispatch(
-            PAGED_ATTENTION_REDUCE,
-            &[],
-            &p,
-            &[partial.into(), out.into()],
-            [num_heads as u32, t as u32, 1],
-        )?;
-    }
-    Ok(())
 }
