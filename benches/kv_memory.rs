@@ -53,7 +53,7 @@ use pagellm::cache::{AllocStatus, BlockManager, CacheConfig, SeqId};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, LogNormal};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 /// Model context: no sequence grows beyond it.
@@ -318,6 +318,8 @@ struct Waiting {
 
 struct Running {
     id: SeqId,
+    /// Prompt and generated tokens (the block manager counts them, the caller keeps them).
+    tokens: Vec<u32>,
     target: usize,
 }
 
@@ -360,20 +362,20 @@ fn simulate_serving(
                 break;
             }
             let victim = running.pop().context("no sequence left to preempt")?;
-            let tokens = bm.tokens(victim.id)?.to_vec();
             bm.free(victim.id)?;
             waiting.push_front(Waiting {
                 id: victim.id,
-                tokens,
+                tokens: victim.tokens,
                 target: victim.target,
             });
             run.preemptions += 1;
             preempted = true;
         }
         let mut still_running = Vec::with_capacity(running.len());
-        for r in running {
-            bm.append_slot(r.id, rng.random_range(0..VOCAB))?;
-            if bm.num_tokens(r.id)? == r.target {
+        for mut r in running {
+            bm.append_slot(r.id)?;
+            r.tokens.push(rng.random_range(0..VOCAB));
+            if r.tokens.len() == r.target {
                 bm.free(r.id)?;
             } else {
                 still_running.push(r);
@@ -395,6 +397,7 @@ fn simulate_serving(
             bm.allocate(w.id, &w.tokens)?;
             running.push(Running {
                 id: w.id,
+                tokens: w.tokens,
                 target: w.target,
             });
         }
@@ -403,8 +406,7 @@ fn simulate_serving(
         let ops = bm.take_ops();
         ensure!(ops.is_empty(), "no forks here, so no block operations");
         for r in &running {
-            let n = bm.num_tokens(r.id)?;
-            bm.mark_computed(r.id, n)?;
+            bm.mark_computed(r.id, &r.tokens)?;
             if let Some(w) = window {
                 bm.release_out_of_window(r.id, w)?;
             }
@@ -613,6 +615,8 @@ struct ShareTally {
 struct Lockstep {
     shared: BlockManager,
     copied: BlockManager,
+    /// Each sequence's tokens, the same in both managers.
+    tokens: HashMap<SeqId, Vec<u32>>,
     peak: [usize; 2],
     next_id: u64,
 }
@@ -626,6 +630,7 @@ impl Lockstep {
         Ok(Lockstep {
             shared: BlockManager::new(cfg)?,
             copied: BlockManager::new(cfg)?,
+            tokens: HashMap::new(),
             peak: [0; 2],
             next_id: 0,
         })
@@ -646,19 +651,25 @@ impl Lockstep {
         }
         for &id in &ids {
             self.copied.allocate(id, prompt)?;
+            self.tokens.insert(id, prompt.to_vec());
         }
         Ok(ids)
     }
 
     fn append(&mut self, id: SeqId, token: u32) -> Result<()> {
-        self.shared.append_slot(id, token)?;
-        self.copied.append_slot(id, token)?;
+        self.shared.append_slot(id)?;
+        self.copied.append_slot(id)?;
+        self.tokens
+            .get_mut(&id)
+            .context("appending to an unknown sequence")?
+            .push(token);
         Ok(())
     }
 
     fn free(&mut self, id: SeqId) -> Result<()> {
         self.shared.free(id)?;
         self.copied.free(id)?;
+        self.tokens.remove(&id);
         Ok(())
     }
 
@@ -666,8 +677,9 @@ impl Lockstep {
     fn branch(&mut self, parent: SeqId) -> Result<SeqId> {
         let child = self.fresh_id();
         self.shared.fork(parent, child)?;
-        let tokens = self.copied.tokens(parent)?.to_vec();
+        let tokens = self.tokens[&parent].clone();
         self.copied.allocate(child, &tokens)?;
+        self.tokens.insert(child, tokens);
         Ok(child)
     }
 
@@ -676,8 +688,7 @@ impl Lockstep {
             bm.take_ops();
             let ids: Vec<SeqId> = bm.sequences().collect();
             for id in ids {
-                let n = bm.num_tokens(id)?;
-                bm.mark_computed(id, n)?;
+                bm.mark_computed(id, &self.tokens[&id])?;
             }
         }
         let used = [
@@ -880,15 +891,16 @@ fn long_generation(
     let mut bm = BlockManager::new(CacheConfig::new(bs, blocks, 0).with_watermark_blocks(0))?;
     let mut rng = ChaCha8Rng::seed_from_u64(SEED);
     let id = SeqId(0);
-    bm.allocate(id, &random_tokens(&mut rng, prompt))?;
+    let mut tokens = random_tokens(&mut rng, prompt);
+    bm.allocate(id, &tokens)?;
     let (mut peak, mut sum, mut steps) = (0, 0usize, 0usize);
-    while bm.num_tokens(id)? < total {
-        let n = bm.num_tokens(id)?;
-        bm.mark_computed(id, n)?;
+    while tokens.len() < total {
+        bm.mark_computed(id, &tokens)?;
         if let Some(w) = window {
             bm.release_out_of_window(id, w)?;
         }
-        bm.append_slot(id, rng.random_range(0..VOCAB))?;
+        bm.append_slot(id)?;
+        tokens.push(rng.random_range(0..VOCAB));
         bm.take_ops();
         let used = bm.stats().device.used;
         peak = peak.max(used);

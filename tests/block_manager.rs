@@ -242,8 +242,13 @@ impl Sim {
         }
         prop_assert_eq!(self.m.sequences().count(), self.seqs.len());
         for (&id, s) in &self.seqs {
-            prop_assert_eq!(self.m.tokens(SeqId(id)), Ok(&s.tokens[..]));
+            prop_assert_eq!(self.m.num_tokens(SeqId(id)), Ok(s.tokens.len()));
+            prop_assert_eq!(self.m.num_computed_tokens(SeqId(id)), Ok(s.computed));
         }
+        let seqs = &self.seqs;
+        self.m
+            .check_contents(|id| seqs.get(&id.0).map(|s| s.tokens.as_slice()))
+            .map_err(|e| fail(format!("after {op:?}: {e}")))?;
         let st = self.m.stats();
         prop_assert_eq!(
             st.device.used + st.device.free + st.device.cached,
@@ -304,7 +309,7 @@ impl Sim {
     fn append(&mut self, seq: u64, token: u32) -> Result<Result<(), CacheError>, TestCaseError> {
         let id = SeqId(seq);
         let can = self.m.can_append_slot(id);
-        let r = self.m.append_slot(id, token);
+        let r = self.m.append_slot(id);
         prop_assert_eq!(can, r.is_ok(), "can_append_slot disagrees: {:?}", r);
         match (self.seqs.get_mut(&seq), &r) {
             (None, _) => prop_assert_eq!(&r, &Err(CacheError::UnknownSequence(id))),
@@ -406,7 +411,12 @@ impl Sim {
             .map(|&s| self.m.host_block_table(s).ok().map(<[_]>::to_vec))
             .collect();
         let status = self.m.can_swap_in(group);
-        let r = self.m.swap_in(group);
+        // Unknown sequences go in with no tokens: the manager refuses them by id first.
+        let with_tokens: Vec<(SeqId, &[u32])> = group
+            .iter()
+            .map(|&id| (id, self.seqs.get(&id.0).map_or(&[][..], |s| &s.tokens)))
+            .collect();
+        let r = self.m.swap_in(&with_tokens);
         prop_assert_eq!(
             status == AllocStatus::Now,
             r.is_ok(),
@@ -470,7 +480,7 @@ impl Sim {
             }
             s.computed = s.tokens.len();
             self.m
-                .mark_computed(SeqId(id), s.computed)
+                .mark_computed(SeqId(id), &s.tokens)
                 .map_err(|e| fail(e.to_string()))?;
             if let Some(w) = self.window {
                 let before = self.m.released_blocks(SeqId(id)).unwrap();

@@ -72,7 +72,7 @@ fn fork_then_append_copies_the_shared_partial_block_in_every_layer() {
         m.allocate(parent, &prompt).unwrap();
         write_tokens(ctx, &m, &engine.device, parent, 0, 12, 1);
         m.fork(parent, child).unwrap();
-        m.append_slot(child, 100).unwrap();
+        m.append_slot(child).unwrap();
         let ops = m.take_ops();
         assert_eq!(
             ops.copies.len(),
@@ -125,7 +125,8 @@ fn beams_sharing_blocks_survive_swap_out_and_in() {
         write_tokens(ctx, &m, &engine.device, other, 0, 40, 4);
         m.free(other).unwrap();
 
-        m.swap_in(&beams).unwrap();
+        let group: Vec<(SeqId, &[u32])> = beams.iter().map(|&b| (b, &prompt[..])).collect();
+        m.swap_in(&group).unwrap();
         engine.execute(ctx, &m.take_ops()).unwrap();
         let table = m.block_table(beams[0]).unwrap().to_vec();
         for b in &beams[1..] {

@@ -446,7 +446,7 @@ fn a_commit_that_does_not_fit_its_group_fails_that_group_alone() {
         assert!(f.group.seqs.iter().all(|q| !s.blocks.contains(q.id)));
         let other = s.get(1).unwrap();
         assert_eq!(other.seqs[0].tokens, [5, 6, 7, 8, 9, 10, 42]);
-        assert_eq!(other.seqs[0].num_computed, 6);
+        assert_eq!(other.seqs[0].num_computed(&s.blocks), 6);
         assert_eq!(s.blocks.num_used_device_blocks(), 2);
         s.blocks.check_invariants().unwrap();
     }

@@ -1,6 +1,8 @@
 //! Per-sequence state: the block table (PagedAttention's page table, Kwon et al., SOSP
 //! 2023, §4.2) mapping logical block `i` (tokens `i * block_size ..`) to a physical block,
-//! plus what the manager needs to name blocks for the prefix cache.
+//! plus what the manager needs to name blocks for the prefix cache. It counts a sequence's
+//! slots and computed tokens; the token ids are the engine's, passed in where blocks are
+//! named (`mark_computed`, `swap_in`), so there is one record of them.
 //!
 //! A sequence's blocks live either all on the device or all in the host swap pool; the enum
 //! makes a half-swapped sequence unrepresentable.
@@ -28,10 +30,11 @@ pub(crate) enum Blocks {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Sequence {
-    /// Every token with a slot, computed or not; never empty.
-    pub tokens: Vec<u32>,
+    /// Tokens with a slot, computed or not; never 0. The tokens themselves belong to the
+    /// caller (the engine's sequence); the manager is handed them where it names blocks.
+    pub num_tokens: usize,
     /// The live blocks: entry `i` is logical block `released + i`; exactly
-    /// `blocks_for(tokens.len()) - released` entries.
+    /// `blocks_for(num_tokens) - released` entries.
     pub blocks: Blocks,
     /// Leading logical blocks released because no query can attend to them any more.
     pub released: usize,
@@ -79,11 +82,10 @@ impl Sequence {
         i.checked_sub(self.released)
     }
 
-    /// Tokens of logical block `i` (shorter than a block only for the last one).
-    pub fn block_tokens(&self, i: usize, block_size: usize) -> &[u32] {
-        let start = (i * block_size).min(self.tokens.len());
-        let end = ((i + 1) * block_size).min(self.tokens.len());
-        &self.tokens[start..end]
+    /// Slots filled in logical block `i` (fewer than a block only for the last one).
+    pub fn block_len(&self, i: usize, block_size: usize) -> usize {
+        let start = (i * block_size).min(self.num_tokens);
+        ((i + 1) * block_size).min(self.num_tokens) - start
     }
 }
 

@@ -54,6 +54,16 @@ pub enum CacheError {
     #[error("a step's sampling results do not fit request {request}: {reason}")]
     BadSample { request: u64, reason: String },
 
+    #[error("{seq} has {num_tokens} slots, but only {given} of its tokens were passed")]
+    MissingTokens {
+        seq: SeqId,
+        given: usize,
+        num_tokens: usize,
+    },
+
+    #[error("the tokens passed for {0} are not the ones its named blocks hold")]
+    TokensMismatch(SeqId),
+
     #[error("{seq} has {num_tokens} tokens, so {value} is out of range")]
     TokenOutOfRange {
         seq: SeqId,

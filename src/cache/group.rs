@@ -101,7 +101,7 @@ impl BlockManager {
             self.seqs.insert(
                 *id,
                 super::block_table::Sequence {
-                    tokens: prompt.to_vec(),
+                    num_tokens: prompt.len(),
                     blocks: Blocks::Device(std::mem::take(table)),
                     hashes: hits.iter().map(|&(_, h)| h).collect(),
                     num_computed: num_cached,
@@ -149,7 +149,7 @@ impl BlockManager {
                 return Err(CacheError::DuplicateSequence(id));
             }
             let s = self.seq(id)?;
-            if s.tokens.len() % bs == 0 {
+            if s.num_tokens % bs == 0 {
                 needed += 1;
                 continue;
             }

@@ -9,14 +9,19 @@
 //! block's count is the number of block-table entries pointing at it plus one if the
 //! step's pending plan holds it (`plan.rs`). Device and host ids are different types, so a
 //! table or a plan cannot mix them up.
+//!
+//! The token ids are the caller's, so the checks that need them ([`BlockManager::check_contents`]:
+//! names are chained hashes of the tokens, a shared block holds the same tokens for every
+//! sharer, a cached block's name matches) take them from the caller.
 
 use super::block_table::blocks_for;
 use super::ids::{DeviceBlockId, HostBlockId, SeqId};
 use super::manager::BlockManager;
 use super::prefix::hash_block;
+use std::collections::HashMap;
 
-/// First table entry seen per block: (sequence, logical index, its tokens in the block).
-type Sharer<'a> = Option<(SeqId, usize, &'a [u32])>;
+/// First table entry seen per block: (sequence, logical index).
+type Sharer = Option<(SeqId, usize)>;
 
 impl BlockManager {
     /// Checks every invariant; the error names the first one broken.
@@ -31,7 +36,7 @@ impl BlockManager {
         let bs = self.config.block_size;
         let caching = self.device.cache().is_some();
         for (id, s) in &self.seqs {
-            let n = s.tokens.len();
+            let n = s.num_tokens;
             if n == 0 {
                 return Err(format!("{id} has no tokens"));
             }
@@ -61,12 +66,70 @@ impl BlockManager {
                     s.hashes.len()
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// Checks what depends on the token ids, with `tokens(seq)` giving each sequence's
+    /// tokens (at least its slots; `None` skips the sequence): each block name is the
+    /// chained hash of its tokens, a cached block holds the tokens of every table pointing
+    /// at it under the same name, and a shared block holds the same tokens for all sharers.
+    pub fn check_contents<'a>(
+        &self,
+        tokens: impl Fn(SeqId) -> Option<&'a [u32]>,
+    ) -> Result<(), String> {
+        let bs = self.config.block_size;
+        let cache = self.device.cache();
+        let mut first: HashMap<DeviceBlockId, &[u32]> = HashMap::new();
+        let mut first_host: HashMap<HostBlockId, &[u32]> = HashMap::new();
+        for (&id, s) in &self.seqs {
+            let Some(all) = tokens(id) else {
+                continue;
+            };
+            if all.len() < s.num_tokens {
+                return Err(format!(
+                    "{id}: {} slots, {} tokens",
+                    s.num_tokens,
+                    all.len()
+                ));
+            }
+            let block =
+                |i: usize| &all[(i * bs).min(s.num_tokens)..((i + 1) * bs).min(s.num_tokens)];
             let mut parent = None;
             for (i, &h) in s.hashes.iter().enumerate() {
-                if hash_block(parent, s.block_tokens(i, bs)) != h {
+                if hash_block(parent, block(i)) != h {
                     return Err(format!("{id}: block {i}'s name is not its chained hash"));
                 }
                 parent = Some(h);
+            }
+            let live = s.released..s.released + s.num_blocks();
+            let shared = |b: String, seen: Option<&[u32]>, i: usize| match seen {
+                Some(t) if t != block(i) => Err(format!(
+                    "{b} is shared by {id} at block {i} but holds other tokens for another sequence"
+                )),
+                _ => Ok(()),
+            };
+            match (s.device_blocks(), s.host_blocks()) {
+                (Some(table), _) => {
+                    for (i, &b) in live.zip(table) {
+                        shared(b.to_string(), first.get(&b).copied(), i)?;
+                        first.entry(b).or_insert(block(i));
+                        if let Some(name) = cache.and_then(|c| c.name(b)) {
+                            if *name.tokens != *block(i) {
+                                return Err(format!(
+                                    "{b} is cached under other tokens than {id} has"
+                                ));
+                            }
+                        }
+                    }
+                }
+                (None, Some(table)) => {
+                    for (i, &h) in live.zip(table) {
+                        shared(h.to_string(), first_host.get(&h).copied(), i)?;
+                        first_host.entry(h).or_insert(block(i));
+                    }
+                }
+                (None, None) => unreachable!("a table is on the device or the host"),
             }
         }
         Ok(())
@@ -91,13 +154,9 @@ impl BlockManager {
                 if !alloc.contains(b) {
                     return Err(format!("{id} points at {b}, outside the device pool"));
                 }
-                let tokens = s.block_tokens(i, bs);
                 refs[b.0 as usize] += 1;
-                same_content(&mut first[b.0 as usize], id, i, tokens, b)?;
+                same_index(&mut first[b.0 as usize], id, i, b)?;
                 if let Some(name) = cache.and_then(|c| c.name(b)) {
-                    if *name.tokens != *tokens {
-                        return Err(format!("{b} is cached under other tokens than {id} has"));
-                    }
                     if s.hashes.get(i).is_some_and(|&h| h != name.hash) {
                         return Err(format!("{b} is cached under another name than {id}'s"));
                     }
@@ -130,7 +189,6 @@ impl BlockManager {
     }
 
     fn check_host(&self) -> Result<(), String> {
-        let bs = self.config.block_size;
         let on_free_list = self.host.check("host")?;
         let mut refs = vec![0u32; self.host.num_blocks()];
         let mut first: Vec<Sharer> = vec![None; self.host.num_blocks()];
@@ -144,7 +202,7 @@ impl BlockManager {
                     return Err(format!("{id} points at {h}, outside the host pool"));
                 }
                 refs[h.0 as usize] += 1;
-                same_content(&mut first[h.0 as usize], id, i, s.block_tokens(i, bs), h)?;
+                same_index(&mut first[h.0 as usize], id, i, h)?;
             }
         }
         for (i, &table_refs) in refs.iter().enumerate() {
@@ -168,21 +226,21 @@ impl BlockManager {
 }
 
 /// A shared block is never written (the first write copies it), so every sequence that
-/// points at it has it at the same logical index with the same tokens.
-fn same_content<'a>(
-    first: &mut Sharer<'a>,
+/// points at it has it at the same logical index (and, checked by `check_contents`, with
+/// the same tokens).
+fn same_index(
+    first: &mut Sharer,
     id: SeqId,
     index: usize,
-    tokens: &'a [u32],
     block: impl std::fmt::Display,
 ) -> Result<(), String> {
     match *first {
         None => {
-            *first = Some((id, index, tokens));
+            *first = Some((id, index));
             Ok(())
         }
-        Some((other, j, t)) if j != index || t != tokens => Err(format!(
-            "{block} is logical block {j} of {other} and {index} of {id}, with different tokens"
+        Some((other, j)) if j != index => Err(format!(
+            "{block} is logical block {j} of {other} and {index} of {id}"
         )),
         Some(_) => Ok(()),
     }

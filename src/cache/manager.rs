@@ -126,7 +126,7 @@ impl BlockManager {
             let s = self.seq(id)?;
             let table = s.device_blocks().ok_or(CacheError::Swapped(id))?;
             match table.last() {
-                Some(&last) if s.tokens.len() % bs != 0 => *writers.entry(last).or_default() += 1,
+                Some(&last) if s.num_tokens % bs != 0 => *writers.entry(last).or_default() += 1,
                 _ => needed += 1,
             }
         }
@@ -139,7 +139,7 @@ impl BlockManager {
     /// Gives `seq` a slot for one more token. Opens a new block only when the last one is
     /// full; writing into a partly filled block that other sequences share first copies it
     /// (copy-on-write), recorded in the step's plan.
-    pub fn append_slot(&mut self, seq: SeqId, token: u32) -> Result<AppendOutcome, CacheError> {
+    pub fn append_slot(&mut self, seq: SeqId) -> Result<AppendOutcome, CacheError> {
         let needed = self.blocks_needed_to_append(&[seq])?;
         let available = self.device.available();
         if needed > available {
@@ -157,7 +157,7 @@ impl BlockManager {
         let Blocks::Device(table) = &mut s.blocks else {
             return Err(CacheError::Swapped(seq));
         };
-        let pos = s.tokens.len();
+        let pos = s.num_tokens;
         // The block being written is never a hole: the last block is never released.
         let idx = pos / bs - s.released;
         let new_block = pos % bs == 0;
@@ -175,7 +175,7 @@ impl BlockManager {
             copy = Some((src, dst));
             tracing::trace!(%seq, %src, %dst, "copy-on-write");
         }
-        s.tokens.push(token);
+        s.num_tokens += 1;
         Ok(AppendOutcome {
             slot: table[idx].0 as usize * bs + pos % bs,
             copy,
@@ -183,34 +183,31 @@ impl BlockManager {
         })
     }
 
-    /// Records that the KV of the first `num_computed_tokens` tokens of `seq` is now in the
-    /// cache (call it after the step's forward pass; a smaller count than before changes
-    /// nothing). With prefix caching on, this names the newly completed full blocks so
-    /// later prompts can reuse them.
-    pub fn mark_computed(
-        &mut self,
-        seq: SeqId,
-        num_computed_tokens: usize,
-    ) -> Result<(), CacheError> {
+    /// Records that the KV of the first `computed.len()` tokens of `seq`, which are
+    /// `computed`, is now in the cache (call it after the step's forward pass; a smaller
+    /// count than before changes nothing). With prefix caching on, this names the newly
+    /// completed full blocks, hashed from `computed`, so later prompts can reuse them.
+    pub fn mark_computed(&mut self, seq: SeqId, computed: &[u32]) -> Result<(), CacheError> {
         let bs = self.config.block_size;
         let BlockManager { device, seqs, .. } = self;
         let s = seqs.get_mut(&seq).ok_or(CacheError::UnknownSequence(seq))?;
-        if num_computed_tokens > s.tokens.len() {
+        if computed.len() > s.num_tokens {
             return Err(CacheError::TokenOutOfRange {
                 seq,
-                value: num_computed_tokens,
-                num_tokens: s.tokens.len(),
+                value: computed.len(),
+                num_tokens: s.num_tokens,
             });
         }
         let Blocks::Device(table) = &s.blocks else {
             return Err(CacheError::Swapped(seq));
         };
-        s.num_computed = s.num_computed.max(num_computed_tokens);
+        s.num_computed = s.num_computed.max(computed.len());
         if let Some(cache) = device.cache_mut() {
-            while s.hashes.len() < s.num_computed / bs {
+            // Blocks named before are below the old count; the new ones lie in `computed`.
+            while s.hashes.len() < computed.len() / bs {
                 let i = s.hashes.len();
                 let parent = s.hashes.last().copied();
-                let tokens = &s.tokens[i * bs..(i + 1) * bs];
+                let tokens = &computed[i * bs..(i + 1) * bs];
                 let hash = hash_block(parent, tokens);
                 // Blocks are released only once computed, so an unnamed one is live.
                 if let Some(j) = s.live_index(i) {

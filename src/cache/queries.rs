@@ -22,14 +22,11 @@ impl BlockManager {
 
     /// Tokens with a slot (prompt plus appended), computed or not.
     pub fn num_tokens(&self, seq: SeqId) -> Result<usize, CacheError> {
-        Ok(self.seq(seq)?.tokens.len())
+        Ok(self.seq(seq)?.num_tokens)
     }
 
-    pub fn tokens(&self, seq: SeqId) -> Result<&[u32], CacheError> {
-        Ok(&self.seq(seq)?.tokens)
-    }
-
-    /// Leading tokens whose KV is in the cache (prefix-cache hits plus `mark_computed`).
+    /// Leading tokens whose KV is in the cache (prefix-cache hits plus `mark_computed`):
+    /// the one count of them, which the engine reads.
     pub fn num_computed_tokens(&self, seq: SeqId) -> Result<usize, CacheError> {
         Ok(self.seq(seq)?.num_computed)
     }
@@ -65,11 +62,11 @@ impl BlockManager {
     pub fn slot(&self, seq: SeqId, position: usize) -> Result<usize, CacheError> {
         let s = self.seq(seq)?;
         let table = s.device_blocks().ok_or(CacheError::Swapped(seq))?;
-        if position >= s.tokens.len() {
+        if position >= s.num_tokens {
             return Err(CacheError::TokenOutOfRange {
                 seq,
                 value: position,
-                num_tokens: s.tokens.len(),
+                num_tokens: s.num_tokens,
             });
         }
         let bs = self.config.block_size;
@@ -78,7 +75,7 @@ impl BlockManager {
             .ok_or(CacheError::TokenOutOfRange {
                 seq,
                 value: position,
-                num_tokens: s.tokens.len(),
+                num_tokens: s.num_tokens,
             })?;
         Ok(table[block].index() * bs + position % bs)
     }

@@ -75,10 +75,10 @@ impl BlockManager {
             match &s.blocks {
                 Blocks::Device(table) => {
                     device_sequences += 1;
-                    logical_tokens += s.tokens.len();
+                    logical_tokens += s.num_tokens;
                     for (j, b) in table.iter().enumerate() {
                         let f = &mut filled[b.index()];
-                        *f = (*f).max(s.block_tokens(s.released + j, bs).len());
+                        *f = (*f).max(s.block_len(s.released + j, bs));
                     }
                 }
                 Blocks::Host(_) => swapped_sequences += 1,

@@ -11,6 +11,7 @@ use super::block_table::Blocks;
 use super::error::CacheError;
 use super::ids::{DeviceBlockId, HostBlockId, SeqId};
 use super::manager::{status, AllocStatus, BlockManager};
+use super::prefix::hash_block;
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 
@@ -82,12 +83,18 @@ impl BlockManager {
     }
 
     /// Brings the group back into (possibly different) device blocks and frees its host
-    /// blocks. Returns the `(host, device)` copies, also recorded in the plan.
+    /// blocks. Each sequence comes with its tokens (at least its slots), from which the
+    /// restored blocks are named again for the prefix cache. Returns the `(host, device)`
+    /// copies, also recorded in the plan.
     pub fn swap_in(
         &mut self,
-        seqs: &[SeqId],
+        group: &[(SeqId, &[u32])],
     ) -> Result<Vec<(HostBlockId, DeviceBlockId)>, CacheError> {
-        let needed = self.swap_in_need(seqs)?;
+        let seqs: Vec<SeqId> = group.iter().map(|g| g.0).collect();
+        let needed = self.swap_in_need(&seqs)?;
+        for &(seq, tokens) in group {
+            self.check_tokens(seq, tokens)?;
+        }
         self.admission(needed, needed)?;
         let bs = self.config.block_size;
         let BlockManager {
@@ -100,10 +107,10 @@ impl BlockManager {
         } = self;
         let mut to_device: HashMap<HostBlockId, DeviceBlockId> = HashMap::new();
         let mut moved = Vec::with_capacity(needed);
-        for id in seqs {
-            let s = all.get_mut(id).ok_or(CacheError::UnknownSequence(*id))?;
+        for &(id, tokens) in group {
+            let s = all.get_mut(&id).ok_or(CacheError::UnknownSequence(id))?;
             let Blocks::Host(table) = &s.blocks else {
-                return Err(CacheError::NotSwapped(*id));
+                return Err(CacheError::NotSwapped(id));
             };
             let mut device_table = Vec::with_capacity(table.len());
             for &h in table {
@@ -133,7 +140,7 @@ impl BlockManager {
                         continue; // a hole
                     };
                     let parent = i.checked_sub(1).map(|p| s.hashes[p]);
-                    let tokens = &s.tokens[i * bs..(i + 1) * bs];
+                    let tokens = &tokens[i * bs..(i + 1) * bs];
                     cache.register(device_table[j], hash, parent, tokens);
                 }
             }
@@ -142,6 +149,27 @@ impl BlockManager {
         counters.swapped_in_blocks += moved.len() as u64;
         tracing::debug!(group = ?seqs, blocks = moved.len(), "swapped in");
         Ok(moved)
+    }
+
+    /// `tokens` covers the slots of `seq` and matches the names of its blocks.
+    fn check_tokens(&self, seq: SeqId, tokens: &[u32]) -> Result<(), CacheError> {
+        let s = self.seq(seq)?;
+        if tokens.len() < s.num_tokens {
+            return Err(CacheError::MissingTokens {
+                seq,
+                given: tokens.len(),
+                num_tokens: s.num_tokens,
+            });
+        }
+        let bs = self.config.block_size;
+        let mut parent = None;
+        for (i, &hash) in s.hashes.iter().enumerate() {
+            if hash_block(parent, &tokens[i * bs..(i + 1) * bs]) != hash {
+                return Err(CacheError::TokensMismatch(seq));
+            }
+            parent = Some(hash);
+        }
+        Ok(())
     }
 
     /// Host blocks the group needs: its distinct device blocks.

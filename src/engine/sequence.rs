@@ -1,15 +1,16 @@
 //! Sequences and sequence groups: the scheduler's view of a request. A group is the unit of
 //! admission, preemption and resumption; its sequences are the `n` samples or the live beams.
 //!
-//! What the scheduler needs (token ids, progress, group shape, arrival) is plain data here;
-//! where a group is (waiting, running, swapped) is the queue of the [`super::scheduler`]
+//! What the scheduler needs (token ids, group shape, arrival) is plain data here; how many
+//! of a sequence's tokens are computed is the block manager's count (a sequence without a
+//! block table has none computed), read through [`Sequence::num_computed`]; where a group is (waiting, running, swapped) is the queue of the [`super::scheduler`]
 //! that holds it, and nothing else; what only the engine needs (sampler, detokenizer, stop strings, logprobs, the
 //! event channel) rides along as the type parameters `D` (per sequence) and `R` (per
 //! request), so the scheduler and the block manager run, and are tested, without a GPU, a
 //! tokenizer or a channel (`()` for both).
 
 use super::output::{FinishReason, RequestId};
-use crate::cache::SeqId;
+use crate::cache::{BlockManager, SeqId};
 
 #[derive(Clone, Debug)]
 pub struct Sequence<D = ()> {
@@ -19,8 +20,6 @@ pub struct Sequence<D = ()> {
     /// Prompt followed by the generated tokens.
     pub tokens: Vec<u32>,
     pub prompt_len: usize,
-    /// Tokens whose K/V are in the cache.
-    pub num_computed: usize,
     pub finish: Option<FinishReason>,
     pub data: D,
 }
@@ -32,7 +31,6 @@ impl<D> Sequence<D> {
             index,
             tokens: prompt.to_vec(),
             prompt_len: prompt.len(),
-            num_computed: 0,
             finish: None,
             data,
         }
@@ -46,9 +44,15 @@ impl<D> Sequence<D> {
         self.finish.is_some()
     }
 
+    /// Leading tokens whose K/V are in the cache: the block manager's count, 0 while the
+    /// sequence has no block table (waiting, or preempted for recomputation).
+    pub fn num_computed(&self, blocks: &BlockManager) -> usize {
+        blocks.num_computed_tokens(self.id).unwrap_or(0)
+    }
+
     /// Tokens not yet computed (1 for a sequence about to decode).
-    pub fn pending(&self) -> usize {
-        self.tokens.len() - self.num_computed
+    pub fn pending(&self, blocks: &BlockManager) -> usize {
+        self.tokens.len() - self.num_computed(blocks)
     }
 }
 
@@ -126,7 +130,7 @@ impl<D, R> SequenceGroup<D, R> {
     }
 
     /// Every live sequence has exactly its newest token to compute: the group decodes.
-    pub fn is_decoding(&self) -> bool {
-        self.live().all(|s| s.pending() == 1)
+    pub fn is_decoding(&self, blocks: &BlockManager) -> bool {
+        self.live().all(|s| s.pending(blocks) == 1)
     }
 }

@@ -14,7 +14,7 @@ use pagellm::engine::scheduler::{
 };
 use pagellm::engine::sequence::{GroupShape, Sequence, SequenceGroup};
 use pagellm::engine::{EngineConfig, FinishReason, RequestId};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// A request: its prompt, how it multiplies, its output length, and the seed its tokens
 /// are drawn with.
@@ -178,6 +178,15 @@ impl Driver {
             .blocks
             .check_invariants()
             .map_err(|e| format!("step {}: block manager: {e}", self.steps))?;
+        let tokens: HashMap<SeqId, &[u32]> = self
+            .sched
+            .groups()
+            .flat_map(|g| g.seqs.iter().map(|s| (s.id, s.tokens.as_slice())))
+            .collect();
+        self.sched
+            .blocks
+            .check_contents(|id| tokens.get(&id).copied())
+            .map_err(|e| format!("step {}: block contents: {e}", self.steps))?;
         let bm = &self.sched.blocks;
         if bm.num_used_device_blocks() != bm.stats().device.used {
             return Err(format!(
@@ -211,10 +220,10 @@ impl Driver {
             .iter()
             .min_by_key(|g| g.arrival)
             .filter(|g| {
-                (g.is_decoding() || !cfg.decode_first)
+                (g.is_decoding(&self.sched.blocks) || !cfg.decode_first)
                     && g.shape.width() <= cfg.max_num_batched_tokens
             })
-            .filter(|g| cfg.decode_first || g.is_decoding())
+            .filter(|g| cfg.decode_first || g.is_decoding(&self.sched.blocks))
             .map(|g| g.request_id)
     }
 
@@ -270,7 +279,10 @@ impl Driver {
             if seq.id != s.id || seq.is_finished() {
                 return Err(format!("{} is not a live sequence of its group", s.id));
             }
-            if s.len == 0 || s.start != seq.num_computed || s.start + s.len > seq.tokens.len() {
+            if s.len == 0
+                || s.start != seq.num_computed(&self.sched.blocks)
+                || s.start + s.len > seq.tokens.len()
+            {
                 return Err(format!(
                     "{}: bad range {}+{} of {:?}",
                     s.id,
@@ -293,7 +305,7 @@ impl Driver {
             }
             // Only blocks every future query's window has left may be released.
             let unseen = match self.window {
-                Some(w) => (seq.num_computed + 1).saturating_sub(w),
+                Some(w) => (seq.num_computed(bm) + 1).saturating_sub(w),
                 None => 0,
             };
             if holes * bm.block_size() > unseen {
@@ -347,7 +359,7 @@ impl Driver {
             }
             // Decode first: a running decode is left out only when the budget is spent, or
             // when it waits for blocks it cannot have now.
-            if g.is_decoding() && got.is_none() && cfg.decode_first {
+            if g.is_decoding(&self.sched.blocks) && got.is_none() && cfg.decode_first {
                 let k = live.len();
                 let bm = &self.sched.blocks;
                 let appending: Vec<SeqId> = g

@@ -28,7 +28,7 @@ fn watermark_holds_back_new_groups_but_not_growth() {
     );
     // A running sequence may grow into the watermark.
     assert!(m.can_append_slot(A));
-    assert!(m.append_slot(A, 5).unwrap().new_block);
+    assert!(m.append_slot(A).unwrap().new_block);
     assert_eq!(m.num_available_device_blocks(), 1);
     m.check_invariants().unwrap();
 }
@@ -43,17 +43,17 @@ fn failed_append_changes_nothing() {
     // A's last block is full, B's is shared: both need a block and none is left.
     assert!(!m.can_append_slot(A) && !m.can_append_slot(B));
     assert_eq!(
-        m.append_slot(A, 1),
+        m.append_slot(A),
         Err(CacheError::OutOfBlocks {
             needed: 1,
             available: 0
         })
     );
-    assert!(m.append_slot(B, 1).is_err());
+    assert!(m.append_slot(B).is_err());
     assert_eq!(m, before);
     // Once C leaves, B writes its block in place.
     m.free(C).unwrap();
-    assert_eq!(m.append_slot(B, 1).unwrap().copy, None);
+    assert_eq!(m.append_slot(B).unwrap().copy, None);
     m.check_invariants().unwrap();
 }
 
@@ -66,7 +66,7 @@ fn bad_requests_are_errors_that_change_nothing() {
     assert_eq!(m.allocate(A, &[1]), Err(CacheError::SequenceExists(A)));
     assert_eq!(m.allocate(x, &[]), Err(CacheError::EmptyPrompt));
     assert_eq!(m.can_allocate(&[]), AllocStatus::Never);
-    assert_eq!(m.append_slot(x, 1), Err(CacheError::UnknownSequence(x)));
+    assert_eq!(m.append_slot(x), Err(CacheError::UnknownSequence(x)));
     assert_eq!(m.fork(x, B), Err(CacheError::UnknownSequence(x)));
     assert_eq!(m.fork(A, A), Err(CacheError::SequenceExists(A)));
     assert_eq!(m.free(x), Err(CacheError::UnknownSequence(x)));
@@ -77,7 +77,7 @@ fn bad_requests_are_errors_that_change_nothing() {
     );
     assert!(!m.can_append_slots(&[A, x]));
     assert!(matches!(
-        m.mark_computed(A, 6),
+        m.mark_computed(A, &tokens(0, 6)),
         Err(CacheError::TokenOutOfRange { .. })
     ));
     assert!(matches!(
@@ -121,7 +121,7 @@ fn stats_count_blocks_tokens_and_sharing() {
         (3, 10, 20)
     );
     assert!((s.utilization() - 10.0 / 12.0).abs() < 1e-12);
-    m.append_slot(A, 1).unwrap();
+    m.append_slot(A).unwrap();
     let s = m.stats();
     assert_eq!((s.device.used, s.stored_tokens, s.cow_copies), (4, 13, 1));
     m.take_ops();

@@ -13,7 +13,7 @@ fn cache_prompt(
     prompt: &[u32],
 ) -> Vec<crate::cache::DeviceBlockId> {
     m.allocate(seq, prompt).unwrap();
-    m.mark_computed(seq, prompt.len()).unwrap();
+    m.mark_computed(seq, prompt).unwrap();
     let table = m.block_table(seq).unwrap().to_vec();
     m.free(seq).unwrap();
     table

@@ -30,3 +30,11 @@ const A: SeqId = SeqId(1);
 const B: SeqId = SeqId(2);
 const C: SeqId = SeqId(3);
 const D: SeqId = SeqId(4);
+
+/// Token ids for a manager without prefix caching, which reads only how many there are.
+static FILLER: [u32; 256] = [0; 256];
+
+/// `seqs` with [`FILLER`] tokens, for `swap_in` on a manager without prefix caching.
+fn unnamed(seqs: &[SeqId]) -> Vec<(SeqId, &'static [u32])> {
+    seqs.iter().map(|&s| (s, &FILLER[..])).collect()
+}

@@ -11,7 +11,7 @@ fn prompt_extending_a_cached_prompt_reuses_its_full_blocks() {
     assert_eq!(m.allocate(A, &a_prompt), Ok(0));
     assert_eq!((m.stats().prefix_hits, m.stats().prefix_misses), (0, 2));
     let a = m.block_table(A).unwrap().to_vec();
-    m.mark_computed(A, 9).unwrap();
+    m.mark_computed(A, &a_prompt).unwrap();
     assert!(m.is_cached(a[0]) && m.is_cached(a[1]));
     assert!(!m.is_cached(a[2]), "a partly filled block has no name");
     m.free(A).unwrap();
@@ -38,7 +38,7 @@ fn prompt_extending_a_cached_prompt_reuses_its_full_blocks() {
 fn a_running_prompt_is_shared_and_costs_nothing_twice() {
     let mut m = prefix_manager(4, 6);
     m.allocate(A, &tokens(0, 12)).unwrap();
-    m.mark_computed(A, 12).unwrap();
+    m.mark_computed(A, &tokens(0, 12)).unwrap();
     // B needs 4 blocks, but its first two are A's and in use: only 2 are taken.
     let b_prompt = [tokens(0, 8), tokens(50, 6)].concat();
     assert_eq!(m.can_allocate(&b_prompt), AllocStatus::Now);
@@ -54,7 +54,7 @@ fn a_running_prompt_is_shared_and_costs_nothing_twice() {
 fn a_fully_cached_prompt_still_computes_its_last_token() {
     let mut m = prefix_manager(4, 8);
     m.allocate(A, &tokens(0, 8)).unwrap();
-    m.mark_computed(A, 8).unwrap();
+    m.mark_computed(A, &tokens(0, 8)).unwrap();
     let a = m.block_table(A).unwrap().to_vec();
     m.free(A).unwrap();
     assert_eq!(m.allocate(B, &tokens(0, 8)), Ok(4));
@@ -64,7 +64,7 @@ fn a_fully_cached_prompt_still_computes_its_last_token() {
         b[1], a[1],
         "the last block is recomputed into a fresh block"
     );
-    m.mark_computed(B, 8).unwrap();
+    m.mark_computed(B, &tokens(0, 8)).unwrap();
     assert!(!m.is_cached(b[1]), "the earlier copy keeps the name");
     assert!(m.is_cached(a[1]));
     m.check_invariants().unwrap();
@@ -78,7 +78,7 @@ fn two_released_prompts() -> (BlockManager, Vec<DeviceBlockId>, Vec<DeviceBlockI
     let mut tables = Vec::new();
     for (seq, start) in [(A, 1), (B, 11)] {
         m.allocate(seq, &tokens(start, 5)).unwrap();
-        m.mark_computed(seq, 5).unwrap();
+        m.mark_computed(seq, &tokens(start, 5)).unwrap();
         tables.push(m.block_table(seq).unwrap().to_vec());
         m.free(seq).unwrap();
     }
@@ -150,7 +150,7 @@ fn failed_allocation_with_hits_changes_nothing() {
 fn without_prefix_caching_equal_prompts_share_nothing() {
     let mut m = manager(4, 8, 0);
     m.allocate(A, &tokens(0, 8)).unwrap();
-    m.mark_computed(A, 8).unwrap();
+    m.mark_computed(A, &tokens(0, 8)).unwrap();
     assert_eq!(m.allocate(B, &tokens(0, 8)), Ok(0));
     assert_eq!(m.num_available_device_blocks(), 4);
     assert!(!m.is_cached(m.block_table(A).unwrap()[0]));

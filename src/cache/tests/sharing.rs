@@ -19,7 +19,7 @@ fn fork_then_append_in_both_copies_only_the_partial_last_block() {
     assert!(parent.iter().all(|&b| m.device_refcount(b) == Some(2)));
     m.check_invariants().unwrap();
 
-    let a = m.append_slot(A, 100).unwrap();
+    let a = m.append_slot(A).unwrap();
     let (src, dst) = a
         .copy
         .expect("first write into the shared last block copies it");
@@ -30,7 +30,7 @@ fn fork_then_append_in_both_copies_only_the_partial_last_block() {
     m.check_invariants().unwrap();
 
     // The child now has the old block to itself and writes in place.
-    let b = m.append_slot(B, 200).unwrap();
+    let b = m.append_slot(B).unwrap();
     assert_eq!(b.copy, None);
     assert_eq!(b.slot, parent[2].0 as usize * 4 + 2);
     assert_eq!(m.block_table(B).unwrap(), &parent[..]);
@@ -57,8 +57,8 @@ fn fork_of_full_blocks_appends_without_copies() {
     let mut m = manager(4, 16, 0);
     m.allocate(A, &tokens(0, 8)).unwrap();
     m.fork(A, B).unwrap();
-    let a = m.append_slot(A, 1).unwrap();
-    let b = m.append_slot(B, 2).unwrap();
+    let a = m.append_slot(A).unwrap();
+    let b = m.append_slot(B).unwrap();
     assert!(a.new_block && b.new_block);
     assert_eq!((a.copy, b.copy), (None, None));
     assert_ne!(m.block_table(A).unwrap()[2], m.block_table(B).unwrap()[2]);
@@ -79,7 +79,7 @@ fn one_source_feeds_several_copies_and_the_last_writer_keeps_the_block() {
     assert_eq!(m.blocks_needed_to_append(&[A, C]), Ok(2));
     let before = m.num_available_device_blocks();
     for seq in group {
-        m.append_slot(seq, 7).unwrap();
+        m.append_slot(seq).unwrap();
         m.check_invariants().unwrap();
     }
     assert_eq!(before - m.num_available_device_blocks(), 3);
@@ -114,7 +114,7 @@ fn copy_blocks_stay_held_until_the_plan_is_taken() {
     let mut m = manager(4, 4, 0);
     m.allocate(A, &tokens(0, 6)).unwrap();
     m.fork(A, B).unwrap();
-    let (src, dst) = m.append_slot(A, 9).unwrap().copy.unwrap();
+    let (src, dst) = m.append_slot(A).unwrap().copy.unwrap();
     // B leaves: the source has no table entry any more, but the copy has yet to read it.
     m.free(B).unwrap();
     assert_eq!(m.device_refcount(src), Some(0));
@@ -138,9 +138,9 @@ fn copy_of_a_pending_copy_destination_reads_the_original() {
     let mut m = manager(4, 16, 0);
     m.allocate(A, &tokens(0, 6)).unwrap();
     m.fork(A, B).unwrap();
-    let (src, x) = m.append_slot(A, 1).unwrap().copy.unwrap();
+    let (src, x) = m.append_slot(A).unwrap().copy.unwrap();
     m.fork(A, C).unwrap(); // C shares x, whose content arrives only when the copies run
-    let (src2, y) = m.append_slot(C, 2).unwrap().copy.unwrap();
+    let (src2, y) = m.append_slot(C).unwrap().copy.unwrap();
     assert_eq!(
         src2, src,
         "x is not readable yet; its content comes from src"
@@ -155,9 +155,9 @@ fn copy_of_a_pending_copy_destination_reads_the_original() {
 fn slots_follow_the_block_table() {
     let mut m = manager(3, 16, 0);
     m.allocate(A, &tokens(0, 5)).unwrap();
-    for t in 0..7 {
+    for _ in 0..7 {
         let pos = m.num_tokens(A).unwrap();
-        let out = m.append_slot(A, t).unwrap();
+        let out = m.append_slot(A).unwrap();
         assert_eq!(Ok(out.slot), m.slot(A, pos));
     }
     let table = m.block_table(A).unwrap().to_vec();

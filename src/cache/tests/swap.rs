@@ -1,6 +1,6 @@
 //! Swapping sequence groups out to the host pool and back, with sharing preserved.
 
-use super::{manager, prefix_manager, tokens, A, B, C};
+use super::{manager, prefix_manager, tokens, unnamed, A, B, C};
 use crate::cache::{AllocStatus, BlockManager, CacheConfig, CacheError, Location, SeqId};
 use std::collections::HashSet;
 
@@ -9,8 +9,8 @@ fn beams() -> BlockManager {
     let mut m = manager(4, 16, 16);
     m.allocate(A, &tokens(0, 12)).unwrap();
     m.fork(A, B).unwrap();
-    for (seq, t) in [(A, 1), (B, 2), (A, 3), (B, 4)] {
-        assert_eq!(m.append_slot(seq, t).unwrap().copy, None);
+    for seq in [A, B, A, B] {
+        assert_eq!(m.append_slot(seq).unwrap().copy, None);
     }
     m.take_ops();
     m.check_invariants().unwrap();
@@ -61,7 +61,7 @@ fn beams_sharing_three_blocks_swap_out_and_in_preserving_sharing() {
     assert!(a.iter().any(|d| c.contains(d)));
 
     assert_eq!(m.can_swap_in(&[A, B]), AllocStatus::Now);
-    let back = m.swap_in(&[A, B]).unwrap();
+    let back = m.swap_in(&unnamed(&[A, B])).unwrap();
     m.check_invariants().unwrap();
     assert_eq!(back.len(), 5);
     let (a2, b2) = (
@@ -125,7 +125,7 @@ fn swap_out_waits_for_blocks_the_plan_writes() {
     let mut m = manager(4, 8, 8);
     m.allocate(A, &tokens(0, 6)).unwrap();
     m.fork(A, B).unwrap();
-    m.append_slot(A, 1).unwrap(); // A's last block is a pending copy destination
+    m.append_slot(A).unwrap(); // A's last block is a pending copy destination
     let before = m.clone();
     assert!(!m.can_swap_out(&[A]));
     assert_eq!(m.swap_out(&[A]), Err(CacheError::BlocksInFlight(A)));
@@ -147,13 +147,13 @@ fn swap_in_leaves_the_watermark() {
     let before = m.clone();
     assert_eq!(m.can_swap_in(&[A]), AllocStatus::Later);
     assert!(matches!(
-        m.swap_in(&[A]),
+        m.swap_in(&unnamed(&[A])),
         Err(CacheError::OutOfBlocks { needed: 4, .. })
     ));
     assert_eq!(m, before);
     m.free(C).unwrap();
     assert_eq!(m.can_swap_in(&[A]), AllocStatus::Now);
-    m.swap_in(&[A]).unwrap();
+    m.swap_in(&unnamed(&[A])).unwrap();
     assert!(m.num_available_device_blocks() >= 2);
     m.check_invariants().unwrap();
 }
@@ -164,22 +164,31 @@ fn swapped_sequences_refuse_device_work_and_fork_on_the_host() {
     m.allocate(A, &tokens(0, 6)).unwrap();
     m.swap_out(&[A]).unwrap();
     let before = m.clone();
-    assert_eq!(m.append_slot(A, 1), Err(CacheError::Swapped(A)));
+    assert_eq!(m.append_slot(A), Err(CacheError::Swapped(A)));
     assert_eq!(m.block_table(A), Err(CacheError::Swapped(A)));
     assert_eq!(m.swap_out(&[A]), Err(CacheError::Swapped(A)));
-    assert_eq!(m.mark_computed(A, 6), Err(CacheError::Swapped(A)));
-    assert_eq!(m.swap_in(&[]), Err(CacheError::EmptyGroup));
-    assert_eq!(m.swap_in(&[A, A]), Err(CacheError::DuplicateSequence(A)));
-    assert_eq!(m.swap_in(&[A, C]), Err(CacheError::UnknownSequence(C)));
+    assert_eq!(
+        m.mark_computed(A, &tokens(0, 6)),
+        Err(CacheError::Swapped(A))
+    );
+    assert_eq!(m.swap_in(&unnamed(&[])), Err(CacheError::EmptyGroup));
+    assert_eq!(
+        m.swap_in(&unnamed(&[A, A])),
+        Err(CacheError::DuplicateSequence(A))
+    );
+    assert_eq!(
+        m.swap_in(&unnamed(&[A, C])),
+        Err(CacheError::UnknownSequence(C))
+    );
     assert_eq!(m.can_swap_in(&[A, C]), AllocStatus::Never);
     assert_eq!(m, before);
 
     m.fork(A, B).unwrap();
     let h = m.host_block_table(B).unwrap().to_vec();
     assert!(h.iter().all(|&h| m.host_refcount(h) == Some(2)));
-    assert_eq!(m.swap_in(&[A, B]).unwrap().len(), 2);
+    assert_eq!(m.swap_in(&unnamed(&[A, B])).unwrap().len(), 2);
     assert_eq!(m.block_table(A), m.block_table(B));
-    assert_eq!(m.swap_in(&[A]), Err(CacheError::NotSwapped(A)));
+    assert_eq!(m.swap_in(&unnamed(&[A])), Err(CacheError::NotSwapped(A)));
     m.check_invariants().unwrap();
 }
 
@@ -192,12 +201,12 @@ fn swapped_in_blocks_serve_prefix_hits() {
     })
     .unwrap();
     m.allocate(A, &tokens(0, 9)).unwrap();
-    m.mark_computed(A, 9).unwrap();
+    m.mark_computed(A, &tokens(0, 9)).unwrap();
     m.swap_out(&[A]).unwrap();
     m.take_ops();
     // Swapping in needs 3 of the 4 blocks, so it evicts at least one of A's old cached
     // blocks; the restored copies carry the names on.
-    m.swap_in(&[A]).unwrap();
+    m.swap_in(&[(A, &tokens(0, 9))]).unwrap();
     m.take_ops();
     m.check_invariants().unwrap();
     let table = m.block_table(A).unwrap().to_vec();
@@ -205,4 +214,37 @@ fn swapped_in_blocks_serve_prefix_hits() {
     m.free(A).unwrap();
     assert_eq!(m.allocate(B, &tokens(0, 10)), Ok(8));
     m.check_invariants().unwrap();
+}
+
+#[test]
+fn swap_in_refuses_tokens_that_are_short_or_not_the_named_ones() {
+    let config = CacheConfig::new(4, 8, 4)
+        .with_watermark_blocks(0)
+        .with_prefix_caching(true);
+    let mut m = BlockManager::new(config).unwrap();
+    m.allocate(A, &tokens(0, 9)).unwrap();
+    m.mark_computed(A, &tokens(0, 9)).unwrap();
+    m.swap_out(&[A]).unwrap();
+    m.take_ops();
+    let before = m.clone();
+    assert_eq!(
+        m.swap_in(&[(A, &tokens(0, 8))]),
+        Err(CacheError::MissingTokens {
+            seq: A,
+            given: 8,
+            num_tokens: 9
+        })
+    );
+    // Block 1 (tokens 4..8) is named from other tokens than these.
+    let mut other = tokens(0, 9);
+    other[5] = 77;
+    assert_eq!(
+        m.swap_in(&[(A, &other)]),
+        Err(CacheError::TokensMismatch(A))
+    );
+    assert_eq!(m, before);
+    // The engine passes a decoding sequence's newest token too, which has no slot yet.
+    m.swap_in(&[(A, &tokens(0, 10))]).unwrap();
+    m.check_invariants().unwrap();
+    m.check_contents(|_| Some(&other[..])).unwrap_err();
 }

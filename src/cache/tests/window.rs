@@ -1,15 +1,15 @@
 //! Releasing blocks that left a sliding window: holes at the front of the table, shared
 //! with forks, kept in the prefix cache, carried through swaps.
 
-use super::{manager, prefix_manager, tokens, A, B, C};
+use super::{manager, prefix_manager, tokens, unnamed, A, B, C, FILLER};
 use crate::cache::{CacheError, Location};
 
 /// Appends `n` tokens to `seq` and marks everything computed, as decode steps do.
 fn decode(m: &mut crate::cache::BlockManager, seq: crate::cache::SeqId, n: usize) {
-    for i in 0..n {
-        m.append_slot(seq, 1000 + i as u32).unwrap();
+    for _ in 0..n {
+        m.append_slot(seq).unwrap();
         let len = m.num_tokens(seq).unwrap();
-        m.mark_computed(seq, len).unwrap();
+        m.mark_computed(seq, &FILLER[..len]).unwrap();
         m.take_ops();
     }
 }
@@ -21,7 +21,7 @@ fn blocks_wholly_before_the_window_become_holes_and_the_last_stays() {
     let table = m.block_table(A).unwrap().to_vec();
     // Nothing computed yet: the next query is at position 0 and sees everything.
     assert_eq!(m.release_out_of_window(A, 3).unwrap(), 0);
-    m.mark_computed(A, 10).unwrap();
+    m.mark_computed(A, &tokens(0, 10)).unwrap();
     // The next query (position 10) with a window of 3 sees 8..=10: block 0 (0..4) and
     // block 1 (4..8) are out.
     assert_eq!(m.release_out_of_window(A, 3).unwrap(), 2);
@@ -56,7 +56,7 @@ fn a_long_generation_holds_a_bounded_number_of_blocks() {
     let (bs, window) = (4, 10);
     let mut m = manager(bs, 64, 0);
     m.allocate(A, &tokens(0, 5)).unwrap();
-    m.mark_computed(A, 5).unwrap();
+    m.mark_computed(A, &tokens(0, 5)).unwrap();
     let mut most = 0;
     for _ in 0..200 {
         decode(&mut m, A, 1);
@@ -74,7 +74,7 @@ fn a_long_generation_holds_a_bounded_number_of_blocks() {
 fn forks_share_holes_and_release_their_own_references() {
     let mut m = manager(4, 16, 0);
     m.allocate(A, &tokens(0, 12)).unwrap();
-    m.mark_computed(A, 12).unwrap();
+    m.mark_computed(A, &tokens(0, 12)).unwrap();
     let table = m.block_table(A).unwrap().to_vec();
     m.fork(A, B).unwrap();
     assert_eq!(m.release_out_of_window(A, 4).unwrap(), 2);
@@ -89,7 +89,7 @@ fn forks_share_holes_and_release_their_own_references() {
     assert_eq!(m.device_refcount(table[0]), Some(0));
     assert_eq!(m.device_refcount(table[2]), Some(3));
     // Writing the shared last block copies it, with the holes in place.
-    let out = m.append_slot(C, 7).unwrap();
+    let out = m.append_slot(C).unwrap();
     assert!(out.new_block, "block 2 was full: a new block, no copy");
     m.check_invariants().unwrap();
     for s in [A, B, C] {
@@ -103,7 +103,7 @@ fn forks_share_holes_and_release_their_own_references() {
 fn released_cached_blocks_stay_findable_by_a_new_prompt() {
     let mut m = prefix_manager(4, 8);
     m.allocate(A, &tokens(0, 12)).unwrap();
-    m.mark_computed(A, 12).unwrap();
+    m.mark_computed(A, &tokens(0, 12)).unwrap();
     let table = m.block_table(A).unwrap().to_vec();
     assert_eq!(m.release_out_of_window(A, 2).unwrap(), 2);
     assert!(m.is_cached(table[0]) && m.is_cached(table[1]));
@@ -119,7 +119,7 @@ fn released_cached_blocks_stay_findable_by_a_new_prompt() {
 fn swapping_out_and_in_moves_the_live_blocks_only() {
     let mut m = manager(4, 8, 8);
     m.allocate(A, &tokens(0, 14)).unwrap();
-    m.mark_computed(A, 14).unwrap();
+    m.mark_computed(A, &tokens(0, 14)).unwrap();
     assert_eq!(m.release_out_of_window(A, 3).unwrap(), 3);
     let out = m.swap_out(&[A]).unwrap();
     assert_eq!(out.len(), 1, "one live block goes to the host");
@@ -130,7 +130,7 @@ fn swapping_out_and_in_moves_the_live_blocks_only() {
         "nothing to do on the host"
     );
     m.take_ops();
-    let back = m.swap_in(&[A]).unwrap();
+    let back = m.swap_in(&unnamed(&[A])).unwrap();
     assert_eq!(back.len(), 1);
     assert_eq!(m.released_blocks(A).unwrap(), 3);
     let slot = m.slot(A, 13).unwrap();

@@ -128,13 +128,20 @@ impl<D, R> Scheduler<D, R> {
         } = self;
         for s in scheduled {
             let seq = running
-                .iter_mut()
+                .iter()
                 .find(|g| g.request_id == s.request_id)
-                .and_then(|g| g.seqs.get_mut(s.seq))
+                .and_then(|g| g.seqs.get(s.seq))
                 .filter(|seq| seq.id == s.id)
                 .ok_or(CacheError::UnknownSequence(s.id))?;
-            seq.num_computed = s.start + s.len;
-            blocks.mark_computed(s.id, seq.num_computed)?;
+            let computed =
+                seq.tokens
+                    .get(..s.start + s.len)
+                    .ok_or(CacheError::TokenOutOfRange {
+                        seq: s.id,
+                        value: s.start + s.len,
+                        num_tokens: seq.tokens.len(),
+                    })?;
+            blocks.mark_computed(s.id, computed)?;
             if let Some(w) = self.window {
                 blocks.release_out_of_window(s.id, w)?;
             }
@@ -281,7 +288,6 @@ fn continued<D>(parent: &Sequence<D>, id: SeqId, index: usize, token: u32, data:
         index,
         tokens,
         prompt_len: parent.prompt_len,
-        num_computed: parent.num_computed,
         finish: None,
         data,
     }

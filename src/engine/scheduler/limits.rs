@@ -7,7 +7,7 @@
 
 use super::super::sequence::{GroupShape, SequenceGroup};
 use super::{appending, Queue, Scheduler};
-use crate::cache::{CacheError, SeqId};
+use crate::cache::CacheError;
 
 impl<D, R> Scheduler<D, R> {
     /// Why `g`, in `queue`, can never run from where it is, or `None` when it may run now
@@ -41,8 +41,7 @@ impl<D, R> Scheduler<D, R> {
             }
             Queue::Running | Queue::Swapped => {
                 let ids = g.live_ids();
-                let appending: Vec<SeqId> =
-                    appending(&self.blocks, g).iter().map(|a| a.0).collect();
+                let appending = appending(&self.blocks, g);
                 self.blocks.group_blocks_after_append(&ids, &appending)?
             }
         };

@@ -25,8 +25,8 @@
 //! never run (`limits.rs`) fails alone, with a reason, the moment that is known; what every
 //! other group produces is unchanged.
 //!
-//! Sequences progress by `num_computed` against their token count; there is no separate
-//! prefill phase. Groups carry the engine's own data as type parameters (see
+//! Sequences progress by their computed count (the block manager's, the one record of it)
+//! against their token count (the sequence's own); there is no separate prefill phase. Groups carry the engine's own data as type parameters (see
 //! `sequence.rs`), so the scheduler and the block manager run, and are tested, without a
 //! GPU.
 
@@ -196,7 +196,13 @@ impl<D, R> Scheduler<D, R> {
         let mut order: Vec<(bool, u64, RequestId)> = self
             .running
             .iter()
-            .map(|g| (decode_first && !g.is_decoding(), g.arrival, g.request_id))
+            .map(|g| {
+                (
+                    decode_first && !g.is_decoding(&self.blocks),
+                    g.arrival,
+                    g.request_id,
+                )
+            })
             .collect();
         order.sort_unstable();
         for (_, _, id) in order {
@@ -218,11 +224,10 @@ impl<D, R> Scheduler<D, R> {
         let Some(g) = self.running.iter().find(|g| g.request_id == id) else {
             return Ok(false);
         };
-        if g.is_decoding() && g.live().count() > pass.budget {
+        if g.is_decoding(&self.blocks) && g.live().count() > pass.budget {
             return Ok(false);
         }
-        let appending = appending(&self.blocks, g);
-        let ids: Vec<SeqId> = appending.iter().map(|a| a.0).collect();
+        let ids = appending(&self.blocks, g);
         if !self.blocks.can_append_slots(&ids) {
             if let Some(reason) = self.never_runs(g, Queue::Running)? {
                 self.fail(id, reason, pass);
@@ -243,8 +248,8 @@ impl<D, R> Scheduler<D, R> {
                 return Ok(false);
             }
         }
-        for (seq, token) in appending {
-            self.blocks.append_slot(seq, token)?;
+        for seq in ids {
+            self.blocks.append_slot(seq)?;
         }
         Ok(true)
     }
@@ -261,9 +266,11 @@ impl<D, R> Scheduler<D, R> {
                 break;
             }
             let appending = appending(&self.blocks, g);
-            self.blocks.swap_in(&g.live_ids())?;
-            for (seq, token) in appending {
-                self.blocks.append_slot(seq, token)?;
+            let live: Vec<(SeqId, &[u32])> =
+                g.live().map(|s| (s.id, s.tokens.as_slice())).collect();
+            self.blocks.swap_in(&live)?;
+            for seq in appending {
+                self.blocks.append_slot(seq)?;
             }
             self.running.extend(self.swapped.pop_front());
             self.serve(id, pass);
@@ -275,7 +282,7 @@ impl<D, R> Scheduler<D, R> {
     /// above the watermark, and the budget and the sequence slots have room for it.
     fn fits_swap_in(&self, g: &SequenceGroup<D, R>, pass: &Pass<D, R>) -> Result<bool, CacheError> {
         let ids = g.live_ids();
-        let append_ids: Vec<SeqId> = appending(&self.blocks, g).iter().map(|a| a.0).collect();
+        let append_ids = appending(&self.blocks, g);
         let need = self.blocks.group_blocks_after_append(&ids, &append_ids)?;
         let usable = self
             .blocks
@@ -285,7 +292,7 @@ impl<D, R> Scheduler<D, R> {
             && need <= usable
             && pass.budget > 0
             && self.running_slots() + g.slots() <= self.config.max_num_seqs
-            && !(g.is_decoding() && g.live().count() > pass.budget))
+            && !(g.is_decoding(&self.blocks) && g.live().count() > pass.budget))
     }
 
     /// Phase 4: admission, first come first served.
@@ -306,12 +313,10 @@ impl<D, R> Scheduler<D, R> {
                 break;
             }
             let cached = self.blocks.allocate_group(&live)?;
-            let Some(mut g) = self.waiting.pop_front() else {
+            debug_assert_eq!(cached.len(), live.len());
+            let Some(g) = self.waiting.pop_front() else {
                 break;
             };
-            for (s, c) in g.seqs.iter_mut().filter(|s| !s.is_finished()).zip(cached) {
-                s.num_computed = c;
-            }
             self.running.push(g);
             self.serve(id, pass);
         }
@@ -324,7 +329,7 @@ impl<D, R> Scheduler<D, R> {
             return;
         };
         let before = pass.out.scheduled.len();
-        take_tokens(g, &mut pass.budget, &mut pass.out.scheduled);
+        take_tokens(&self.blocks, g, &mut pass.budget, &mut pass.out.scheduled);
         self.stats.partial_prefills += pass.out.scheduled[before..]
             .iter()
             .filter(|s| !s.sample)
@@ -349,11 +354,11 @@ impl<D, R> Scheduler<D, R> {
     }
 }
 
-/// Live sequences of `g` whose newest token has no slot yet, with that token.
-fn appending<D, R>(blocks: &BlockManager, g: &SequenceGroup<D, R>) -> Vec<(SeqId, u32)> {
+/// Live sequences of `g` whose newest token has no slot yet.
+fn appending<D, R>(blocks: &BlockManager, g: &SequenceGroup<D, R>) -> Vec<SeqId> {
     g.live()
         .filter(|s| s.tokens.len() > blocks.num_tokens(s.id).unwrap_or(usize::MAX))
-        .map(|s| (s.id, *s.tokens.last().expect("sequences are never empty")))
+        .map(|s| s.id)
         .collect()
 }
 
@@ -361,13 +366,18 @@ fn appending<D, R>(blocks: &BlockManager, g: &SequenceGroup<D, R>) -> Vec<(SeqId
 /// every sequence's remaining tokens fit, all of them run and all sample; otherwise a lone
 /// sequence takes a chunk, and several take chunks that stop short of their last token, so
 /// their samples still land in one step.
-fn take_tokens<D, R>(g: &SequenceGroup<D, R>, budget: &mut usize, out: &mut Vec<ScheduledSeq>) {
+fn take_tokens<D, R>(
+    blocks: &BlockManager,
+    g: &SequenceGroup<D, R>,
+    budget: &mut usize,
+    out: &mut Vec<ScheduledSeq>,
+) {
     let live: Vec<(usize, usize)> = g
         .seqs
         .iter()
         .enumerate()
         .filter(|(_, s)| !s.is_finished())
-        .map(|(i, s)| (i, s.pending()))
+        .map(|(i, s)| (i, s.pending(blocks)))
         .collect();
     let total: usize = live.iter().map(|l| l.1).sum();
     let all = total <= *budget;
@@ -387,7 +397,7 @@ fn take_tokens<D, R>(g: &SequenceGroup<D, R>, budget: &mut usize, out: &mut Vec<
             request_id: g.request_id,
             seq: i,
             id: s.id,
-            start: s.num_computed,
+            start: s.num_computed(blocks),
             len,
             sample: len == remaining,
         });

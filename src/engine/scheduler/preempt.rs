@@ -40,13 +40,12 @@ impl<D, R> Scheduler<D, R> {
             insert_by_arrival(&mut self.swapped, g);
             self.stats.preempted_by_swap += 1;
         } else {
-            let mut g = self.running.remove(i);
-            for s in g.seqs.iter_mut().filter(|s| !s.is_finished()) {
+            let g = self.running.remove(i);
+            for s in g.live() {
+                self.stats.recomputed_tokens += s.num_computed(&self.blocks) as u64;
                 if self.blocks.contains(s.id) {
                     self.blocks.free(s.id)?;
                 }
-                self.stats.recomputed_tokens += s.num_computed as u64;
-                s.num_computed = 0;
             }
             insert_by_arrival(&mut self.waiting, g);
             self.stats.preempted_by_recompute += 1;
@@ -103,7 +102,7 @@ impl<D, R> Scheduler<D, R> {
         let unshared = g.live().count() * g.max_len.div_ceil(bs);
         Ok(Victim {
             blocks: self.blocks.group_blocks_after_append(&ids, &[])?,
-            tokens: g.live().map(|s| s.num_computed).sum(),
+            tokens: g.live().map(|s| s.num_computed(&self.blocks)).sum(),
             seqs: ids.len(),
             host_has_room: self.blocks.can_swap_out(&ids),
             recompute_fits: unshared <= self.blocks.group_capacity(),
