@@ -5,7 +5,7 @@ use super::generate::default_model_dir;
 use anyhow::{Context, Result};
 use clap::Args;
 use pagellm::engine::EngineConfig;
-use pagellm::eval::{score, Scorer};
+use pagellm::eval::{score, Report, Scorer};
 use pagellm::pool::KvRotation;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -60,25 +60,51 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     if args.profile {
         ctx.enable_profiling();
     }
-    let profile = ctx.clone();
-    let print_profile = move || {
-        if let Some(report) = profile.take_profile_report() {
-            eprintln!("\n{report}");
-        }
-    };
-    let mut scorer = Scorer::new(ctx, &dir, &config, args.context, args.chunk, |_, _| {})
-        .with_context(|| format!("loading the model in {}", dir.display()))?;
+    let mut scorer = Scorer::new(
+        ctx.clone(),
+        &dir,
+        &config,
+        args.context,
+        args.chunk,
+        |_, _| {},
+    )
+    .with_context(|| format!("loading the model in {}", dir.display()))?;
     let tokens = scorer
         .tokenizer
         .encode(&text)
         .with_context(|| format!("tokenizing {}", args.file.display()))?;
+    let report = score_with_progress(&mut scorer, &tokens, &args)?;
+    let kv = KvSetting {
+        dtype: config.kv_dtype.to_string(),
+        rotation: config
+            .kv_rotation
+            .unwrap_or(KvRotation::default_for(config.kv_dtype))
+            .to_string(),
+    };
+    if args.json {
+        print_json(&args, tokens.len(), &report, &kv);
+    } else {
+        print_text(&args, tokens.len(), &report, &kv);
+    }
+    if let Some(report) = ctx.take_profile_report() {
+        eprintln!("\n{report}");
+    }
+    Ok(())
+}
+
+/// Scores `tokens` window by window with a progress bar on stderr.
+fn score_with_progress(
+    scorer: &mut Scorer,
+    tokens: &[u32],
+    args: &PerplexityArgs,
+) -> Result<Report> {
     let bar = indicatif::ProgressBar::new(0).with_style(
         indicatif::ProgressStyle::with_template("scoring {bar:30} {pos}/{len} windows {eta}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let report = score(
-        &mut scorer,
-        &tokens,
+        scorer,
+        tokens,
         args.save_logits.as_deref(),
         args.kl_divergence.as_deref(),
         |done, total| {
@@ -87,45 +113,41 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         },
     )?;
     bar.finish_and_clear();
-    let l = KvSetting {
-        dtype: config.kv_dtype.to_string(),
-        rotation: config
-            .kv_rotation
-            .unwrap_or(KvRotation::default_for(config.kv_dtype))
-            .to_string(),
-    };
-    if args.json {
-        let mut v = serde_json::json!({
-            "file": args.file.display().to_string(),
-            "tokens": tokens.len(),
-            "context": args.context,
-            "windows": report.windows,
-            "tokens_scored": report.tokens_scored,
-            "kv_dtype": l.dtype,
-            "kv_rotation": l.rotation,
-            "mean_nll": report.mean_nll,
-            "perplexity": report.perplexity(),
-        });
-        if let Some(d) = &report.divergence {
-            v["mean_kld"] = d.mean_kld.into();
-            v["p99_kld"] = d.p99_kld.into();
-            v["max_kld"] = d.max_kld.into();
-            v["top1_agreement"] = d.top1_agreement.into();
-            v["base_perplexity"] = d.base_perplexity.into();
-        }
-        println!("{v}");
-        print_profile();
-        return Ok(());
+    Ok(report)
+}
+
+fn print_json(args: &PerplexityArgs, num_tokens: usize, report: &Report, kv: &KvSetting) {
+    let mut v = serde_json::json!({
+        "file": args.file.display().to_string(),
+        "tokens": num_tokens,
+        "context": args.context,
+        "windows": report.windows,
+        "tokens_scored": report.tokens_scored,
+        "kv_dtype": kv.dtype,
+        "kv_rotation": kv.rotation,
+        "mean_nll": report.mean_nll,
+        "perplexity": report.perplexity(),
+    });
+    if let Some(d) = &report.divergence {
+        v["mean_kld"] = d.mean_kld.into();
+        v["p99_kld"] = d.p99_kld.into();
+        v["max_kld"] = d.max_kld.into();
+        v["top1_agreement"] = d.top1_agreement.into();
+        v["base_perplexity"] = d.base_perplexity.into();
     }
+    println!("{v}");
+}
+
+fn print_text(args: &PerplexityArgs, num_tokens: usize, report: &Report, kv: &KvSetting) {
     println!(
         "{}: {} tokens, {} windows of {} ({} scored); KV cache {}, rotation {}",
         args.file.display(),
-        tokens.len(),
+        num_tokens,
         report.windows,
         args.context,
         report.tokens_scored,
-        l.dtype,
-        l.rotation
+        kv.dtype,
+        kv.rotation
     );
     println!("mean NLL:        {:.5} nats", report.mean_nll);
     println!("perplexity:      {:.4}", report.perplexity());
@@ -140,8 +162,6 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     if let Some(p) = &args.save_logits {
         println!("saved log-probabilities to {}", p.display());
     }
-    print_profile();
-    Ok(())
 }
 
 struct KvSetting {

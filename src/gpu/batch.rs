@@ -3,7 +3,7 @@
 
 use super::bindings::{Arena, UNIFORM_ARENA_BYTES};
 use super::profile::{Profiler, QueryBlock, TimingMethod, QUERIES_PER_SET};
-use super::{GpuContext, KernelSource, PendingRead};
+use super::{CompiledKernel, GpuContext, KernelSource, PendingRead};
 use crate::error::{GpuError, Result};
 use std::time::{Duration, Instant};
 
@@ -388,6 +388,29 @@ impl<'c> Batch<'c> {
             // this dispatch's parameter block takes an arena: the flush hands arenas back).
             self.flush()?;
         }
+        let (bind_group, offset) = self.bind(kernel.name, &pipeline, params, storage)?;
+        let call = Call {
+            pipeline: &pipeline.pipeline,
+            bind_group: &bind_group,
+            offsets: &[offset],
+            groups,
+        };
+        match method {
+            None => self.record_shared(call),
+            Some(method) => self.record_profiled(kernel.name, method, call),
+        }
+    }
+
+    /// The bind group of one dispatch, and the dynamic offset of its parameter block: the
+    /// parameters go into a uniform arena, the group comes from the context's cache or is
+    /// created for this set of buffers.
+    fn bind<P: bytemuck::Pod>(
+        &mut self,
+        name: &'static str,
+        pipeline: &CompiledKernel,
+        params: &P,
+        storage: &[Bind<'_>],
+    ) -> Result<(wgpu::BindGroup, u32)> {
         let ctx = self.ctx;
         let (arena, offset) = self.uniform_slot(bytemuck::bytes_of(params))?;
         let params_buffer = &self.uniforms[arena].buffer;
@@ -398,7 +421,7 @@ impl<'c> Batch<'c> {
             params_size,
             storage,
             || {
-                ctx.scoped(&format!("binding arguments of {}", kernel.name), || {
+                ctx.scoped(&format!("binding arguments of {name}"), || {
                     let params_binding = Bind::Range {
                         buffer: params_buffer,
                         offset: 0,
@@ -415,7 +438,7 @@ impl<'c> Batch<'c> {
                         });
                     }
                     ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                        label: Some(kernel.name),
+                        label: Some(name),
                         layout: &pipeline.layout,
                         entries: &entries,
                     })
@@ -423,36 +446,42 @@ impl<'c> Batch<'c> {
             },
         )?;
         self.bind_groups_created += usize::from(created);
-        let offsets = [offset as u32];
-        if method.is_none() {
-            if self.pass.is_none() {
-                let pass = self
-                    .encoder()
-                    .begin_compute_pass(&wgpu::ComputePassDescriptor {
-                        label: Some("kernels"),
-                        timestamp_writes: None,
-                    })
-                    .forget_lifetime();
-                self.pass = Some(pass);
-            }
-            let pass = self.pass.as_mut().expect("just opened");
-            pass.set_pipeline(&pipeline.pipeline);
-            pass.set_bind_group(0, &bind_group, &offsets);
-            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
-            self.dispatches += 1;
-            return Ok(());
+        Ok((bind_group, offset as u32))
+    }
+
+    /// Records `call` into the compute pass the batch's dispatches share, opening it first
+    /// if a copy (or nothing yet) came before.
+    fn record_shared(&mut self, call: Call<'_>) -> Result<()> {
+        if self.pass.is_none() {
+            let pass = self
+                .encoder()
+                .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("kernels"),
+                    timestamp_writes: None,
+                })
+                .forget_lifetime();
+            self.pass = Some(pass);
         }
-        // Profiling: a pass of its own per dispatch, for its timestamps or its submit.
+        call.record(self.pass.as_mut().expect("just opened"));
+        self.dispatches += 1;
+        Ok(())
+    }
+
+    /// Profiling: `call` gets a pass of its own, for its timestamps or its own submit.
+    fn record_profiled(
+        &mut self,
+        name: &'static str,
+        method: TimingMethod,
+        call: Call<'_>,
+    ) -> Result<()> {
         let stamps = match method {
-            Some(TimingMethod::Timestamps) => {
-                self.next_timestamps(self.profiled_name(kernel.name))?
-            }
+            TimingMethod::Timestamps => self.next_timestamps(self.profiled_name(name))?,
             _ => None,
         };
         let mut pass = self
             .encoder()
             .begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some(kernel.name),
+                label: Some(name),
                 timestamp_writes: stamps.as_ref().map(|(set, i)| {
                     wgpu::ComputePassTimestampWrites {
                         query_set: set,
@@ -461,16 +490,13 @@ impl<'c> Batch<'c> {
                     }
                 }),
             });
-        pass.set_pipeline(&pipeline.pipeline);
-        pass.set_bind_group(0, &bind_group, &offsets);
-        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        call.record(&mut pass);
         drop(pass);
         self.dispatches += 1;
-        if method == Some(TimingMethod::SubmitPerDispatch) {
+        if method == TimingMethod::SubmitPerDispatch {
             let took = self.flush()?;
             if let Some(t) = &self.timing {
-                t.profiler
-                    .kernel(t.phase, &self.profiled_name(kernel.name), took);
+                t.profiler.kernel(t.phase, &self.profiled_name(name), took);
             }
         }
         Ok(())
@@ -564,5 +590,22 @@ pub fn grid_2d(n: u32, max_per_dim: u32) -> [u32; 3] {
         [n, 1, 1]
     } else {
         [max_per_dim, n.div_ceil(max_per_dim), 1]
+    }
+}
+
+/// One dispatch, ready to record into a compute pass.
+struct Call<'a> {
+    pipeline: &'a wgpu::ComputePipeline,
+    bind_group: &'a wgpu::BindGroup,
+    offsets: &'a [u32],
+    groups: [u32; 3],
+}
+
+impl Call<'_> {
+    fn record(&self, pass: &mut wgpu::ComputePass<'_>) {
+        pass.set_pipeline(self.pipeline);
+        pass.set_bind_group(0, self.bind_group, self.offsets);
+        let [x, y, z] = self.groups;
+        pass.dispatch_workgroups(x, y, z);
     }
 }

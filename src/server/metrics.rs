@@ -50,8 +50,7 @@ fn seconds() -> impl Iterator<Item = f64> {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("pagellm");
-        let m = Metrics {
+        let mut m = Metrics {
             running: Gauge::default(),
             waiting: Gauge::default(),
             swapped: Gauge::default(),
@@ -70,82 +69,51 @@ impl Metrics {
             last: Mutex::new([0; 5]),
             registry: Registry::default(),
         };
-        registry.register(
-            "num_requests_running",
-            "Requests running on the device",
-            m.running.clone(),
-        );
-        registry.register(
-            "num_requests_waiting",
-            "Requests waiting for admission",
-            m.waiting.clone(),
-        );
-        registry.register(
-            "num_requests_swapped",
-            "Requests swapped out to host memory",
-            m.swapped.clone(),
-        );
-        registry.register(
-            "kv_cache_usage_ratio",
-            "Fraction of KV blocks in use, per pool",
-            m.kv_usage.clone(),
-        );
-        registry.register(
-            "kv_cache_bytes_per_token",
-            "Bytes of device KV cache one token takes, all layers, scales included",
-            m.kv_bytes_per_token.clone(),
-        );
-        registry.register(
-            "kv_cache_capacity_tokens",
-            "Tokens the device KV pool holds when full",
-            m.kv_capacity_tokens.clone(),
-        );
-        registry.register(
-            "preemptions",
-            "Preemptions by recovery mode",
-            m.preemptions.clone(),
-        );
-        registry.register(
-            "prefix_cache_queries",
-            "Prompt blocks looked up in the prefix cache",
-            m.prefix_queries.clone(),
-        );
-        registry.register(
-            "prefix_cache_hits",
-            "Prompt blocks found in the prefix cache",
-            m.prefix_hits.clone(),
-        );
-        registry.register(
-            "requests_abandoned",
-            "Requests aborted because the client went away",
-            m.abandoned.clone(),
-        );
-        registry.register(
-            "prompt_tokens",
-            "Prompt tokens of finished requests",
-            m.prompt_tokens.clone(),
-        );
-        registry.register(
-            "generation_tokens",
-            "Generated tokens of finished requests",
-            m.generation_tokens.clone(),
-        );
-        registry.register(
-            "time_to_first_token_seconds",
-            "Time from arrival to the first token",
-            m.time_to_first_token.clone(),
-        );
-        registry.register(
-            "inter_token_latency_seconds",
-            "Time between consecutive tokens of a sequence",
-            m.inter_token_latency.clone(),
-        );
-        registry.register(
-            "e2e_request_latency_seconds",
-            "Time from arrival to the last token",
-            m.e2e_latency.clone(),
-        );
-        Metrics { registry, ..m }
+        m.registry = m.registered();
+        m
+    }
+
+    /// A registry exporting every metric under its Prometheus name (prefixed `pagellm_`).
+    fn registered(&self) -> Registry {
+        let mut registry = Registry::with_prefix("pagellm");
+        macro_rules! register {
+            ($($field:ident: $name:literal, $help:literal;)*) => {
+                $(registry.register($name, $help, self.$field.clone());)*
+            };
+        }
+        register! {
+            running: "num_requests_running",
+                "Requests running on the device";
+            waiting: "num_requests_waiting",
+                "Requests waiting for admission";
+            swapped: "num_requests_swapped",
+                "Requests swapped out to host memory";
+            kv_usage: "kv_cache_usage_ratio",
+                "Fraction of KV blocks in use, per pool";
+            kv_bytes_per_token: "kv_cache_bytes_per_token",
+                "Bytes of device KV cache one token takes, all layers, scales included";
+            kv_capacity_tokens: "kv_cache_capacity_tokens",
+                "Tokens the device KV pool holds when full";
+            preemptions: "preemptions",
+                "Preemptions by recovery mode";
+            prefix_queries: "prefix_cache_queries",
+                "Prompt blocks looked up in the prefix cache";
+            prefix_hits: "prefix_cache_hits",
+                "Prompt blocks found in the prefix cache";
+            abandoned: "requests_abandoned",
+                "Requests aborted because the client went away";
+            prompt_tokens: "prompt_tokens",
+                "Prompt tokens of finished requests";
+            generation_tokens: "generation_tokens",
+                "Generated tokens of finished requests";
+            time_to_first_token: "time_to_first_token_seconds",
+                "Time from arrival to the first token";
+            inter_token_latency: "inter_token_latency_seconds",
+                "Time between consecutive tokens of a sequence";
+            e2e_latency: "e2e_request_latency_seconds",
+                "Time from arrival to the last token";
+        }
+        registry
     }
 
     /// Updates the engine figures from `s`.
