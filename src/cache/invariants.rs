@@ -14,7 +14,7 @@
 //! names are chained hashes of the tokens, a shared block holds the same tokens for every
 //! sharer, a cached block's name matches) take them from the caller.
 
-use super::block_table::blocks_for;
+use super::block_table::{blocks_for, Blocks};
 use super::ids::{DeviceBlockId, HostBlockId, SeqId};
 use super::manager::BlockManager;
 use super::prefix::hash_block;
@@ -109,8 +109,8 @@ impl BlockManager {
                 )),
                 _ => Ok(()),
             };
-            match (s.device_blocks(), s.host_blocks()) {
-                (Some(table), _) => {
+            match &s.blocks {
+                Blocks::Device(table) => {
                     for (i, &b) in live.zip(table) {
                         shared(b.to_string(), first.get(&b).copied(), i)?;
                         first.entry(b).or_insert(block(i));
@@ -123,13 +123,12 @@ impl BlockManager {
                         }
                     }
                 }
-                (None, Some(table)) => {
+                Blocks::Host(table) => {
                     for (i, &h) in live.zip(table) {
                         shared(h.to_string(), first_host.get(&h).copied(), i)?;
                         first_host.entry(h).or_insert(block(i));
                     }
                 }
-                (None, None) => unreachable!("a table is on the device or the host"),
             }
         }
         Ok(())
