@@ -20,7 +20,9 @@
 
 use pagellm::engine::{Engine, EngineConfig, Prompt};
 use pagellm::gpu::Batch;
-use pagellm::kernels::paged_attention::{paged_attention, AttentionBuffers, AttentionOptions};
+use pagellm::kernels::paged_attention::{
+    paged_attention, Attention, AttentionBuffers, AttentionKernel, AttentionOptions,
+};
 use pagellm::kernels::reshape_and_cache::reshape_and_cache;
 use pagellm::model::step::{AttentionMetadata, SeqSlice};
 use pagellm::pool::{KvDtype, KvLayout, KvPool, KvRotation, PoolSize};
@@ -124,17 +126,16 @@ fn attn_once(ctx: &GpuContext, s: &AttnSetup, q: &wgpu::Buffer, out: &wgpu::Buff
     let scale = 1.0 / (HEAD_DIM as f32).sqrt();
     let mut b = Batch::new(ctx, "bench");
     for _ in 0..DISPATCHES_PER_SUBMIT {
-        paged_attention(
-            &mut b,
-            &s.pool,
-            0,
-            &s.meta,
+        let call = Attention {
+            pool: &s.pool,
+            layer: 0,
+            meta: &s.meta,
             q,
             out,
-            HEADS,
-            AttentionOptions::scaled(scale),
-        )
-        .expect("dispatch");
+            num_heads: HEADS,
+            opts: AttentionOptions::scaled(scale),
+        };
+        paged_attention(&mut b, AttentionKernel::choose(ctx, HEAD_DIM), &call).expect("dispatch");
     }
     let start = Instant::now();
     b.submit().expect("submit");

@@ -2,20 +2,20 @@
 //! more row in a step costs (how much batching buys on this adapter).
 //!
 //! One f16 weight of Llama-3.2-1B MLP shape (4096 x 1024 by default; `--n N --k K` to
-//! change), `matmul_with` called for m = 1 .. 256 rows with every kernel the adapter supports
+//! change), `matmul` called for m = 1 .. 256 rows with every kernel the adapter supports
 //! (`MatmulKernel`), alternating kernels within a row count so drift hits all of them. Each
 //! figure is the median wall time of a submit of several calls, waited on. The last
-//! columns follow the kernel `matmul` picks on this adapter: rows per second relative to one
+//! columns follow the kernel the adapter's plan (`MatmulPlan`) picks: rows per second relative to one
 //! row, and arithmetic rate (2·m·n·k flops).
 //!
 //! With `--gated`, a down projection's two ways of taking the MLP's gated activation, side
-//! by side with the kernel `matmul` picks: a `silu_mul` pass into a buffer and the matmul
+//! by side with the kernel the plan picks: a `silu_mul` pass into a buffer and the matmul
 //! reading it, against the matmul reading the gate-up output and applying the activation
-//! itself (`matmul_gated`); `--n` is then the hidden size and `--k` the intermediate size.
+//! itself (`Input::Gated`); `--n` is then the hidden size and `--k` the intermediate size.
 //!
 //! With `--normed`, a projection's two ways of taking the RMSNorm of its input, side by side
-//! with the kernel `matmul` picks: an `rms_norm` pass (the adapter's kernel) into a buffer
-//! and the matmul reading it, against the matmul norming x as it reads (`matmul_normed`);
+//! with the kernel the plan picks: an `rms_norm` pass (the adapter's kernel) into a buffer
+//! and the matmul reading it, against the matmul norming x as it reads (`Input::Normed`);
 //! `--n` is the projection's output width and `--k` the hidden size.
 //!
 //! With `--argmax`, the greedy arg-max kernels (`ArgmaxKernel`) side by side over rows of
@@ -25,10 +25,10 @@
 //! `-- --quick` runs fewer repetitions; `-- --rows 1,8,32` picks row counts.
 
 use pagellm::gpu::Batch;
-use pagellm::kernels::logits::{argmax_partials_len, argmax_with, ArgmaxKernel};
-use pagellm::kernels::matmul::{
-    matmul_gated_with, matmul_normed_with, matmul_with, MatmulKernel, Norm, Output, Outputs,
-};
+use pagellm::kernels::logits::{argmax_partials_len, ArgmaxKernel};
+use pagellm::kernels::matmul::{matmul, Matmul, MatmulKernel, Norm};
+use pagellm::kernels::plan::MatmulPlan;
+use pagellm::kernels::rms_norm::RmsNormKernel;
 use pagellm::kernels::{rms_norm, silu_mul, Weight, WeightDtype};
 use pagellm::nn::Activation;
 use pagellm::GpuContext;
@@ -97,16 +97,17 @@ fn main() {
     println!("|---:|{}---|---:|---:|", "---:|".repeat(kernels.len()));
     let mut base = None;
     for m in rows.into_iter().filter(|&m| (1..=MAX_ROWS).contains(&m)) {
+        let plan = MatmulPlan::choose(&ctx, &[k]);
         let once = |kernel: MatmulKernel| {
             let mut b = Batch::new(&ctx, "bench");
             for _ in 0..CALLS_PER_SUBMIT {
-                matmul_with(&mut b, kernel, &x, &w, None, &y, m, Output::Overwrite)
-                    .expect("matmul");
+                let call = Matmul::new(&x, &w, &y, m);
+                matmul(&mut b, &plan.only(kernel), &call).expect("matmul");
             }
             per_call(&ctx, b)
         };
         let med = alternating(quick, &kernels, once);
-        let chosen = MatmulKernel::choose(&ctx, m, k);
+        let chosen = plan.kernel(m);
         let i = kernels.iter().position(|&kern| kern == chosen).unwrap();
         let rows_per_s = m as f64 / med[i];
         let base = *base.get_or_insert(rows_per_s);
@@ -142,18 +143,18 @@ fn gated(ctx: &GpuContext, n: usize, k: usize, rows: &[usize], quick: bool) {
     println!("| rows | kernel | silu_mul + matmul (ms) | fused (ms) | separate / fused |");
     println!("|---:|---|---:|---:|---:|");
     for &m in rows.iter().filter(|&&m| (1..=MAX_ROWS).contains(&m)) {
-        let kernel = MatmulKernel::choose(ctx, m, k);
+        let plan = MatmulPlan::choose(ctx, &[k]);
+        let kernel = plan.kernel(m);
         let (s, f) = side_by_side(quick, |fused| {
             let mut b = Batch::new(ctx, "bench");
             for _ in 0..CALLS_PER_SUBMIT {
-                let out = Output::Overwrite;
                 if fused {
-                    matmul_gated_with(&mut b, kernel, &gu, Activation::Silu, &w, None, &y, m, out)
-                        .expect("gated matmul");
+                    let call = Matmul::new(&gu, &w, &y, m).gated(Activation::Silu);
+                    matmul(&mut b, &plan, &call).expect("gated matmul");
                 } else {
                     silu_mul::gated_rows(&mut b, Activation::Silu, &gu, &act, m, k)
                         .expect("silu_mul");
-                    matmul_with(&mut b, kernel, &act, &w, None, &y, m, out).expect("matmul");
+                    matmul(&mut b, &plan, &Matmul::new(&act, &w, &y, m)).expect("matmul");
                 }
             }
             per_call(ctx, b)
@@ -222,18 +223,19 @@ fn normed(ctx: &GpuContext, n: usize, k: usize, rows: &[usize], quick: bool) {
     println!("| rows | kernel | rms_norm + matmul (ms) | fused (ms) | separate / fused |");
     println!("|---:|---|---:|---:|---:|");
     for &m in rows.iter().filter(|&&m| (1..=MAX_ROWS).contains(&m)) {
-        let kernel = MatmulKernel::choose(ctx, m, k);
+        let plan = MatmulPlan::choose(ctx, &[k]);
+        let kernel = plan.kernel(m);
+        let norm_kernel = RmsNormKernel::choose(ctx, k);
         let (s, f) = side_by_side(quick, |fused| {
             let mut b = Batch::new(ctx, "bench");
             for _ in 0..CALLS_PER_SUBMIT {
-                let out = Output::Overwrite;
                 if fused {
-                    let one = Outputs::One(&y);
-                    matmul_normed_with(&mut b, kernel, &x, norm, &w, None, one, m, out)
-                        .expect("normed matmul");
+                    let call = Matmul::new(&x, &w, &y, m).normed(norm);
+                    matmul(&mut b, &plan, &call).expect("normed matmul");
                 } else {
-                    rms_norm::rms_norm(&mut b, &x, &nw, &h, m, 1e-5).expect("rms_norm");
-                    matmul_with(&mut b, kernel, &h, &w, None, &y, m, out).expect("matmul");
+                    rms_norm::rms_norm(&mut b, norm_kernel, &x, &nw, &h, m, 1e-5)
+                        .expect("rms_norm");
+                    matmul(&mut b, &plan, &Matmul::new(&h, &w, &y, m)).expect("matmul");
                 }
             }
             per_call(ctx, b)
@@ -281,8 +283,16 @@ fn argmax(ctx: &GpuContext, width: usize, rows: &[usize], quick: bool) {
         let once = |kernel: ArgmaxKernel| {
             let mut b = Batch::new(ctx, "bench");
             for _ in 0..CALLS_PER_SUBMIT {
-                argmax_with(&mut b, kernel, &logits, &out, Some(&partials), m, width)
-                    .expect("argmax");
+                pagellm::kernels::logits::argmax(
+                    &mut b,
+                    kernel,
+                    &logits,
+                    &out,
+                    Some(&partials),
+                    m,
+                    width,
+                )
+                .expect("argmax");
             }
             per_call(ctx, b)
         };

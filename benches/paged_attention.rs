@@ -19,7 +19,7 @@
 
 use pagellm::gpu::Batch;
 use pagellm::kernels::paged_attention::{
-    contiguous_attention, paged_attention, paged_attention_with, AttentionBuffers, AttentionKernel,
+    contiguous_attention, paged_attention, Attention, AttentionBuffers, AttentionKernel,
     AttentionOptions,
 };
 use pagellm::model::step::{AttentionMetadata, SeqSlice};
@@ -40,6 +40,21 @@ struct Setup {
     meta: AttentionBuffers,
     heads: usize,
     head_dim: usize,
+}
+
+impl Setup {
+    /// The attention of layer 0 over this setup's pool and metadata, scaled by 1/sqrt(head_dim).
+    fn call<'a>(&'a self, q: &'a wgpu::Buffer, out: &'a wgpu::Buffer) -> Attention<'a> {
+        Attention {
+            pool: &self.pool,
+            layer: 0,
+            meta: &self.meta,
+            q,
+            out,
+            num_heads: self.heads,
+            opts: AttentionOptions::scaled(1.0 / (self.head_dim as f32).sqrt()),
+        }
+    }
 }
 
 /// Attention shape: (query heads, KV heads, head size).
@@ -125,13 +140,13 @@ fn time_once(
     out: &wgpu::Buffer,
     paged: bool,
 ) -> Duration {
-    let scale = 1.0 / (s.head_dim as f32).sqrt();
+    let call = s.call(q, out);
+    let kernel = AttentionKernel::choose(ctx, s.head_dim);
     time_dispatches(ctx, |b| {
         if paged {
-            let opts = AttentionOptions::scaled(scale);
-            paged_attention(b, &s.pool, 0, &s.meta, q, out, s.heads, opts)
+            paged_attention(b, kernel, &call)
         } else {
-            contiguous_attention(b, &s.pool, 0, &s.meta, q, out, s.heads, scale)
+            contiguous_attention(b, kernel, &call)
         }
         .expect("dispatch")
     })
@@ -150,10 +165,9 @@ fn time_kernel(
     out: &wgpu::Buffer,
     kernel: AttentionKernel,
 ) -> Duration {
-    let opts = AttentionOptions::scaled(1.0 / (s.head_dim as f32).sqrt());
+    let call = s.call(q, out);
     time_dispatches(ctx, |b| {
-        paged_attention_with(b, kernel, &s.pool, 0, &s.meta, q, out, s.heads, opts)
-            .expect("dispatch")
+        paged_attention(b, kernel, &call).expect("dispatch")
     })
 }
 

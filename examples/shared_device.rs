@@ -48,16 +48,19 @@ fn main() -> anyhow::Result<()> {
     let y = ctx.storage_buffer("y", (out_features * 4) as u64)?;
 
     let mut batch = Batch::new(&ctx, "example");
-    rms_norm::rms_norm(&mut batch, &xb, &norm_w, &normed, 1, 1e-6)?;
-    matmul::matmul(
-        &mut batch,
-        &normed,
-        &proj,
-        None,
-        &y,
-        1,
-        matmul::Output::Overwrite,
-    )?;
+    // The kernels this adapter runs for a model of these widths.
+    let plan = pagellm::kernels::KernelPlan::choose(
+        &ctx,
+        &pagellm::kernels::ModelDims {
+            hidden,
+            head_dim: hidden,
+            q_width: hidden,
+            intermediate: hidden,
+        },
+    );
+    rms_norm::rms_norm(&mut batch, plan.rms_norm, &xb, &norm_w, &normed, 1, 1e-6)?;
+    let call = matmul::Matmul::new(&normed, &proj, &y, 1);
+    matmul::matmul(&mut batch, &plan.matmul, &call)?;
     batch.submit()?;
     let got: Vec<f32> = ctx.read(&y)?;
 

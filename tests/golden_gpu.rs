@@ -8,7 +8,8 @@
 mod common;
 use common::{contexts, golden, rng};
 use pagellm::gpu::Batch;
-use pagellm::model::forward::{forward, NormFusion, StepInput, Workspace};
+use pagellm::kernels::plan::{KernelPlan, NormFusion};
+use pagellm::model::forward::{forward, StepInput, Workspace};
 use pagellm::model::gpu::GpuModel;
 use pagellm::model::reference::log_softmax;
 use pagellm::model::step::{AttentionMetadata, SeqSlice};
@@ -94,17 +95,17 @@ fn run(kv: KvDtype, block_size: usize, strict: bool) {
             }
             let c = &f.files.config;
             let model = GpuModel::upload(ctx, &f.files, |_, _| {}).unwrap();
-            let mut ws = Workspace::new(ctx, c, 64, 64).unwrap();
+            let mut plan = KernelPlan::choose(ctx, &c.dims());
             if let Some(on) = fused {
-                ws.set_fused_activation(ctx, c, on).unwrap();
+                plan.fused_activation = on;
                 // Fused: every norm, at every row count, as GPUs run them.
-                let norms = if on {
+                plan.norm_fusion = if on {
                     NormFusion::Always
                 } else {
                     NormFusion::Never
                 };
-                ws.set_norm_fusion(ctx, c, norms).unwrap();
             }
+            let ws = Workspace::with_plan(ctx, c, plan, 64, 64).unwrap();
             let layout = KvLayout {
                 num_layers: c.num_layers,
                 num_kv_heads: c.num_kv_heads,
@@ -115,8 +116,8 @@ fn run(kv: KvDtype, block_size: usize, strict: bool) {
             let pool = KvPool::new(ctx, layout, PoolSize::Blocks(40)).unwrap();
             let what = format!(
                 "GPU {kv:?} pool bs={block_size} fused activation {} norms {:?} on {}",
-                ws.fused_activation(),
-                ws.norm_fusion(),
+                ws.plan().fused_activation,
+                ws.plan().norm_fusion,
                 common::backend(ctx)
             );
             let (mut worst, mut worst_logit) = (0.0f64, 0.0f32);
@@ -190,11 +191,13 @@ fn fused_norms_change_no_bit_where_the_lane_norm_kernel_runs() {
                 continue; // norms of such rows are never fused
             }
             if RmsNormKernel::choose(ctx, c.hidden_size) != RmsNormKernel::Lanes {
-                let mut ws = Workspace::new(ctx, c, 64, 64).unwrap();
-                assert_eq!(ws.norm_fusion(), NormFusion::Always);
-                let e = ws
-                    .set_norm_fusion(ctx, c, NormFusion::WhereFaster)
-                    .unwrap_err();
+                let ws = Workspace::new(ctx, c, 64, 64).unwrap();
+                assert_eq!(ws.plan().norm_fusion, NormFusion::Always);
+                let plan = KernelPlan {
+                    norm_fusion: NormFusion::WhereFaster,
+                    ..*ws.plan()
+                };
+                let e = Workspace::with_plan(ctx, c, plan, 64, 64).unwrap_err();
                 assert!(e.to_string().contains("round differently"), "{e}");
                 continue;
             }
@@ -208,11 +211,15 @@ fn fused_norms_change_no_bit_where_the_lane_norm_kernel_runs() {
                 NormFusion::WhereFaster,
             ];
             for mode in modes {
-                let mut ws = Workspace::new(ctx, c, 64, 64).unwrap();
+                let ws = Workspace::new(ctx, c, 64, 64).unwrap();
                 if mode == NormFusion::WhereFaster {
-                    assert_eq!(ws.norm_fusion(), mode, "the default on CPU adapters");
+                    assert_eq!(ws.plan().norm_fusion, mode, "the default on CPU adapters");
                 }
-                ws.set_norm_fusion(ctx, c, mode).unwrap();
+                let plan = KernelPlan {
+                    norm_fusion: mode,
+                    ..*ws.plan()
+                };
+                let ws = Workspace::with_plan(ctx, c, plan, 64, 64).unwrap();
                 let layout = KvLayout {
                     num_layers: c.num_layers,
                     num_kv_heads: c.num_kv_heads,

@@ -248,7 +248,8 @@ fn profiling_counts_every_dispatch_by_kernel_and_phase_with_either_timing_method
     use pagellm::kernels::rms_norm::{rms_norm, RmsNormKernel};
     for ctx in contexts() {
         // The profile names a kernel by its shader file.
-        let norm = match RmsNormKernel::choose(ctx, 4) {
+        let kernel = RmsNormKernel::choose(ctx, 4);
+        let norm = match kernel {
             RmsNormKernel::Workgroup => "rms_norm",
             RmsNormKernel::Lanes => "rms_norm_lanes",
         };
@@ -279,8 +280,8 @@ fn profiling_counts_every_dispatch_by_kernel_and_phase_with_either_timing_method
             for _ in 0..3 {
                 add(&mut b, &x, &y, 4).unwrap();
             }
-            rms_norm(&mut b, &x, &w, &normed, 1, 1e-6).unwrap();
-            rms_norm(&mut b, &x, &w, &normed, 1, 1e-6).unwrap();
+            rms_norm(&mut b, kernel, &x, &w, &normed, 1, 1e-6).unwrap();
+            rms_norm(&mut b, kernel, &x, &w, &normed, 1, 1e-6).unwrap();
             b.submit().unwrap();
             assert_eq!(read_f32(&p, &x, 4), vec![4.0, 5.0, 6.0, 7.0]);
             let want_norm = pagellm::reference::rms_norm(&[4.0, 5.0, 6.0, 7.0], &[1.0; 4], 1e-6);

@@ -10,7 +10,7 @@ mod common;
 use common::*;
 use pagellm::gpu::Batch;
 use pagellm::kernels::paged_attention::{
-    paged_attention_with, AttentionKernel, AttentionOptions, NO_BLOCK,
+    paged_attention, Attention, AttentionKernel, AttentionOptions, NO_BLOCK,
 };
 use pagellm::kernels::reshape_and_cache::reshape_and_cache;
 use pagellm::model::step::{AttentionMetadata, SeqSlice};
@@ -209,7 +209,16 @@ fn run(ctx: &pagellm::GpuContext, seed: u64, c: &Case) {
             window: c.window,
             softcap: c.softcap,
         };
-        paged_attention_with(&mut b, kernel, &pool, layer, &bufs, &qb, &out, nh, opts).unwrap();
+        let call = Attention {
+            pool: &pool,
+            layer,
+            meta: &bufs,
+            q: &qb,
+            out: &out,
+            num_heads: nh,
+            opts,
+        };
+        paged_attention(&mut b, kernel, &call).unwrap();
         b.submit().unwrap();
         let what = format!(
             "{kernel:?} paged_attention hd={hd} bs={bs} heads={nh}:{nkv} {:?} seqs={:?} window={:?} softcap={:?} shards={} on {}",
@@ -572,10 +581,17 @@ fn contiguous_baseline_matches_reference() {
         let scale = 1.0 / (hd as f32).sqrt();
         let mut b = Batch::new(ctx, "contiguous");
         reshape_and_cache(&mut b, &pool, 0, &kb, &vb, bufs.slot_mapping(), t).unwrap();
-        pagellm::kernels::paged_attention::contiguous_attention(
-            &mut b, &pool, 0, &bufs, &qb, &out, nh, scale,
-        )
-        .unwrap();
+        let call = Attention {
+            pool: &pool,
+            layer: 0,
+            meta: &bufs,
+            q: &qb,
+            out: &out,
+            num_heads: nh,
+            opts: AttentionOptions::scaled(scale),
+        };
+        let kernel = AttentionKernel::choose(ctx, hd);
+        pagellm::kernels::paged_attention::contiguous_attention(&mut b, kernel, &call).unwrap();
         b.submit().unwrap();
         let mut want = Vec::new();
         let mut start = 0;
@@ -667,7 +683,16 @@ fn lane_kernel_grid_takes_a_second_dimension() {
         reshape_and_cache(&mut b, &pool, 0, &kb, &vb, bufs.slot_mapping(), seqs).unwrap();
         let opts = AttentionOptions::scaled(1.0 / (hd as f32).sqrt());
         let kernel = AttentionKernel::Lanes;
-        paged_attention_with(&mut b, kernel, &pool, 0, &bufs, &qb, &out, nh, opts).unwrap();
+        let call = Attention {
+            pool: &pool,
+            layer: 0,
+            meta: &bufs,
+            q: &qb,
+            out: &out,
+            num_heads: nh,
+            opts,
+        };
+        paged_attention(&mut b, kernel, &call).unwrap();
         b.submit().unwrap();
         let stored = quant::round_trip(KvDtype::F16, hd, &v);
         let got = read_f32(ctx, &out, q.len());

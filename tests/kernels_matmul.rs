@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 use pagellm::gpu::Batch;
-use pagellm::kernels::matmul::{matmul, matmul_with, MatmulKernel, Output};
+use pagellm::kernels::matmul::{matmul, Matmul, MatmulKernel, Output};
 use pagellm::kernels::{self, Weight, WeightDtype};
 use pagellm::reference as r;
 
@@ -37,7 +37,8 @@ fn check(
     } else {
         Output::Overwrite
     };
-    matmul(&mut b, &xb, &w, with_bias.then_some(&bb), &yb, m, out).unwrap();
+    let call = Matmul::new(&xb, &w, &yb, m).bias(with_bias.then_some(&bb));
+    matmul(&mut b, &mm_plan(ctx, k), &call.output(out)).unwrap();
     b.submit().unwrap();
     let mut want = r::matmul(
         &x,
@@ -98,7 +99,7 @@ fn a_stacked_weight_fills_three_outputs_as_three_matmuls_would() {
     // q, k and v stacked in one weight and computed in one call per chunk, each output to
     // its own buffer: bitwise the three projections computed alone, by every kernel, with
     // bias, for 1, 9 and 70 rows, and with chunk boundaries inside and between the parts.
-    use pagellm::kernels::matmul::{matmul_into, Outputs};
+    use pagellm::kernels::matmul::Outputs;
     for ctx in contexts() {
         let (n0, n1, n2, k) = (24, 8, 8, 64);
         let n = n0 + n1 + n2;
@@ -141,20 +142,12 @@ fn a_stacked_weight_fills_three_outputs_as_three_matmuls_would() {
                     let want = [out(n0), out(n1), out(n2)];
                     let mut b = Batch::new(ctx, "t");
                     let outputs = Outputs::Three([&ys[0], &ys[1], &ys[2]], [n0, n1]);
-                    matmul_into(
-                        &mut b,
-                        kernel,
-                        &x,
-                        &w,
-                        Some(&bb),
-                        outputs,
-                        m,
-                        Output::Overwrite,
-                    )
-                    .unwrap();
+                    let plan = mm_only(ctx, kernel);
+                    let call = Matmul::new(&x, &w, &ys[0], m).bias(Some(&bb));
+                    matmul(&mut b, &plan, &call.outputs(outputs)).unwrap();
                     for ((wa, ba), y) in alone.iter().zip(&want) {
-                        matmul_with(&mut b, kernel, &x, wa, Some(ba), y, m, Output::Overwrite)
-                            .unwrap();
+                        let call = Matmul::new(&x, wa, y, m).bias(Some(ba));
+                        matmul(&mut b, &plan, &call).unwrap();
                     }
                     b.submit().unwrap();
                     for (i, (got, want)) in ys.iter().zip(&want).enumerate() {
@@ -178,9 +171,9 @@ fn a_stacked_weight_fills_three_outputs_as_three_matmuls_would() {
         let y = ctx.storage_buffer("y", (n * 4) as u64).unwrap();
         let mut b = Batch::new(ctx, "t");
         let outputs = Outputs::Three([&y, &y, &y], [n0, n1 + n2]);
-        let kernel = MatmulKernel::Columns;
-        let e =
-            matmul_into(&mut b, kernel, &x, &w, None, outputs, 1, Output::Overwrite).unwrap_err();
+        let plan = mm_only(ctx, MatmulKernel::Columns);
+        let call = Matmul::new(&x, &w, &y, 1).outputs(outputs);
+        let e = matmul(&mut b, &plan, &call).unwrap_err();
         assert!(e.to_string().contains("the rest of 40 columns"), "{e}");
     }
 }
@@ -201,7 +194,7 @@ fn a_weight_uploaded_in_parts_is_the_weight_of_their_stack() {
         let product = |w: &Weight| {
             let y = ctx.storage_buffer("y", (m * n * 4) as u64).unwrap();
             let mut b = Batch::new(ctx, "t");
-            matmul(&mut b, &x, w, None, &y, m, Output::Overwrite).unwrap();
+            matmul(&mut b, &mm_plan(ctx, k), &Matmul::new(&x, w, &y, m)).unwrap();
             b.submit().unwrap();
             read_f32(ctx, &y, m * n)
         };
@@ -262,7 +255,8 @@ fn a_rows_result_does_not_depend_on_the_other_rows_or_the_kernel() {
                         let yb = ctx.upload("y", &y0[..m * n]).unwrap();
                         let mut b = Batch::new(ctx, "t");
                         let out = Output::Accumulate;
-                        matmul_with(&mut b, kernel, &xb, &w, Some(&bias), &yb, m, out).unwrap();
+                        let call = Matmul::new(&xb, &w, &yb, m).bias(Some(&bias)).output(out);
+                        matmul(&mut b, &mm_only(ctx, kernel), &call).unwrap();
                         b.submit().unwrap();
                         let row0 = read_f32(ctx, &yb, n);
                         match &first {
@@ -309,17 +303,8 @@ fn every_kernel_matches_the_reference_product() {
                 );
                 let yb = ctx.storage_buffer("y", (m * n * 4) as u64).unwrap();
                 let mut b = Batch::new(ctx, "t");
-                matmul_with(
-                    &mut b,
-                    kernel,
-                    &xb,
-                    &w,
-                    Some(&bb),
-                    &yb,
-                    m,
-                    Output::Overwrite,
-                )
-                .unwrap();
+                let call = Matmul::new(&xb, &w, &yb, m).bias(Some(&bb));
+                matmul(&mut b, &mm_only(ctx, kernel), &call).unwrap();
                 b.submit().unwrap();
                 let want = r::matmul(&x, &rounded(&wv, dtype), Some(&bias[..]), m, n, k);
                 assert_close(
@@ -372,7 +357,8 @@ fn lm_head_returns_logits_and_greedy_tokens_of_chosen_rows() {
             softcap: None,
             norm: None,
         };
-        kernels::logits::lm_head(&mut b, &hb, tokens, &rb, rows.len(), &w, out).unwrap();
+        let plan = plan_for(ctx, hidden);
+        kernels::logits::lm_head(&mut b, &plan, &hb, tokens, &rb, rows.len(), &w, out).unwrap();
         b.submit().unwrap();
         let sel: Vec<f32> = rows
             .iter()
@@ -404,7 +390,6 @@ fn gated_input_is_the_activation_of_gate_times_up() {
     // and 70 rows (the column kernels' 8-row passes and the passes of the rest), with bias
     // and accumulation; and row 0 bitwise the same for every kernel and row count (batch
     // invariance). k = 48 admits the vectorised column kernels, 34 does not.
-    use pagellm::kernels::matmul::matmul_gated_with;
     use pagellm::nn::Activation;
     for ctx in contexts() {
         for k in [48, 34] {
@@ -436,8 +421,8 @@ fn gated_input_is_the_activation_of_gate_times_up() {
                         let yb = ctx.upload("y", &y0[..m * n]).unwrap();
                         let mut b = Batch::new(ctx, "t");
                         let out = Output::Accumulate;
-                        matmul_gated_with(&mut b, kernel, &gu, act, &w, Some(&bb), &yb, m, out)
-                            .unwrap();
+                        let call = Matmul::new(&gu, &w, &yb, m).bias(Some(&bb)).output(out);
+                        matmul(&mut b, &mm_only(ctx, kernel), &call.gated(act)).unwrap();
                         b.submit().unwrap();
                         let got = read_f32(ctx, &yb, m * n);
                         let mut want = r::matmul(&x[..m * k], &wr, Some(&bias[..]), m, n, k);
@@ -461,7 +446,6 @@ fn gated_input_is_the_activation_of_gate_times_up() {
 
 #[test]
 fn a_gated_input_must_hold_gate_and_up() {
-    use pagellm::kernels::matmul::matmul_gated;
     use pagellm::nn::Activation;
     for ctx in contexts() {
         let (m, n, k) = (4, 8, 64);
@@ -470,17 +454,8 @@ fn a_gated_input_must_hold_gate_and_up() {
         let x = ctx.upload("x", &vec![1.0f32; m * k]).unwrap();
         let y = ctx.storage_buffer("y", (m * n * 4) as u64).unwrap();
         let mut b = Batch::new(ctx, "t");
-        let e = matmul_gated(
-            &mut b,
-            &x,
-            Activation::Silu,
-            &w,
-            None,
-            &y,
-            m,
-            Output::Overwrite,
-        )
-        .unwrap_err();
+        let call = Matmul::new(&x, &w, &y, m).gated(Activation::Silu);
+        let e = matmul(&mut b, &mm_plan(ctx, k), &call).unwrap_err();
         assert!(e.to_string().contains("gate up"), "{e}");
     }
 }
@@ -508,7 +483,8 @@ fn wide_one_row_passes_give_the_same_bits() {
                     let xb = ctx.upload("x", &x[..m * k]).unwrap();
                     let yb = ctx.storage_buffer("y", (m * n * 4) as u64).unwrap();
                     let mut b = Batch::new(ctx, "t");
-                    matmul_with(&mut b, kernel, &xb, &w, None, &yb, m, Output::Overwrite).unwrap();
+                    let call = Matmul::new(&xb, &w, &yb, m);
+                    matmul(&mut b, &mm_only(ctx, kernel), &call).unwrap();
                     b.submit().unwrap();
                     let got = read_f32(ctx, &yb, m * n);
                     let what = format!("{kernel:?} m={m} n={n} k={k} on {}", backend(ctx));
@@ -536,8 +512,8 @@ fn a_normed_input_is_the_lane_norm_kernels_output_to_the_bit() {
     // wide enough for the one-row passes of four columns (WIDE) on a CPU adapter; and the
     // stacked q k v outputs. Row 0 is the same bits for every kernel and row count (batch
     // invariance).
-    use pagellm::kernels::matmul::{matmul_into, matmul_normed_with, Norm, Outputs};
-    use pagellm::kernels::rms_norm::{rms_norm_with, RmsNormKernel};
+    use pagellm::kernels::matmul::{Norm, Outputs};
+    use pagellm::kernels::rms_norm::{rms_norm, RmsNormKernel};
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     for ctx in contexts() {
         for (k, n, norm_dtype, dtype) in [
@@ -570,11 +546,12 @@ fn a_normed_input_is_the_lane_norm_kernels_output_to_the_bit() {
                     let y2 = ctx.storage_buffer("y2", (m * n * 4) as u64).unwrap();
                     let mut b = Batch::new(ctx, "t");
                     let over = Output::Overwrite;
-                    let one = Outputs::One(&yb);
-                    matmul_normed_with(&mut b, kernel, &xb, norm, &w, Some(&bb), one, m, over)
-                        .unwrap();
-                    rms_norm_with(&mut b, RmsNormKernel::Lanes, &xb, &nw, &hb, m, eps).unwrap();
-                    matmul_with(&mut b, kernel, &hb, &w, Some(&bb), &y2, m, over).unwrap();
+                    let plan = mm_only(ctx, kernel);
+                    let call = Matmul::new(&xb, &w, &yb, m).bias(Some(&bb)).output(over);
+                    matmul(&mut b, &plan, &call.normed(norm)).unwrap();
+                    rms_norm(&mut b, RmsNormKernel::Lanes, &xb, &nw, &hb, m, eps).unwrap();
+                    let call = Matmul::new(&hb, &w, &y2, m).bias(Some(&bb)).output(over);
+                    matmul(&mut b, &plan, &call).unwrap();
                     b.submit().unwrap();
                     let got = read_f32(ctx, &yb, m * n);
                     let want = r::matmul(&normed[..m * k], &wr, Some(&bias[..]), m, n, k);
@@ -607,10 +584,9 @@ fn a_normed_input_is_the_lane_norm_kernels_output_to_the_bit() {
                             .collect();
                         let three = Outputs::Three([&ys[0], &ys[1], &ys[2]], widths);
                         let mut b = Batch::new(ctx, "t");
-                        matmul_normed_with(&mut b, kernel, &xb, norm, &w, None, three, m, over)
-                            .unwrap();
-                        matmul_into(&mut b, kernel, &hb, &w, None, Outputs::One(&y2), m, over)
-                            .unwrap();
+                        let call = Matmul::new(&xb, &w, &y2, m).outputs(three).normed(norm);
+                        matmul(&mut b, &plan, &call).unwrap();
+                        matmul(&mut b, &plan, &Matmul::new(&hb, &w, &y2, m)).unwrap();
                         b.submit().unwrap();
                         let whole = read_f32(ctx, &y2, m * n);
                         let parts: Vec<Vec<f32>> = ys
@@ -639,7 +615,7 @@ fn a_normed_input_is_the_lane_norm_kernels_output_to_the_bit() {
 
 #[test]
 fn a_normed_input_needs_a_norm_of_its_width() {
-    use pagellm::kernels::matmul::{matmul_normed, Norm, Outputs};
+    use pagellm::kernels::matmul::Norm;
     for ctx in contexts() {
         let (m, n) = (2, 8);
         let y = ctx.storage_buffer("y", (m * n * 4) as u64).unwrap();
@@ -654,17 +630,8 @@ fn a_normed_input_needs_a_norm_of_its_width() {
                 weight: &nw,
                 eps: 1e-6,
             };
-            let e = matmul_normed(
-                &mut b,
-                &x,
-                norm,
-                &w,
-                None,
-                Outputs::One(&y),
-                m,
-                Output::Overwrite,
-            )
-            .unwrap_err();
+            let call = Matmul::new(&x, &w, &y, m).normed(norm);
+            let e = matmul(&mut b, &mm_plan(ctx, k), &call).unwrap_err();
             assert!(e.to_string().contains(names), "{e}");
         }
     }

@@ -44,7 +44,7 @@ fn embedding_gathers_rows_in_every_dtype_and_chunked() {
 
 #[test]
 fn rms_norm_matches_reference() {
-    use kernels::rms_norm::{rms_norm_with, RmsNormKernel};
+    use kernels::rms_norm::{rms_norm, RmsNormKernel};
     for ctx in contexts() {
         for kernel in [RmsNormKernel::Workgroup, RmsNormKernel::Lanes] {
             let mut g = rng(2);
@@ -61,7 +61,7 @@ fn rms_norm_matches_reference() {
                     let xb = ctx.upload("x", &x).unwrap();
                     let out = ctx.storage_buffer("out", (x.len() * 4) as u64).unwrap();
                     let mut b = Batch::new(ctx, "t");
-                    rms_norm_with(&mut b, kernel, &xb, &w, &out, tokens, 1e-5).unwrap();
+                    rms_norm(&mut b, kernel, &xb, &w, &out, tokens, 1e-5).unwrap();
                     b.submit().unwrap();
                     let want = r::rms_norm(&x, &rounded(&wv, dtype), 1e-5);
                     let what = format!(
@@ -85,7 +85,7 @@ fn rms_norm_matches_reference() {
             let xb = ctx.upload("x", &x).unwrap();
             let out = ctx.storage_buffer("out", (x.len() * 4) as u64).unwrap();
             let mut b = Batch::new(ctx, "t");
-            rms_norm_with(&mut b, kernel, &xb, &w, &out, rows, 1e-6).unwrap();
+            rms_norm(&mut b, kernel, &xb, &w, &out, rows, 1e-6).unwrap();
             b.submit().unwrap();
             let want = r::rms_norm(&x, &wv, 1e-6);
             let what = format!("{kernel:?} rms_norm of {rows} rows on {}", backend(ctx));
@@ -98,8 +98,7 @@ fn rms_norm_matches_reference() {
                 .unwrap();
             let xb = ctx.upload("x", &vec![1.0f32; hidden]).unwrap();
             let mut b = Batch::new(ctx, "t");
-            let err =
-                rms_norm_with(&mut b, RmsNormKernel::Lanes, &xb, &w, &xb, 1, 1e-6).unwrap_err();
+            let err = rms_norm(&mut b, RmsNormKernel::Lanes, &xb, &w, &xb, 1, 1e-6).unwrap_err();
             assert!(
                 err.to_string().contains(&format!("rows of {hidden}")),
                 "{err}"
@@ -349,7 +348,7 @@ fn the_split_arg_max_merges_slices_as_one_row() {
     // win), within a slice, at a slice's first and last logit, in the ragged slice, a row
     // whose logits are all equal, and one with a slice of -inf. Every kernel against a plain-Rust arg-max and an f64
     // logprob; the split kernel without its partials buffer is refused by name.
-    use kernels::logits::{argmax_logprobs, argmax_partials_len, argmax_with, ArgmaxKernel};
+    use kernels::logits::{argmax, argmax_logprobs, argmax_partials_len, ArgmaxKernel};
     for ctx in contexts() {
         let (rows, width) = (70, 3 * 2048 + 5);
         let mut g = rng(7);
@@ -376,7 +375,7 @@ fn the_split_arg_max_merges_slices_as_one_row() {
         for kernel in ARGMAX_KERNELS {
             let am = ctx.storage_buffer("am", (rows * 8) as u64).unwrap();
             let mut b = Batch::new(ctx, "t");
-            argmax_with(&mut b, kernel, &xb, &am, Some(&partials), rows, width).unwrap();
+            argmax(&mut b, kernel, &xb, &am, Some(&partials), rows, width).unwrap();
             b.submit().unwrap();
             let (ids, lps) = argmax_logprobs(&ctx.read::<u32>(&am).unwrap(), rows);
             for (r, row) in x.chunks(width).enumerate() {
@@ -393,7 +392,7 @@ fn the_split_arg_max_merges_slices_as_one_row() {
         }
         let am = ctx.storage_buffer("am", (rows * 8) as u64).unwrap();
         let mut b = Batch::new(ctx, "t");
-        let e = argmax_with(&mut b, ArgmaxKernel::Split, &xb, &am, None, rows, width).unwrap_err();
+        let e = argmax(&mut b, ArgmaxKernel::Split, &xb, &am, None, rows, width).unwrap_err();
         assert!(e.to_string().contains("partials"), "{e}");
     }
 }
@@ -423,7 +422,8 @@ fn gather_rows_and_argmax_pick_last_positions_and_their_logprobs() {
         let mut b = Batch::new(ctx, "t");
         kernels::logits::gather_rows(&mut b, &xb, &rb, &out, tokens, rows.len(), width).unwrap();
         let n = rows.len();
-        kernels::logits::argmax(&mut b, &out, &am, Some(&partials), n, width).unwrap();
+        let kernel = kernels::logits::ArgmaxKernel::choose(ctx);
+        kernels::logits::argmax(&mut b, kernel, &out, &am, Some(&partials), n, width).unwrap();
         b.submit().unwrap();
         // Every arg-max kernel picks the same tokens; the one `argmax` chose is checked
         // against the reference below, and so are the others.
@@ -431,16 +431,8 @@ fn gather_rows_and_argmax_pick_last_positions_and_their_logprobs() {
         for kernel in ARGMAX_KERNELS {
             let am_other = ctx.storage_buffer("am", (n * 8) as u64).unwrap();
             let mut b = Batch::new(ctx, "t");
-            kernels::logits::argmax_with(
-                &mut b,
-                kernel,
-                &out,
-                &am_other,
-                Some(&partials),
-                n,
-                width,
-            )
-            .unwrap();
+            kernels::logits::argmax(&mut b, kernel, &out, &am_other, Some(&partials), n, width)
+                .unwrap();
             b.submit().unwrap();
             others.push((format!("{kernel:?}"), ctx.read::<u32>(&am_other).unwrap()));
         }

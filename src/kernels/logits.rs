@@ -7,7 +7,8 @@
 //! `argmax_slices.wgsl` + `argmax_merge.wgsl` (a row split across workgroups, GPUs); see
 //! [`ArgmaxKernel`].
 
-use super::matmul::{matmul, matmul_normed, Norm, Output, Outputs};
+use super::matmul::{matmul, Matmul, Norm};
+use super::plan::KernelPlan;
 use super::{
     check_len, groups, params, Weight, ARGMAX, ARGMAX_LANES, ARGMAX_MERGE, ARGMAX_SLICES,
     GATHER_ROWS,
@@ -70,7 +71,8 @@ pub fn gather_rows<'a>(
 /// The kernel that reduces a row of logits to its arg-max. All pick the same token (the
 /// first of equal maxima) for a row without NaN (with one, which token wins depends on how
 /// the kernel splits the row); their logprobs may differ in the last bits (they add the
-/// exponentials in different orders), so the choice is fixed per adapter, never per call.
+/// exponentials in different orders), so the choice is fixed per adapter (the kernel
+/// plan's), never per call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ArgmaxKernel {
     /// `argmax.wgsl`: 256 threads per row, tree reductions.
@@ -83,36 +85,11 @@ pub enum ArgmaxKernel {
     Split,
 }
 
-impl ArgmaxKernel {
-    /// The lane kernel on CPU adapters (where a 256-thread workgroup's barriers dominate,
-    /// and their few cores are kept busy by one workgroup per row), the split one elsewhere
-    /// (a GPU would run a one-sequence step's arg-max on one of its many cores).
-    pub fn choose(ctx: &crate::gpu::GpuContext) -> ArgmaxKernel {
-        match ctx.info.device_type {
-            wgpu::DeviceType::Cpu => ArgmaxKernel::Lanes,
-            _ => ArgmaxKernel::Split,
-        }
-    }
-}
-
 /// out[r] = argmax(logits[r, :]) (first index on ties) and out[num_rows + r] = the bits of
-/// that token's log-probability as f32 (read them with [`argmax_logprobs`]); `out`:
-/// [2, num_rows] u32; `partials`: scratch of [`argmax_partials_len`] words, needed where the
-/// adapter's kernel is [`ArgmaxKernel::Split`].
+/// that token's log-probability as f32 (read them with [`argmax_logprobs`]), by `kernel`;
+/// `out`: [2, num_rows] u32; `partials`: scratch of [`argmax_partials_len`] words, needed by
+/// [`ArgmaxKernel::Split`].
 pub fn argmax(
-    batch: &mut Batch,
-    logits: &wgpu::Buffer,
-    out: &wgpu::Buffer,
-    partials: Option<&wgpu::Buffer>,
-    num_rows: usize,
-    width: usize,
-) -> Result<()> {
-    let kernel = ArgmaxKernel::choose(batch.ctx());
-    argmax_with(batch, kernel, logits, out, partials, num_rows, width)
-}
-
-/// [`argmax`] computed by a given kernel (tests compare them).
-pub fn argmax_with(
     batch: &mut Batch,
     kernel: ArgmaxKernel,
     logits: &wgpu::Buffer,
@@ -193,15 +170,17 @@ pub struct LogitsBuffers<'a> {
     /// Soft-capping of the logits, `cap * tanh(logit / cap)` (Gemma 2), before the arg-max.
     pub softcap: Option<f32>,
     /// The final RMSNorm, computed by the LM head as it reads the gathered rows
-    /// ([`matmul_normed`]); `None` when the hidden states are normed already.
+    /// ([`Input::Normed`](super::matmul::Input::Normed)); `None` when the hidden states are normed already.
     pub norm: Option<Norm<'a>>,
 }
 
 /// Logits (and optionally their arg-max) of the rows `rows` of the final hidden states
 /// `hidden` (`[num_tokens, hidden_size]`, normed by `out.norm` if it is given) under the LM
-/// head `head` (`[vocab, hidden_size]`).
+/// head `head` (`[vocab, hidden_size]`), by the kernels of `plan`.
+#[allow(clippy::too_many_arguments)]
 pub fn lm_head<'a>(
     batch: &mut Batch,
+    plan: &KernelPlan,
     hidden: &wgpu::Buffer,
     num_tokens: usize,
     rows: impl Into<Bind<'a>>,
@@ -210,51 +189,29 @@ pub fn lm_head<'a>(
     out: LogitsBuffers<'_>,
 ) -> Result<()> {
     let rows: Bind<'_> = rows.into();
+    let (gathered, vocab) = (out.gathered, head.rows);
     gather_rows(
-        batch,
-        hidden,
-        rows,
-        out.gathered,
-        num_tokens,
-        num_rows,
-        head.cols,
+        batch, hidden, rows, gathered, num_tokens, num_rows, head.cols,
     )?;
-    match out.norm {
-        Some(norm) => {
-            let logits = Outputs::One(out.logits);
-            let over = Output::Overwrite;
-            matmul_normed(
-                batch,
-                out.gathered,
-                norm,
-                head,
-                None,
-                logits,
-                num_rows,
-                over,
-            )?
-        }
-        None => matmul(
-            batch,
-            out.gathered,
-            head,
-            None,
-            out.logits,
-            num_rows,
-            Output::Overwrite,
-        )?,
-    }
+    let call = Matmul::new(gathered, head, out.logits, num_rows);
+    let call = match out.norm {
+        Some(norm) => call.normed(norm),
+        None => call,
+    };
+    matmul(batch, &plan.matmul, &call)?;
     if let Some(cap) = out.softcap {
-        super::softcap::softcap(batch, out.logits, num_rows * head.rows, cap)?;
+        super::softcap::softcap(batch, out.logits, num_rows * vocab, cap)?;
     }
     if let Some(am) = out.argmax {
+        let partials = out.argmax_partials;
         argmax(
             batch,
+            plan.argmax,
             out.logits,
             am,
-            out.argmax_partials,
+            partials,
             num_rows,
-            head.rows,
+            vocab,
         )?;
     }
     Ok(())

@@ -11,11 +11,10 @@
 //! Two kernel families (see [`MatmulKernel`]): `matmul.wgsl` tiles 64 rows by 64 columns
 //! through workgroup memory (prefill on GPUs); the column kernels (`matmul_skinny*.wgsl`)
 //! give each thread one output column and read its weights once per 8 rows of x, which
-//! avoids the tile's wasted arithmetic when few rows run (decode). On CPU adapters (lavapipe,
-//! llvmpipe) the column kernels win at every row count measured (`cargo bench --bench
-//! matmul`), because there every workgroup-memory access is a per-lane gather, so they
-//! serve every call there.
+//! avoids the tile's wasted arithmetic when few rows run (decode). Which runs when is the
+//! kernel plan's choice ([`MatmulPlan`]).
 
+use super::plan::MatmulPlan;
 use super::{
     check_len, groups, params, Weight, MATMUL, MATMUL_SKINNY, MATMUL_SKINNY_SG, MATMUL_SKINNY_VEC,
 };
@@ -39,23 +38,8 @@ params!(MatmulParams for MATMUL {
     _pad1: u32,
 });
 
-/// Rows up to which a GPU runs a column kernel instead of the tiled one.
-pub const SKINNY_MAX_M: usize = 8;
-
-/// Output columns from which a CPU adapter's one-row passes give each invocation four
-/// columns instead of two: two workgroups of 256 columns per core of this machine (a CPU
-/// adapter runs its workgroups on the host's cores; fewer would leave cores idle). The
-/// choice never changes a result bit.
-fn wide_min_columns() -> usize {
-    static COLUMNS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *COLUMNS.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        2 * 256 * cores
-    })
-}
-
-/// The kernel that computes a matmul call. All of them give bitwise the same result for a
-/// row, so the choice is purely about speed.
+/// The kernel that computes a matmul call (the plan's [`MatmulPlan`] picks it). All of them
+/// give bitwise the same result for a row, so the choice is purely about speed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatmulKernel {
     /// `matmul.wgsl`: 64x64 tiles through workgroup memory.
@@ -80,19 +64,6 @@ impl MatmulKernel {
             }
         }
     }
-
-    /// The kernel `matmul` uses for `m` rows of inner dimension `k` on `ctx`: the column
-    /// kernels for decode-sized steps (and every step on a CPU adapter), the tiled one for
-    /// larger steps on a GPU; the fastest column variant `ctx` and `k` allow.
-    pub fn choose(ctx: &GpuContext, m: usize, k: usize) -> MatmulKernel {
-        if m > SKINNY_MAX_M && ctx.info.device_type != wgpu::DeviceType::Cpu {
-            return MatmulKernel::Tiled;
-        }
-        [MatmulKernel::ColumnsSubgroup, MatmulKernel::ColumnsVec]
-            .into_iter()
-            .find(|kern| kern.supports(ctx, k))
-            .unwrap_or(MatmulKernel::Columns)
-    }
 }
 
 /// How the product combines with what `y` holds.
@@ -103,37 +74,6 @@ pub enum Output {
     Accumulate,
 }
 
-/// y[m, out] = x[m, in] · weight[out, in]ᵀ + bias[out]. `x`: [m, in] f32, `y`: [m, out]
-/// f32, `bias`: [out] f32 or `None`.
-pub fn matmul(
-    batch: &mut Batch,
-    x: &wgpu::Buffer,
-    weight: &Weight,
-    bias: Option<&wgpu::Buffer>,
-    y: &wgpu::Buffer,
-    m: usize,
-    output: Output,
-) -> Result<()> {
-    let kernel = MatmulKernel::choose(batch.ctx(), m, weight.cols);
-    matmul_with(batch, kernel, x, weight, bias, y, m, output)
-}
-
-/// [`matmul`] computed by a given kernel (tests and benchmarks compare them).
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_with(
-    batch: &mut Batch,
-    kernel: MatmulKernel,
-    x: &wgpu::Buffer,
-    weight: &Weight,
-    bias: Option<&wgpu::Buffer>,
-    y: &wgpu::Buffer,
-    m: usize,
-    output: Output,
-) -> Result<()> {
-    let outputs = Outputs::One(y);
-    matmul_into(batch, kernel, x, weight, bias, outputs, m, output)
-}
-
 /// Where a matmul's output columns go.
 #[derive(Clone, Copy, Debug)]
 pub enum Outputs<'a> {
@@ -141,72 +81,9 @@ pub enum Outputs<'a> {
     One(&'a wgpu::Buffer),
     /// A stacked weight's three projections (q, k and v): columns `[0, widths[0])` to the
     /// first buffer, the next `widths[1]` to the second and the rest to the third, each
-    /// `[m, its width]`.
+    /// `[m, its width]`; each output is bitwise what a matmul of that projection alone
+    /// gives.
     Three([&'a wgpu::Buffer; 3], [usize; 2]),
-}
-
-/// The stacked projections of `weight` (`widths` output columns to each of the first two
-/// buffers, the rest to the third) in one matmul call, one dispatch per weight chunk:
-/// each output is bitwise what a matmul of that projection alone gives.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_split(
-    batch: &mut Batch,
-    x: &wgpu::Buffer,
-    weight: &Weight,
-    bias: Option<&wgpu::Buffer>,
-    ys: [&wgpu::Buffer; 3],
-    widths: [usize; 2],
-    m: usize,
-) -> Result<()> {
-    let kernel = MatmulKernel::choose(batch.ctx(), m, weight.cols);
-    let outputs = Outputs::Three(ys, widths);
-    matmul_into(
-        batch,
-        kernel,
-        x,
-        weight,
-        bias,
-        outputs,
-        m,
-        Output::Overwrite,
-    )
-}
-
-/// y[m, out] = (act(gate) * up) · weight[out, in]ᵀ + bias[out], where `gate_up` is
-/// `[m, 2 * in]` f32, each row's gate then its up (the stacked gate-up projection's
-/// output): the MLP's gated activation fused into the down projection, computed as the
-/// kernel reads its input, with the expressions of `silu_mul` (tests/kernels_matmul.rs
-/// checks it against the two calls it replaces).
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_gated(
-    batch: &mut Batch,
-    gate_up: &wgpu::Buffer,
-    act: Activation,
-    weight: &Weight,
-    bias: Option<&wgpu::Buffer>,
-    y: &wgpu::Buffer,
-    m: usize,
-    output: Output,
-) -> Result<()> {
-    let kernel = MatmulKernel::choose(batch.ctx(), m, weight.cols);
-    matmul_gated_with(batch, kernel, gate_up, act, weight, bias, y, m, output)
-}
-
-/// [`matmul_gated`] computed by a given kernel.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_gated_with(
-    batch: &mut Batch,
-    kernel: MatmulKernel,
-    gate_up: &wgpu::Buffer,
-    act: Activation,
-    weight: &Weight,
-    bias: Option<&wgpu::Buffer>,
-    y: &wgpu::Buffer,
-    m: usize,
-    output: Output,
-) -> Result<()> {
-    let x = Input::Gated(gate_up, act);
-    project(batch, kernel, x, weight, bias, Outputs::One(y), m, output)
 }
 
 /// The RMSNorm of a projection's input, computed by the projection as it reads `x`.
@@ -217,90 +94,101 @@ pub struct Norm<'a> {
     pub eps: f32,
 }
 
-/// outputs = rms_norm(x) · weight[out, in]ᵀ + bias[out]: the RMSNorm before a projection
-/// (the q k v, gate-up and LM head inputs) fused into it. Each row's norm scale is computed
-/// as `rms_norm_lanes.wgsl` computes it and applied to x as it is read, so the result is bitwise
-/// that of [`rms_norm_with`](super::rms_norm::rms_norm_with) with
-/// [`RmsNormKernel::Lanes`](super::rms_norm::RmsNormKernel::Lanes) followed by the matmul
-/// (tests/kernels_matmul.rs checks it); one dispatch and one pass over `[m, in]` fewer.
-/// Needs `in % 8 == 0`.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_normed(
-    batch: &mut Batch,
-    x: &wgpu::Buffer,
-    norm: Norm<'_>,
-    weight: &Weight,
-    bias: Option<&wgpu::Buffer>,
-    outputs: Outputs<'_>,
-    m: usize,
-    output: Output,
-) -> Result<()> {
-    let kernel = MatmulKernel::choose(batch.ctx(), m, weight.cols);
-    matmul_normed_with(batch, kernel, x, norm, weight, bias, outputs, m, output)
-}
-
-/// [`matmul_normed`] computed by a given kernel.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_normed_with(
-    batch: &mut Batch,
-    kernel: MatmulKernel,
-    x: &wgpu::Buffer,
-    norm: Norm<'_>,
-    weight: &Weight,
-    bias: Option<&wgpu::Buffer>,
-    outputs: Outputs<'_>,
-    m: usize,
-    output: Output,
-) -> Result<()> {
-    let x = Input::Normed(x, norm);
-    project(batch, kernel, x, weight, bias, outputs, m, output)
-}
-
 /// What a matmul reads as its input (the kernels' `GATED` and `NORM`).
 #[derive(Clone, Copy, Debug)]
-enum Input<'a> {
+pub enum Input<'a> {
+    /// `[m, in]` f32, as it is.
     Plain(&'a wgpu::Buffer),
+    /// `[m, 2 * in]` f32, each row's gate then its up (the stacked gate-up projection's
+    /// output); the product reads `act(gate) * up`: the MLP's gated activation fused into
+    /// the down projection, with the expressions of `silu_mul` (tests/kernels_matmul.rs
+    /// checks it against the two calls it replaces).
     Gated(&'a wgpu::Buffer, Activation),
+    /// `[m, in]` f32 read as `rms_norm(x)`: the RMSNorm before a projection (the q k v,
+    /// gate-up and LM head inputs) fused into it. Each row's norm scale is computed as
+    /// `rms_norm_lanes.wgsl` computes it and applied to x as it is read, so the result is
+    /// bitwise that of [`RmsNormKernel::Lanes`](super::rms_norm::RmsNormKernel::Lanes)
+    /// followed by the matmul (tests/kernels_matmul.rs checks it); one dispatch and one
+    /// pass over `[m, in]` fewer. Needs `in % 8 == 0`.
     Normed(&'a wgpu::Buffer, Norm<'a>),
 }
 
-/// [`matmul_with`] into `outputs`.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_into(
-    batch: &mut Batch,
-    kernel: MatmulKernel,
-    x: &wgpu::Buffer,
-    weight: &Weight,
-    bias: Option<&wgpu::Buffer>,
-    outputs: Outputs<'_>,
-    m: usize,
-    output: Output,
-) -> Result<()> {
-    project(
-        batch,
-        kernel,
-        Input::Plain(x),
+/// One matmul: `outputs[m, out] (+)= input · weight[out, in]ᵀ + bias[out]` for a Hugging
+/// Face `[out, in]` weight; `bias`: `[out]` f32.
+#[derive(Clone, Copy, Debug)]
+pub struct Matmul<'a> {
+    pub input: Input<'a>,
+    pub weight: &'a Weight,
+    pub bias: Option<&'a wgpu::Buffer>,
+    pub outputs: Outputs<'a>,
+    pub m: usize,
+    pub output: Output,
+}
+
+impl<'a> Matmul<'a> {
+    /// `y[m, out] = x[m, in] · weight[out, in]ᵀ`, no bias.
+    pub fn new(x: &'a wgpu::Buffer, weight: &'a Weight, y: &'a wgpu::Buffer, m: usize) -> Self {
+        Matmul {
+            input: Input::Plain(x),
+            weight,
+            bias: None,
+            outputs: Outputs::One(y),
+            m,
+            output: Output::Overwrite,
+        }
+    }
+
+    /// Plus `bias[out]`, where given.
+    pub fn bias(self, bias: Option<&'a wgpu::Buffer>) -> Self {
+        Matmul { bias, ..self }
+    }
+
+    /// Combined with what the output holds as `output` says.
+    pub fn output(self, output: Output) -> Self {
+        Matmul { output, ..self }
+    }
+
+    /// Into `outputs` instead of the one buffer given to [`Matmul::new`].
+    pub fn outputs(self, outputs: Outputs<'a>) -> Self {
+        Matmul { outputs, ..self }
+    }
+
+    /// The input read as [`Input::Gated`] by `act`.
+    pub fn gated(self, act: Activation) -> Self {
+        Matmul {
+            input: Input::Gated(self.x(), act),
+            ..self
+        }
+    }
+
+    /// The input read as [`Input::Normed`] by `norm`.
+    pub fn normed(self, norm: Norm<'a>) -> Self {
+        Matmul {
+            input: Input::Normed(self.x(), norm),
+            ..self
+        }
+    }
+
+    fn x(&self) -> &'a wgpu::Buffer {
+        match self.input {
+            Input::Plain(x) | Input::Gated(x, _) | Input::Normed(x, _) => x,
+        }
+    }
+}
+
+/// Records `call` with the kernel `plan` gives its row count: for each weight chunk the
+/// tiled pass or the column passes ([`column_passes`]).
+pub fn matmul(batch: &mut Batch, plan: &MatmulPlan, call: &Matmul<'_>) -> Result<()> {
+    const K: &str = "matmul";
+    let &Matmul {
+        input,
         weight,
         bias,
         outputs,
         m,
         output,
-    )
-}
-
-/// Every matmul: its input as it is, gated by an activation or normed.
-#[allow(clippy::too_many_arguments)]
-fn project(
-    batch: &mut Batch,
-    kernel: MatmulKernel,
-    input: Input<'_>,
-    weight: &Weight,
-    bias: Option<&wgpu::Buffer>,
-    outputs: Outputs<'_>,
-    m: usize,
-    output: Output,
-) -> Result<()> {
-    const K: &str = "matmul";
+    } = call;
+    let kernel = plan.kernel(m);
     let (n_total, k) = (weight.rows, weight.cols);
     if m == 0 {
         return Ok(());
@@ -365,7 +253,7 @@ fn project(
             params: p,
             constants: &constants,
         };
-        column_passes(batch, &call, &storage, m)?;
+        column_passes(batch, plan, &call, &storage, m)?;
     }
     Ok(())
 }
@@ -476,6 +364,7 @@ struct ColumnCall<'a> {
 /// pass size), so that 9 rows do not cost two full passes.
 fn column_passes(
     batch: &mut Batch,
+    plan: &MatmulPlan,
     call: &ColumnCall,
     storage: &[Bind<'_>],
     m: usize,
@@ -492,11 +381,8 @@ fn column_passes(
     }
     for (first_row, end_row, rows) in passes {
         // Columns per workgroup: 64, or where each invocation computes two, 128; 256 in the
-        // wide one-row passes of CPU adapters (see WIDE in matmul_columns_vec.wgsl).
-        let wide = call.kernel != MatmulKernel::Columns
-            && rows == 1
-            && call.rows >= wide_min_columns()
-            && batch.ctx().info.device_type == wgpu::DeviceType::Cpu;
+        // wide one-row passes (see WIDE in matmul_columns_vec.wgsl).
+        let wide = plan.wide(call.kernel, rows, call.rows);
         let per_group = match (call.kernel, wide) {
             (MatmulKernel::Columns, _) => 64,
             (_, true) => 256,

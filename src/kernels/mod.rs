@@ -1,7 +1,9 @@
 //! WGSL kernels and their typed launchers, one file per kernel (`shaders/<name>.wgsl`, entry
 //! point `<name>`). Launchers validate their arguments, fill the kernel's uniform `Params`
 //! (a `#[repr(C)]` mirror of the WGSL struct, checked by a test) and record a dispatch
-//! into a [`Batch`](crate::gpu::Batch). They never submit or wait.
+//! into a [`Batch`](crate::gpu::Batch). They never submit or wait. Where an operation has
+//! several kernels, the launcher takes the one to run from the [`KernelPlan`], chosen once
+//! per adapter and model.
 
 pub mod add;
 pub mod copy_blocks;
@@ -9,6 +11,7 @@ pub mod embedding;
 pub mod logits;
 pub mod matmul;
 pub mod paged_attention;
+pub mod plan;
 pub mod reshape_and_cache;
 pub mod rms_norm;
 pub mod rope;
@@ -17,6 +20,7 @@ pub mod silu_mul;
 pub mod softcap;
 pub mod weight;
 
+pub use plan::{KernelPlan, ModelDims};
 pub use weight::{Weight, WeightDtype};
 
 use crate::gpu::KernelSource;

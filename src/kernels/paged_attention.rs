@@ -225,22 +225,6 @@ impl AttentionKernel {
             }
         }
     }
-
-    /// On CPU adapters the lane-per-query kernel (1.8-5x faster than the subgroup kernel on
-    /// lavapipe, docs/BENCHMARKS.md), query-tiled where subgroups allow; on GPUs the
-    /// subgroup kernel where it can run, the plain one elsewhere.
-    pub fn choose(ctx: &GpuContext, head_dim: usize) -> AttentionKernel {
-        let cpu = ctx.info.device_type == wgpu::DeviceType::Cpu;
-        if cpu && AttentionKernel::Tiles.supports(ctx, head_dim) {
-            AttentionKernel::Tiles
-        } else if cpu && AttentionKernel::Lanes.supports(ctx, head_dim) {
-            AttentionKernel::Lanes
-        } else if AttentionKernel::Subgroup.supports(ctx, head_dim) {
-            AttentionKernel::Subgroup
-        } else {
-            AttentionKernel::Plain
-        }
-    }
 }
 
 /// What an attention call computes besides plain causal attention.
@@ -265,92 +249,56 @@ impl AttentionOptions {
     }
 }
 
-/// out[t, h, :] = softmax(q[t, h] · K[seq(t), :pos(t)+1]ᵀ · scale) · V[...] for every query
-/// token, with K/V of layer `layer` read from the pool through the block tables.
-/// `q`, `out`: `[num_tokens, num_heads, head_dim]` f32. With a rotated pool, `q` must be
-/// rotated alike and `out` comes out rotated (the forward pass does both).
-#[allow(clippy::too_many_arguments)]
-pub fn paged_attention(
-    batch: &mut Batch,
-    pool: &KvPool,
-    layer: usize,
-    meta: &AttentionBuffers,
-    q: &wgpu::Buffer,
-    out: &wgpu::Buffer,
-    num_heads: usize,
-    opts: AttentionOptions,
-) -> Result<()> {
-    let kernel = AttentionKernel::choose(batch.ctx(), pool.layout.head_dim);
-    paged_attention_with(batch, kernel, pool, layer, meta, q, out, num_heads, opts)
+/// One attention call: `out[t, h, :] = softmax(q[t, h] · K[seq(t), :pos(t)+1]ᵀ · scale) ·
+/// V[...]` for every query token, with K/V of layer `layer` read from the pool through the
+/// block tables. `q`, `out`: `[num_tokens, num_heads, head_dim]` f32. With a rotated pool,
+/// `q` must be rotated alike and `out` comes out rotated (the forward pass does both).
+#[derive(Clone, Copy, Debug)]
+pub struct Attention<'a> {
+    pub pool: &'a KvPool,
+    pub layer: usize,
+    pub meta: &'a AttentionBuffers,
+    pub q: &'a wgpu::Buffer,
+    pub out: &'a wgpu::Buffer,
+    pub num_heads: usize,
+    pub opts: AttentionOptions,
 }
 
-/// [`paged_attention`] computed by a given kernel (tests and benchmarks compare them).
-#[allow(clippy::too_many_arguments)]
-pub fn paged_attention_with(
-    batch: &mut Batch,
-    kernel: AttentionKernel,
-    pool: &KvPool,
-    layer: usize,
-    meta: &AttentionBuffers,
-    q: &wgpu::Buffer,
-    out: &wgpu::Buffer,
-    num_heads: usize,
-    opts: AttentionOptions,
-) -> Result<()> {
-    let args = (pool, layer, meta, q, out, num_heads, opts);
-    attention(batch, kernel, args, false)
+/// Records `call` computed by `kernel`.
+pub fn paged_attention(batch: &mut Batch, kernel: AttentionKernel, call: &Attention) -> Result<()> {
+    attention(batch, kernel, call, false)
 }
 
 /// The same attention over a contiguous cache, the baseline of the paged-vs-contiguous
 /// benchmark: sequence `s`'s history is block `s` of a pool whose `block_size` is the
 /// longest context, and the kernel reads no block table.
-#[allow(clippy::too_many_arguments)]
 pub fn contiguous_attention(
     batch: &mut Batch,
-    pool: &KvPool,
-    layer: usize,
-    meta: &AttentionBuffers,
-    q: &wgpu::Buffer,
-    out: &wgpu::Buffer,
-    num_heads: usize,
-    scale: f32,
+    kernel: AttentionKernel,
+    call: &Attention,
 ) -> Result<()> {
-    let kernel = AttentionKernel::choose(batch.ctx(), pool.layout.head_dim);
-    let args = (
-        pool,
-        layer,
-        meta,
-        q,
-        out,
-        num_heads,
-        AttentionOptions::scaled(scale),
-    );
-    attention(batch, kernel, args, true)
+    attention(batch, kernel, call, true)
 }
 
 /// Invocations per workgroup of the lane-per-query kernel.
 const LANES_WG: usize = 8;
 
-/// (pool, layer, metadata, q, out, query heads, options) of one attention call.
-type AttentionArgs<'a> = (
-    &'a KvPool,
-    usize,
-    &'a AttentionBuffers,
-    &'a wgpu::Buffer,
-    &'a wgpu::Buffer,
-    usize,
-    AttentionOptions,
-);
-
 fn attention(
     batch: &mut Batch,
     kernel: AttentionKernel,
-    args: AttentionArgs<'_>,
+    args: &Attention,
     contiguous: bool,
 ) -> Result<()> {
     const K: &str = "paged_attention";
-    check_attention(batch, kernel, &args)?;
-    let (pool, _, meta, q, out, num_heads, _) = args;
+    check_attention(batch, kernel, args)?;
+    let &Attention {
+        pool,
+        meta,
+        q,
+        out,
+        num_heads,
+        ..
+    } = args;
     let l = pool.layout;
     let t = meta.num_tokens;
     if t == 0 {
@@ -368,7 +316,7 @@ fn attention(
     };
     let target = partial.as_ref().unwrap_or(out);
     for shard in 0..shards {
-        attention_shard(batch, kernel, &args, contiguous, shard, target)?;
+        attention_shard(batch, kernel, args, contiguous, shard, target)?;
     }
     if let Some(partial) = &partial {
         let p = PagedAttentionReduceParams {
@@ -389,9 +337,15 @@ fn attention(
 }
 
 /// The launch's arguments describe one the kernel can run.
-fn check_attention(batch: &Batch, kernel: AttentionKernel, args: &AttentionArgs<'_>) -> Result<()> {
+fn check_attention(batch: &Batch, kernel: AttentionKernel, args: &Attention) -> Result<()> {
     const K: &str = "paged_attention";
-    let &(pool, layer, _, _, _, num_heads, opts) = args;
+    let &Attention {
+        pool,
+        layer,
+        num_heads,
+        opts,
+        ..
+    } = args;
     if opts.window == Some(0) || opts.softcap.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
         return Err(GpuError::invalid(
             K,
@@ -440,12 +394,20 @@ fn check_attention(batch: &Batch, kernel: AttentionKernel, args: &AttentionArgs<
 fn attention_shard(
     batch: &mut Batch,
     kernel: AttentionKernel,
-    args: &AttentionArgs<'_>,
+    args: &Attention,
     contiguous: bool,
     shard: usize,
     target: &wgpu::Buffer,
 ) -> Result<()> {
-    let &(pool, layer, meta, q, _, num_heads, opts) = args;
+    let &Attention {
+        pool,
+        layer,
+        meta,
+        q,
+        num_heads,
+        opts,
+        ..
+    } = args;
     let l = pool.layout;
     let t = meta.num_tokens;
     let (first, count) = pool.shard_range(shard);

@@ -2,7 +2,7 @@
 
 use super::{check_len, params, Weight, RMS_NORM, RMS_NORM_LANES};
 use crate::error::{GpuError, Result};
-use crate::gpu::{grid_2d, Batch, GpuContext};
+use crate::gpu::{grid_2d, Batch};
 
 params!(RmsNormParams for RMS_NORM {
     num_tokens: u32,
@@ -11,9 +11,9 @@ params!(RmsNormParams for RMS_NORM {
     _pad: u32,
 });
 
-/// The kernel that normalises rows. They sum a row's squares in different orders, so an
-/// adapter keeps to one ([`RmsNormKernel::choose`]): a row's result then never depends on
-/// how many rows share the step.
+/// The kernel that normalises rows. They sum a row's squares in different orders, so a
+/// model keeps to one per row width (the kernel plan's): a row's result then never depends
+/// on how many rows share the step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RmsNormKernel {
     /// `rms_norm.wgsl`: a workgroup of 256 invocations per row, a tree of partial sums.
@@ -32,37 +32,13 @@ impl RmsNormKernel {
             RmsNormKernel::Lanes => hidden.is_multiple_of(8),
         }
     }
-
-    /// The lane-per-row kernel on CPU adapters (where a workgroup's invocations are the
-    /// lanes of a SIMD register), the workgroup one on GPUs. Per adapter and model, not per
-    /// call, so results stay batch-invariant.
-    pub fn choose(ctx: &GpuContext, hidden: usize) -> RmsNormKernel {
-        if ctx.info.device_type == wgpu::DeviceType::Cpu && RmsNormKernel::Lanes.supports(hidden) {
-            RmsNormKernel::Lanes
-        } else {
-            RmsNormKernel::Workgroup
-        }
-    }
 }
 
-/// out = x / sqrt(mean(x^2) + eps) * weight, row by row. `x`, `out`: [num_tokens, hidden];
-/// `weight`: a [1, hidden] weight. `x` and `out` may not be the same buffer. Rows may be
-/// tokens times heads (per-head norms), more than one grid dimension holds.
+/// out = x / sqrt(mean(x^2) + eps) * weight, row by row, by `kernel`. `x`, `out`:
+/// [num_tokens, hidden]; `weight`: a [1, hidden] weight. `x` and `out` may not be the same
+/// buffer. Rows may be tokens times heads (per-head norms), more than one grid dimension
+/// holds.
 pub fn rms_norm(
-    batch: &mut Batch,
-    x: &wgpu::Buffer,
-    weight: &Weight,
-    out: &wgpu::Buffer,
-    num_tokens: usize,
-    eps: f32,
-) -> Result<()> {
-    let hidden = weight.rows * weight.cols;
-    let kernel = RmsNormKernel::choose(batch.ctx(), hidden);
-    rms_norm_with(batch, kernel, x, weight, out, num_tokens, eps)
-}
-
-/// [`rms_norm`] computed by a given kernel (tests compare them).
-pub fn rms_norm_with(
     batch: &mut Batch,
     kernel: RmsNormKernel,
     x: &wgpu::Buffer,

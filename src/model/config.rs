@@ -147,6 +147,16 @@ pub(crate) fn read_json(path: &Path) -> Result<Value> {
 }
 
 impl ModelConfig {
+    /// The sizes the kernel plan depends on.
+    pub fn dims(&self) -> crate::kernels::ModelDims {
+        crate::kernels::ModelDims {
+            hidden: self.hidden_size,
+            head_dim: self.head_dim,
+            q_width: self.num_heads * self.head_dim,
+            intermediate: self.intermediate_size,
+        }
+    }
+
     /// Reads `dir/config.json`.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path: PathBuf = dir.join("config.json");

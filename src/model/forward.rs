@@ -10,9 +10,10 @@
 //!       (→ arg-max)
 //! ```
 //!
-//! The norms before q k v, gate and up, and the LM head may be computed by those projections
-//! as they read the residual stream ([`Workspace::norm_fusion`]); a fused final norm runs on
-//! the gathered rows only.
+//! Which kernel runs each step, and which steps are fused, is the workspace's
+//! [`KernelPlan`]. The norms before q k v, gate and up, and the LM head may be computed by
+//! those projections as they read the residual stream ([`KernelPlan::norm_fusion`]); a
+//! fused final norm runs on the gathered rows only.
 //!
 //! The parenthesised steps run when the architecture's [`Recipe`](super::arch::Recipe)
 //! asks for them; the rotations run when the pool's [`KvRotation`] is Hadamard.
@@ -22,23 +23,24 @@ use super::ModelConfig;
 use crate::error::{GpuError, Result};
 use crate::gpu::{Batch, Bind, GpuContext};
 use crate::kernels::logits::{argmax_partials_len, lm_head, ArgmaxKernel, LogitsBuffers};
-use crate::kernels::matmul::{
-    matmul, matmul_gated, matmul_normed, matmul_split, Norm, Output, Outputs,
+use crate::kernels::matmul::{matmul, Matmul, Norm, Output, Outputs};
+use crate::kernels::paged_attention::{
+    paged_attention, Attention, AttentionBuffers, AttentionOptions,
 };
-use crate::kernels::paged_attention::{paged_attention, AttentionBuffers, AttentionOptions};
-use crate::kernels::rms_norm::RmsNormKernel;
 use crate::kernels::rotate::rotate_qk;
-use crate::kernels::Weight;
 use crate::kernels::{add, embedding, reshape_and_cache, rms_norm, rope, silu_mul};
+use crate::kernels::{KernelPlan, Weight};
 use crate::nn::Activation;
 use crate::pool::{KvPool, KvRotation};
 
 /// Activation buffers for up to `max_tokens` tokens and `max_rows` sampled rows per step,
-/// allocated once.
+/// allocated once for one kernel plan.
 #[derive(Debug)]
 pub struct Workspace {
     pub max_tokens: usize,
     pub max_rows: usize,
+    /// The kernels and fusions of the forward passes run in this workspace.
+    plan: KernelPlan,
     x: wgpu::Buffer,       // [T, hidden] residual stream
     h: wgpu::Buffer,       // [T, hidden] normed
     q: wgpu::Buffer,       // [T, heads * head_dim]
@@ -46,12 +48,9 @@ pub struct Workspace {
     v: wgpu::Buffer,       // [T, kv_heads * head_dim]
     attn: wgpu::Buffer,    // [T, heads * head_dim]
     gate_up: wgpu::Buffer, // [T, 2 * intermediate]: gate then up, per token
-    /// `[T, intermediate]`: the gated activation, where it is not fused into the down
-    /// projection (see [`Workspace::set_fused_activation`]).
+    /// `[T, intermediate]`: the gated activation, where the plan does not fuse it into the
+    /// down projection ([`KernelPlan::fused_activation`]).
     act: Option<wgpu::Buffer>,
-    /// Where the norms before q k v, gate-up and the LM head are computed (see
-    /// [`Workspace::norm_fusion`]).
-    norm_fusion: NormFusion,
     /// `[T, heads * head_dim]`, `[T, kv_heads * head_dim]`: q and k normed per head
     /// (recipes with q/k norms).
     qk_normed: Option<(wgpu::Buffer, wgpu::Buffer)>,
@@ -64,17 +63,32 @@ pub struct Workspace {
     /// `[2, R]`: the arg-max token of each sampled row, then the bits of its logprob
     /// (see [`crate::kernels::logits::argmax`]).
     pub argmax: wgpu::Buffer,
-    /// The arg-max's partials, where the adapter splits it across workgroups.
+    /// The arg-max's partials, where the plan splits it across workgroups.
     argmax_partials: Option<wgpu::Buffer>,
 }
 
 impl Workspace {
+    /// A workspace for the default kernel plan of `cfg` on `ctx`.
     pub fn new(
         ctx: &GpuContext,
         cfg: &ModelConfig,
         max_tokens: usize,
         max_rows: usize,
     ) -> Result<Self> {
+        let plan = KernelPlan::choose(ctx, &cfg.dims());
+        Self::with_plan(ctx, cfg, plan, max_tokens, max_rows)
+    }
+
+    /// A workspace whose passes run `plan` (tests and benchmarks compare plans); an error
+    /// where `plan` cannot run `cfg` on `ctx` ([`KernelPlan::check`]).
+    pub fn with_plan(
+        ctx: &GpuContext,
+        cfg: &ModelConfig,
+        plan: KernelPlan,
+        max_tokens: usize,
+        max_rows: usize,
+    ) -> Result<Self> {
+        plan.check(ctx, &cfg.dims())?;
         let f = |label: &str, elems: usize| ctx.storage_buffer(label, (elems * 4) as u64);
         let (t, r) = (max_tokens, max_rows);
         let qd = cfg.num_heads * cfg.head_dim;
@@ -82,6 +96,7 @@ impl Workspace {
         Ok(Workspace {
             max_tokens,
             max_rows,
+            plan,
             x: f("x", t * cfg.hidden_size)?,
             h: f("h", t * cfg.hidden_size)?,
             q: f("q", t * qd)?,
@@ -89,11 +104,10 @@ impl Workspace {
             v: f("v", t * kvd)?,
             attn: f("attn", t * qd)?,
             gate_up: f("gate up", 2 * t * cfg.intermediate_size)?,
-            act: match fused_by_default(ctx) {
+            act: match plan.fused_activation {
                 true => None,
                 false => Some(f("act", t * cfg.intermediate_size)?),
             },
-            norm_fusion: norm_fusion_by_default(ctx, cfg),
             qk_normed: match cfg.recipe.qk_norm {
                 true => Some((f("q normed", t * qd)?, f("k normed", t * kvd)?)),
                 false => None,
@@ -105,7 +119,7 @@ impl Workspace {
             gathered: f("gathered", r * cfg.hidden_size)?,
             logits: f("logits", r * cfg.vocab_size)?,
             argmax: f("argmax", 2 * r)?,
-            argmax_partials: match ArgmaxKernel::choose(ctx) {
+            argmax_partials: match plan.argmax {
                 ArgmaxKernel::Split => Some(f(
                     "argmax partials",
                     argmax_partials_len(r, cfg.vocab_size),
@@ -115,128 +129,10 @@ impl Workspace {
         })
     }
 
-    /// Whether the MLP's gated activation (SiLU or GELU of the gate, times up) is computed
-    /// by the down projection as it reads the gate-up output, instead of by a pass of its
-    /// own (`silu_mul`) into a buffer the down projection then reads. Both give the same
-    /// tokens up to rounding. The default: fused on GPUs (one pass over memory and one
-    /// dispatch fewer per layer), separate on CPU adapters, where the column kernels read
-    /// each input row once per subgroup and workgroup, so the fused activation is computed
-    /// many times over: on lavapipe it measured 1.1x faster at one row but 0.8-0.9x at 16
-    /// and 128 rows (docs/BENCHMARKS.md). A fixed choice per adapter, never per step, so a
-    /// row's result does not depend on the rows beside it.
-    pub fn fused_activation(&self) -> bool {
-        self.act.is_none()
+    /// The kernel plan this workspace's passes run.
+    pub fn plan(&self) -> &KernelPlan {
+        &self.plan
     }
-
-    /// Chooses [`Self::fused_activation`] (tests run both ways on one adapter); turning
-    /// fusion off allocates the activation buffer.
-    pub fn set_fused_activation(
-        &mut self,
-        ctx: &GpuContext,
-        cfg: &ModelConfig,
-        on: bool,
-    ) -> Result<()> {
-        if on {
-            self.act = None;
-        } else if self.act.is_none() {
-            let bytes = (self.max_tokens * cfg.intermediate_size * 4) as u64;
-            self.act = Some(ctx.storage_buffer("act", bytes)?);
-        }
-        Ok(())
-    }
-
-    /// Where the RMSNorms before the q k v, gate-up and LM head projections are computed:
-    /// by a pass of their own, or by those projections as they read the residual stream
-    /// (one dispatch and one pass over `[tokens, hidden]` fewer per norm;
-    /// [`crate::kernels::matmul::matmul_normed`]). See [`NormFusion`] for the default.
-    pub fn norm_fusion(&self) -> NormFusion {
-        self.norm_fusion
-    }
-
-    /// Whether a projection of `w` over `m` rows computes its input's norm.
-    fn fuse_norm_here(&self, m: usize, w: &Weight) -> bool {
-        match self.norm_fusion {
-            NormFusion::Never => false,
-            NormFusion::Always => true,
-            NormFusion::WhereFaster => m == 1 && w.rows * w.cols <= SMALL_FUSED_WEIGHT,
-        }
-    }
-
-    /// Chooses [`Self::norm_fusion`]. An error for a hidden size the fused norm cannot read
-    /// (not a multiple of 8), and for [`NormFusion::WhereFaster`] where the adapter's norm
-    /// kernel sums differently from the fused norm (a GPU's): that choice per call would
-    /// make a row's result depend on the step it runs in.
-    pub fn set_norm_fusion(
-        &mut self,
-        ctx: &GpuContext,
-        cfg: &ModelConfig,
-        mode: NormFusion,
-    ) -> Result<()> {
-        let bad = |why: String| Err(GpuError::invalid("forward", why));
-        if mode != NormFusion::Never && !norm_fusable(cfg) {
-            return bad(format!(
-                "norms of {} elements cannot be fused",
-                cfg.hidden_size
-            ));
-        }
-        if mode == NormFusion::WhereFaster && !same_bits_fused(ctx, cfg) {
-            return bad(
-                "this adapter's norms round differently when fused; fuse always or never".into(),
-            );
-        }
-        self.norm_fusion = mode;
-        Ok(())
-    }
-}
-
-/// Where a [`Workspace`] computes the norms that precede projections.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NormFusion {
-    /// Every norm by a pass of its own (the default where the hidden size is not a multiple
-    /// of 8).
-    Never,
-    /// Every such norm by its projection: the default on GPUs, whose norm kernel sums a
-    /// row's squares as a tree, so fused norms round differently from separate ones (the
-    /// tokens agree up to rounding) and the choice must hold for every step.
-    Always,
-    /// Each call the faster way: fused for one-row steps of projections of at most
-    /// [`SMALL_FUSED_WEIGHT`] weights, separate otherwise. Only where the adapter norms with
-    /// the lane-per-row kernel (CPU adapters), whose sums and scaling the fused norm
-    /// repeats exactly, so both ways give the same bits (tested); the default there. On
-    /// lavapipe the fused kernel's sum of squares, repeated by every workgroup, costs more
-    /// than the separate pass for wider weights and more rows (docs/BENCHMARKS.md).
-    WhereFaster,
-}
-
-/// Whether `cfg`'s norms before projections can be fused into them (a hidden size the
-/// normed-input matmul handles).
-fn norm_fusable(cfg: &ModelConfig) -> bool {
-    cfg.hidden_size.is_multiple_of(8)
-}
-
-/// Whether a fused norm gives the bits of `ctx`'s norm kernel.
-fn same_bits_fused(ctx: &GpuContext, cfg: &ModelConfig) -> bool {
-    RmsNormKernel::choose(ctx, cfg.hidden_size) == RmsNormKernel::Lanes
-}
-
-/// The default [`NormFusion`] for `cfg` on `ctx`.
-fn norm_fusion_by_default(ctx: &GpuContext, cfg: &ModelConfig) -> NormFusion {
-    match (norm_fusable(cfg), same_bits_fused(ctx, cfg)) {
-        (false, _) => NormFusion::Never,
-        (true, true) => NormFusion::WhereFaster,
-        (true, false) => NormFusion::Always,
-    }
-}
-
-/// Weights up to which [`NormFusion::WhereFaster`] fuses the norm into a one-row projection:
-/// measured on lavapipe (`cargo bench --bench matmul -- --normed`), fusion won 1.2-1.5x for
-/// 864 x 288 and 1536 x 288 weights and lost for 2304 x 768 and wider, where each of more
-/// workgroups repeats the row's sum of squares.
-pub const SMALL_FUSED_WEIGHT: usize = 1 << 19;
-
-/// Fusing the gated activation into the down projection is the default on GPUs only.
-fn fused_by_default(ctx: &GpuContext) -> bool {
-    ctx.info.device_type != wgpu::DeviceType::Cpu
 }
 
 /// What one step computes.
@@ -325,7 +221,16 @@ impl Pass<'_> {
             window: rc.layers[i].window,
             softcap: rc.attn_softcap,
         };
-        paged_attention(batch, self.pool, i, meta, q, &ws.attn, heads, opts)?;
+        let call = Attention {
+            pool: self.pool,
+            layer: i,
+            meta,
+            q,
+            out: &ws.attn,
+            num_heads: heads,
+            opts,
+        };
+        paged_attention(batch, ws.plan.attention, &call)?;
         batch.profile_site(Some("o"));
         let post = l.post_attn_norm.as_ref();
         self.residual(batch, post, &ws.attn, None, &l.o, l.o_bias.as_ref())
@@ -334,10 +239,11 @@ impl Pass<'_> {
     /// q and k normed per head where the recipe has q/k norms, else as projected.
     fn qk_norms(&self, batch: &mut Batch, l: &GpuLayer) -> Result<(&wgpu::Buffer, &wgpu::Buffer)> {
         let (c, ws, t, eps) = (&self.model.config, self.ws, self.t, self.eps);
+        let kernel = ws.plan.qk_norm;
         match (&ws.qk_normed, &l.q_norm, &l.k_norm) {
             (Some((qn, kn)), Some(qw), Some(kw)) => {
-                rms_norm::rms_norm(batch, &ws.q, qw, qn, t * c.num_heads, eps)?;
-                rms_norm::rms_norm(batch, &ws.k, kw, kn, t * c.num_kv_heads, eps)?;
+                rms_norm::rms_norm(batch, kernel, &ws.q, qw, qn, t * c.num_heads, eps)?;
+                rms_norm::rms_norm(batch, kernel, &ws.k, kw, kn, t * c.num_kv_heads, eps)?;
                 Ok((qn, kn))
             }
             (_, None, None) => Ok((&ws.q, &ws.k)),
@@ -378,7 +284,7 @@ impl Pass<'_> {
     fn lm_head(&self, batch: &mut Batch) -> Result<()> {
         let (model, ws, input, t) = (self.model, self.ws, self.input, self.t);
         let head = model.lm_head();
-        let (hidden, norm) = match ws.fuse_norm_here(input.num_rows, head) {
+        let (hidden, norm) = match ws.plan.fuse_norm(input.num_rows, head.rows * head.cols) {
             true => (
                 &ws.x,
                 Some(Norm {
@@ -387,7 +293,8 @@ impl Pass<'_> {
                 }),
             ),
             false => {
-                rms_norm::rms_norm(batch, &ws.x, &model.norm, &ws.h, t, self.eps)?;
+                let kernel = ws.plan.rms_norm;
+                rms_norm::rms_norm(batch, kernel, &ws.x, &model.norm, &ws.h, t, self.eps)?;
                 (&ws.h, None)
             }
         };
@@ -401,7 +308,16 @@ impl Pass<'_> {
         };
         // Gathering the sampled rows, the vocabulary projection and the arg-max.
         batch.profile_site(Some("lm head"));
-        let r = lm_head(batch, hidden, t, input.rows, input.num_rows, head, out);
+        let r = lm_head(
+            batch,
+            &ws.plan,
+            hidden,
+            t,
+            input.rows,
+            input.num_rows,
+            head,
+            out,
+        );
         batch.profile_site(None);
         r
     }
@@ -419,15 +335,20 @@ impl Pass<'_> {
         bias: Option<&wgpu::Buffer>,
     ) -> Result<()> {
         let (ws, t) = (self.ws, self.t);
-        let project = |batch: &mut Batch, y: &wgpu::Buffer, out: Output| match gated {
-            Some(act) => matmul_gated(batch, a, act, w, bias, y, t, out),
-            None => matmul(batch, a, w, bias, y, t, out),
+        let project = |batch: &mut Batch, y: &wgpu::Buffer, out: Output| {
+            let call = Matmul::new(a, w, y, t).bias(bias).output(out);
+            let call = match gated {
+                Some(act) => call.gated(act),
+                None => call,
+            };
+            matmul(batch, &ws.plan.matmul, &call)
         };
         match (norm, &ws.y) {
             (Some(norm), Some(y)) => {
                 project(batch, y, Output::Overwrite)?;
                 batch.profile_site(None);
-                rms_norm::rms_norm(batch, y, norm, &ws.h, t, self.eps)?;
+                let kernel = ws.plan.rms_norm;
+                rms_norm::rms_norm(batch, kernel, y, norm, &ws.h, t, self.eps)?;
                 add::add(batch, &ws.x, &ws.h, t * self.model.config.hidden_size)
             }
             (None, _) => project(batch, &ws.x, Output::Accumulate),
@@ -451,22 +372,17 @@ impl Pass<'_> {
         outputs: Outputs<'_>,
     ) -> Result<()> {
         let (ws, t, eps) = (self.ws, self.t, self.eps);
-        let fused = ws.fuse_norm_here(t, w);
+        let fused = ws.plan.fuse_norm(t, w.rows * w.cols);
         batch.profile_site(None);
         if !fused {
-            rms_norm::rms_norm(batch, &ws.x, norm, &ws.h, t, eps)?;
+            rms_norm::rms_norm(batch, ws.plan.rms_norm, &ws.x, norm, &ws.h, t, eps)?;
         }
         batch.profile_site(Some(site));
-        let r = match (fused, outputs) {
-            (true, _) => {
-                let norm = Norm { weight: norm, eps };
-                matmul_normed(batch, &ws.x, norm, w, bias, outputs, t, Output::Overwrite)
-            }
-            (false, Outputs::One(y)) => matmul(batch, &ws.h, w, bias, y, t, Output::Overwrite),
-            (false, Outputs::Three(ys, widths)) => {
-                matmul_split(batch, &ws.h, w, bias, ys, widths, t)
-            }
+        let call = match fused {
+            true => Matmul::new(&ws.x, w, &ws.h, t).normed(Norm { weight: norm, eps }),
+            false => Matmul::new(&ws.h, w, &ws.h, t),
         };
+        let r = matmul(batch, &ws.plan.matmul, &call.bias(bias).outputs(outputs));
         batch.profile_site(None);
         r
     }

@@ -200,3 +200,27 @@ pub fn read_rows(
     }
     (k, v)
 }
+
+/// `ctx`'s default matmul plan for products of inner dimension `k`.
+pub fn mm_plan(ctx: &GpuContext, k: usize) -> pagellm::kernels::plan::MatmulPlan {
+    pagellm::kernels::plan::MatmulPlan::choose(ctx, &[k])
+}
+
+/// `ctx`'s matmul plan with every step run by `kernel` (kernels compared side by side).
+pub fn mm_only(
+    ctx: &GpuContext,
+    kernel: pagellm::kernels::matmul::MatmulKernel,
+) -> pagellm::kernels::plan::MatmulPlan {
+    mm_plan(ctx, 8).only(kernel)
+}
+
+/// `ctx`'s default kernel plan for a model whose every width is `width`.
+pub fn plan_for(ctx: &GpuContext, width: usize) -> pagellm::kernels::KernelPlan {
+    let dims = pagellm::kernels::ModelDims {
+        hidden: width,
+        head_dim: width,
+        q_width: width,
+        intermediate: width,
+    };
+    pagellm::kernels::KernelPlan::choose(ctx, &dims)
+}
