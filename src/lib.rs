@@ -6,6 +6,7 @@
 //! - [`kernels`]: the WGSL compute kernels with typed launchers;
 //! - [`reference`]: plain-Rust versions of every kernel, the oracle the GPU is tested
 //!   against;
+//! - [`gguf`]: GGUF checkpoints; so far, reference (de)quantizers of GGML block formats;
 //! - [`pool`]: GPU storage of the KV blocks (f16, f32, int8, int4);
 //! - [`cache`]: the block manager (block tables, reference counts, copy-on-write, swap,
 //!   prefix caching), plain Rust; [`cache_engine`] carries out its plans on the GPU;
@@ -22,6 +23,7 @@ pub mod cache_engine;
 pub mod engine;
 pub mod error;
 pub mod eval;
+pub mod gguf;
 pub mod gpu;
 pub mod kernels;
 pub mod model;

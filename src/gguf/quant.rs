@@ -1,0 +1,774 @@
+//! Reference (de)quantizers for the GGML weight formats a GGUF file stores.
+//!
+//! Plain, unoptimised Rust, written to be read and trusted: these functions are the oracle
+//! for the GPU dequantization kernels and for quantizing weights at load time. Dequantization
+//! is exact: [`dequantize`] gives, bit for bit, the f32 values and element order that
+//! llama.cpp's `gguf` Python package gives (`tests/quant_reference.rs` checks that against
+//! fixtures made with the package).
+//!
+//! Block layouts (all multi-byte fields little-endian; `f16` is IEEE half precision). A
+//! "32-block" holds 32 values, a "super-block" 256 values in 8 or 16 sub-blocks:
+//!
+//! | type | elems | bytes | layout | value |
+//! | --- | --- | --- | --- | --- |
+//! | Q4_0 | 32 | 18 | `d: f16`, 16 bytes of 4-bit codes | `d * (q - 8)` |
+//! | Q4_1 | 32 | 20 | `d: f16`, `m: f16`, 16 bytes of 4-bit codes | `d * q + m` |
+//! | Q5_0 | 32 | 22 | `d: f16`, `qh: u32` (fifth bits), 16 bytes of low nibbles | `d * (q - 16)` |
+//! | Q5_1 | 32 | 24 | `d: f16`, `m: f16`, `qh: u32`, 16 bytes of low nibbles | `d * q + m` |
+//! | Q8_0 | 32 | 34 | `d: f16`, 32 `i8` codes | `d * q` |
+//! | Q4_K | 256 | 144 | `d`, `dmin: f16`, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles | `d * sc * q - dmin * m` |
+//! | Q5_K | 256 | 176 | as Q4_K, then 32 bytes of fifth bits before the nibbles | `d * sc * q - dmin * m` |
+//! | Q6_K | 256 | 210 | 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 `i8` scales, `d: f16` | `d * sc * (q - 32)` |
+//!
+//! In the 32-blocks, byte `j` of the nibbles holds element `j` in its low half and element
+//! `j + 16` in its high half; bit `j` of `qh` is the fifth bit of element `j`. In Q4_K and
+//! Q5_K each run of 32 nibble bytes holds two sub-blocks of 32 (low halves first), and bit `s`
+//! of high-bit byte `l` belongs to element `l` of sub-block `s`. Q6_K works in halves of 128
+//! values; `dequant_q6_k` below spells out the interleaving. Every product is an f32 product of
+//! the f16 fields widened to f32, in the order the value column shows.
+//!
+//! Quantization ([`quantize`]): for F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 the bytes
+//! are exactly those of the `gguf` package's quantizer (itself a port of ggml's reference
+//! quantizers): same choice of scale, same f32 arithmetic, the same rounding of codes and the
+//! same round-to-nearest-even of scales to f16. The package has no quantizer for the
+//! K-quants, so Q4_K, Q5_K and Q6_K use a simple quantizer of this module's own, described at
+//! [`quantize`]; it is not llama.cpp's error-minimising scale search and will not reproduce
+//! llama.cpp's bytes, only dequantize within the documented bound.
+
+use half::{bf16, f16};
+
+/// Values in a Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 block.
+const QK: usize = 32;
+/// Values in a K-quant super-block.
+const QK_K: usize = 256;
+
+/// A tensor element type of GGUF/GGML that pagellm can (de)quantize.
+#[allow(non_camel_case_types)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GgmlType {
+    F32,
+    F16,
+    BF16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+}
+
+/// GGML type ids that exist (or once existed) in the format but that pagellm does not read,
+/// with their GGML names, so that an error can say which type a file asked for.
+const UNSUPPORTED: &[(u32, &str)] = &[
+    (4, "Q4_2"),
+    (5, "Q4_3"),
+    (9, "Q8_1"),
+    (10, "Q2_K"),
+    (11, "Q3_K"),
+    (15, "Q8_K"),
+    (16, "IQ2_XXS"),
+    (17, "IQ2_XS"),
+    (18, "IQ3_XXS"),
+    (19, "IQ1_S"),
+    (20, "IQ4_NL"),
+    (21, "IQ3_S"),
+    (22, "IQ2_S"),
+    (23, "IQ4_XS"),
+    (24, "I8"),
+    (25, "I16"),
+    (26, "I32"),
+    (27, "I64"),
+    (28, "F64"),
+    (29, "IQ1_M"),
+    (31, "Q4_0_4_4"),
+    (32, "Q4_0_4_8"),
+    (33, "Q4_0_8_8"),
+    (34, "TQ1_0"),
+    (35, "TQ2_0"),
+    (36, "IQ4_NL_4_4"),
+    (37, "IQ4_NL_4_8"),
+    (38, "IQ4_NL_8_8"),
+    (39, "MXFP4"),
+    (40, "NVFP4"),
+    (41, "Q1_0"),
+];
+
+impl GgmlType {
+    /// Every supported type, in GGML id order.
+    pub const ALL: [GgmlType; 11] = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::BF16,
+    ];
+
+    /// The type a GGUF tensor info's type id names. Ids of GGML types pagellm does not
+    /// implement give [`QuantError::UnsupportedType`] with the type's name; ids GGML never
+    /// defined give [`QuantError::UnknownTypeId`].
+    pub fn from_id(id: u32) -> Result<GgmlType, QuantError> {
+        if let Some(ty) = Self::ALL.iter().find(|ty| ty.id() == id) {
+            return Ok(*ty);
+        }
+        match UNSUPPORTED.iter().find(|(known, _)| *known == id) {
+            Some(&(id, name)) => Err(QuantError::UnsupportedType { id, name }),
+            None => Err(QuantError::UnknownTypeId { id }),
+        }
+    }
+
+    /// The GGML type id, as GGUF tensor infos store it.
+    pub fn id(self) -> u32 {
+        match self {
+            GgmlType::F32 => 0,
+            GgmlType::F16 => 1,
+            GgmlType::Q4_0 => 2,
+            GgmlType::Q4_1 => 3,
+            GgmlType::Q5_0 => 6,
+            GgmlType::Q5_1 => 7,
+            GgmlType::Q8_0 => 8,
+            GgmlType::Q4_K => 12,
+            GgmlType::Q5_K => 13,
+            GgmlType::Q6_K => 14,
+            GgmlType::BF16 => 30,
+        }
+    }
+
+    /// The GGML name ("Q4_K", "BF16", ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            GgmlType::F32 => "F32",
+            GgmlType::F16 => "F16",
+            GgmlType::BF16 => "BF16",
+            GgmlType::Q4_0 => "Q4_0",
+            GgmlType::Q4_1 => "Q4_1",
+            GgmlType::Q5_0 => "Q5_0",
+            GgmlType::Q5_1 => "Q5_1",
+            GgmlType::Q8_0 => "Q8_0",
+            GgmlType::Q4_K => "Q4_K",
+            GgmlType::Q5_K => "Q5_K",
+            GgmlType::Q6_K => "Q6_K",
+        }
+    }
+
+    /// Values per block: 1 for the float types, 32 or 256 for the block formats.
+    pub fn block_elems(self) -> usize {
+        match self {
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
+                QK
+            }
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => QK_K,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            GgmlType::F32 => 4,
+            GgmlType::F16 | GgmlType::BF16 => 2,
+            GgmlType::Q4_0 => 18,
+            GgmlType::Q4_1 => 20,
+            GgmlType::Q5_0 => 22,
+            GgmlType::Q5_1 => 24,
+            GgmlType::Q8_0 => 34,
+            GgmlType::Q4_K => 144,
+            GgmlType::Q5_K => 176,
+            GgmlType::Q6_K => 210,
+        }
+    }
+
+    /// Bytes that `elems` values take; an error unless `elems` is a whole number of blocks.
+    pub fn bytes_for(self, elems: usize) -> Result<usize, QuantError> {
+        let block = self.block_elems();
+        if !elems.is_multiple_of(block) {
+            return Err(QuantError::NotBlockMultiple {
+                ty: self,
+                elems,
+                block,
+            });
+        }
+        (elems / block)
+            .checked_mul(self.block_bytes())
+            .ok_or(QuantError::TooLarge { ty: self, elems })
+    }
+
+    /// Whether [`quantize`] reproduces the `gguf` package's (and ggml's reference) bytes for
+    /// this type; false for the K-quants, which use this module's own quantizer.
+    pub fn quantize_matches_ggml(self) -> bool {
+        !matches!(self, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+    }
+}
+
+impl std::fmt::Display for GgmlType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What can go wrong sizing, decoding or encoding GGML data.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum QuantError {
+    #[error("GGML type {name} (id {id}) is not supported")]
+    UnsupportedType { id: u32, name: &'static str },
+    #[error("unknown GGML type id {id}")]
+    UnknownTypeId { id: u32 },
+    #[error("{ty}: {elems} elements is not a multiple of its block of {block} elements")]
+    NotBlockMultiple {
+        ty: GgmlType,
+        elems: usize,
+        block: usize,
+    },
+    #[error("{ty}: {elems} elements is too many to count in bytes")]
+    TooLarge { ty: GgmlType, elems: usize },
+    #[error("{ty}: {elems} elements take {expected} bytes, but {got} bytes were given")]
+    ByteLength {
+        ty: GgmlType,
+        elems: usize,
+        expected: usize,
+        got: usize,
+    },
+    #[error("{ty}: cannot quantize the non-finite value {value} at index {index}")]
+    NonFinite {
+        ty: GgmlType,
+        index: usize,
+        value: f32,
+    },
+    #[error("{ty}: the scale of block {block} overflows f16 (its values are too large for {ty})")]
+    ScaleOverflow { ty: GgmlType, block: usize },
+}
+
+// ------------------------------------------------------------------------------------------
+// f16 and bf16
+// ------------------------------------------------------------------------------------------
+
+/// f16 bits to f32, exactly. NaNs keep their sign and payload unchanged, as numpy (and so
+/// the `gguf` package) widens them; `half` would set the quiet bit.
+fn f16_bits_to_f32(h: u16) -> f32 {
+    let h = u32::from(h);
+    if h & 0x7C00 == 0x7C00 && h & 0x03FF != 0 {
+        return f32::from_bits(((h & 0x8000) << 16) | 0x7F80_0000 | ((h & 0x03FF) << 13));
+    }
+    f16::from_bits(h as u16).to_f32()
+}
+
+/// f32 to f16 bits, rounding to nearest even. A NaN keeps its sign and the top ten payload
+/// bits (made non-zero if they are all zero), as numpy narrows it.
+fn f32_to_f16_bits(x: f32) -> u16 {
+    if x.is_nan() {
+        let bits = x.to_bits();
+        let payload = (((bits & 0x007F_FFFF) >> 13) as u16).max(1);
+        return ((bits >> 16) as u16 & 0x8000) | 0x7C00 | payload;
+    }
+    f16::from_f32(x).to_bits()
+}
+
+fn f16_at(block: &[u8], at: usize) -> f32 {
+    f16_bits_to_f32(u16::from_le_bytes([block[at], block[at + 1]]))
+}
+
+/// A stored f16 field came out infinite: the block's values are out of the type's range.
+struct ScaleOverflow;
+
+fn put_f16(out: &mut [u8], at: usize, x: f32) -> Result<(), ScaleOverflow> {
+    let h = f32_to_f16_bits(x);
+    if h & 0x7C00 == 0x7C00 {
+        return Err(ScaleOverflow);
+    }
+    out[at..at + 2].copy_from_slice(&h.to_le_bytes());
+    Ok(())
+}
+
+/// The smallest finite f16 value (widened) that is at least `target` (`target >= 0`).
+fn f16_at_least(target: f32) -> Result<f32, ScaleOverflow> {
+    let mut h = f32_to_f16_bits(target);
+    if f16_bits_to_f32(h) < target {
+        h += 1;
+    }
+    if h & 0x7C00 == 0x7C00 {
+        return Err(ScaleOverflow);
+    }
+    Ok(f16_bits_to_f32(h))
+}
+
+// ------------------------------------------------------------------------------------------
+// Dequantization
+// ------------------------------------------------------------------------------------------
+
+/// Decodes `elems` values of type `ty` from `bytes`, which must be exactly
+/// `ty.bytes_for(elems)` long. Exact: the result equals the `gguf` package's `dequantize`
+/// bit for bit, NaN payloads of F16/BF16/F32 data included.
+pub fn dequantize(ty: GgmlType, bytes: &[u8], elems: usize) -> Result<Vec<f32>, QuantError> {
+    let expected = ty.bytes_for(elems)?;
+    if bytes.len() != expected {
+        return Err(QuantError::ByteLength {
+            ty,
+            elems,
+            expected,
+            got: bytes.len(),
+        });
+    }
+    let mut out = vec![0.0f32; elems];
+    let block: fn(&[u8], &mut [f32]) = match ty {
+        GgmlType::F32 => |b, o| o[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        GgmlType::F16 => |b, o| o[0] = f16_at(b, 0),
+        // A bf16 is the top half of an f32: shifting keeps every bit, NaN payloads too.
+        GgmlType::BF16 => {
+            |b, o| o[0] = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)
+        }
+        GgmlType::Q4_0 => dequant_q4_0,
+        GgmlType::Q4_1 => dequant_q4_1,
+        GgmlType::Q5_0 => dequant_q5_0,
+        GgmlType::Q5_1 => dequant_q5_1,
+        GgmlType::Q8_0 => dequant_q8_0,
+        GgmlType::Q4_K => dequant_q4_k,
+        GgmlType::Q5_K => dequant_q5_k,
+        GgmlType::Q6_K => dequant_q6_k,
+    };
+    for (b, o) in bytes
+        .chunks_exact(ty.block_bytes())
+        .zip(out.chunks_exact_mut(ty.block_elems()))
+    {
+        block(b, o);
+    }
+    Ok(out)
+}
+
+fn dequant_q4_0(b: &[u8], out: &mut [f32]) {
+    let d = f16_at(b, 0);
+    for (j, &byte) in b[2..18].iter().enumerate() {
+        out[j] = (i32::from(byte & 0x0F) - 8) as f32 * d;
+        out[j + 16] = (i32::from(byte >> 4) - 8) as f32 * d;
+    }
+}
+
+fn dequant_q4_1(b: &[u8], out: &mut [f32]) {
+    let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+    for (j, &byte) in b[4..20].iter().enumerate() {
+        out[j] = d * f32::from(byte & 0x0F) + m;
+        out[j + 16] = d * f32::from(byte >> 4) + m;
+    }
+}
+
+/// The 5-bit codes of a Q5_0/Q5_1 block from its `qh` word and 16 nibble bytes.
+fn q5_codes(qh: &[u8], qs: &[u8]) -> [u8; QK] {
+    let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    let high = |i: usize| (((qh >> i) & 1) as u8) << 4;
+    let mut q = [0u8; QK];
+    for (j, &byte) in qs.iter().enumerate() {
+        q[j] = (byte & 0x0F) | high(j);
+        q[j + 16] = (byte >> 4) | high(j + 16);
+    }
+    q
+}
+
+fn dequant_q5_0(b: &[u8], out: &mut [f32]) {
+    let d = f16_at(b, 0);
+    for (o, q) in out.iter_mut().zip(q5_codes(&b[2..6], &b[6..22])) {
+        *o = (i32::from(q) - 16) as f32 * d;
+    }
+}
+
+fn dequant_q5_1(b: &[u8], out: &mut [f32]) {
+    let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+    for (o, q) in out.iter_mut().zip(q5_codes(&b[4..8], &b[8..24])) {
+        *o = d * f32::from(q) + m;
+    }
+}
+
+fn dequant_q8_0(b: &[u8], out: &mut [f32]) {
+    let d = f16_at(b, 0);
+    for (o, &q) in out.iter_mut().zip(&b[2..34]) {
+        *o = f32::from(q as i8) * d;
+    }
+}
+
+/// The 6-bit scale and min of sub-block `j` (0..8) from the 12 packed bytes of a Q4_K/Q5_K
+/// super-block. Sub-blocks 0..4 keep theirs in the low six bits of bytes `j` and `j + 4`;
+/// sub-blocks 4..8 split theirs between a nibble of byte `j + 4` and the top two bits of
+/// bytes `j - 4` and `j`.
+fn k_scale_min(scales: &[u8], j: usize) -> (u8, u8) {
+    if j < 4 {
+        (scales[j] & 0x3F, scales[j + 4] & 0x3F)
+    } else {
+        let sc = (scales[j + 4] & 0x0F) | ((scales[j - 4] >> 6) << 4);
+        let m = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
+        (sc, m)
+    }
+}
+
+/// Q4_K and Q5_K: `high(s, l)` gives the fifth bit (already shifted) of element `l` of
+/// sub-block `s`, zero for Q4_K.
+fn dequant_k_asym(b: &[u8], qs: &[u8], high: impl Fn(usize, usize) -> u8, out: &mut [f32]) {
+    let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+    for s in 0..8 {
+        let (sc, m) = k_scale_min(&b[4..16], s);
+        let (dl, ml) = (d * f32::from(sc), dmin * f32::from(m));
+        let (bytes, shift) = (&qs[32 * (s / 2)..32 * (s / 2) + 32], 4 * (s % 2));
+        for (l, &byte) in bytes.iter().enumerate() {
+            let q = ((byte >> shift) & 0x0F) | high(s, l);
+            out[32 * s + l] = dl * f32::from(q) - ml;
+        }
+    }
+}
+
+fn dequant_q4_k(b: &[u8], out: &mut [f32]) {
+    dequant_k_asym(b, &b[16..144], |_, _| 0, out);
+}
+
+fn dequant_q5_k(b: &[u8], out: &mut [f32]) {
+    let qh = &b[16..48];
+    dequant_k_asym(b, &b[48..176], |s, l| ((qh[l] >> s) & 1) << 4, out);
+}
+
+/// Q6_K. Each half `h` of 128 values takes 64 low-nibble bytes `ql`, 32 high-bit bytes `qh`
+/// and 8 scales. Within it, element `32 * k + l` (`k` in 0..4, `l` in 0..32) has its low
+/// nibble in `ql[l + 32 * (k % 2)]` (low half for `k < 2`, high half otherwise) and its two
+/// high bits at bit `2 * k` of `qh[l]`; each run of 16 elements shares one `i8` scale.
+fn dequant_q6_k(b: &[u8], out: &mut [f32]) {
+    let d = f16_at(b, 208);
+    for h in 0..2 {
+        let ql = &b[64 * h..64 * h + 64];
+        let qh = &b[128 + 32 * h..128 + 32 * h + 32];
+        let scales = &b[192 + 8 * h..192 + 8 * h + 8];
+        for k in 0..4 {
+            for l in 0..32 {
+                let low = (ql[l + 32 * (k % 2)] >> (4 * (k / 2))) & 0x0F;
+                let q = low | (((qh[l] >> (2 * k)) & 0x03) << 4);
+                let e = 32 * k + l;
+                let dl = d * f32::from(scales[e / 16] as i8);
+                out[128 * h + e] = dl * (i32::from(q) - 32) as f32;
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Quantization
+// ------------------------------------------------------------------------------------------
+
+/// Encodes `values` as type `ty`; `values.len()` must be a whole number of blocks.
+///
+/// - F32, F16, BF16: conversion, rounding to nearest even (NaNs and infinities pass through
+///   as the `gguf` package passes them).
+/// - Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: byte for byte the `gguf` package's (and ggml's reference)
+///   quantizer. The scale is computed in f32 from the block's extreme values (the
+///   signed value of largest magnitude, first one on ties, for Q4_0/Q5_0; the absolute
+///   maximum for Q8_0; max and min for Q4_1/Q5_1), codes are computed from that f32 scale
+///   (Q8_0 rounds half away from zero; the others add one half and truncate), and the scale
+///   (and min) are then stored rounded to f16.
+/// - Q4_K, Q5_K: this module's own quantizer, not llama.cpp's search. Each sub-block of 32
+///   gets the offset `-min(0, min x)` and the step `(max x + offset) / L` (`L` = 15 or 31);
+///   the super-block's `dmin` and `d` are the smallest f16 values that let 6-bit multiples
+///   reach the largest offset and step, each sub-block's 6-bit min and scale are rounded up
+///   so that its grid covers its values, and codes are rounded to nearest (half away from
+///   zero) on the grid the dequantizer will use. Error per value is at most about half a
+///   step: `|x - x'| <= ((span + dmin) / L + d) / 2` (plus f32 rounding), where `span` is
+///   `max x - min(0, min x)` over the value's sub-block.
+/// - Q6_K: the same scheme, symmetric: step `max |x| / 31` per sub-block of 16, `i8` scales
+///   (0..=127) of an f16 `d`, codes rounded to -31..=31; error at most
+///   `(max |x| / 31 + d) / 2` per sub-block.
+///
+/// Errors: [`QuantError::NotBlockMultiple`] for a length that is not whole blocks;
+/// [`QuantError::NonFinite`] for a NaN or infinite value given to a block format;
+/// [`QuantError::ScaleOverflow`] when a block's scale or min does not fit in f16 (where the
+/// `gguf` package would store an infinite scale).
+pub fn quantize(ty: GgmlType, values: &[f32]) -> Result<Vec<u8>, QuantError> {
+    let len = ty.bytes_for(values.len())?;
+    let block: fn(&[f32], &mut [u8]) -> Result<(), ScaleOverflow> = match ty {
+        GgmlType::F32 => return Ok(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+        GgmlType::F16 => {
+            return Ok(values
+                .iter()
+                .flat_map(|&v| f32_to_f16_bits(v).to_le_bytes())
+                .collect())
+        }
+        GgmlType::BF16 => {
+            return Ok(values
+                .iter()
+                .flat_map(|&v| bf16::from_f32(v).to_bits().to_le_bytes())
+                .collect())
+        }
+        GgmlType::Q4_0 => quant_q4_0,
+        GgmlType::Q4_1 => quant_q4_1,
+        GgmlType::Q5_0 => quant_q5_0,
+        GgmlType::Q5_1 => quant_q5_1,
+        GgmlType::Q8_0 => quant_q8_0,
+        GgmlType::Q4_K => quant_q4_k,
+        GgmlType::Q5_K => quant_q5_k,
+        GgmlType::Q6_K => quant_q6_k,
+    };
+    if let Some(index) = values.iter().position(|v| !v.is_finite()) {
+        return Err(QuantError::NonFinite {
+            ty,
+            index,
+            value: values[index],
+        });
+    }
+    let mut out = vec![0u8; len];
+    let chunks = values
+        .chunks_exact(ty.block_elems())
+        .zip(out.chunks_exact_mut(ty.block_bytes()));
+    for (i, (x, o)) in chunks.enumerate() {
+        block(x, o).map_err(|ScaleOverflow| QuantError::ScaleOverflow { ty, block: i })?;
+    }
+    Ok(out)
+}
+
+/// The value of largest magnitude, with its sign; the first one when several tie.
+fn signed_absmax(x: &[f32]) -> f32 {
+    let mut best = x[0];
+    for &v in &x[1..] {
+        if v.abs() > best.abs() {
+            best = v;
+        }
+    }
+    best
+}
+
+fn min_max(x: &[f32]) -> (f32, f32) {
+    x[1..].iter().fold((x[0], x[0]), |(lo, hi), &v| {
+        (if v < lo { v } else { lo }, if v > hi { v } else { hi })
+    })
+}
+
+/// `1 / d`, or 0 for a zero scale.
+fn inverse(d: f32) -> f32 {
+    if d == 0.0 {
+        0.0
+    } else {
+        1.0 / d
+    }
+}
+
+/// Codes `trunc(x * scale + offset)`, at most `top` (the arguments keep them non-negative).
+fn truncated_codes(x: &[f32], sub: f32, id: f32, offset: f32, top: u8) -> [u8; QK] {
+    let mut q = [0u8; QK];
+    for (q, &v) in q.iter_mut().zip(x) {
+        // `as u8` saturates; the value is already within 0..=top + 1 here.
+        *q = (((v - sub) * id + offset).trunc() as u8).min(top);
+    }
+    q
+}
+
+/// Packs 32 codes two to a byte: element `j` low, element `j + 16` high.
+fn pack_nibbles(q: &[u8; QK], out: &mut [u8]) {
+    for j in 0..QK / 2 {
+        out[j] = (q[j] & 0x0F) | (q[j + 16] << 4);
+    }
+}
+
+/// Packs 32 five-bit codes: the `qh` word of fifth bits, then the nibbles.
+fn pack_q5(q: &[u8; QK], out: &mut [u8]) {
+    let qh = q
+        .iter()
+        .enumerate()
+        .fold(0u32, |acc, (j, &v)| acc | (u32::from(v >> 4) << j));
+    out[..4].copy_from_slice(&qh.to_le_bytes());
+    pack_nibbles(q, &mut out[4..20]);
+}
+
+fn quant_q4_0(x: &[f32], out: &mut [u8]) -> Result<(), ScaleOverflow> {
+    let d = signed_absmax(x) / -8.0;
+    let q = truncated_codes(x, 0.0, inverse(d), 8.5, 15);
+    put_f16(out, 0, d)?;
+    pack_nibbles(&q, &mut out[2..18]);
+    Ok(())
+}
+
+fn quant_q5_0(x: &[f32], out: &mut [u8]) -> Result<(), ScaleOverflow> {
+    let d = signed_absmax(x) / -16.0;
+    let q = truncated_codes(x, 0.0, inverse(d), 16.5, 31);
+    put_f16(out, 0, d)?;
+    pack_q5(&q, &mut out[2..22]);
+    Ok(())
+}
+
+fn quant_q4_1(x: &[f32], out: &mut [u8]) -> Result<(), ScaleOverflow> {
+    let (lo, hi) = min_max(x);
+    let d = (hi - lo) / 15.0;
+    let q = truncated_codes(x, lo, inverse(d), 0.5, 15);
+    put_f16(out, 0, d)?;
+    put_f16(out, 2, lo)?;
+    pack_nibbles(&q, &mut out[4..20]);
+    Ok(())
+}
+
+fn quant_q5_1(x: &[f32], out: &mut [u8]) -> Result<(), ScaleOverflow> {
+    let (lo, hi) = min_max(x);
+    let d = (hi - lo) / 31.0;
+    let q = truncated_codes(x, lo, inverse(d), 0.5, 31);
+    put_f16(out, 0, d)?;
+    put_f16(out, 2, lo)?;
+    pack_q5(&q, &mut out[4..24]);
+    Ok(())
+}
+
+fn quant_q8_0(x: &[f32], out: &mut [u8]) -> Result<(), ScaleOverflow> {
+    let d = x.iter().fold(0.0f32, |m, v| m.max(v.abs())) / 127.0;
+    let id = inverse(d);
+    put_f16(out, 0, d)?;
+    for (o, &v) in out[2..34].iter_mut().zip(x) {
+        // f32::round rounds half away from zero, as ggml's reference does.
+        *o = (v * id).round() as i8 as u8;
+    }
+    Ok(())
+}
+
+/// The super-block factor (an f16 value) and per-sub-block multipliers `ceil(need / factor)`
+/// (at most `max_mult`) that make `factor * mult >= need` for every sub-block.
+fn k_multipliers<const N: usize>(
+    need: &[f32; N],
+    max_mult: u8,
+) -> Result<(f32, [u8; N]), ScaleOverflow> {
+    let largest = need.iter().fold(0.0f32, |m, &v| m.max(v));
+    let factor = f16_at_least(largest / f32::from(max_mult))?;
+    let mut mult = [0u8; N];
+    if factor > 0.0 {
+        for (m, &n) in mult.iter_mut().zip(need) {
+            *m = (n / factor).ceil().min(f32::from(max_mult)) as u8;
+        }
+    }
+    Ok((factor, mult))
+}
+
+/// Scales, mins and codes of a Q4_K/Q5_K super-block with `top` = 15 or 31 (see
+/// [`quantize`]): (d, dmin, 6-bit scales, 6-bit mins, codes).
+type KAsym = (f32, f32, [u8; 8], [u8; 8], [u8; QK_K]);
+
+fn quant_k_asym(x: &[f32], top: u8) -> Result<KAsym, ScaleOverflow> {
+    let mut offset = [0.0f32; 8];
+    let mut hi = [0.0f32; 8];
+    for (s, sub) in x.chunks_exact(32).enumerate() {
+        let (lo, max) = min_max(sub);
+        offset[s] = -lo.min(0.0);
+        hi[s] = max;
+    }
+    let (dmin, mins) = k_multipliers(&offset, 63)?;
+    let mut need = [0.0f32; 8];
+    for s in 0..8 {
+        need[s] = ((hi[s] + dmin * f32::from(mins[s])) / f32::from(top)).max(0.0);
+    }
+    let (d, scales) = k_multipliers(&need, 63)?;
+    let mut q = [0u8; QK_K];
+    for (s, sub) in x.chunks_exact(32).enumerate() {
+        let (dl, ml) = (d * f32::from(scales[s]), dmin * f32::from(mins[s]));
+        for (q, &v) in q[32 * s..32 * s + 32].iter_mut().zip(sub) {
+            *q = if dl > 0.0 {
+                ((v + ml) / dl).round().clamp(0.0, f32::from(top)) as u8
+            } else {
+                0
+            };
+        }
+    }
+    Ok((d, dmin, scales, mins, q))
+}
+
+/// Packs eight 6-bit scales and mins into the 12 bytes [`k_scale_min`] reads.
+fn pack_k_scales(scales: &[u8; 8], mins: &[u8; 8], out: &mut [u8]) {
+    for j in 0..4 {
+        out[j] = scales[j] | ((scales[j + 4] >> 4) << 6);
+        out[j + 4] = mins[j] | ((mins[j + 4] >> 4) << 6);
+        out[j + 8] = (scales[j + 4] & 0x0F) | ((mins[j + 4] & 0x0F) << 4);
+    }
+}
+
+/// Packs 256 codes' low nibbles: each run of 32 bytes holds two sub-blocks, low half first.
+fn pack_k_nibbles(q: &[u8; QK_K], out: &mut [u8]) {
+    for c in 0..4 {
+        for l in 0..32 {
+            out[32 * c + l] = (q[64 * c + l] & 0x0F) | ((q[64 * c + 32 + l] & 0x0F) << 4);
+        }
+    }
+}
+
+fn quant_q4_k(x: &[f32], out: &mut [u8]) -> Result<(), ScaleOverflow> {
+    let (d, dmin, scales, mins, q) = quant_k_asym(x, 15)?;
+    put_f16(out, 0, d)?;
+    put_f16(out, 2, dmin)?;
+    pack_k_scales(&scales, &mins, &mut out[4..16]);
+    pack_k_nibbles(&q, &mut out[16..144]);
+    Ok(())
+}
+
+fn quant_q5_k(x: &[f32], out: &mut [u8]) -> Result<(), ScaleOverflow> {
+    let (d, dmin, scales, mins, q) = quant_k_asym(x, 31)?;
+    put_f16(out, 0, d)?;
+    put_f16(out, 2, dmin)?;
+    pack_k_scales(&scales, &mins, &mut out[4..16]);
+    for l in 0..32 {
+        out[16 + l] = (0..8).fold(0u8, |acc, s| acc | ((q[32 * s + l] >> 4) << s));
+    }
+    pack_k_nibbles(&q, &mut out[48..176]);
+    Ok(())
+}
+
+fn quant_q6_k(x: &[f32], out: &mut [u8]) -> Result<(), ScaleOverflow> {
+    let mut need = [0.0f32; 16];
+    for (n, sub) in need.iter_mut().zip(x.chunks_exact(16)) {
+        *n = sub.iter().fold(0.0f32, |m, v| m.max(v.abs())) / 31.0;
+    }
+    let (d, scales) = k_multipliers(&need, 127)?;
+    let mut q = [0u8; QK_K];
+    for (e, (q, &v)) in q.iter_mut().zip(x).enumerate() {
+        let dl = d * f32::from(scales[e / 16]);
+        let code = if dl > 0.0 {
+            (v / dl).round().clamp(-32.0, 31.0)
+        } else {
+            0.0
+        };
+        *q = (code as i32 + 32) as u8;
+    }
+    for h in 0..2 {
+        for l in 0..32 {
+            let c = |k: usize| q[128 * h + 32 * k + l];
+            out[64 * h + l] = (c(0) & 0x0F) | ((c(2) & 0x0F) << 4);
+            out[64 * h + 32 + l] = (c(1) & 0x0F) | ((c(3) & 0x0F) << 4);
+            out[128 + 32 * h + l] = (0..4).fold(0u8, |acc, k| acc | ((c(k) >> 4) << (2 * k)));
+        }
+    }
+    out[192..208].copy_from_slice(&scales);
+    put_f16(out, 208, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn k_scales_pack_and_unpack_are_inverse() {
+        for a in 0..64u8 {
+            let scales = [a, 63 - a, a / 2, 1, a ^ 0x2A, 63, 0, a];
+            let mins = [63 - a, a, 0, 63, a / 3, a ^ 0x15, a, 32];
+            let mut packed = [0u8; 12];
+            pack_k_scales(&scales, &mins, &mut packed);
+            for j in 0..8 {
+                assert_eq!(k_scale_min(&packed, j), (scales[j], mins[j]), "a={a} j={j}");
+            }
+        }
+    }
+
+    #[test]
+    fn ids_and_names_round_trip() {
+        for ty in GgmlType::ALL {
+            assert_eq!(GgmlType::from_id(ty.id()), Ok(ty));
+            assert_eq!(ty.to_string(), ty.name());
+        }
+    }
+
+    #[test]
+    fn f16_at_least_never_rounds_down() {
+        for target in [0.0f32, 1e-9, 5.9e-8, 6.0e-8, 1.0 / 3.0, 1.0009766, 65504.0] {
+            let h = f16_at_least(target).ok().expect("finite");
+            assert!(h >= target, "{h} < {target}");
+        }
+        assert!(f16_at_least(65505.0).is_err());
+    }
+}
