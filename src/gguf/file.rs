@@ -229,6 +229,11 @@ impl<B: AsRef<[u8]>> Gguf<B> {
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.metadata.get(key)
     }
+
+    /// The tensor directory and the bytes it points into.
+    pub fn into_parts(self) -> (Vec<TensorInfo>, B) {
+        (self.tensors, self.bytes)
+    }
 }
 
 /// Reads the magic and the version.

@@ -4,5 +4,7 @@
 //! the block formats, the oracle that GPU kernels and load-time quantization are tested
 //! against.
 
+pub mod checkpoint;
+pub mod config;
 pub mod file;
 pub mod quant;

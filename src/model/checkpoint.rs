@@ -14,9 +14,33 @@ use std::path::{Path, PathBuf};
 
 struct File {
     path: PathBuf,
-    map: Mmap,
+    map: Bytes,
     /// Start of the data section (8-byte length + header).
     data_start: usize,
+}
+
+/// A file's bytes: mapped from disk, or computed at open (GGUF q and k weights with their
+/// rows put back in Hugging Face order).
+pub(crate) enum Bytes {
+    Map(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Map(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
+}
+
+/// How a tensor is stored: a float format the loader reads, or another, by name.
+#[derive(Clone, Debug)]
+pub(crate) enum Stored {
+    Float(WeightDtype),
+    Other(String),
 }
 
 /// One tensor: its storage format, shape and bytes (little-endian, row-major).
@@ -52,7 +76,7 @@ impl TensorRef<'_> {
 
 struct Entry {
     file: usize,
-    dtype: Dtype,
+    dtype: Stored,
     shape: Vec<usize>,
     offsets: (usize, usize),
 }
@@ -135,11 +159,17 @@ impl Checkpoint {
                     "tensor {name} appears in more than one shard"
                 )));
             }
+            let dtype = match info.dtype {
+                Dtype::F32 => Stored::Float(WeightDtype::F32),
+                Dtype::F16 => Stored::Float(WeightDtype::F16),
+                Dtype::BF16 => Stored::Float(WeightDtype::BF16),
+                other => Stored::Other(format!("{other:?}")),
+            };
             self.tensors.insert(
                 name,
                 Entry {
                     file: index,
-                    dtype: info.dtype,
+                    dtype,
                     shape: info.shape.clone(),
                     offsets: info.data_offsets,
                 },
@@ -147,9 +177,58 @@ impl Checkpoint {
         }
         self.files.push(File {
             path,
-            map,
+            map: Bytes::Map(map),
             data_start: 8 + header_len,
         });
+        Ok(())
+    }
+
+    /// A checkpoint of no files, filled by [`Self::add_bytes`] and [`Self::add_tensor`].
+    pub(crate) fn empty() -> Self {
+        Checkpoint {
+            files: Vec::new(),
+            tensors: BTreeMap::new(),
+        }
+    }
+
+    /// Adds the bytes tensors will point into; returns their index.
+    pub(crate) fn add_bytes(&mut self, path: PathBuf, map: Bytes) -> usize {
+        self.files.push(File {
+            path,
+            map,
+            data_start: 0,
+        });
+        self.files.len() - 1
+    }
+
+    /// Bytes `range` of file `file`.
+    pub(crate) fn bytes(&self, file: usize, range: std::ops::Range<usize>) -> &[u8] {
+        &self.files[file].map[range]
+    }
+
+    /// Adds tensor `name`: `bytes` of file `file` (an index from [`Self::add_bytes`]).
+    pub(crate) fn add_tensor(
+        &mut self,
+        name: String,
+        file: usize,
+        dtype: Stored,
+        shape: Vec<usize>,
+        bytes: std::ops::Range<usize>,
+    ) -> Result<()> {
+        if self.tensors.contains_key(&name) {
+            return Err(ModelError::Malformed {
+                path: self.files[file].path.clone(),
+                message: format!("two tensors map to {name}"),
+            });
+        }
+        let offsets = (bytes.start, bytes.end);
+        let entry = Entry {
+            file,
+            dtype,
+            shape,
+            offsets,
+        };
+        self.tensors.insert(name, entry);
         Ok(())
     }
 
@@ -169,14 +248,12 @@ impl Checkpoint {
             .ok_or_else(|| ModelError::MissingTensor {
                 name: name.to_string(),
             })?;
-        let dtype = match e.dtype {
-            Dtype::F32 => WeightDtype::F32,
-            Dtype::F16 => WeightDtype::F16,
-            Dtype::BF16 => WeightDtype::BF16,
-            other => {
+        let dtype = match &e.dtype {
+            Stored::Float(dtype) => *dtype,
+            Stored::Other(other) => {
                 return Err(ModelError::Dtype {
                     name: name.to_string(),
-                    dtype: format!("{other:?}"),
+                    dtype: other.clone(),
                 })
             }
         };

@@ -1,6 +1,6 @@
 //! Decoder-only models from Hugging Face folders: `config.json` ([`config`]) read through the
 //! architecture registry ([`arch`]: Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3),
-//! safetensors weights ([`checkpoint`]) validated against the tensor list the config implies
+//! safetensors weights or a GGUF file ([`checkpoint`], [`crate::gguf`]) validated against the tensor list the config implies
 //! ([`spec`]), a plain-Rust reference forward pass ([`reference`]) and the GPU model
 //! ([`gpu`]), both following the architecture's recipe; the GPU forward pass ([`forward`])
 //! and one step of it over a flat batch ([`step`]).
@@ -21,7 +21,7 @@ pub use error::ModelError;
 
 use std::path::{Path, PathBuf};
 
-/// A validated model folder: its config and memory-mapped weights.
+/// A validated model: its config and memory-mapped weights.
 #[derive(Debug)]
 pub struct ModelFiles {
     pub dir: PathBuf,
@@ -30,22 +30,82 @@ pub struct ModelFiles {
 }
 
 impl ModelFiles {
-    /// Reads `config.json`, maps the safetensors files and checks every tensor's presence,
-    /// shape and dtype before anything is uploaded.
-    pub fn open(dir: &Path) -> error::Result<Self> {
-        if !dir.is_dir() {
+    /// Reads a model and checks every tensor's presence, shape and dtype before anything is
+    /// uploaded. `path` is a Hugging Face folder (`config.json` and safetensors weights), a
+    /// GGUF file (config from its metadata), or a folder with `config.json` and one GGUF file
+    /// and no safetensors (config from the folder, weights from the file). `dir` is the
+    /// folder, where the tokenizer is looked for.
+    pub fn open(path: &Path) -> error::Result<Self> {
+        let (dir, config, checkpoint) = if is_gguf(path) {
+            let (config, ck) = crate::gguf::checkpoint::open(path, None)?;
+            (model_folder(path).to_path_buf(), config, ck)
+        } else if !path.is_dir() {
             return Err(ModelError::Io {
-                path: dir.to_path_buf(),
+                path: path.to_path_buf(),
                 error: std::io::Error::new(std::io::ErrorKind::NotFound, "not a model folder"),
             });
-        }
-        let config = ModelConfig::from_dir(dir)?;
-        let checkpoint = Checkpoint::open(dir)?;
+        } else if let Some(gguf) = lone_gguf(path)? {
+            let config = ModelConfig::from_dir(path)?;
+            let (config, ck) = crate::gguf::checkpoint::open(&gguf, Some(config))?;
+            (path.to_path_buf(), config, ck)
+        } else {
+            let config = ModelConfig::from_dir(path)?;
+            (path.to_path_buf(), config, Checkpoint::open(path)?)
+        };
         spec::validate(&config, &checkpoint)?;
         Ok(ModelFiles {
-            dir: dir.to_path_buf(),
+            dir,
             config,
             checkpoint,
         })
+    }
+}
+
+/// The folder of the model at `path`, where its tokenizer and chat template are: `path`
+/// itself, or for a GGUF file the folder holding it.
+pub fn model_folder(path: &Path) -> &Path {
+    match is_gguf(path) {
+        true => path.parent().unwrap_or(Path::new(".")),
+        false => path,
+    }
+}
+
+/// Whether `path` names a GGUF file (by its extension).
+fn is_gguf(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+        && !path.is_dir()
+}
+
+/// The GGUF file of a folder with `config.json`, one `*.gguf` and no safetensors weights;
+/// `None` for any other folder. Two GGUF files are an error naming them (which to load is
+/// the user's choice: pass the file).
+fn lone_gguf(dir: &Path) -> error::Result<Option<PathBuf>> {
+    let has = |name: &str| dir.join(name).exists();
+    if !has("config.json") || has("model.safetensors") || has("model.safetensors.index.json") {
+        return Ok(None);
+    }
+    let io = |error| ModelError::Io {
+        path: dir.to_path_buf(),
+        error,
+    };
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(io)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| is_gguf(p))
+        .collect();
+    found.sort();
+    match found.len() {
+        0 | 1 => Ok(found.pop()),
+        _ => Err(ModelError::Unsupported(format!(
+            "{} holds {} GGUF files ({}); pass the one to load",
+            dir.display(),
+            found.len(),
+            found
+                .iter()
+                .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
     }
 }

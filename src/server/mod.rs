@@ -119,8 +119,9 @@ async fn serve(
             "--api-key is empty; give a key, or leave the option out to serve without one".into(),
         ));
     }
-    let tokenizer = Tokenizer::from_dir(&config.model_dir)?;
-    let chat_template = ChatTemplate::from_dir(&config.model_dir).map_err(|e| e.to_string());
+    let folder = crate::model::model_folder(&config.model_dir);
+    let tokenizer = Tokenizer::from_dir(folder)?;
+    let chat_template = ChatTemplate::from_dir(folder).map_err(|e| e.to_string());
     let shared = Arc::new(Shared::new());
     let (engine, thread) = worker::spawn(
         config.model_dir.clone(),

@@ -1,0 +1,154 @@
+//! A GGUF file as a [`Checkpoint`]: its tensors under their Hugging Face names, so that the
+//! spec check, the reference model and the GPU upload read it as they read a safetensors
+//! folder. llama.cpp's converter reorders the rows of Llama's q and k projections within
+//! each head (it interleaves the two halves that rope rotates together, for its own rope
+//! kernel); those tensors are put back in Hugging Face order here, row by row, so the rest
+//! of pagellm sees the weights transformers computes with.
+
+use super::config::hf_config;
+use super::file::{GgufFile, TensorInfo};
+use super::quant::GgmlType;
+use crate::kernels::WeightDtype;
+use crate::model::checkpoint::{Bytes, Stored};
+use crate::model::error::{ModelError, Result};
+use crate::model::{Checkpoint, ModelConfig};
+use std::path::Path;
+
+/// The config and the tensors of the GGUF file at `path`; the config from the file's
+/// metadata, or `config` where the caller has one (a folder's `config.json`).
+pub fn open(path: &Path, config: Option<ModelConfig>) -> Result<(ModelConfig, Checkpoint)> {
+    let malformed = |message: String| ModelError::Malformed {
+        path: path.to_path_buf(),
+        message,
+    };
+    let file = GgufFile::open(path).map_err(|e| match e {
+        super::file::GgufError::Io { path, error } => ModelError::Io { path, error },
+        super::file::GgufError::Malformed { message, .. } => malformed(message),
+    })?;
+    let arch = file
+        .get("general.architecture")
+        .and_then(|v| v.as_str())
+        .unwrap_or_default()
+        .to_string();
+    let config = match config {
+        Some(c) => c,
+        None => {
+            let json = hf_config(&file).map_err(|message| ModelError::Config {
+                path: path.to_path_buf(),
+                message,
+            })?;
+            ModelConfig::parse(path, &json)?
+        }
+    };
+    let (tensors, map) = file.into_parts();
+    let mut ck = Checkpoint::empty();
+    let mapped = ck.add_bytes(path.to_path_buf(), Bytes::Map(map));
+    let mut owned: Vec<(String, Stored, Vec<usize>, Vec<u8>)> = Vec::new();
+    for t in &tensors {
+        let name = hf_name(&t.name).unwrap_or_else(|| t.name.clone());
+        let shape = t.shape();
+        let heads = match (arch.as_str(), name.rsplit('.').nth(1)) {
+            ("llama", Some("q_proj")) => Some(config.num_heads),
+            ("llama", Some("k_proj")) => Some(config.num_kv_heads),
+            _ => None,
+        };
+        match heads {
+            Some(heads) => {
+                let bytes = unpermute(ck.bytes(mapped, t.start..t.start + t.len), t, heads)
+                    .map_err(&malformed)?;
+                owned.push((name, stored(t.ty), shape, bytes));
+            }
+            None => {
+                let range = t.start..t.start + t.len;
+                ck.add_tensor(name, mapped, stored(t.ty), shape, range)?;
+            }
+        }
+    }
+    // The reordered tensors, one after another in one buffer.
+    let mut all = Vec::new();
+    let mut ranges = Vec::new();
+    for (_, _, _, bytes) in &owned {
+        ranges.push(all.len()..all.len() + bytes.len());
+        all.extend_from_slice(bytes);
+    }
+    let own = ck.add_bytes(path.to_path_buf(), Bytes::Owned(all));
+    for ((name, dtype, shape, _), range) in owned.into_iter().zip(ranges) {
+        ck.add_tensor(name, own, dtype, shape, range)?;
+    }
+    Ok((config, ck))
+}
+
+/// How the loader sees a GGUF tensor type: the float formats it uploads, or the type's name.
+fn stored(ty: GgmlType) -> Stored {
+    match ty {
+        GgmlType::F32 => Stored::Float(WeightDtype::F32),
+        GgmlType::F16 => Stored::Float(WeightDtype::F16),
+        GgmlType::BF16 => Stored::Float(WeightDtype::BF16),
+        other => Stored::Other(other.name().to_string()),
+    }
+}
+
+/// The Hugging Face name of a tensor of llama.cpp's naming (`blk.3.attn_q.weight` is
+/// `model.layers.3.self_attn.q_proj.weight`); `None` for names it does not know.
+pub fn hf_name(gguf: &str) -> Option<String> {
+    let top = match gguf {
+        "token_embd.weight" => Some("model.embed_tokens.weight"),
+        "output_norm.weight" => Some("model.norm.weight"),
+        "output.weight" => Some("lm_head.weight"),
+        _ => None,
+    };
+    if let Some(top) = top {
+        return Some(top.to_string());
+    }
+    let rest = gguf.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let (part, kind) = rest.rsplit_once('.')?;
+    let hf = match part {
+        "attn_norm" => "input_layernorm",
+        "attn_q" => "self_attn.q_proj",
+        "attn_k" => "self_attn.k_proj",
+        "attn_v" => "self_attn.v_proj",
+        "attn_output" => "self_attn.o_proj",
+        "attn_q_norm" => "self_attn.q_norm",
+        "attn_k_norm" => "self_attn.k_norm",
+        "ffn_norm" => "post_attention_layernorm",
+        "ffn_gate" => "mlp.gate_proj",
+        "ffn_up" => "mlp.up_proj",
+        "ffn_down" => "mlp.down_proj",
+        _ => return None,
+    };
+    match kind {
+        "weight" | "bias" => Some(format!("model.layers.{layer}.{hf}.{kind}")),
+        _ => None,
+    }
+}
+
+/// The rows of a q or k projection of `heads` heads (a weight, or a bias of one value per
+/// row) in Hugging Face order: within each head the converter stores the rotated pairs
+/// interleaved (its row `2 b + a` is row `a * head_dim / 2 + b` of transformers').
+fn unpermute(bytes: &[u8], t: &TensorInfo, heads: usize) -> std::result::Result<Vec<u8>, String> {
+    let shape = t.shape();
+    let rows = shape[0];
+    let row_bytes = bytes.len() / rows.max(1);
+    if heads == 0 || !rows.is_multiple_of(heads) || !(rows / heads).is_multiple_of(2) {
+        return Err(format!(
+            "tensor {} has {rows} rows, not an even number per head for {heads} heads",
+            t.name
+        ));
+    }
+    let head_dim = rows / heads;
+    let half = head_dim / 2;
+    let mut out = vec![0u8; bytes.len()];
+    for h in 0..heads {
+        for a in 0..2 {
+            for b in 0..half {
+                let hf = h * head_dim + a * half + b;
+                let stored = h * head_dim + 2 * b + a;
+                out[hf * row_bytes..(hf + 1) * row_bytes]
+                    .copy_from_slice(&bytes[stored * row_bytes..(stored + 1) * row_bytes]);
+            }
+        }
+    }
+    Ok(out)
+}
