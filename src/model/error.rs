@@ -46,7 +46,7 @@ pub enum ModelError {
         found: Vec<usize>,
     },
 
-    #[error("tensor {name} has dtype {dtype}; supported: F32, F16, BF16")]
+    #[error("tensor {name} has dtype {dtype}; supported: F32, F16, BF16 (quantized GGUF weights are read but not yet uploaded)")]
     Dtype { name: String, dtype: String },
 
     #[error("tensor {name} is stored as {dtype} but {other} is {other_dtype}: all weights must share one dtype")]

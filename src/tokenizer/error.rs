@@ -7,7 +7,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
     /// The folder has no `tokenizer.json` (pagellm reads only the fast-tokenizer format).
-    #[error("no tokenizer.json in {dir}: pagellm needs the Hugging Face fast-tokenizer file")]
+    #[error("no tokenizer.json in {dir}: pagellm needs the Hugging Face fast-tokenizer file (for a GGUF model too, beside the .gguf: tokenizers are not read from GGUF metadata yet)")]
     MissingTokenizerJson { dir: PathBuf },
 
     /// A file exists but could not be read.
