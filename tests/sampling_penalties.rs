@@ -175,3 +175,44 @@ fn greedy_decoding_with_penalties_equals_a_reference_decode() {
         .collect();
     assert_ne!(plain, with, "repetition_penalty 1.5 changed nothing");
 }
+
+#[test]
+fn every_penalty_validation_accepts_keeps_a_finite_row_finite() {
+    // The extremes of every accepted range (a repetition penalty as small as the smallest
+    // f32 or as large as the largest), on rows holding f32's extremes, tokens seen up to a
+    // thousand times: the penalized row stays finite (saturating where the exact result
+    // would not be) and a token can be sampled from it.
+    let row = [
+        f32::MAX,
+        -f32::MAX,
+        3e38,
+        -3e38,
+        1e30,
+        -1e30,
+        5.0,
+        -5.0,
+        0.0,
+        1e-40,
+    ];
+    let output: Vec<u32> = (0..1000).map(|i| (i % row.len()) as u32).collect();
+    for rp in [f32::from_bits(1), 1e-30, 0.5, 1.0, 2.0, 1e30, f32::MAX] {
+        for (presence, frequency) in [(-2.0, -2.0), (2.0, 2.0), (-2.0, 2.0), (0.0, 0.0)] {
+            let p = penalized(presence, frequency, rp);
+            p.validate(row.len()).unwrap();
+            let mut got = row;
+            apply_penalties(&mut got, &p, &[0, 1], &output);
+            assert!(
+                got.iter().all(|l| l.is_finite()),
+                "rp {rp:e} {presence}/{frequency}: {got:?}"
+            );
+            // Saturation keeps the order the exact arithmetic gives where it is finite.
+            let exact = reference(&row, &p, &[0, 1], &output);
+            for (g, e) in got.iter().zip(&exact) {
+                assert!(!e.is_finite() || g == e, "rp {rp:e}: {g} vs {e}");
+            }
+            let mut s = Sampler::new(p, 7);
+            let out = s.sample_after(&row, &[0, 1], &output);
+            assert!(out.is_ok(), "rp {rp:e} {presence}/{frequency}: {out:?}");
+        }
+    }
+}

@@ -36,13 +36,18 @@ pub fn apply_penalties(
         seen.dedup();
         for t in seen {
             if let Some(l) = logits.get_mut(t as usize) {
-                *l = if *l > 0.0 { *l / rp } else { *l * rp };
+                // A penalty far from 1 may take a finite logit past f32's range; it then
+                // saturates at the largest finite value, which ranks the token as the
+                // infinite result would, so every penalty validation accepts is computable.
+                let penalized = if *l > 0.0 { *l / rp } else { *l * rp };
+                *l = penalized.clamp(f32::MIN, f32::MAX);
             }
         }
     }
     for (&t, &c) in &counts {
         if let Some(l) = logits.get_mut(t as usize) {
-            *l -= params.frequency_penalty * c as f32 + params.presence_penalty;
+            let penalized = *l - (params.frequency_penalty * c as f32 + params.presence_penalty);
+            *l = penalized.clamp(f32::MIN, f32::MAX);
         }
     }
 }
