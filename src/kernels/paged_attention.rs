@@ -405,28 +405,11 @@ fn attention_shard(
         meta,
         q,
         num_heads,
-        opts,
         ..
     } = args;
     let l = pool.layout;
     let t = meta.num_tokens;
-    let (first, count) = pool.shard_range(shard);
-    let p = PagedAttentionParams {
-        num_tokens: t as u32,
-        num_heads: num_heads as u32,
-        num_kv_heads: l.num_kv_heads as u32,
-        head_dim: l.head_dim as u32,
-        block_size: l.block_size as u32,
-        max_blocks_per_seq: meta.max_blocks_per_seq as u32,
-        shard_first_block: first as u32,
-        shard_num_blocks: count as u32,
-        scale: opts.scale,
-        num_shards: pool.num_shards() as u32,
-        shard_index: shard as u32,
-        window: opts.window.map_or(0, |w| w.min(u32::MAX as usize) as u32),
-        softcap: opts.softcap.unwrap_or(0.0),
-        ..Default::default()
-    };
+    let p = shard_params(args, shard);
     let overrides = [
         ("KV_DTYPE", l.dtype.code()),
         // Float pools ignore it; one value keeps them to one pipeline each.
@@ -470,5 +453,35 @@ fn attention_shard(
             overrides.push(("HD", l.head_dim as f64));
             batch.dispatch(source, &overrides, &p, &binds, grid)
         }
+    }
+}
+
+/// The kernel parameters of `args` over pool shard `shard`.
+fn shard_params(args: &Attention, shard: usize) -> PagedAttentionParams {
+    let &Attention {
+        pool,
+        meta,
+        num_heads,
+        opts,
+        ..
+    } = args;
+    let l = pool.layout;
+    let t = meta.num_tokens;
+    let (first, count) = pool.shard_range(shard);
+    PagedAttentionParams {
+        num_tokens: t as u32,
+        num_heads: num_heads as u32,
+        num_kv_heads: l.num_kv_heads as u32,
+        head_dim: l.head_dim as u32,
+        block_size: l.block_size as u32,
+        max_blocks_per_seq: meta.max_blocks_per_seq as u32,
+        shard_first_block: first as u32,
+        shard_num_blocks: count as u32,
+        scale: opts.scale,
+        num_shards: pool.num_shards() as u32,
+        shard_index: shard as u32,
+        window: opts.window.map_or(0, |w| w.min(u32::MAX as usize) as u32),
+        softcap: opts.softcap.unwrap_or(0.0),
+        ..Default::default()
     }
 }
