@@ -18,6 +18,10 @@
 //! and the matmul reading it, against the matmul norming x as it reads (`Input::Normed`);
 //! `--n` is the projection's output width and `--k` the hidden size.
 //!
+//! With `--formats`, the weight formats side by side (f16 and every block format, the
+//! weight quantized from the same values), each run by the kernel the plan picks for the
+//! row count: time per call, time relative to f16, and the weight's bytes on the GPU.
+//!
 //! With `--argmax`, the greedy arg-max kernels (`ArgmaxKernel`) side by side over rows of
 //! `--n` logits (the vocabulary).
 //!
@@ -74,6 +78,10 @@ fn main() {
         normed(&ctx, n, k, &rows, quick);
         return;
     }
+    if std::env::args().any(|a| a == "--formats") {
+        formats(&ctx, n, k, &rows, quick);
+        return;
+    }
     let kernels: Vec<MatmulKernel> = KERNELS
         .into_iter()
         .filter(|kern| kern.supports(&ctx, k))
@@ -117,6 +125,78 @@ fn main() {
             cells.join(" | "),
             rows_per_s / base,
             2.0 * (m * n * k) as f64 / med[i] / 1e9
+        );
+    }
+}
+
+/// The `--formats` table: per row count, the median time of the plan's kernel over the same
+/// weight in each format, and that time relative to f16's.
+fn formats(ctx: &GpuContext, n: usize, k: usize, rows: &[usize], quick: bool) {
+    println!("adapter: {}", ctx.describe());
+    println!("weight: {n} x {k}; {CALLS_PER_SUBMIT} calls per submit");
+    println!();
+    let wv: Vec<f32> = (0..n * k)
+        .map(|i| ((i * 7919 % 997) as f32 - 498.0) * 1e-4)
+        .collect();
+    let dtypes: Vec<WeightDtype> = std::iter::once(WeightDtype::F16)
+        .chain(WeightDtype::BLOCKS)
+        .filter(|d| k.is_multiple_of(d.block_elems()))
+        .collect();
+    let weights: Vec<Weight> = dtypes
+        .iter()
+        .map(|&d| Weight::from_f32(ctx, "w", &wv, n, k, d).expect("weight"))
+        .collect();
+    let x = ctx.upload("x", &vec![0.5f32; MAX_ROWS * k]).expect("x");
+    let y = ctx
+        .storage_buffer("y", (MAX_ROWS * n * 4) as u64)
+        .expect("y");
+    let mb: Vec<String> = weights
+        .iter()
+        .map(|w| format!("{:.2}", w.gpu_bytes() as f64 / 1e6))
+        .collect();
+    println!(
+        "GPU MB: {}",
+        dtypes
+            .iter()
+            .zip(&mb)
+            .map(|(d, m)| format!("{d} {m}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!();
+    let names: Vec<String> = dtypes.iter().map(|d| format!("{d} (ms)")).collect();
+    let ratios: Vec<String> = dtypes[1..].iter().map(|d| format!("{d} / F16")).collect();
+    println!(
+        "| rows | kernel | {} | {} |",
+        names.join(" | "),
+        ratios.join(" | ")
+    );
+    println!("|---:|---|{}", "---:|".repeat(2 * dtypes.len() - 1));
+    let plan = MatmulPlan::choose(ctx, &[k]);
+    for m in rows
+        .iter()
+        .copied()
+        .filter(|&m| (1..=MAX_ROWS).contains(&m))
+    {
+        let once = |i: usize| {
+            let mut b = Batch::new(ctx, "bench");
+            for _ in 0..CALLS_PER_SUBMIT {
+                matmul(&mut b, &plan, &Matmul::new(&x, &weights[i], &y, m)).expect("matmul");
+            }
+            per_call(ctx, b)
+        };
+        let idx: Vec<usize> = (0..dtypes.len()).collect();
+        let med = alternating(quick, &idx, once);
+        let cells: Vec<String> = med.iter().map(|t| format!("{:.3}", t * 1e3)).collect();
+        let rel: Vec<String> = med[1..]
+            .iter()
+            .map(|t| format!("{:.2}x", t / med[0]))
+            .collect();
+        println!(
+            "| {m} | {:?} | {} | {} |",
+            plan.kernel(m),
+            cells.join(" | "),
+            rel.join(" | ")
         );
     }
 }

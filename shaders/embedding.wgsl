@@ -21,6 +21,11 @@ struct Params {
 @group(0) @binding(2) var<storage, read> table: array<u32>;      // [num_rows, hidden] in WEIGHT_DTYPE
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;  // [num_tokens, hidden]
 
+// Word i of the table (for weight_blocks.wgsl).
+fn wword(i: u32) -> u32 {
+    return table[i];
+}
+
 @compute @workgroup_size(256)
 fn embedding(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.x;
@@ -34,7 +39,11 @@ fn embedding(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let e = (id - p.row_offset) * p.hidden + i;
     var v: f32;
-    if WEIGHT_DTYPE == DTYPE_F32 {
+    if is_block_dtype() {
+        // The row's group of eight that holds element i.
+        var g = block8((id - p.row_offset) * row_words(p.hidden), i / 8u);
+        v = g[(i % 8u) / 4u][i % 4u];
+    } else if WEIGHT_DTYPE == DTYPE_F32 {
         v = bitcast<f32>(table[e]);
     } else {
         let pair = unpack_pair(table[e / 2u], WEIGHT_DTYPE);

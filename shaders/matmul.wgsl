@@ -12,6 +12,11 @@ override WEIGHT_DTYPE: u32 = 0u;
 
 @group(0) @binding(2) var<storage, read> w: array<u32>;          // [n, k] in WEIGHT_DTYPE
 
+// Word i of the weights (for weight_blocks.wgsl).
+fn wword(i: u32) -> u32 {
+    return w[i];
+}
+
 const TILE: u32 = 64u;
 const TK: u32 = 16u;
 // k-major, rows padded to LD words so that the k-strided stores do not collide in banks.
@@ -71,7 +76,21 @@ fn matmul(
             }
             xs[c * LD + r] = v;
         }
-        if WEIGHT_DTYPE == DTYPE_F32 {
+        if is_block_dtype() {
+            // 64 rows x 2 groups of 8 weights (k is whole blocks, so k0 + 16 <= k), decoded
+            // by half the threads.
+            if li < 128u {
+                let r = li / 2u;
+                let c = (li % 2u) * 8u;
+                var v: array<vec4<f32>, 2>;
+                if col0 + r < p.n {
+                    v = block8((col0 + r) * row_words(p.k), (k0 + c) / 8u);
+                }
+                for (var i = 0u; i < 8u; i++) {
+                    ws[(c + i) * LD + r] = v[i / 4u][i % 4u];
+                }
+            }
+        } else if WEIGHT_DTYPE == DTYPE_F32 {
             for (var i = 0u; i < 4u; i++) {
                 let e = li + i * 256u;
                 let r = e / TK;

@@ -54,8 +54,16 @@ struct Scales {
     own: f32,
 }
 
+// Word i of the weights (for weight_blocks.wgsl).
+fn wword(i: u32) -> u32 {
+    return w[i >> 2u][i & 3u];
+}
+
 // Weights 8j .. 8j + 7 of column c, in order.
 fn weights8(c: u32, j: u32) -> array<vec4<f32>, 2> {
+    if is_block_dtype() {
+        return block8(c * row_words(p.k), j);
+    }
     if WEIGHT_DTYPE == DTYPE_F32 {
         let i = c * (p.k / 4u) + 2u * j;
         return array<vec4<f32>, 2>(bitcast<vec4<f32>>(w[i]), bitcast<vec4<f32>>(w[i + 1u]));

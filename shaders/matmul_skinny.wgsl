@@ -4,6 +4,11 @@
 
 @group(0) @binding(2) var<storage, read> w: array<u32>;          // [n, k] in WEIGHT_DTYPE
 
+// Word i of the weights (for weight_blocks.wgsl).
+fn wword(i: u32) -> u32 {
+    return w[i];
+}
+
 @compute @workgroup_size(64)
 fn matmul_skinny(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -19,7 +24,18 @@ fn matmul_skinny(
             acc[r] = 0.0;
             sc[r] = row_scale(min(r0 + r, p.m - 1u));
         }
-        if WEIGHT_DTYPE == DTYPE_F32 {
+        if is_block_dtype() {
+            // Whole blocks, so k % 8 == 0; eight weights decoded at a time.
+            for (var j = 0u; j < p.k / 8u; j++) {
+                var b = block8(c * row_words(p.k), j);
+                for (var r = 0u; r < ROWS; r++) {
+                    let row = min(r0 + r, p.m - 1u);
+                    for (var i = 0u; i < 8u; i++) {
+                        acc[r] += xn_at(row, 8u * j + i, sc[r]) * b[i / 4u][i % 4u];
+                    }
+                }
+            }
+        } else if WEIGHT_DTYPE == DTYPE_F32 {
             for (var k = 0u; k < p.k; k++) {
                 let b = bitcast<f32>(w[c * p.k + k]);
                 for (var r = 0u; r < ROWS; r++) {

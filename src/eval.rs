@@ -76,7 +76,7 @@ impl Scorer {
         }
         let chunk = chunk.min(context);
         let layout = kv_layout(&c, config)?;
-        let model = GpuModel::upload_for_context(&ctx, &files, context, progress)?;
+        let model = GpuModel::upload_as(&ctx, &files, context, config.weight_dtype, progress)?;
         let blocks = context.div_ceil(config.block_size);
         let pool = KvPool::new(&ctx, layout, PoolSize::Blocks(blocks))?.with_rotation(
             config

@@ -6,13 +6,11 @@
 //! default f16 KV pool, and block sizes 8 and 16.
 
 mod common;
-use common::{contexts, golden, rng};
-use pagellm::gpu::Batch;
+use common::{contexts, golden, rng, step};
 use pagellm::kernels::plan::{KernelPlan, NormFusion};
-use pagellm::model::forward::{forward, StepInput, Workspace};
+use pagellm::model::forward::Workspace;
 use pagellm::model::gpu::GpuModel;
 use pagellm::model::reference::log_softmax;
-use pagellm::model::step::{AttentionMetadata, SeqSlice};
 use pagellm::pool::{KvDtype, KvLayout, KvPool, PoolSize};
 use rand::seq::SliceRandom;
 
@@ -28,52 +26,6 @@ fn f16_kv_extra_tol(fixture: &str) -> f64 {
     match fixture {
         "gemma3-local-rope" => 0.12,
         _ => F16_KV_EXTRA_LOGPROB_TOL,
-    }
-}
-
-struct Step {
-    logits: Vec<Vec<f32>>,
-    argmax: Vec<u32>,
-}
-
-#[allow(clippy::too_many_arguments)]
-fn step(
-    ctx: &pagellm::GpuContext,
-    model: &GpuModel,
-    pool: &KvPool,
-    ws: &Workspace,
-    tokens: &[u32],
-    context_len: usize,
-    table: &[u32],
-    rows: &[u32],
-) -> Step {
-    let slice = SeqSlice {
-        query_len: tokens.len(),
-        context_len,
-        block_table: table,
-    };
-    let meta = AttentionMetadata::build(&[slice], pool.layout.block_size).unwrap();
-    // Token ids and rows ride in the metadata buffer, as in the engine.
-    let bufs = meta.upload_with(ctx, &[tokens, rows]).unwrap();
-    let mut b = Batch::new(ctx, "step");
-    let input = StepInput {
-        tokens: bufs.extra(0).unwrap(),
-        meta: &bufs,
-        rows: bufs.extra(1).unwrap(),
-        num_rows: rows.len(),
-        argmax: true,
-    };
-    forward(&mut b, model, pool, ws, &input).unwrap();
-    b.submit().unwrap();
-    let v = model.config.vocab_size;
-    let logits: Vec<f32> = ctx.read(&ws.logits).unwrap();
-    let argmax: Vec<u32> = ctx.read(&ws.argmax).unwrap();
-    Step {
-        logits: logits[..rows.len() * v]
-            .chunks(v)
-            .map(<[f32]>::to_vec)
-            .collect(),
-        argmax: argmax[..rows.len()].to_vec(),
     }
 }
 

@@ -25,8 +25,8 @@ fn check(
     let wv = randn(&mut g, n * k, 0.5);
     let bias = randn(&mut g, n, 1.0);
     let y0 = randn(&mut g, m * n, 1.0);
-    let limit = chunk_rows.map_or(u64::MAX, |rows| (rows * k * dtype.bytes()) as u64);
-    let bytes = kernels::weight::encode(&wv, dtype);
+    let limit = chunk_rows.map_or(u64::MAX, |rows| (rows * dtype.gpu_row_bytes(k)) as u64);
+    let bytes = kernels::weight::encode(&wv, dtype).unwrap();
     let w = Weight::upload_with_limit(ctx, "w", &bytes, n, k, dtype, limit).unwrap();
     let xb = ctx.upload("x", &x).unwrap();
     let bb = ctx.upload("bias", &bias).unwrap();
@@ -107,8 +107,8 @@ fn a_stacked_weight_fills_three_outputs_as_three_matmuls_would() {
         let mut g = rng(81);
         let wv = randn(&mut g, n * k, 0.5);
         let bias = randn(&mut g, n, 1.0);
-        let bytes = kernels::weight::encode(&wv, dtype);
-        let rb = k * dtype.bytes();
+        let bytes = kernels::weight::encode(&wv, dtype).unwrap();
+        let rb = dtype.gpu_row_bytes(k);
         let parts = [
             &bytes[..n0 * rb],
             &bytes[n0 * rb..(n0 + n1) * rb],
@@ -189,8 +189,8 @@ fn a_weight_uploaded_in_parts_is_the_weight_of_their_stack() {
         let wv = randn(&mut g, n * k, 0.5);
         let x = ctx.upload("x", &randn(&mut g, m * k, 1.0)).unwrap();
         let dtype = WeightDtype::BF16;
-        let bytes = kernels::weight::encode(&wv, dtype);
-        let seam = 12 * k * dtype.bytes();
+        let bytes = kernels::weight::encode(&wv, dtype).unwrap();
+        let seam = 12 * dtype.gpu_row_bytes(k);
         let product = |w: &Weight| {
             let y = ctx.storage_buffer("y", (m * n * 4) as u64).unwrap();
             let mut b = Batch::new(ctx, "t");
@@ -200,7 +200,7 @@ fn a_weight_uploaded_in_parts_is_the_weight_of_their_stack() {
         };
         let whole = product(&Weight::upload(ctx, "w", &bytes, n, k, dtype).unwrap());
         for chunk_rows in [5, 12, 20] {
-            let limit = (chunk_rows * k * dtype.bytes()) as u64;
+            let limit = (chunk_rows * dtype.gpu_row_bytes(k)) as u64;
             let parts = [&bytes[..seam], &bytes[seam..]];
             let w = Weight::upload_parts_with_limit(ctx, "w", &parts, n, k, dtype, limit).unwrap();
             assert_eq!(w.chunks.len(), n.div_ceil(chunk_rows));

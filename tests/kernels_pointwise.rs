@@ -19,8 +19,8 @@ fn embedding_gathers_rows_in_every_dtype_and_chunked() {
         let table = randn(&mut g, vocab * hidden, 1.0);
         let ids: Vec<u32> = vec![0, 36, 5, 5, 17, 36, 1];
         for dtype in DTYPES {
-            for limit in [u64::MAX, (hidden * dtype.bytes() * 8) as u64] {
-                let bytes = kernels::weight::encode(&table, dtype);
+            for limit in [u64::MAX, (dtype.gpu_row_bytes(hidden) * 8) as u64] {
+                let bytes = kernels::weight::encode(&table, dtype).unwrap();
                 let w = Weight::upload_with_limit(ctx, "emb", &bytes, vocab, hidden, dtype, limit)
                     .unwrap();
                 let ids_b = ctx.upload("ids", &ids).unwrap();

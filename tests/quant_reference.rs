@@ -4,58 +4,13 @@
 //! package has a quantizer, stated error bounds for quantize-then-dequantize, and clear
 //! errors (never panics) for malformed input. No GPU and no Python needed.
 
+mod common;
+use common::quant_fixture::load;
 use pagellm::gguf::quant::{dequantize, quantize, GgmlType, QuantError};
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};
-use std::path::PathBuf;
-
-/// One fixture file: the type, the package's quantize input (if any), the quantized bytes and
-/// the package's dequantize output.
-struct Case {
-    file: String,
-    ty: GgmlType,
-    input: Option<Vec<f32>>,
-    bytes: Vec<u8>,
-    expected: Vec<f32>,
-}
-
-fn f32s(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-fn load(file: &str) -> Case {
-    let path: PathBuf = [
-        env!("CARGO_MANIFEST_DIR"),
-        "tests",
-        "fixtures",
-        "quant",
-        file,
-    ]
-    .iter()
-    .collect();
-    let raw = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert_eq!(&raw[..4], b"GQF1", "{file}: bad magic");
-    let word =
-        |i: usize| u32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]]);
-    let (id, n, flags) = (word(1), word(2) as usize, word(3));
-    let ty = GgmlType::from_id(id).unwrap_or_else(|e| panic!("{file}: {e}"));
-    let input_len = if flags & 1 != 0 { 4 * n } else { 0 };
-    // The byte count comes from the file's size, not from the code under test.
-    let nbytes = raw.len() - 16 - input_len - 4 * n;
-    let body = &raw[16..];
-    Case {
-        file: file.to_string(),
-        ty,
-        input: (flags & 1 != 0).then(|| f32s(&body[..input_len])),
-        bytes: body[input_len..input_len + nbytes].to_vec(),
-        expected: f32s(&body[input_len + nbytes..]),
-    }
-}
 
 const QUANT_CASES: [&str; 8] = [
     "f32_quant.bin",

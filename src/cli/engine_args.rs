@@ -1,8 +1,9 @@
 //! The engine options `generate` and `serve` share: KV cache layout and sizes, scheduler
-//! limits, preemption mode, KV precision, prefix caching.
+//! limits, preemption mode, KV precision, prefix caching, the weights' format.
 
 use clap::{Args, ValueEnum};
 use pagellm::engine::{EngineConfig, PreemptionMode};
+use pagellm::kernels::WeightDtype;
 use pagellm::pool::{KvDtype, KvRotation};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -97,6 +98,12 @@ pub struct EngineArgs {
     /// layers all slide, such as Mistral, gives them back to the pool as it generates).
     #[arg(long)]
     pub keep_out_of_window_blocks: bool,
+    /// Convert the weights that matmuls and the embedding read as they load: q8_0, q4_k,
+    /// q5_k, q6_k, q4_0, q4_1, q5_0 or q5_1 quantize a safetensors model (Q4_K takes 0.28x
+    /// the memory of f16); f32, f16 or bf16 widen a GGUF model's blocks. Default: as
+    /// stored on disk.
+    #[arg(long, value_name = "FORMAT")]
+    pub weight_dtype: Option<WeightDtype>,
 }
 
 impl EngineArgs {
@@ -118,6 +125,7 @@ impl EngineArgs {
             kv_rotation: self.kv_rotation.into(),
             profile: self.profile,
             free_out_of_window_blocks: !self.keep_out_of_window_blocks,
+            weight_dtype: self.weight_dtype,
             ..EngineConfig::default()
         }
     }

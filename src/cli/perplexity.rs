@@ -31,6 +31,10 @@ pub struct PerplexityArgs {
     /// auto: Hadamard for int8/int4, none for f16/f32.
     #[arg(long, value_enum, default_value = "auto")]
     kv_rotation: KvRotationArg,
+    /// Convert the weights as they load (see `generate --help`): compare a quantization's
+    /// KL divergence with a baseline saved without it.
+    #[arg(long, value_name = "FORMAT")]
+    weight_dtype: Option<pagellm::kernels::WeightDtype>,
     /// Save every scored token's log-probabilities (f32, whole vocabulary) as a baseline.
     #[arg(long, value_name = "PATH", conflicts_with = "kl_divergence")]
     save_logits: Option<PathBuf>,
@@ -54,6 +58,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         block_size: args.block_size,
         kv_dtype: args.kv_dtype.into(),
         kv_rotation: args.kv_rotation.into(),
+        weight_dtype: args.weight_dtype,
         ..EngineConfig::default()
     };
     let ctx = Arc::new(pagellm::GpuContext::from_env()?);
@@ -125,6 +130,7 @@ fn print_json(args: &PerplexityArgs, num_tokens: usize, report: &Report, kv: &Kv
         "tokens_scored": report.tokens_scored,
         "kv_dtype": kv.dtype,
         "kv_rotation": kv.rotation,
+        "weight_dtype": args.weight_dtype.map_or("as stored".to_string(), |d| d.to_string()),
         "mean_nll": report.mean_nll,
         "perplexity": report.perplexity(),
     });
@@ -140,14 +146,16 @@ fn print_json(args: &PerplexityArgs, num_tokens: usize, report: &Report, kv: &Kv
 
 fn print_text(args: &PerplexityArgs, num_tokens: usize, report: &Report, kv: &KvSetting) {
     println!(
-        "{}: {} tokens, {} windows of {} ({} scored); KV cache {}, rotation {}",
+        "{}: {} tokens, {} windows of {} ({} scored); KV cache {}, rotation {}; weights {}",
         args.file.display(),
         num_tokens,
         report.windows,
         args.context,
         report.tokens_scored,
         kv.dtype,
-        kv.rotation
+        kv.rotation,
+        args.weight_dtype
+            .map_or("as stored".to_string(), |d| d.to_string())
     );
     println!("mean NLL:        {:.5} nats", report.mean_nll);
     println!("perplexity:      {:.4}", report.perplexity());

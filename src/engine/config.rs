@@ -1,5 +1,7 @@
-//! Engine options: KV cache size and precision, scheduler limits, preemption policy.
+//! Engine options: KV cache size and precision, scheduler limits, preemption policy, the
+//! weights' format.
 
+use crate::kernels::WeightDtype;
 use crate::pool::{KvDtype, KvRotation};
 
 /// How a preempted sequence group gets its KV cache back.
@@ -54,6 +56,11 @@ pub struct EngineConfig {
     /// has left the window, so a long generation holds at most `window / block_size + 2`
     /// blocks (rounded up). Off keeps every block (the benchmark's baseline).
     pub free_out_of_window_blocks: bool,
+    /// The format the weights that matmuls and the embedding read are converted to as they
+    /// upload: a block format (`Q8_0`, `Q4_K`, ...) to quantize a safetensors model, or a
+    /// float one to widen a GGUF model's blocks (`pagellm::model::convert`). `None`
+    /// (the default) keeps what is on disk.
+    pub weight_dtype: Option<WeightDtype>,
 }
 
 impl Default for EngineConfig {
@@ -74,6 +81,7 @@ impl Default for EngineConfig {
             decode_first: true,
             profile: false,
             free_out_of_window_blocks: true,
+            weight_dtype: None,
         }
     }
 }

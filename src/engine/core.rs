@@ -281,7 +281,8 @@ impl Engine {
         let cpu_blocks = config
             .num_cpu_blocks
             .unwrap_or((config.swap_space_bytes / layout.block_bytes_all_layers()) as usize);
-        let model = GpuModel::upload_for_context(&ctx, &files, max_model_len, progress)?;
+        let model =
+            GpuModel::upload_as(&ctx, &files, max_model_len, config.weight_dtype, progress)?;
         let pool = KvPool::new(&ctx, layout, PoolSize::Blocks(gpu_blocks))?.with_rotation(
             config
                 .kv_rotation

@@ -78,14 +78,9 @@ pub fn open(path: &Path, config: Option<ModelConfig>) -> Result<(ModelConfig, Ch
     Ok((config, ck))
 }
 
-/// How the loader sees a GGUF tensor type: the float formats it uploads, or the type's name.
+/// How the loader sees a GGUF tensor type: every type the reader accepts is a weight format.
 fn stored(ty: GgmlType) -> Stored {
-    match ty {
-        GgmlType::F32 => Stored::Float(WeightDtype::F32),
-        GgmlType::F16 => Stored::Float(WeightDtype::F16),
-        GgmlType::BF16 => Stored::Float(WeightDtype::BF16),
-        other => Stored::Other(other.name().to_string()),
-    }
+    Stored::Format(WeightDtype::from_ggml(ty))
 }
 
 /// The Hugging Face name of a tensor of llama.cpp's naming (`blk.3.attn_q.weight` is

@@ -61,7 +61,7 @@ pub fn scaled_embedding<'a>(
         };
         batch.dispatch(
             EMBEDDING,
-            &[("WEIGHT_DTYPE", table.dtype.code())],
+            &[("WEIGHT_DTYPE", chunk.dtype.code())],
             &p,
             &[ids, (&chunk.buffer).into(), out.into()],
             [groups(table.cols, 256), num_tokens as u32, 1],

@@ -232,10 +232,10 @@ pub fn matmul(batch: &mut Batch, plan: &MatmulPlan, call: &Matmul<'_>) -> Result
             norm_buf.into(),
         ];
         let constants = [
-            ("WEIGHT_DTYPE", weight.dtype.code()),
+            ("WEIGHT_DTYPE", chunk.dtype.code()),
             ("GATED", gated),
             ("NORM", norm.is_some() as u32 as f64),
-            ("NORM_DTYPE", norm.map_or(0.0, |n| n.weight.dtype.code())),
+            ("NORM_DTYPE", norm.map_or(0.0, |n| n.weight.dtype().code())),
         ];
         let source = match kernel {
             MatmulKernel::Tiled => {
@@ -300,13 +300,14 @@ fn checked_input<'a>(
     }
     if let Some(norm) = norm {
         let w = norm.weight;
-        if w.rows * w.cols != k || w.chunks.len() != 1 {
+        if w.rows * w.cols != k || w.chunks.len() != 1 || w.dtype().is_block() {
             return Err(GpuError::invalid(
                 K,
                 format!(
-                    "a norm of {} x {} in {} buffers before an input of {k}",
+                    "a norm of {} x {} {} in {} buffers before an input of {k}",
                     w.rows,
                     w.cols,
+                    w.dtype().name(),
                     w.chunks.len()
                 ),
             ));

@@ -45,24 +45,43 @@ macro_rules! kernel {
     };
 }
 
-kernel!(EMBEDDING, "embedding");
+kernel!(EMBEDDING, "embedding", ["weight_blocks"]);
 kernel!(RMS_NORM, "rms_norm");
 kernel!(RMS_NORM_LANES, "rms_norm_lanes");
-kernel!(MATMUL, "matmul", ["matmul_store", "matmul_x"]);
+kernel!(
+    MATMUL,
+    "matmul",
+    ["matmul_store", "matmul_x", "weight_blocks"]
+);
 kernel!(
     MATMUL_SKINNY,
     "matmul_skinny",
-    ["matmul_store", "matmul_columns", "matmul_x"]
+    [
+        "matmul_store",
+        "matmul_columns",
+        "matmul_x",
+        "weight_blocks"
+    ]
 );
 kernel!(
     MATMUL_SKINNY_VEC,
     "matmul_skinny_vec",
-    ["matmul_store", "matmul_columns", "matmul_columns_vec"]
+    [
+        "matmul_store",
+        "matmul_columns",
+        "matmul_columns_vec",
+        "weight_blocks"
+    ]
 );
 kernel!(
     MATMUL_SKINNY_SG,
     "matmul_skinny_sg",
-    ["matmul_store", "matmul_columns", "matmul_columns_vec"]
+    [
+        "matmul_store",
+        "matmul_columns",
+        "matmul_columns_vec",
+        "weight_blocks"
+    ]
 );
 kernel!(ROPE, "rope");
 kernel!(SILU_MUL, "silu_mul");

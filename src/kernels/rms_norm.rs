@@ -55,8 +55,15 @@ pub fn rms_norm(
             format!("{kernel:?} cannot normalise rows of {hidden}"),
         ));
     }
-    if weight.chunks.len() != 1 {
-        return Err(GpuError::invalid(K, "a norm weight must fit one buffer"));
+    if weight.chunks.len() != 1 || weight.dtype().is_block() {
+        return Err(GpuError::invalid(
+            K,
+            format!(
+                "a norm weight must be f32, f16 or bf16 in one buffer, not {} in {}",
+                weight.dtype().name(),
+                weight.chunks.len()
+            ),
+        ));
     }
     check_len(K, "x", x, num_tokens * hidden)?;
     check_len(K, "out", out, num_tokens * hidden)?;
@@ -72,7 +79,7 @@ pub fn rms_norm(
     };
     batch.dispatch(
         source,
-        &[("WEIGHT_DTYPE", weight.dtype.code())],
+        &[("WEIGHT_DTYPE", weight.dtype().code())],
         &p,
         &[x.into(), (&weight.chunks[0].buffer).into(), out.into()],
         grid_2d(

@@ -2,48 +2,176 @@
 //! larger than a storage binding (a big embedding table or LM head).
 
 use crate::error::{GpuError, Result};
+use crate::gguf::quant::{self, GgmlType};
 use crate::gpu::GpuContext;
+use std::borrow::Cow;
 
-/// Storage format of a weight. 16-bit formats are packed two per `u32`.
+/// Storage format of a weight: a float format (16-bit ones packed two per `u32`), or one
+/// of GGML's block formats, kept packed and decoded by the kernels that read the weight
+/// (`shaders/weight_blocks.wgsl`). A block-format row is a whole number of blocks; on the
+/// GPU each block is padded to whole 4-byte words ([`WeightDtype::gpu_row_bytes`]).
+#[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WeightDtype {
     F32,
     F16,
     BF16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q4_K,
+    Q5_K,
+    Q6_K,
 }
 
 impl WeightDtype {
-    /// The value of the kernels' `WEIGHT_DTYPE` override (see shaders/common.wgsl).
+    /// Every block format.
+    pub const BLOCKS: [WeightDtype; 8] = [
+        WeightDtype::Q4_0,
+        WeightDtype::Q4_1,
+        WeightDtype::Q5_0,
+        WeightDtype::Q5_1,
+        WeightDtype::Q8_0,
+        WeightDtype::Q4_K,
+        WeightDtype::Q5_K,
+        WeightDtype::Q6_K,
+    ];
+
+    /// The value of the kernels' `WEIGHT_DTYPE` override (shaders/common.wgsl has the float
+    /// codes, shaders/weight_blocks.wgsl the block ones).
     pub fn code(self) -> f64 {
         match self {
             WeightDtype::F32 => 0.0,
             WeightDtype::F16 => 1.0,
             WeightDtype::BF16 => 2.0,
+            WeightDtype::Q4_0 => 10.0,
+            WeightDtype::Q4_1 => 11.0,
+            WeightDtype::Q5_0 => 12.0,
+            WeightDtype::Q5_1 => 13.0,
+            WeightDtype::Q8_0 => 14.0,
+            WeightDtype::Q4_K => 15.0,
+            WeightDtype::Q5_K => 16.0,
+            WeightDtype::Q6_K => 17.0,
         }
     }
 
-    pub fn bytes(self) -> usize {
+    /// The GGML type of the same name.
+    pub fn ggml(self) -> GgmlType {
         match self {
-            WeightDtype::F32 => 4,
-            WeightDtype::F16 | WeightDtype::BF16 => 2,
+            WeightDtype::F32 => GgmlType::F32,
+            WeightDtype::F16 => GgmlType::F16,
+            WeightDtype::BF16 => GgmlType::BF16,
+            WeightDtype::Q4_0 => GgmlType::Q4_0,
+            WeightDtype::Q4_1 => GgmlType::Q4_1,
+            WeightDtype::Q5_0 => GgmlType::Q5_0,
+            WeightDtype::Q5_1 => GgmlType::Q5_1,
+            WeightDtype::Q8_0 => GgmlType::Q8_0,
+            WeightDtype::Q4_K => GgmlType::Q4_K,
+            WeightDtype::Q5_K => GgmlType::Q5_K,
+            WeightDtype::Q6_K => GgmlType::Q6_K,
         }
+    }
+
+    /// The weight format of a GGML type (every type pagellm reads is one).
+    pub fn from_ggml(ty: GgmlType) -> WeightDtype {
+        match ty {
+            GgmlType::F32 => WeightDtype::F32,
+            GgmlType::F16 => WeightDtype::F16,
+            GgmlType::BF16 => WeightDtype::BF16,
+            GgmlType::Q4_0 => WeightDtype::Q4_0,
+            GgmlType::Q4_1 => WeightDtype::Q4_1,
+            GgmlType::Q5_0 => WeightDtype::Q5_0,
+            GgmlType::Q5_1 => WeightDtype::Q5_1,
+            GgmlType::Q8_0 => WeightDtype::Q8_0,
+            GgmlType::Q4_K => WeightDtype::Q4_K,
+            GgmlType::Q5_K => WeightDtype::Q5_K,
+            GgmlType::Q6_K => WeightDtype::Q6_K,
+        }
+    }
+
+    /// The format's name as GGML spells it ("F16", "Q4_K").
+    pub fn name(self) -> &'static str {
+        self.ggml().name()
+    }
+
+    /// Whether this is a block format (not f32, f16 or bf16).
+    pub fn is_block(self) -> bool {
+        self.ggml().block_elems() > 1
+    }
+
+    /// Elements per block: 1 for the float formats.
+    pub fn block_elems(self) -> usize {
+        self.ggml().block_elems()
+    }
+
+    /// Bytes of a row of `cols` elements as a file stores it; `None` unless `cols` is a
+    /// whole number of blocks.
+    pub fn row_bytes(self, cols: usize) -> Option<usize> {
+        self.ggml().bytes_for(cols).ok()
+    }
+
+    /// Zero bytes before and after each block on the GPU, which make every block a whole
+    /// number of words with its codes on word boundaries.
+    fn gpu_padding(self) -> (usize, usize) {
+        match self {
+            WeightDtype::Q4_0 | WeightDtype::Q5_0 | WeightDtype::Q8_0 => (2, 0),
+            WeightDtype::Q6_K => (0, 2),
+            _ => (0, 0),
+        }
+    }
+
+    /// Bytes of a row of `cols` elements on the GPU (`cols` a whole number of blocks):
+    /// the file's, plus each block's padding. Per element: Q4_0 5 bits (4.5 in a file),
+    /// Q4_1 5, Q5_0 6 (5.5), Q5_1 6, Q8_0 9 (8.5), Q4_K 4.5, Q5_K 5.5, Q6_K 6.625 (6.5625).
+    pub fn gpu_row_bytes(self, cols: usize) -> usize {
+        let ty = self.ggml();
+        let (before, after) = self.gpu_padding();
+        cols / ty.block_elems() * (ty.block_bytes() + before + after)
     }
 }
 
-/// One row range of a weight, in its own buffer.
+impl std::str::FromStr for WeightDtype {
+    type Err = String;
+
+    /// A format by its GGML name, in any case: `f16`, `bf16`, `q8_0`, `Q4_K`, ...
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let all = [WeightDtype::F32, WeightDtype::F16, WeightDtype::BF16]
+            .into_iter()
+            .chain(WeightDtype::BLOCKS);
+        all.clone()
+            .find(|d| d.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| {
+                let names: Vec<String> = all.map(|d| d.name().to_lowercase()).collect();
+                format!("unknown weight format {s:?}; known: {}", names.join(", "))
+            })
+    }
+}
+
+impl std::fmt::Display for WeightDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One row range of a weight, in its own buffer and format.
 #[derive(Debug)]
 pub struct WeightChunk {
     pub buffer: wgpu::Buffer,
     pub first_row: usize,
     pub rows: usize,
+    pub dtype: WeightDtype,
 }
 
-/// A 2-D weight `[rows, cols]` (a Hugging Face Linear weight is `[out, in]`).
+/// A 2-D weight `[rows, cols]` (a Hugging Face Linear weight is `[out, in]`), in row
+/// chunks. Every chunk has the same format, except in a weight stacked from parts of
+/// different formats ([`Weight::upload_stack`]: a Q4_K_M file's Q4_K q and k projections
+/// and Q6_K v projection), whose chunks never straddle a change of format.
 #[derive(Debug)]
 pub struct Weight {
     pub rows: usize,
     pub cols: usize,
-    pub dtype: WeightDtype,
     pub chunks: Vec<WeightChunk>,
 }
 
@@ -87,7 +215,7 @@ impl Weight {
         Self::upload_parts_with_limit(ctx, name, parts, rows, cols, dtype, limit)
     }
 
-    /// [`Self::upload_parts`] with an explicit per-chunk byte limit.
+    /// [`Self::upload_parts`] with an explicit per-chunk byte limit (on the GPU's bytes).
     pub fn upload_parts_with_limit(
         ctx: &GpuContext,
         name: &str,
@@ -97,35 +225,15 @@ impl Weight {
         dtype: WeightDtype,
         max_chunk_bytes: u64,
     ) -> Result<Self> {
-        let row_bytes = cols * dtype.bytes();
-        let given: usize = parts.iter().map(|p| p.len()).sum();
-        if given != rows * row_bytes || parts.iter().any(|p| p.len() % row_bytes.max(1) != 0) {
-            return Err(GpuError::invalid(
-                "weight upload",
-                format!(
-                    "{name}: {given} bytes given for [{rows}, {cols}] {dtype:?} ({} expected, each of the {} parts whole rows)",
-                    rows * row_bytes,
-                    parts.len()
-                ),
-            ));
-        }
-        if rows == 0 || cols == 0 {
-            return Err(GpuError::invalid(
-                "weight upload",
-                format!("{name}: empty shape [{rows}, {cols}]"),
-            ));
-        }
-        if dtype != WeightDtype::F32 && !cols.is_multiple_of(2) {
-            return Err(GpuError::invalid(
-                "weight upload",
-                format!("{name}: 16-bit weights need an even row length, got {cols}"),
-            ));
-        }
-        let rows_per_chunk = (max_chunk_bytes / row_bytes.max(1) as u64) as usize;
+        let row_bytes = check_shape(name, parts, rows, cols, dtype)?;
+        let gpu_row = dtype.gpu_row_bytes(cols);
+        // Block formats' chunks end padded to 16 bytes (gpu_layout).
+        let usable = max_chunk_bytes.saturating_sub(if dtype.is_block() { 16 } else { 0 });
+        let rows_per_chunk = (usable / gpu_row as u64) as usize;
         if rows_per_chunk == 0 {
             return Err(GpuError::TooLarge {
                 what: format!("one row of {name}"),
-                needed: row_bytes as u64,
+                needed: gpu_row as u64,
                 limit: max_chunk_bytes,
             });
         }
@@ -144,23 +252,68 @@ impl Weight {
                 }
                 at += part.len();
             }
-            let buffer = ctx.upload_parts(name, &pieces)?;
+            let buffer = if dtype.is_block() {
+                let gpu = gpu_layout(dtype, &pieces);
+                ctx.upload_parts(name, &[&gpu])?
+            } else {
+                ctx.upload_parts(name, &pieces)?
+            };
             chunks.push(WeightChunk {
                 buffer,
                 first_row,
                 rows: n,
+                dtype,
             });
             first_row += n;
         }
+        Ok(Weight { rows, cols, chunks })
+    }
+
+    /// One weight stacked from `parts` of `cols`-element rows, each `(format, rows,
+    /// bytes)`, one after the other: consecutive parts of one format share chunks, and a
+    /// change of format starts a new chunk.
+    pub fn upload_stack(
+        ctx: &GpuContext,
+        name: &str,
+        parts: &[(WeightDtype, usize, &[u8])],
+        cols: usize,
+    ) -> Result<Self> {
+        let mut chunks = Vec::new();
+        let mut first_row = 0;
+        let mut rest = parts;
+        while let Some(&(dtype, _, _)) = rest.first() {
+            let run = rest.iter().take_while(|p| p.0 == dtype).count();
+            let (same, next) = rest.split_at(run);
+            let rows: usize = same.iter().map(|p| p.1).sum();
+            let bytes: Vec<&[u8]> = same.iter().map(|p| p.2).collect();
+            let w = Self::upload_parts(ctx, name, &bytes, rows, cols, dtype)?;
+            chunks.extend(w.chunks.into_iter().map(|c| WeightChunk {
+                first_row: c.first_row + first_row,
+                ..c
+            }));
+            first_row += rows;
+            rest = next;
+        }
+        if chunks.is_empty() {
+            return Err(GpuError::invalid(
+                "weight upload",
+                format!("{name}: no parts"),
+            ));
+        }
         Ok(Weight {
-            rows,
+            rows: first_row,
             cols,
-            dtype,
             chunks,
         })
     }
 
-    /// Convenience for tests and references: uploads f32 values converted to `dtype`.
+    /// The format of the weight's rows (of its first chunk, where a stack mixes formats).
+    pub fn dtype(&self) -> WeightDtype {
+        self.chunks[0].dtype
+    }
+
+    /// Convenience for tests and references: uploads f32 values converted (or quantized)
+    /// to `dtype`.
     pub fn from_f32(
         ctx: &GpuContext,
         name: &str,
@@ -169,13 +322,88 @@ impl Weight {
         cols: usize,
         dtype: WeightDtype,
     ) -> Result<Self> {
-        Self::upload(ctx, name, &encode(values, dtype), rows, cols, dtype)
+        let bytes = encode(values, dtype)
+            .map_err(|e| GpuError::invalid("weight upload", format!("{name}: {e}")))?;
+        Self::upload(ctx, name, &bytes, rows, cols, dtype)
+    }
+
+    /// Bytes the weight takes on the GPU.
+    pub fn gpu_bytes(&self) -> u64 {
+        self.chunks.iter().map(|c| c.buffer.size()).sum()
     }
 }
 
-/// Encodes f32 values as little-endian bytes of `dtype` (round to nearest even).
-pub fn encode(values: &[f32], dtype: WeightDtype) -> Vec<u8> {
-    match dtype {
+/// The bytes of one row of a `[rows, cols]` weight of `dtype` given as `parts`, after
+/// checking that the parts are whole rows adding up to the shape, that the shape is not
+/// empty, and that a row is a whole number of the format's words or blocks.
+fn check_shape(
+    name: &str,
+    parts: &[&[u8]],
+    rows: usize,
+    cols: usize,
+    dtype: WeightDtype,
+) -> Result<usize> {
+    let bad = |why: String| Err(GpuError::invalid("weight upload", format!("{name}: {why}")));
+    if rows == 0 || cols == 0 {
+        return bad(format!("empty shape [{rows}, {cols}]"));
+    }
+    if dtype.is_block() && !cols.is_multiple_of(dtype.block_elems()) {
+        return bad(format!(
+            "{} rows are blocks of {} elements, not {cols}",
+            dtype.name(),
+            dtype.block_elems()
+        ));
+    }
+    if matches!(dtype, WeightDtype::F16 | WeightDtype::BF16) && !cols.is_multiple_of(2) {
+        return bad(format!(
+            "16-bit weights need an even row length, got {cols}"
+        ));
+    }
+    let row_bytes = dtype.row_bytes(cols).unwrap_or(0);
+    let given: usize = parts.iter().map(|p| p.len()).sum();
+    if Some(given) != rows.checked_mul(row_bytes)
+        || parts.iter().any(|p| p.len() % row_bytes.max(1) != 0)
+    {
+        return bad(format!(
+            "{given} bytes given for [{rows}, {cols}] {} ({} rows of {row_bytes} expected, each of the {} parts whole rows)",
+            dtype.name(),
+            rows,
+            parts.len()
+        ));
+    }
+    Ok(row_bytes)
+}
+
+/// File blocks of a block format (whole blocks, in `pieces` one after the other) in the
+/// GPU's layout: each block with its padding, the whole padded to 16 bytes for the kernels
+/// that read the weights 16 bytes at a time.
+fn gpu_layout(dtype: WeightDtype, pieces: &[&[u8]]) -> Vec<u8> {
+    let (before, after) = dtype.gpu_padding();
+    let block = dtype.ggml().block_bytes();
+    let total: usize = pieces.iter().map(|p| p.len()).sum();
+    let mut out =
+        Vec::with_capacity((total / block * (block + before + after)).next_multiple_of(16));
+    let joined: Cow<[u8]> = match pieces {
+        [one] => Cow::Borrowed(one),
+        many => Cow::Owned(many.concat()),
+    };
+    for b in joined.chunks_exact(block) {
+        out.extend(std::iter::repeat_n(0u8, before));
+        out.extend_from_slice(b);
+        out.extend(std::iter::repeat_n(0u8, after));
+    }
+    out.resize(out.len().next_multiple_of(16), 0);
+    out
+}
+
+/// Encodes f32 values as little-endian bytes of `dtype`: float formats round to nearest
+/// even, block formats are quantized by [`quant::quantize`] (an error for values it cannot
+/// quantize, such as non-finite ones, or a length that is not whole blocks).
+pub fn encode(
+    values: &[f32],
+    dtype: WeightDtype,
+) -> std::result::Result<Vec<u8>, quant::QuantError> {
+    Ok(match dtype {
         WeightDtype::F32 => bytemuck::cast_slice(values).to_vec(),
         WeightDtype::F16 => values
             .iter()
@@ -185,5 +413,6 @@ pub fn encode(values: &[f32], dtype: WeightDtype) -> Vec<u8> {
             .iter()
             .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
             .collect(),
-    }
+        block => quant::quantize(block.ggml(), values)?,
+    })
 }

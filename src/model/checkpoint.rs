@@ -36,10 +36,10 @@ impl std::ops::Deref for Bytes {
     }
 }
 
-/// How a tensor is stored: a float format the loader reads, or another, by name.
+/// How a tensor is stored: a weight format the loader reads, or another, by name.
 #[derive(Clone, Debug)]
 pub(crate) enum Stored {
-    Float(WeightDtype),
+    Format(WeightDtype),
     Other(String),
 }
 
@@ -52,9 +52,16 @@ pub struct TensorRef<'a> {
 }
 
 impl TensorRef<'_> {
-    /// The values widened to f32 (exactly: f16 and bf16 are subsets of f32).
+    /// The values widened to f32 (exactly: f16 and bf16 are subsets of f32), or a block
+    /// format's values decoded by the reference dequantizer.
     pub fn to_f32(&self) -> Vec<f32> {
         match self.dtype {
+            block if block.is_block() => {
+                let ty = block.ggml();
+                let elems = self.bytes.len() / ty.block_bytes() * ty.block_elems();
+                // The length was checked against the shape when the tensor was read.
+                crate::gguf::quant::dequantize(ty, self.bytes, elems).unwrap_or_default()
+            }
             WeightDtype::F32 => self
                 .bytes
                 .chunks_exact(4)
@@ -70,6 +77,7 @@ impl TensorRef<'_> {
                 .chunks_exact(2)
                 .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
                 .collect(),
+            _ => unreachable!("block formats are decoded above"),
         }
     }
 }
@@ -160,9 +168,9 @@ impl Checkpoint {
                 )));
             }
             let dtype = match info.dtype {
-                Dtype::F32 => Stored::Float(WeightDtype::F32),
-                Dtype::F16 => Stored::Float(WeightDtype::F16),
-                Dtype::BF16 => Stored::Float(WeightDtype::BF16),
+                Dtype::F32 => Stored::Format(WeightDtype::F32),
+                Dtype::F16 => Stored::Format(WeightDtype::F16),
+                Dtype::BF16 => Stored::Format(WeightDtype::BF16),
                 other => Stored::Other(format!("{other:?}")),
             };
             self.tensors.insert(
@@ -249,7 +257,7 @@ impl Checkpoint {
                 name: name.to_string(),
             })?;
         let dtype = match &e.dtype {
-            Stored::Float(dtype) => *dtype,
+            Stored::Format(dtype) => *dtype,
             Stored::Other(other) => {
                 return Err(ModelError::Dtype {
                     name: name.to_string(),
@@ -264,7 +272,11 @@ impl Checkpoint {
             message: format!("tensor {name} lies outside the file"),
         })?;
         let count: usize = e.shape.iter().product();
-        if bytes.len() != count * dtype.bytes() {
+        let row = e.shape.last().copied().unwrap_or(1);
+        let expected = dtype
+            .row_bytes(row)
+            .and_then(|r| r.checked_mul(count / row.max(1)));
+        if Some(bytes.len()) != expected {
             return Err(ModelError::Malformed {
                 path: f.path.clone(),
                 message: format!(
@@ -304,7 +316,8 @@ impl Checkpoint {
                 found: t.shape.to_vec(),
             });
         }
-        let row_bytes = cols * t.dtype.bytes();
+        // Whole blocks: checked by `get`.
+        let row_bytes = t.dtype.row_bytes(cols).unwrap_or(0);
         Ok(Part {
             dtype: t.dtype,
             rows: n,

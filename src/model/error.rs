@@ -46,7 +46,7 @@ pub enum ModelError {
         found: Vec<usize>,
     },
 
-    #[error("tensor {name} has dtype {dtype}; supported: F32, F16, BF16 (quantized GGUF weights are read but not yet uploaded)")]
+    #[error("tensor {name} has dtype {dtype}; supported: F32, F16, BF16 (safetensors); also Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (GGUF)")]
     Dtype { name: String, dtype: String },
 
     #[error("tensor {name} is stored as {dtype} but {other} is {other_dtype}: all weights must share one dtype")]

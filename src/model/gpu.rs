@@ -4,6 +4,7 @@
 
 use super::arch::{NormKind, Rope, Slice};
 use super::checkpoint::Checkpoint;
+use super::convert::converted;
 use super::error::{ModelError, Result};
 use super::spec;
 use super::{ModelConfig, ModelFiles};
@@ -58,6 +59,8 @@ pub(crate) fn computing_config(files: &ModelFiles, context: usize) -> Result<Mod
             WeightDtype::F32 => s,
             WeightDtype::F16 => half::f16::from_f32(s).to_f32(),
             WeightDtype::BF16 => half::bf16::from_f32(s).to_f32(),
+            // A block format has no element type to round to (llama.cpp scales in f32).
+            _ => s,
         };
         cfg.recipe.embed_scale = Some(rounded);
     }
@@ -76,6 +79,9 @@ struct Uploader<'a> {
     ctx: &'a GpuContext,
     ck: &'a Checkpoint,
     cfg: &'a ModelConfig,
+    /// The format weights convert to as they upload ([`super::convert`]); `None` keeps
+    /// each as stored.
+    to: Option<WeightDtype>,
     done: u64,
     total: u64,
 }
@@ -129,14 +135,16 @@ impl Uploader<'_> {
 
     fn weight(&mut self, s: &Slice, progress: &mut impl FnMut(u64, u64)) -> Result<Weight> {
         let p = self.ck.part(s)?;
-        let w = Weight::upload(self.ctx, &s.name, p.bytes, p.rows, p.cols, p.dtype)?;
+        let (bytes, dtype) = converted(&s.name, &p, self.to)?;
+        let w = Weight::upload(self.ctx, &s.name, &bytes, p.rows, p.cols, dtype)?;
         self.done += p.bytes.len() as u64;
         progress(self.done, self.total);
         Ok(w)
     }
 
-    /// Weights of one row length and dtype as one, their rows one after the other (q, k
-    /// and v; gate and up): one matmul instead of several.
+    /// Weights of one row length as one, their rows one after the other (q, k and v; gate
+    /// and up): one matmul instead of several. Parts may differ in format (a Q4_K_M file
+    /// keeps v in Q6_K and q and k in Q4_K): each format gets chunks of its own.
     fn stacked(
         &mut self,
         slices: &[&Slice],
@@ -150,18 +158,11 @@ impl Uploader<'_> {
         if let Some((s, p)) = slices
             .iter()
             .zip(&parts)
-            .find(|(_, p)| (p.cols, p.dtype) != (first.cols, first.dtype))
+            .find(|(_, p)| p.cols != first.cols)
         {
             return Err(ModelError::Unsupported(format!(
-                "{} ({} x {} {:?}) cannot be stacked with {} ({} x {} {:?})",
-                s.name,
-                p.rows,
-                p.cols,
-                p.dtype,
-                slices[0].name,
-                first.rows,
-                first.cols,
-                first.dtype
+                "{} ({} x {}) cannot be stacked with {} ({} x {})",
+                s.name, p.rows, p.cols, slices[0].name, first.rows, first.cols
             )));
         }
         let name = slices
@@ -169,11 +170,18 @@ impl Uploader<'_> {
             .map(|s| s.name.as_str())
             .collect::<Vec<_>>()
             .join(" + ");
-        let rows = parts.iter().map(|p| p.rows).sum();
-        let bytes: Vec<&[u8]> = parts.iter().map(|p| p.bytes).collect();
-        let (cols, dtype) = (first.cols, first.dtype);
-        let w = Weight::upload_parts(self.ctx, &name, &bytes, rows, cols, dtype)?;
-        self.done += bytes.iter().map(|b| b.len() as u64).sum::<u64>();
+        let converted = slices
+            .iter()
+            .zip(&parts)
+            .map(|(s, p)| converted(&s.name, p, self.to))
+            .collect::<Result<Vec<_>>>()?;
+        let stack: Vec<(WeightDtype, usize, &[u8])> = converted
+            .iter()
+            .zip(&parts)
+            .map(|((bytes, dtype), p)| (*dtype, p.rows, &bytes[..]))
+            .collect();
+        let w = Weight::upload_stack(self.ctx, &name, &stack, first.cols)?;
+        self.done += parts.iter().map(|p| p.bytes.len() as u64).sum::<u64>();
         progress(self.done, self.total);
         Ok(w)
     }
@@ -199,11 +207,16 @@ impl Uploader<'_> {
         Ok(Some(self.ctx.upload(label, &values)?))
     }
 
+    /// A norm weight: as stored (never converted), or in f32 where Gemma's `1 +` is added
+    /// or the file keeps it in a block format (the norm kernels read float weights).
     fn norm(&mut self, s: &Slice, progress: &mut impl FnMut(u64, u64)) -> Result<Weight> {
-        if self.cfg.recipe.norm == NormKind::Weight {
-            return self.weight(s, progress);
-        }
         let p = self.ck.part(s)?;
+        if self.cfg.recipe.norm == NormKind::Weight && !p.dtype.is_block() {
+            let w = Weight::upload(self.ctx, &s.name, p.bytes, p.rows, p.cols, p.dtype)?;
+            self.done += p.bytes.len() as u64;
+            progress(self.done, self.total);
+            return Ok(w);
+        }
         let values = norm_values(self.cfg, p.to_f32());
         let w = Weight::from_f32(
             self.ctx,
@@ -253,6 +266,19 @@ impl GpuModel {
         ctx: &GpuContext,
         files: &ModelFiles,
         context: usize,
+        progress: impl FnMut(u64, u64),
+    ) -> Result<Self> {
+        Self::upload_as(ctx, files, context, None, progress)
+    }
+
+    /// [`Self::upload_for_context`] with every weight a matmul or the embedding reads
+    /// converted to `weight_dtype` as it uploads (quantized, or widened; see
+    /// [`super::convert`]); `None` keeps each as stored.
+    pub fn upload_as(
+        ctx: &GpuContext,
+        files: &ModelFiles,
+        context: usize,
+        weight_dtype: Option<WeightDtype>,
         mut progress: impl FnMut(u64, u64),
     ) -> Result<Self> {
         let cfg = computing_config(files, context)?;
@@ -266,6 +292,7 @@ impl GpuModel {
             ctx,
             ck,
             cfg: &cfg,
+            to: weight_dtype,
             done: 0,
             total,
         };

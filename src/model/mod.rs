@@ -8,6 +8,7 @@
 pub mod arch;
 pub mod checkpoint;
 pub mod config;
+pub mod convert;
 pub mod error;
 pub mod forward;
 pub mod gpu;

@@ -7,6 +7,7 @@ use super::arch::{self, LayerTensors};
 use super::checkpoint::Checkpoint;
 use super::config::ModelConfig;
 use super::error::{ModelError, Result};
+use crate::kernels::WeightDtype;
 
 pub const EMBED: &str = "model.embed_tokens.weight";
 pub const FINAL_NORM: &str = "model.norm.weight";
@@ -49,7 +50,8 @@ pub fn validate(cfg: &ModelConfig, ck: &Checkpoint) -> Result<()> {
                 found: t.shape.to_vec(),
             });
         }
-        if t.dtype != crate::kernels::WeightDtype::F32 && shape.last().is_some_and(|c| c % 2 != 0) {
+        let half = matches!(t.dtype, WeightDtype::F16 | WeightDtype::BF16);
+        if half && shape.last().is_some_and(|c| c % 2 != 0) {
             return Err(ModelError::Unsupported(format!(
                 "{name}: 16-bit weights need an even row length, found {shape:?}"
             )));

@@ -2,9 +2,11 @@
 //! random data, and tolerant comparison that names the first failing index.
 //!
 //! This folder holds every test helper, each included by the tests that need it: this
-//! module, `golden.rs` (transformers fixtures), `http.rs` (a `pagellm serve` child and a
+//! module (and `quant_fixture.rs`, the block-format fixtures), `golden.rs` (transformers fixtures), `http.rs` (a `pagellm serve` child and a
 //! client) and `sched_driver.rs` (the GPU-free engine stand-in around the real scheduler).
 #![allow(dead_code)]
+
+pub mod quant_fixture;
 
 use pagellm::gpu::{AdapterRequest, Batch, GpuContext};
 use pagellm::kernels::reshape_and_cache::reshape_and_cache;
@@ -158,13 +160,19 @@ pub fn arc(ctx: &GpuContext) -> std::sync::Arc<GpuContext> {
     ))
 }
 
-/// Values as a weight of `dtype` stores them (round to nearest even).
+/// Values as a weight of `dtype` stores them (round to nearest even; block formats
+/// quantized and dequantized by the reference).
 pub fn rounded(v: &[f32], dtype: pagellm::kernels::WeightDtype) -> Vec<f32> {
+    use pagellm::gguf::quant;
     use pagellm::kernels::WeightDtype;
     match dtype {
         WeightDtype::F32 => v.to_vec(),
         WeightDtype::F16 => pagellm::reference::round_f16(v),
         WeightDtype::BF16 => pagellm::reference::round_bf16(v),
+        block => {
+            let bytes = quant::quantize(block.ggml(), v).unwrap();
+            quant::dequantize(block.ggml(), &bytes, v.len()).unwrap()
+        }
     }
 }
 
@@ -223,4 +231,55 @@ pub fn plan_for(ctx: &GpuContext, width: usize) -> pagellm::kernels::KernelPlan 
         intermediate: width,
     };
     pagellm::kernels::KernelPlan::choose(ctx, &dims)
+}
+
+/// The logits and arg-max of one [`step`]'s rows.
+pub struct Step {
+    pub logits: Vec<Vec<f32>>,
+    pub argmax: Vec<u32>,
+}
+
+/// One forward step of `tokens` (positions `context_len - tokens.len()` onwards) of the
+/// sequence whose KV blocks are `table`, with the logits and GPU arg-max of `rows` (indices
+/// into `tokens`) read back.
+#[allow(clippy::too_many_arguments)]
+pub fn step(
+    ctx: &pagellm::GpuContext,
+    model: &pagellm::model::gpu::GpuModel,
+    pool: &KvPool,
+    ws: &pagellm::model::forward::Workspace,
+    tokens: &[u32],
+    context_len: usize,
+    table: &[u32],
+    rows: &[u32],
+) -> Step {
+    let slice = pagellm::model::step::SeqSlice {
+        query_len: tokens.len(),
+        context_len,
+        block_table: table,
+    };
+    let meta =
+        pagellm::model::step::AttentionMetadata::build(&[slice], pool.layout.block_size).unwrap();
+    // Token ids and rows ride in the metadata buffer, as in the engine.
+    let bufs = meta.upload_with(ctx, &[tokens, rows]).unwrap();
+    let mut b = Batch::new(ctx, "step");
+    let input = pagellm::model::forward::StepInput {
+        tokens: bufs.extra(0).unwrap(),
+        meta: &bufs,
+        rows: bufs.extra(1).unwrap(),
+        num_rows: rows.len(),
+        argmax: true,
+    };
+    pagellm::model::forward::forward(&mut b, model, pool, ws, &input).unwrap();
+    b.submit().unwrap();
+    let v = model.config.vocab_size;
+    let logits: Vec<f32> = ctx.read(&ws.logits).unwrap();
+    let argmax: Vec<u32> = ctx.read(&ws.argmax).unwrap();
+    Step {
+        logits: logits[..rows.len() * v]
+            .chunks(v)
+            .map(<[f32]>::to_vec)
+            .collect(),
+        argmax: argmax[..rows.len()].to_vec(),
+    }
 }

@@ -1,0 +1,185 @@
+// The GGML block formats of weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), read
+// where a kernel reads weights: `block8(row, j)` decodes elements 8j .. 8j + 8 of a weight
+// row. Shared by the matmul kernels and the embedding gather, each of which defines
+// `wword(i)`, word i of its weight binding, and the WEIGHT_DTYPE override.
+//
+// On the GPU each GGUF block is kept as it is in the file, padded to a whole number of
+// 4-byte words (src/kernels/weight.rs writes that layout): two bytes go before a Q4_0, Q5_0
+// or Q8_0 block (its f16 scale then fills the upper half of word 0 and its codes start on a
+// word) and after a Q6_K block. A row is its blocks one after another. Every 8-element group
+// lies within one block and shares its scale, so a group is decoded from a few words.
+//
+// Values are computed with the expressions of src/gguf/quant.rs, the plain-Rust reference,
+// and come out as its bits on any conforming GPU: a scale times a code (and Q4_K's and
+// Q6_K's super-block scale times a sub-block scale, times a code) needs at most 22
+// significant bits, so every product is exact in f32, and where a min is then added or
+// subtracted (Q4_1, Q5_1, Q4_K, Q5_K) there is one rounding whether or not the compiler
+// fuses the two into a multiply-add. tests/kernels_quant.rs checks every fixture block.
+
+const DTYPE_Q4_0: u32 = 10u;
+const DTYPE_Q4_1: u32 = 11u;
+const DTYPE_Q5_0: u32 = 12u;
+const DTYPE_Q5_1: u32 = 13u;
+const DTYPE_Q8_0: u32 = 14u;
+const DTYPE_Q4_K: u32 = 15u;
+const DTYPE_Q5_K: u32 = 16u;
+const DTYPE_Q6_K: u32 = 17u;
+
+// Whether WEIGHT_DTYPE is a block format.
+fn is_block_dtype() -> bool {
+    return WEIGHT_DTYPE >= DTYPE_Q4_0;
+}
+
+// Elements and words of one block of WEIGHT_DTYPE.
+fn block_elems() -> u32 {
+    return select(32u, 256u, WEIGHT_DTYPE >= DTYPE_Q4_K);
+}
+
+fn block_words() -> u32 {
+    switch WEIGHT_DTYPE {
+        case 10u, 11u: { return 5u; }
+        case 12u, 13u: { return 6u; }
+        case 14u: { return 9u; }
+        case 15u: { return 36u; }
+        case 16u: { return 44u; }
+        default: { return 53u; }
+    }
+}
+
+// Words of one weight row of k elements.
+fn row_words(k: u32) -> u32 {
+    return (k / block_elems()) * block_words();
+}
+
+// Byte i (0..4) of word w.
+fn byte_at(w: u32, i: u32) -> u32 {
+    return (w >> (8u * i)) & 0xffu;
+}
+
+// The eight 4-bit codes at bit `shift` (0 or 4) of each byte of words a, b.
+fn nibbles8(a: u32, b: u32, shift: u32) -> array<u32, 8> {
+    var q: array<u32, 8>;
+    for (var i = 0u; i < 4u; i++) {
+        q[i] = (a >> (8u * i + shift)) & 0xfu;
+        q[i + 4u] = (b >> (8u * i + shift)) & 0xfu;
+    }
+    return q;
+}
+
+fn pack8(v: array<f32, 8>) -> array<vec4<f32>, 2> {
+    return array<vec4<f32>, 2>(vec4<f32>(v[0], v[1], v[2], v[3]), vec4<f32>(v[4], v[5], v[6], v[7]));
+}
+
+// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0: group g (0..4) of the 32-block at word `base`.
+fn block8_32(base: u32, g: u32) -> array<vec4<f32>, 2> {
+    let head = unpack2x16float(wword(base));
+    var v: array<f32, 8>;
+    if WEIGHT_DTYPE == DTYPE_Q8_0 {
+        let d = head.y;
+        for (var i = 0u; i < 8u; i++) {
+            let word = wword(base + 1u + 2u * g + i / 4u);
+            v[i] = f32(extractBits(bitcast<i32>(word), 8u * (i % 4u), 8u)) * d;
+        }
+        return pack8(v);
+    }
+    // Byte l of the codes holds element l (low nibble) and l + 16 (high nibble).
+    let five = WEIGHT_DTYPE == DTYPE_Q5_0 || WEIGHT_DTYPE == DTYPE_Q5_1;
+    let qs = base + select(1u, 2u, five) + 2u * (g % 2u);
+    var q = nibbles8(wword(qs), wword(qs + 1u), 4u * (g / 2u));
+    if five {
+        let qh = wword(base + 1u);
+        for (var i = 0u; i < 8u; i++) {
+            q[i] |= ((qh >> (8u * g + i)) & 1u) << 4u;
+        }
+    }
+    for (var i = 0u; i < 8u; i++) {
+        switch WEIGHT_DTYPE {
+            case 10u: { v[i] = f32(i32(q[i]) - 8) * head.y; }
+            case 12u: { v[i] = f32(i32(q[i]) - 16) * head.y; }
+            default: { v[i] = head.x * f32(q[i]) + head.y; }
+        }
+    }
+    return pack8(v);
+}
+
+// Q4_K and Q5_K: the 6-bit scale and min of sub-block s (0..8) from the 12 scale bytes in
+// words base + 1 .. base + 4 (quant.rs's k_scale_min).
+fn k_scale_min(base: u32, s: u32) -> vec2<u32> {
+    var sb = array<u32, 3>(wword(base + 1u), wword(base + 2u), wword(base + 3u));
+    let at = s + 4u;
+    let hi = byte_at(sb[at / 4u], at % 4u);
+    if s < 4u {
+        return vec2<u32>(byte_at(sb[0], s) & 63u, hi & 63u);
+    }
+    let lo_sc = byte_at(sb[0], s - 4u);
+    let lo_m = byte_at(sb[1], s - 4u);
+    return vec2<u32>((hi & 0xfu) | ((lo_sc >> 6u) << 4u), (hi >> 4u) | ((lo_m >> 6u) << 4u));
+}
+
+// Q4_K and Q5_K: group g (0..32) of the super-block at word `base`: sub-block s = g / 4,
+// elements l .. l + 8 of it, l = 8 (g % 4).
+fn block8_k_asym(base: u32, g: u32) -> array<vec4<f32>, 2> {
+    let dm = unpack2x16float(wword(base));
+    let s = g / 4u;
+    let sm = k_scale_min(base, s);
+    let dl = dm.x * f32(sm.x);
+    let ml = dm.y * f32(sm.y);
+    let five = WEIGHT_DTYPE == DTYPE_Q5_K;
+    // Nibble byte l of sub-block s: byte 32 (s / 2) + l of the codes, half s % 2.
+    let qs = base + select(4u, 12u, five) + 8u * (s / 2u) + 2u * (g % 4u);
+    var q = nibbles8(wword(qs), wword(qs + 1u), 4u * (s % 2u));
+    if five {
+        // Bit s of high-bit byte l.
+        let qh = base + 4u + 2u * (g % 4u);
+        let a = wword(qh);
+        let b = wword(qh + 1u);
+        for (var i = 0u; i < 4u; i++) {
+            q[i] |= ((byte_at(a, i) >> s) & 1u) << 4u;
+            q[i + 4u] |= ((byte_at(b, i) >> s) & 1u) << 4u;
+        }
+    }
+    var v: array<f32, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        v[i] = dl * f32(q[i]) - ml;
+    }
+    return pack8(v);
+}
+
+// Q6_K: group g (0..32) of the super-block at word `base` (quant.rs's dequant_q6_k spells out
+// the layout): half h, elements e .. e + 8 of it, in quarter k at position l.
+fn block8_q6_k(base: u32, g: u32) -> array<vec4<f32>, 2> {
+    let h = g / 16u;
+    let e = 8u * (g % 16u);
+    let k = e / 32u;
+    let l = e % 32u;
+    let ql = base + 16u * h + 8u * (k % 2u) + l / 4u;
+    var low = nibbles8(wword(ql), wword(ql + 1u), 4u * (k / 2u));
+    let qh = base + 32u + 8u * h + l / 4u;
+    let qa = wword(qh);
+    let qb = wword(qh + 1u);
+    let si = 8u * h + e / 16u;
+    let sc = extractBits(bitcast<i32>(wword(base + 48u + si / 4u)), 8u * (si % 4u), 8u);
+    let d = unpack2x16float(wword(base + 52u)).x;
+    let dl = d * f32(sc);
+    var v: array<f32, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        let word = select(qb, qa, i < 4u);
+        let high = (byte_at(word, i % 4u) >> (2u * k)) & 3u;
+        v[i] = dl * f32(i32(low[i] | (high << 4u)) - 32);
+    }
+    return pack8(v);
+}
+
+// Elements 8j .. 8j + 8 of the weight row that starts at word `row`.
+fn block8(row: u32, j: u32) -> array<vec4<f32>, 2> {
+    let per_block = block_elems() / 8u;
+    let base = row + (j / per_block) * block_words();
+    let g = j % per_block;
+    if WEIGHT_DTYPE == DTYPE_Q6_K {
+        return block8_q6_k(base, g);
+    }
+    if WEIGHT_DTYPE >= DTYPE_Q4_K {
+        return block8_k_asym(base, g);
+    }
+    return block8_32(base, g);
+}

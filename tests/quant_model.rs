@@ -1,0 +1,129 @@
+//! Whole models in block formats on the GPU, against the same weights dequantized to f32:
+//!
+//! - a GGUF file that llama.cpp's converter wrote in Q8_0 (tests/fixtures/gguf) computes,
+//!   logit for logit and bit for bit, what the file's weights widened to f32 compute;
+//! - the shipped model quantized at load to each block format (`weight_dtype`) computes bit
+//!   for bit what its quantized-then-dequantized f32 copy computes, and generates what its
+//!   f16 original generates for most steps (the formats lose precision, not the plot);
+//! - the weights take the format's bytes on the GPU.
+//!
+//! Each run prefills a prompt through the paged pool and decodes greedily, reading every
+//! step's logits.
+
+mod common;
+use common::{contexts, step};
+use pagellm::kernels::WeightDtype;
+use pagellm::model::forward::Workspace;
+use pagellm::model::gpu::GpuModel;
+use pagellm::model::ModelFiles;
+use pagellm::pool::{KvDtype, KvLayout, KvPool, PoolSize};
+use std::path::Path;
+
+const PROMPT: [u32; 7] = [5, 80, 17, 301, 42, 9, 200];
+const DECODE: usize = 8;
+
+/// Greedy tokens and the logits of every step (the prompt's last row, then each decode).
+fn greedy(ctx: &pagellm::GpuContext, model: &GpuModel) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let c = &model.config;
+    let ws = Workspace::new(ctx, c, 64, 64).unwrap();
+    let layout = KvLayout {
+        num_layers: c.num_layers,
+        num_kv_heads: c.num_kv_heads,
+        head_dim: c.head_dim,
+        block_size: 8,
+        dtype: KvDtype::F32,
+    };
+    let pool = KvPool::new(ctx, layout, PoolSize::Blocks(4)).unwrap();
+    let table = [2u32, 0, 3, 1];
+    let mut s = step(ctx, model, &pool, &ws, &PROMPT, PROMPT.len(), &table, &[6]);
+    let (mut tokens, mut logits) = (Vec::new(), Vec::new());
+    for i in 0..DECODE {
+        let t = s.argmax[0];
+        tokens.push(t);
+        logits.push(s.logits.remove(0));
+        if i + 1 < DECODE {
+            let len = PROMPT.len() + i + 1;
+            s = step(ctx, model, &pool, &ws, &[t], len, &table, &[0]);
+        }
+    }
+    (tokens, logits)
+}
+
+fn bits(v: &[Vec<f32>]) -> Vec<u32> {
+    v.iter().flatten().map(|x| x.to_bits()).collect()
+}
+
+/// The GPU bytes of the model's weights that matmuls and the embedding read.
+fn matmul_weight_bytes(m: &GpuModel) -> u64 {
+    let layers: u64 = m
+        .layers
+        .iter()
+        .map(|l| l.qkv.gpu_bytes() + l.o.gpu_bytes() + l.gate_up.gpu_bytes() + l.down.gpu_bytes())
+        .sum();
+    layers + m.embed.gpu_bytes() + m.lm_head.as_ref().map_or(0, |w| w.gpu_bytes())
+}
+
+#[test]
+fn a_q8_0_gguf_computes_exactly_what_its_weights_in_f32_compute() {
+    let files = ModelFiles::open(Path::new("tests/fixtures/gguf/llama-gqa-q8_0.gguf")).unwrap();
+    let widened = files.converted(WeightDtype::F32).unwrap();
+    for ctx in contexts() {
+        let q8 = GpuModel::upload(ctx, &files, |_, _| {}).unwrap();
+        assert_eq!(q8.layers[0].qkv.dtype(), WeightDtype::Q8_0);
+        assert_eq!(q8.embed.dtype(), WeightDtype::Q8_0);
+        let f32 = GpuModel::upload(ctx, &widened, |_, _| {}).unwrap();
+        // Widening at load is the same as widening on the host.
+        let at_load =
+            GpuModel::upload_as(ctx, &files, 512, Some(WeightDtype::F32), |_, _| {}).unwrap();
+        let (a, b, c) = (greedy(ctx, &q8), greedy(ctx, &f32), greedy(ctx, &at_load));
+        assert_eq!(a.0, b.0, "tokens on {}", common::backend(ctx));
+        assert_eq!(bits(&a.1), bits(&b.1), "logits on {}", common::backend(ctx));
+        assert_eq!(
+            bits(&c.1),
+            bits(&b.1),
+            "logits widened at load on {}",
+            common::backend(ctx)
+        );
+        // 34 bytes per 32 weights in the file, 36 on the GPU, against 128 in f32.
+        let (qb, fb) = (matmul_weight_bytes(&q8), matmul_weight_bytes(&f32));
+        assert!(
+            qb * 128 <= fb * 37 && qb * 128 >= fb * 35,
+            "{qb} vs {fb} bytes"
+        );
+    }
+}
+
+#[test]
+fn every_block_format_quantized_at_load_computes_its_dequantized_copy_exactly() {
+    let files = ModelFiles::open(Path::new("models/fortunes-llama")).unwrap();
+    for ctx in contexts() {
+        let f16 = GpuModel::upload(ctx, &files, |_, _| {}).unwrap();
+        let (base_tokens, _) = greedy(ctx, &f16);
+        for dtype in WeightDtype::BLOCKS {
+            let what = format!("{dtype:?} on {}", common::backend(ctx));
+            let q = GpuModel::upload_as(ctx, &files, 512, Some(dtype), |_, _| {}).unwrap();
+            // Rows of 256 take every format; the down projection's rows of 688 are not whole
+            // blocks of any and keep their f16.
+            assert_eq!(q.layers[0].qkv.dtype(), dtype, "{what}");
+            assert_eq!(q.embed.dtype(), dtype, "{what}");
+            assert_eq!(q.layers[0].down.dtype(), WeightDtype::F16, "{what}");
+            let twin = files
+                .converted(dtype)
+                .unwrap()
+                .converted(WeightDtype::F32)
+                .unwrap();
+            let twin = GpuModel::upload(ctx, &twin, |_, _| {}).unwrap();
+            let (a, b) = (greedy(ctx, &q), greedy(ctx, &twin));
+            assert_eq!(a.0, b.0, "tokens of {what}");
+            assert_eq!(bits(&a.1), bits(&b.1), "logits of {what}");
+            // Quantization moves logits, so tokens may part from f16's; the first agrees.
+            assert_eq!(
+                a.0[0], base_tokens[0],
+                "first token of {what}: {:?} vs {base_tokens:?}",
+                a.0
+            );
+            let (qb, fb) = (matmul_weight_bytes(&q), matmul_weight_bytes(&f16));
+            assert!(qb < fb, "{what}: {qb} bytes against f16's {fb}");
+        }
+    }
+}
