@@ -44,12 +44,18 @@
 //! (1 and 16 sequences, 128-token prompts, 64 tokens each) and of one 128-token prefill,
 //! with the host's recording, submit and wait per step (`GpuContext::enable_profiling`);
 //! `--profile-seqs 1,16` and `--profile-tokens 64` change the decode runs.
+//!
+//! `-- --weights f16,q8_0,q4_k` runs only the weight-format section instead: one engine per
+//! format (`EngineConfig::weight_dtype`, the bf16 weights converted as they load), decode
+//! steps of 1 and 16 sequences and a 128-token prefill on each, formats alternating within
+//! each of five rounds; median step time and its ratio to the first format's.
 
 use pagellm::cache::{BlockOps, DeviceBlockId, HostBlockId};
 use pagellm::cache_engine::CacheEngine;
 use pagellm::engine::{
     Engine, EngineConfig, EngineStats, PreemptionMode, Prompt, RequestEvent, RequestHandle,
 };
+use pagellm::kernels::WeightDtype;
 use pagellm::model::spec::expected_tensors;
 use pagellm::model::ModelConfig;
 use pagellm::pool::{KvDtype, KvLayout, KvPool, PoolSize};
@@ -682,6 +688,64 @@ fn print_profile(
     println!("```");
 }
 
+/// The `--weights` section: decode and prefill steps per weight format, side by side.
+fn weights_section(ctx: &Arc<GpuContext>, dir: &Path, list: &str) {
+    let formats: Vec<WeightDtype> = list
+        .split(',')
+        .map(|s| s.trim().parse().unwrap_or_else(|e| panic!("{e}")))
+        .collect();
+    let mut engines: Vec<Engine> = formats
+        .iter()
+        .map(|&d| {
+            let cfg = EngineConfig {
+                enable_prefix_caching: false,
+                max_num_batched_tokens: 1024,
+                weight_dtype: Some(d),
+                ..EngineConfig::default()
+            };
+            let mut e = engine(ctx, dir, cfg);
+            e.add_request(Prompt::Tokens(prompt(999, 8)), greedy(2))
+                .expect("add");
+            e.run_to_completion().expect("warm-up");
+            e
+        })
+        .collect();
+    println!();
+    println!("## Weight formats (decode: {DECODE_PROMPT}-token prompts, {DECODE_TOKENS} tokens; prefill: 128 tokens)");
+    println!();
+    let names: Vec<String> = formats.iter().map(|d| format!("{d} (ms)")).collect();
+    let ratios: Vec<String> = formats[1..]
+        .iter()
+        .map(|d| format!("{d} / {}", formats[0]))
+        .collect();
+    println!("| step | {} | {} |", names.join(" | "), ratios.join(" | "));
+    println!("|---|{}", "---:|".repeat(2 * formats.len() - 1));
+    for (label, n) in [
+        ("decode, 1 sequence", 1),
+        ("decode, 16 sequences", 16),
+        ("prefill, 128 tokens", 0),
+    ] {
+        let mut steps = vec![Vec::new(); formats.len()];
+        for _round in 0..5 {
+            for (e, s) in engines.iter_mut().zip(&mut steps) {
+                if n == 0 {
+                    s.push(first_token(e, 7, 128).1);
+                    e.run_to_completion().expect("drain");
+                } else {
+                    s.extend(decode(e, n, DECODE_PROMPT, DECODE_TOKENS).steps);
+                }
+            }
+        }
+        let med: Vec<f64> = steps.into_iter().map(|s| ms(median(s))).collect();
+        let cells: Vec<String> = med.iter().map(|t| format!("{t:.1}")).collect();
+        let rel: Vec<String> = med[1..]
+            .iter()
+            .map(|t| format!("{:.2}x", t / med[0]))
+            .collect();
+        println!("| {label} | {} | {} |", cells.join(" | "), rel.join(" | "));
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -755,6 +819,15 @@ fn main() {
         gen_time.as_secs_f64(),
         t.elapsed().as_secs_f64()
     );
+    if let Some(list) = args
+        .iter()
+        .position(|a| a == "--weights")
+        .and_then(|i| args.get(i + 1))
+    {
+        drop(e);
+        weights_section(&ctx, &model.0, list);
+        return;
+    }
     if args.iter().any(|a| a == "--profile") {
         let value = |flag: &str| {
             args.iter()

@@ -3,10 +3,12 @@
 // row. Shared by the matmul kernels and the embedding gather, each of which defines
 // `wword(i)`, word i of its weight binding, and the WEIGHT_DTYPE override.
 //
-// On the GPU each GGUF block is kept as it is in the file, padded to a whole number of
-// 4-byte words (src/kernels/weight.rs writes that layout): two bytes go before a Q4_0, Q5_0
-// or Q8_0 block (its f16 scale then fills the upper half of word 0 and its codes start on a
-// word) and after a Q6_K block. A row is its blocks one after another. Every 8-element group
+// On the GPU each GGUF block is kept as it is in the file, in a whole number of 4-byte
+// words (gpu_block in src/kernels/weight.rs writes that layout): two bytes of padding go
+// before a Q4_0, Q5_0 or Q8_0 block (its f16 scale then fills the upper half of word 0 and
+// its codes start on a word) and after a Q6_K block; Q4_K and Q5_K have their 6-bit
+// sub-block scales and mins unpacked to one byte each (words 1..5). A row is its blocks one
+// after another. Every 8-element group
 // lies within one block and shares its scale, so a group is decoded from a few words.
 //
 // Values are computed with the expressions of src/gguf/quant.rs, the plain-Rust reference,
@@ -40,8 +42,8 @@ fn block_words() -> u32 {
         case 10u, 11u: { return 5u; }
         case 12u, 13u: { return 6u; }
         case 14u: { return 9u; }
-        case 15u: { return 36u; }
-        case 16u: { return 44u; }
+        case 15u: { return 37u; }
+        case 16u: { return 45u; }
         default: { return 53u; }
     }
 }
@@ -102,35 +104,22 @@ fn block8_32(base: u32, g: u32) -> array<vec4<f32>, 2> {
     return pack8(v);
 }
 
-// Q4_K and Q5_K: the 6-bit scale and min of sub-block s (0..8) from the 12 scale bytes in
-// words base + 1 .. base + 4 (quant.rs's k_scale_min).
-fn k_scale_min(base: u32, s: u32) -> vec2<u32> {
-    var sb = array<u32, 3>(wword(base + 1u), wword(base + 2u), wword(base + 3u));
-    let at = s + 4u;
-    let hi = byte_at(sb[at / 4u], at % 4u);
-    if s < 4u {
-        return vec2<u32>(byte_at(sb[0], s) & 63u, hi & 63u);
-    }
-    let lo_sc = byte_at(sb[0], s - 4u);
-    let lo_m = byte_at(sb[1], s - 4u);
-    return vec2<u32>((hi & 0xfu) | ((lo_sc >> 6u) << 4u), (hi >> 4u) | ((lo_m >> 6u) << 4u));
-}
-
 // Q4_K and Q5_K: group g (0..32) of the super-block at word `base`: sub-block s = g / 4,
 // elements l .. l + 8 of it, l = 8 (g % 4).
 fn block8_k_asym(base: u32, g: u32) -> array<vec4<f32>, 2> {
     let dm = unpack2x16float(wword(base));
     let s = g / 4u;
-    let sm = k_scale_min(base, s);
-    let dl = dm.x * f32(sm.x);
-    let ml = dm.y * f32(sm.y);
+    // Sub-block s's scale and min: bytes 2 (s % 2) and 2 (s % 2) + 1 of word 1 + s / 2.
+    let sm = wword(base + 1u + s / 2u) >> (16u * (s % 2u));
+    let dl = dm.x * f32(sm & 63u);
+    let ml = dm.y * f32((sm >> 8u) & 63u);
     let five = WEIGHT_DTYPE == DTYPE_Q5_K;
     // Nibble byte l of sub-block s: byte 32 (s / 2) + l of the codes, half s % 2.
-    let qs = base + select(4u, 12u, five) + 8u * (s / 2u) + 2u * (g % 4u);
+    let qs = base + select(5u, 13u, five) + 8u * (s / 2u) + 2u * (g % 4u);
     var q = nibbles8(wword(qs), wword(qs + 1u), 4u * (s % 2u));
     if five {
         // Bit s of high-bit byte l.
-        let qh = base + 4u + 2u * (g % 4u);
+        let qh = base + 5u + 2u * (g % 4u);
         let a = wword(qh);
         let b = wword(qh + 1u);
         for (var i = 0u; i < 4u; i++) {

@@ -2,12 +2,14 @@
 //! batching, preemption (swap and recompute) and prefix caching never change greedy tokens;
 //! parallel sampling and beam search share blocks; beam search equals a reference beam
 //! search over the reference forward pass; aborts free everything; bad input is an error.
+//! Batching, prefix caching and preemption are also run on weights quantized at load.
 
 mod common;
 use common::{arc, contexts, golden, rng};
 use pagellm::engine::{
     Engine, EngineConfig, EngineError, FinishReason, PreemptionMode, Prompt, RequestEvent,
 };
+use pagellm::kernels::WeightDtype;
 use pagellm::model::reference::ReferenceModel;
 use pagellm::sampling::{beam_step, Beam, BeamSearchConfig, SamplingParams};
 use rand::Rng;
@@ -159,6 +161,15 @@ fn an_int8_cache_gives_transformers_greedy_tokens_but_at_near_ties() {
 
 #[test]
 fn batching_and_prefix_caching_do_not_change_greedy_tokens() {
+    batching_and_prefix_caching_keep_tokens(None);
+}
+
+#[test]
+fn batching_and_prefix_caching_do_not_change_greedy_tokens_of_q8_0_weights() {
+    batching_and_prefix_caching_keep_tokens(Some(WeightDtype::Q8_0));
+}
+
+fn batching_and_prefix_caching_keep_tokens(weight_dtype: Option<WeightDtype>) {
     let Some(&ctx) = contexts().first() else {
         return;
     };
@@ -166,12 +177,14 @@ fn batching_and_prefix_caching_do_not_change_greedy_tokens() {
     let work = workload();
     let alone_cfg = EngineConfig {
         enable_prefix_caching: false,
+        weight_dtype,
         ..EngineConfig::default()
     };
     let alone = run_alone(&mut engine(ctx, &dir, alone_cfg), &work);
     // Small steps force chunked prefill to share steps with decodes.
     let batched_cfg = EngineConfig {
         max_num_batched_tokens: 64,
+        weight_dtype,
         ..EngineConfig::default()
     };
     let mut e = engine(ctx, &dir, batched_cfg);
@@ -192,14 +205,28 @@ fn batching_and_prefix_caching_do_not_change_greedy_tokens() {
 
 #[test]
 fn preemption_by_swap_or_recompute_does_not_change_greedy_tokens() {
+    preemption_keeps_tokens(None);
+}
+
+#[test]
+fn preemption_by_swap_or_recompute_does_not_change_greedy_tokens_of_q4_0_weights() {
+    preemption_keeps_tokens(Some(WeightDtype::Q4_0));
+}
+
+fn preemption_keeps_tokens(weight_dtype: Option<WeightDtype>) {
     let Some(&ctx) = contexts().first() else {
         return;
     };
     let dir = golden::fixture_dir("llama-gqa");
     let work = workload();
-    let big = run_all(&mut engine(ctx, &dir, EngineConfig::default()), &work);
+    let big_cfg = EngineConfig {
+        weight_dtype,
+        ..EngineConfig::default()
+    };
+    let big = run_all(&mut engine(ctx, &dir, big_cfg), &work);
     for mode in [PreemptionMode::Swap, PreemptionMode::Recompute] {
         let cfg = EngineConfig {
+            weight_dtype,
             // 20 blocks of 16 tokens: one 256-token sequence fits, 32 requests do not.
             num_gpu_blocks: Some(20),
             num_cpu_blocks: Some(200),

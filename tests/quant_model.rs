@@ -127,3 +127,40 @@ fn every_block_format_quantized_at_load_computes_its_dequantized_copy_exactly() 
         }
     }
 }
+
+#[test]
+fn a_lone_gguf_file_generates_what_its_safetensors_folder_generates() {
+    // The file alone in a folder: its config, weights and tokenizer all come from it. A text
+    // prompt is encoded by the metadata's tokenizer and the output decoded by it.
+    use pagellm::engine::{Engine, EngineConfig, Prompt};
+    use pagellm::sampling::SamplingParams;
+    let dir = std::env::temp_dir().join(format!("pagellm-lone-gguf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("llama-gqa.gguf");
+    std::fs::copy("tests/fixtures/gguf/llama-gqa.gguf", &path).unwrap();
+    let params = SamplingParams {
+        max_tokens: 12,
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    };
+    for ctx in contexts() {
+        let run = |model: &Path| {
+            let cfg = EngineConfig::default();
+            let mut e = Engine::with_context(common::arc(ctx), model, cfg, |_, _| {}).unwrap();
+            let h = e
+                .add_request(Prompt::Text("the cat sat on".into()), params.clone())
+                .unwrap();
+            e.run_to_completion().unwrap();
+            let out = h.wait().unwrap();
+            (
+                out.prompt_token_ids.clone(),
+                out.outputs[0].token_ids.clone(),
+                out.outputs[0].text.clone(),
+            )
+        };
+        let (a, b) = (run(&path), run(Path::new("tests/fixtures/llama-gqa")));
+        assert_eq!(a, b, "on {}", common::backend(ctx));
+        assert!(!a.0.is_empty() && a.1.len() == 12);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -264,7 +264,7 @@ impl Thread {
         match opened {
             Ok(engine) => {
                 // A missing template is normal (base models); a broken one is worth saying.
-                let template = match ChatTemplate::from_dir(pagellm::model::model_folder(&dir)) {
+                let template = match pagellm::model::open_chat_template(&dir) {
                     Ok(t) => Some(t),
                     Err(pagellm::tokenizer::ChatTemplateError::Missing { .. }) => None,
                     Err(e) => {

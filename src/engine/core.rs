@@ -191,7 +191,7 @@ fn mean(total: std::time::Duration, n: u64) -> std::time::Duration {
 /// A model's checkpoint and tokenizer (from the model's folder), checked against each other.
 pub(crate) fn open_model(model_dir: &Path) -> Result<(ModelFiles, Tokenizer)> {
     let files = ModelFiles::open(model_dir)?;
-    let tokenizer = Tokenizer::from_dir(&files.dir)?;
+    let tokenizer = crate::model::open_tokenizer(model_dir)?;
     if tokenizer.vocab_size() > files.config.vocab_size {
         return Err(ModelError::VocabMismatch {
             tokenizer: tokenizer.vocab_size(),

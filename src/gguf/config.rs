@@ -154,7 +154,7 @@ fn rope_scaling<B: AsRef<[u8]>>(
     }
 }
 
-fn string<B: AsRef<[u8]>>(file: &Gguf<B>, key: &str) -> Result<String, String> {
+pub(crate) fn string<B: AsRef<[u8]>>(file: &Gguf<B>, key: &str) -> Result<String, String> {
     match file.get(key) {
         None => Err(format!("metadata key {key} is missing")),
         Some(v) => v
@@ -164,7 +164,7 @@ fn string<B: AsRef<[u8]>>(file: &Gguf<B>, key: &str) -> Result<String, String> {
     }
 }
 
-fn opt_uint<B: AsRef<[u8]>>(file: &Gguf<B>, key: &str) -> Result<Option<u64>, String> {
+pub(crate) fn opt_uint<B: AsRef<[u8]>>(file: &Gguf<B>, key: &str) -> Result<Option<u64>, String> {
     match file.get(key) {
         None => Ok(None),
         Some(v) => v

@@ -394,7 +394,7 @@ fn dequant_q8_0(b: &[u8], out: &mut [f32]) {
 /// super-block. Sub-blocks 0..4 keep theirs in the low six bits of bytes `j` and `j + 4`;
 /// sub-blocks 4..8 split theirs between a nibble of byte `j + 4` and the top two bits of
 /// bytes `j - 4` and `j`.
-fn k_scale_min(scales: &[u8], j: usize) -> (u8, u8) {
+pub(crate) fn k_scale_min(scales: &[u8], j: usize) -> (u8, u8) {
     if j < 4 {
         (scales[j] & 0x3F, scales[j + 4] & 0x3F)
     } else {

@@ -112,23 +112,26 @@ impl WeightDtype {
         self.ggml().bytes_for(cols).ok()
     }
 
-    /// Zero bytes before and after each block on the GPU, which make every block a whole
-    /// number of words with its codes on word boundaries.
-    fn gpu_padding(self) -> (usize, usize) {
+    /// Bytes of one block on the GPU ([`gpu_block`] writes them).
+    fn gpu_block_bytes(self) -> usize {
         match self {
-            WeightDtype::Q4_0 | WeightDtype::Q5_0 | WeightDtype::Q8_0 => (2, 0),
-            WeightDtype::Q6_K => (0, 2),
-            _ => (0, 0),
+            // Two bytes of padding.
+            WeightDtype::Q4_0 => 20,
+            WeightDtype::Q5_0 => 24,
+            WeightDtype::Q8_0 => 36,
+            WeightDtype::Q6_K => 212,
+            // The 6-bit scales and mins unpacked to bytes: 16 bytes instead of 12.
+            WeightDtype::Q4_K => 148,
+            WeightDtype::Q5_K => 180,
+            other => other.ggml().block_bytes(),
         }
     }
 
-    /// Bytes of a row of `cols` elements on the GPU (`cols` a whole number of blocks):
-    /// the file's, plus each block's padding. Per element: Q4_0 5 bits (4.5 in a file),
-    /// Q4_1 5, Q5_0 6 (5.5), Q5_1 6, Q8_0 9 (8.5), Q4_K 4.5, Q5_K 5.5, Q6_K 6.625 (6.5625).
+    /// Bytes of a row of `cols` elements on the GPU (`cols` a whole number of blocks). Per
+    /// element (in a file): Q4_0 5 bits (4.5), Q4_1 5 (5), Q5_0 6 (5.5), Q5_1 6 (6), Q8_0
+    /// 9 (8.5), Q4_K 4.625 (4.5), Q5_K 5.625 (5.5), Q6_K 6.625 (6.5625).
     pub fn gpu_row_bytes(self, cols: usize) -> usize {
-        let ty = self.ggml();
-        let (before, after) = self.gpu_padding();
-        cols / ty.block_elems() * (ty.block_bytes() + before + after)
+        cols / self.block_elems() * self.gpu_block_bytes()
     }
 }
 
@@ -375,25 +378,50 @@ fn check_shape(
 }
 
 /// File blocks of a block format (whole blocks, in `pieces` one after the other) in the
-/// GPU's layout: each block with its padding, the whole padded to 16 bytes for the kernels
-/// that read the weights 16 bytes at a time.
+/// GPU's layout ([`gpu_block`]), the whole padded to 16 bytes for the kernels that read the
+/// weights 16 bytes at a time.
 fn gpu_layout(dtype: WeightDtype, pieces: &[&[u8]]) -> Vec<u8> {
-    let (before, after) = dtype.gpu_padding();
     let block = dtype.ggml().block_bytes();
     let total: usize = pieces.iter().map(|p| p.len()).sum();
     let mut out =
-        Vec::with_capacity((total / block * (block + before + after)).next_multiple_of(16));
+        Vec::with_capacity((total / block * dtype.gpu_block_bytes()).next_multiple_of(16));
     let joined: Cow<[u8]> = match pieces {
         [one] => Cow::Borrowed(one),
         many => Cow::Owned(many.concat()),
     };
     for b in joined.chunks_exact(block) {
-        out.extend(std::iter::repeat_n(0u8, before));
-        out.extend_from_slice(b);
-        out.extend(std::iter::repeat_n(0u8, after));
+        gpu_block(dtype, b, &mut out);
     }
     out.resize(out.len().next_multiple_of(16), 0);
     out
+}
+
+/// Appends file block `b` of `dtype` as shaders/weight_blocks.wgsl reads it: a whole number
+/// of words with the codes on word boundaries. Q4_0, Q5_0 and Q8_0 get two zero bytes in
+/// front (their f16 scale then fills the upper half of word 0), Q6_K two at the end. Q4_K
+/// and Q5_K keep their f16 `d` and `dmin`, then the eight sub-blocks' 6-bit scales and
+/// mins unpacked to a byte each (scale, min, scale, min, ...), then the rest of the block:
+/// decoding the packed 6-bit fields cost a third of a Q4_K matmul on lavapipe.
+fn gpu_block(dtype: WeightDtype, b: &[u8], out: &mut Vec<u8>) {
+    match dtype {
+        WeightDtype::Q4_0 | WeightDtype::Q5_0 | WeightDtype::Q8_0 => {
+            out.extend_from_slice(&[0, 0]);
+            out.extend_from_slice(b);
+        }
+        WeightDtype::Q6_K => {
+            out.extend_from_slice(b);
+            out.extend_from_slice(&[0, 0]);
+        }
+        WeightDtype::Q4_K | WeightDtype::Q5_K => {
+            out.extend_from_slice(&b[..4]);
+            for s in 0..8 {
+                let (sc, m) = quant::k_scale_min(&b[4..16], s);
+                out.extend_from_slice(&[sc, m]);
+            }
+            out.extend_from_slice(&b[16..]);
+        }
+        _ => out.extend_from_slice(b),
+    }
 }
 
 /// Encodes f32 values as little-endian bytes of `dtype`: float formats round to nearest

@@ -20,6 +20,7 @@ pub use checkpoint::{Checkpoint, TensorRef};
 pub use config::{Architecture, ModelConfig};
 pub use error::ModelError;
 
+use crate::tokenizer::{ChatTemplate, ChatTemplateError, Tokenizer, TokenizerError};
 use std::path::{Path, PathBuf};
 
 /// A validated model: its config and memory-mapped weights.
@@ -60,6 +61,60 @@ impl ModelFiles {
             checkpoint,
         })
     }
+}
+
+/// The tokenizer of the model at `path` (a folder or a GGUF file, as [`ModelFiles::open`]
+/// takes): the folder's `tokenizer.json` where there is one (the model's own), else the one
+/// the GGUF file's metadata describes ([`crate::gguf::tokenizer`]).
+pub fn open_tokenizer(path: &Path) -> Result<Tokenizer, TokenizerError> {
+    let folder = model_folder(path);
+    if folder.join("tokenizer.json").exists() {
+        return Tokenizer::from_dir(folder);
+    }
+    let Some(gguf) = gguf_of(path) else {
+        return Tokenizer::from_dir(folder);
+    };
+    let fail = |message: String| TokenizerError::Gguf {
+        path: gguf.clone(),
+        message,
+    };
+    let file = crate::gguf::file::GgufFile::open(&gguf).map_err(|e| fail(e.to_string()))?;
+    crate::gguf::tokenizer::tokenizer(&file).map_err(fail)
+}
+
+/// The chat template of the model at `path`: the folder's (`chat_template.jinja` or
+/// `tokenizer_config.json`) where it has one, else a GGUF file's `tokenizer.chat_template`,
+/// with the file's BOS and EOS tokens.
+pub fn open_chat_template(path: &Path) -> Result<ChatTemplate, ChatTemplateError> {
+    let folder = model_folder(path);
+    let from_folder = ChatTemplate::from_dir(folder);
+    let (Err(ChatTemplateError::Missing { .. }), Some(gguf)) = (&from_folder, gguf_of(path)) else {
+        return from_folder;
+    };
+    let file = crate::gguf::file::GgufFile::open(&gguf)
+        .map_err(|e| ChatTemplateError::Io(e.to_string()))?;
+    let token = |key: &str| -> String {
+        let id = file.get(key).and_then(|v| v.as_u64());
+        let tokens = file.get("tokenizer.ggml.tokens").and_then(|v| v.as_array());
+        id.and_then(|id| tokens?.get(id as usize)?.as_str().map(String::from))
+            .unwrap_or_default()
+    };
+    match file.get("tokenizer.chat_template").and_then(|v| v.as_str()) {
+        Some(source) => ChatTemplate::new(
+            source,
+            &token("tokenizer.ggml.bos_token_id"),
+            &token("tokenizer.ggml.eos_token_id"),
+        ),
+        None => from_folder,
+    }
+}
+
+/// The GGUF file of the model at `path`: the path itself, or a folder's one GGUF file.
+fn gguf_of(path: &Path) -> Option<PathBuf> {
+    if is_gguf(path) {
+        return Some(path.to_path_buf());
+    }
+    lone_gguf(path).ok().flatten()
 }
 
 /// The folder of the model at `path`, where its tokenizer and chat template are: `path`

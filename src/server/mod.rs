@@ -24,7 +24,6 @@ pub use error::ApiError;
 pub use state::AppState;
 
 use crate::engine::EngineConfig;
-use crate::tokenizer::{ChatTemplate, Tokenizer};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
@@ -119,9 +118,9 @@ async fn serve(
             "--api-key is empty; give a key, or leave the option out to serve without one".into(),
         ));
     }
-    let folder = crate::model::model_folder(&config.model_dir);
-    let tokenizer = Tokenizer::from_dir(folder)?;
-    let chat_template = ChatTemplate::from_dir(folder).map_err(|e| e.to_string());
+    let tokenizer = crate::model::open_tokenizer(&config.model_dir)?;
+    let chat_template =
+        crate::model::open_chat_template(&config.model_dir).map_err(|e| e.to_string());
     let shared = Arc::new(Shared::new());
     let (engine, thread) = worker::spawn(
         config.model_dir.clone(),

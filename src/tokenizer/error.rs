@@ -7,8 +7,12 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
     /// The folder has no `tokenizer.json` (pagellm reads only the fast-tokenizer format).
-    #[error("no tokenizer.json in {dir}: pagellm needs the Hugging Face fast-tokenizer file (for a GGUF model too, beside the .gguf: tokenizers are not read from GGUF metadata yet)")]
+    #[error("no tokenizer.json in {dir}: pagellm needs the Hugging Face fast-tokenizer file, or a GGUF file whose metadata holds the tokenizer")]
     MissingTokenizerJson { dir: PathBuf },
+
+    /// A GGUF file's tokenizer metadata cannot be built into a tokenizer.
+    #[error("{path}: no tokenizer can be built from its metadata: {message}")]
+    Gguf { path: PathBuf, message: String },
 
     /// A file exists but could not be read.
     #[error("cannot read {path}: {source}")]
