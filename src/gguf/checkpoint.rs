@@ -8,7 +8,6 @@
 use super::config::hf_config;
 use super::file::{GgufFile, TensorInfo};
 use super::quant::GgmlType;
-use crate::kernels::WeightDtype;
 use crate::model::checkpoint::{Bytes, Stored};
 use crate::model::error::{ModelError, Result};
 use crate::model::{Checkpoint, ModelConfig};
@@ -80,7 +79,7 @@ pub fn open(path: &Path, config: Option<ModelConfig>) -> Result<(ModelConfig, Ch
 
 /// How the loader sees a GGUF tensor type: every type the reader accepts is a weight format.
 fn stored(ty: GgmlType) -> Stored {
-    Stored::Format(WeightDtype::from_ggml(ty))
+    Stored::Format(ty)
 }
 
 /// The Hugging Face name of a tensor of llama.cpp's naming (`blk.3.attn_q.weight` is

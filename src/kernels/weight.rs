@@ -2,29 +2,17 @@
 //! larger than a storage binding (a big embedding table or LM head).
 
 use crate::error::{GpuError, Result};
-use crate::gguf::quant::{self, GgmlType};
+use crate::gguf::quant;
 use crate::gpu::GpuContext;
 use std::borrow::Cow;
 
 /// Storage format of a weight: a float format (16-bit ones packed two per `u32`), or one
 /// of GGML's block formats, kept packed and decoded by the kernels that read the weight
 /// (`shaders/weight_blocks.wgsl`). A block-format row is a whole number of blocks; on the
-/// GPU each block is padded to whole 4-byte words ([`WeightDtype::gpu_row_bytes`]).
-#[allow(non_camel_case_types)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum WeightDtype {
-    F32,
-    F16,
-    BF16,
-    Q4_0,
-    Q4_1,
-    Q5_0,
-    Q5_1,
-    Q8_0,
-    Q4_K,
-    Q5_K,
-    Q6_K,
-}
+/// GPU each block takes whole 4-byte words ([`WeightDtype::gpu_row_bytes`]). The weight
+/// formats are exactly the GGML types pagellm reads, so this is [`GgmlType`] under the name
+/// the kernels use.
+pub use crate::gguf::quant::GgmlType as WeightDtype;
 
 impl WeightDtype {
     /// Every block format.
@@ -57,59 +45,15 @@ impl WeightDtype {
         }
     }
 
-    /// The GGML type of the same name.
-    pub fn ggml(self) -> GgmlType {
-        match self {
-            WeightDtype::F32 => GgmlType::F32,
-            WeightDtype::F16 => GgmlType::F16,
-            WeightDtype::BF16 => GgmlType::BF16,
-            WeightDtype::Q4_0 => GgmlType::Q4_0,
-            WeightDtype::Q4_1 => GgmlType::Q4_1,
-            WeightDtype::Q5_0 => GgmlType::Q5_0,
-            WeightDtype::Q5_1 => GgmlType::Q5_1,
-            WeightDtype::Q8_0 => GgmlType::Q8_0,
-            WeightDtype::Q4_K => GgmlType::Q4_K,
-            WeightDtype::Q5_K => GgmlType::Q5_K,
-            WeightDtype::Q6_K => GgmlType::Q6_K,
-        }
-    }
-
-    /// The weight format of a GGML type (every type pagellm reads is one).
-    pub fn from_ggml(ty: GgmlType) -> WeightDtype {
-        match ty {
-            GgmlType::F32 => WeightDtype::F32,
-            GgmlType::F16 => WeightDtype::F16,
-            GgmlType::BF16 => WeightDtype::BF16,
-            GgmlType::Q4_0 => WeightDtype::Q4_0,
-            GgmlType::Q4_1 => WeightDtype::Q4_1,
-            GgmlType::Q5_0 => WeightDtype::Q5_0,
-            GgmlType::Q5_1 => WeightDtype::Q5_1,
-            GgmlType::Q8_0 => WeightDtype::Q8_0,
-            GgmlType::Q4_K => WeightDtype::Q4_K,
-            GgmlType::Q5_K => WeightDtype::Q5_K,
-            GgmlType::Q6_K => WeightDtype::Q6_K,
-        }
-    }
-
-    /// The format's name as GGML spells it ("F16", "Q4_K").
-    pub fn name(self) -> &'static str {
-        self.ggml().name()
-    }
-
     /// Whether this is a block format (not f32, f16 or bf16).
     pub fn is_block(self) -> bool {
-        self.ggml().block_elems() > 1
-    }
-
-    /// Elements per block: 1 for the float formats.
-    pub fn block_elems(self) -> usize {
-        self.ggml().block_elems()
+        self.block_elems() > 1
     }
 
     /// Bytes of a row of `cols` elements as a file stores it; `None` unless `cols` is a
     /// whole number of blocks.
     pub fn row_bytes(self, cols: usize) -> Option<usize> {
-        self.ggml().bytes_for(cols).ok()
+        self.bytes_for(cols).ok()
     }
 
     /// Bytes of one block on the GPU ([`gpu_block`] writes them).
@@ -123,7 +67,7 @@ impl WeightDtype {
             // The 6-bit scales and mins unpacked to bytes: 16 bytes instead of 12.
             WeightDtype::Q4_K => 148,
             WeightDtype::Q5_K => 180,
-            other => other.ggml().block_bytes(),
+            other => other.block_bytes(),
         }
     }
 
@@ -149,12 +93,6 @@ impl std::str::FromStr for WeightDtype {
                 let names: Vec<String> = all.map(|d| d.name().to_lowercase()).collect();
                 format!("unknown weight format {s:?}; known: {}", names.join(", "))
             })
-    }
-}
-
-impl std::fmt::Display for WeightDtype {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
     }
 }
 
@@ -381,7 +319,7 @@ fn check_shape(
 /// GPU's layout ([`gpu_block`]), the whole padded to 16 bytes for the kernels that read the
 /// weights 16 bytes at a time.
 fn gpu_layout(dtype: WeightDtype, pieces: &[&[u8]]) -> Vec<u8> {
-    let block = dtype.ggml().block_bytes();
+    let block = dtype.block_bytes();
     let total: usize = pieces.iter().map(|p| p.len()).sum();
     let mut out =
         Vec::with_capacity((total / block * dtype.gpu_block_bytes()).next_multiple_of(16));
@@ -441,6 +379,6 @@ pub fn encode(
             .iter()
             .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
             .collect(),
-        block => quant::quantize(block.ggml(), values)?,
+        block => quant::quantize(block, values)?,
     })
 }

@@ -57,10 +57,9 @@ impl TensorRef<'_> {
     pub fn to_f32(&self) -> Vec<f32> {
         match self.dtype {
             block if block.is_block() => {
-                let ty = block.ggml();
-                let elems = self.bytes.len() / ty.block_bytes() * ty.block_elems();
+                let elems = self.bytes.len() / block.block_bytes() * block.block_elems();
                 // The length was checked against the shape when the tensor was read.
-                crate::gguf::quant::dequantize(ty, self.bytes, elems).unwrap_or_default()
+                crate::gguf::quant::dequantize(block, self.bytes, elems).unwrap_or_default()
             }
             WeightDtype::F32 => self
                 .bytes

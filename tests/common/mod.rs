@@ -170,8 +170,8 @@ pub fn rounded(v: &[f32], dtype: pagellm::kernels::WeightDtype) -> Vec<f32> {
         WeightDtype::F16 => pagellm::reference::round_f16(v),
         WeightDtype::BF16 => pagellm::reference::round_bf16(v),
         block => {
-            let bytes = quant::quantize(block.ggml(), v).unwrap();
-            quant::dequantize(block.ggml(), &bytes, v.len()).unwrap()
+            let bytes = quant::quantize(block, v).unwrap();
+            quant::dequantize(block, &bytes, v.len()).unwrap()
         }
     }
 }
