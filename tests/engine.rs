@@ -371,11 +371,25 @@ fn reference_beam_search(
 
 #[test]
 fn beam_search_equals_a_reference_beam_search() {
+    beam_search_matches_reference(None);
+}
+
+#[test]
+fn beam_search_over_q8_0_weights_equals_a_reference_beam_search_over_them() {
+    beam_search_matches_reference(Some(WeightDtype::Q8_0));
+}
+
+/// The engine's beams against the reference's over the same weights: as stored, or
+/// converted at load (the reference gets the converted values).
+fn beam_search_matches_reference(weight_dtype: Option<WeightDtype>) {
     let Some(&ctx) = contexts().first() else {
         return;
     };
     let f = golden::load("llama-gqa");
-    let model = ReferenceModel::new(&f.files).unwrap();
+    let model = match weight_dtype {
+        None => ReferenceModel::new(&f.files).unwrap(),
+        Some(d) => ReferenceModel::new(&f.files.converted(d).unwrap()).unwrap(),
+    };
     let params = SamplingParams {
         n: 4,
         beam_width: Some(4),
@@ -385,7 +399,11 @@ fn beam_search_equals_a_reference_beam_search() {
         ..SamplingParams::default()
     };
     let cfg = BeamSearchConfig::from_params(&params, &[]).unwrap();
-    let mut e = engine(ctx, &f.dir, EngineConfig::default());
+    let engine_cfg = EngineConfig {
+        weight_dtype,
+        ..EngineConfig::default()
+    };
+    let mut e = engine(ctx, &f.dir, engine_cfg);
     for case in &f.cases[..2] {
         let want = reference_beam_search(&model, &case.prompt_ids, &cfg);
         let h = e

@@ -104,6 +104,7 @@ impl ChatApp {
             kv_cache_bytes: args.kv_cache_mib << 20,
             swap_space_bytes: args.kv_cache_mib << 20,
             kv_dtype: args.kv_dtype,
+            weight_dtype: args.weight_dtype,
             max_num_batched_tokens: args.max_batched_tokens,
             ..EngineConfig::default()
         };

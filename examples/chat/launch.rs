@@ -39,6 +39,10 @@ pub struct Args {
     pub kv_cache_mib: u64,
     #[arg(long, default_value = "f16")]
     pub kv_dtype: KvDtype,
+    /// Convert the weights as they load (q8_0, q4_k, ... quantize; f16 widens a GGUF's);
+    /// default: as stored.
+    #[arg(long)]
+    pub weight_dtype: Option<pagellm::kernels::WeightDtype>,
     /// Tokens one engine step may compute: long prompts are prefilled in chunks of this
     /// size, which bounds how long one step holds the shared queue.
     #[arg(long, default_value_t = 128)]

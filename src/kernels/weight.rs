@@ -10,7 +10,7 @@ use std::borrow::Cow;
 /// of GGML's block formats, kept packed and decoded by the kernels that read the weight
 /// (`shaders/weight_blocks.wgsl`). A block-format row is a whole number of blocks; on the
 /// GPU each block takes whole 4-byte words ([`WeightDtype::gpu_row_bytes`]). The weight
-/// formats are exactly the GGML types pagellm reads, so this is [`GgmlType`] under the name
+/// formats are exactly the GGML types pagellm reads, so this is [`quant::GgmlType`] under the name
 /// the kernels use.
 pub use crate::gguf::quant::GgmlType as WeightDtype;
 
