@@ -2,18 +2,13 @@
 //! llama.cpp's converter (tools/make_gguf_fixtures.py) give the config their `config.json`
 //! gives; files the mapping cannot read are refused by name.
 
+mod common;
+use common::converted::{as_llama_cpp, CONVERTED};
 use pagellm::gguf::config::hf_config;
 use pagellm::gguf::file::Gguf;
 use pagellm::model::{Architecture, ModelConfig};
+use pagellm::nn::rope::RopeScaling;
 use std::path::Path;
-
-/// (fixture folder, its GGUF conversion)
-const CONVERTED: [&str; 4] = [
-    "llama-gqa",
-    "llama-bias-mha",
-    "mistral-f16",
-    "qwen3-qknorm-window",
-];
 
 fn from_gguf(path: &Path) -> Result<ModelConfig, String> {
     let bytes = std::fs::read(path).unwrap();
@@ -22,27 +17,56 @@ fn from_gguf(path: &Path) -> Result<ModelConfig, String> {
     ModelConfig::parse(path, &json).map_err(|e| e.to_string())
 }
 
-/// `cfg` with full attention in every layer. llama.cpp's converter does not record
-/// Qwen3's sliding window (released Qwen3 models do not use it), so a windowed Qwen3
-/// converted to GGUF attends to every position, as llama.cpp computes it.
-fn without_windows(mut cfg: ModelConfig) -> ModelConfig {
-    cfg.recipe.layers.iter_mut().for_each(|l| l.window = None);
-    cfg
+/// Llama 3's rope scaling arrives as per-frequency factors (`rope_freqs.weight`, which
+/// the converter computed in f64 from the same parameters), so the frequencies agree with
+/// transformers' to f32 rounding rather than bit for bit; then the rest of `got` must be
+/// `want`.
+fn same_frequencies(got: &mut ModelConfig, want: &ModelConfig) {
+    use pagellm::nn::rope::inv_freq;
+    let (a, b) = (
+        inv_freq(got.head_dim, got.rope_theta, &got.rope_scaling),
+        inv_freq(want.head_dim, want.rope_theta, &want.rope_scaling),
+    );
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert!((x - y).abs() <= y.abs() * 2e-7, "frequency {i}: {x} vs {y}");
+    }
+    got.rope_scaling = want.rope_scaling.clone();
 }
 
 #[test]
 fn converted_fixtures_give_the_config_of_their_config_json() {
     for name in CONVERTED {
         let dir = Path::new("tests/fixtures").join(name);
-        let want = ModelConfig::from_dir(&dir).unwrap();
+        let want = as_llama_cpp(ModelConfig::from_dir(&dir).unwrap());
         let path = Path::new("tests/fixtures/gguf").join(format!("{name}.gguf"));
         let mut got = from_gguf(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let want = without_windows(want);
         if want.architecture == Architecture::Mistral {
             // llama.cpp converts Mistral to its `llama` architecture; the fixture's config
             // has no sliding window, so the two compute alike.
             assert_eq!(got.architecture, Architecture::Llama, "{name}");
             got.architecture = Architecture::Mistral;
+        }
+        if name == "llama3-rope-scaled" {
+            same_frequencies(&mut got, &want);
+        }
+        // The file stores Phi-3's attention factor in f32, the precision the model computes
+        // with (RopeScaling::attention_factor).
+        assert_eq!(
+            got.rope_scaling.attention_factor(),
+            want.rope_scaling.attention_factor()
+        );
+        if let (
+            RopeScaling::LongRope {
+                attention_factor: a,
+                ..
+            },
+            RopeScaling::LongRope {
+                attention_factor: b,
+                ..
+            },
+        ) = (&mut got.rope_scaling, &want.rope_scaling)
+        {
+            *a = *b;
         }
         assert_eq!(got, want, "{name}");
     }
@@ -61,45 +85,88 @@ fn metadata_the_mapping_cannot_read_is_named() {
     other[at..at + 5].copy_from_slice(b"bloom");
     let e = hf_config(&Gguf::parse(&other[..]).unwrap()).unwrap_err();
     assert!(
-        e.contains("\"bloom\" is not supported") && e.contains("qwen3"),
+        e.contains("\"bloom\" is not supported") && e.contains("phi3"),
         "{e}"
     );
+}
+
+/// The prompts of fixture `dir`'s expected.json.
+fn prompts(dir: &Path) -> Vec<Vec<u32>> {
+    let text = std::fs::read_to_string(dir.join("expected.json")).unwrap();
+    let expected: serde_json::Value = serde_json::from_str(&text).unwrap();
+    expected["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|case| {
+            case["prompt_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect()
+        })
+        .collect()
+}
+
+/// A folder holding fixture `name`'s config.json and tokenizer.json beside its GGUF file.
+fn folder_with_gguf(name: &str) -> std::path::PathBuf {
+    let src = Path::new("tests/fixtures").join(name);
+    let dir = std::env::temp_dir().join(format!("pagellm-gguf-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["config.json", "tokenizer.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let gguf = Path::new("tests/fixtures/gguf").join(format!("{name}.gguf"));
+    std::fs::copy(gguf, dir.join("model.gguf")).unwrap();
+    dir
 }
 
 #[test]
 fn a_converted_file_computes_what_its_safetensors_folder_computes() {
     // Every prompt of each fixture through the plain-Rust reference, from the GGUF file
-    // (q and k rows put back in Hugging Face order, f32 or f16 as converted) and from the
-    // safetensors folder: the logits are the same bits, so the GGUF model generates what
-    // transformers generates (tests/golden_reference.rs checks the folder against it).
+    // (q and k rows put back in Hugging Face order, Gemma's norms un-shifted, f32 or f16
+    // as converted) and from the safetensors folder, with the config llama.cpp computes
+    // with: the logits are the same bits, so the GGUF model computes what transformers
+    // computes (tests/golden_reference.rs checks the folder against it). The same GGUF
+    // beside the fixture's config.json computes what the folder computes unchanged.
     use pagellm::model::reference::ReferenceModel;
     use pagellm::model::ModelFiles;
+    let same_bits = |a: &[Vec<f32>], b: &[Vec<f32>]| {
+        a.iter()
+            .flatten()
+            .zip(b.iter().flatten())
+            .all(|(x, y)| x.to_bits() == y.to_bits())
+    };
     for name in CONVERTED {
         let dir = Path::new("tests/fixtures").join(name);
         let gguf = Path::new("tests/fixtures/gguf").join(format!("{name}.gguf"));
         let from_gguf = ModelFiles::open(&gguf).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let mut from_dir = ModelFiles::open(&dir).unwrap();
-        from_dir.config = without_windows(from_dir.config);
-        let (a, b) = (
-            ReferenceModel::new(&from_gguf).unwrap(),
-            ReferenceModel::new(&from_dir).unwrap(),
-        );
-        let text = std::fs::read_to_string(dir.join("expected.json")).unwrap();
-        let expected: serde_json::Value = serde_json::from_str(&text).unwrap();
-        for case in expected["cases"].as_array().unwrap() {
-            let ids: Vec<u32> = case["prompt_ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap() as u32)
-                .collect();
+        let with_config = folder_with_gguf(name);
+        let beside_config = ModelFiles::open(&with_config).unwrap();
+        std::fs::remove_dir_all(&with_config).unwrap();
+        let from_dir = ModelFiles::open(&dir).unwrap();
+        let mut as_converted = ModelFiles::open(&dir).unwrap();
+        as_converted.config = as_llama_cpp(as_converted.config);
+        let model = |f: &ModelFiles| ReferenceModel::new(f).unwrap();
+        let (a, b) = (model(&from_gguf), model(&as_converted));
+        let (c, d) = (model(&beside_config), model(&from_dir));
+        for ids in prompts(&dir) {
             let (got, want) = (a.forward(&ids), b.forward(&ids));
-            let same = got
-                .iter()
-                .flatten()
-                .zip(want.iter().flatten())
-                .all(|(x, y)| x.to_bits() == y.to_bits());
-            assert!(same, "{name}: logits of {ids:?} differ");
+            if name == "llama3-rope-scaled" {
+                // Frequencies within f32 rounding (see same_frequencies).
+                let worst = got
+                    .iter()
+                    .flatten()
+                    .zip(want.iter().flatten())
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0.0f32, f32::max);
+                assert!(worst < 1e-4, "{name}: logits of {ids:?} differ by {worst}");
+            } else {
+                assert!(same_bits(&got, &want), "{name}: logits of {ids:?} differ");
+            }
+            let (got, want) = (c.forward(&ids), d.forward(&ids));
+            assert!(same_bits(&got, &want), "{name} with config.json: {ids:?}");
         }
     }
 }
@@ -148,4 +215,24 @@ fn a_quantized_file_opens_with_its_tensors_in_their_formats() {
         from_gguf(path).unwrap(),
         ModelConfig::from_dir(Path::new("tests/fixtures/llama-gqa")).unwrap()
     );
+}
+
+#[test]
+fn rope_factors_that_are_not_a_list_of_f32_are_named() {
+    // llama3-rope-scaled.gguf with its rope_freqs.weight retyped F16 in the tensor
+    // directory (name, 1 dimension, 8 extents, type).
+    let bytes = std::fs::read("tests/fixtures/gguf/llama3-rope-scaled.gguf").unwrap();
+    let name = b"rope_freqs.weight";
+    let at = bytes.windows(name.len()).position(|w| w == name).unwrap() + name.len();
+    assert_eq!(bytes[at..at + 4], 1u32.to_le_bytes());
+    assert_eq!(bytes[at + 4..at + 12], 8u64.to_le_bytes());
+    let mut retyped = bytes.clone();
+    retyped[at + 12..at + 16].copy_from_slice(&1u32.to_le_bytes());
+    let e = hf_config(&Gguf::parse(&retyped[..]).unwrap()).unwrap_err();
+    assert!(e.contains("rope_freqs.weight is a F16 tensor"), "{e}");
+    // The file as written reads as per-frequency factors: 1 for the shortest wavelength,
+    // the full factor 8 for the longest.
+    let json = hf_config(&Gguf::parse(&bytes[..]).unwrap()).unwrap();
+    let f = json["rope_scaling"]["short_factor"].as_array().unwrap();
+    assert_eq!((f[0].as_f64(), f[7].as_f64()), (Some(1.0), Some(8.0)));
 }

@@ -36,6 +36,10 @@ fn converted_fixtures_tokenize_as_their_tokenizer_json_does() {
         "llama-bias-mha",
         "mistral-f16",
         "qwen3-qknorm-window",
+        "llama3-rope-scaled",
+        "gemma2-softcap-window",
+        "gemma3-local-rope",
+        "phi3-longrope-window",
     ] {
         let file =
             GgufFile::open(&Path::new("tests/fixtures/gguf").join(format!("{name}.gguf"))).unwrap();

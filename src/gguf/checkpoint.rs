@@ -3,9 +3,12 @@
 //! folder. llama.cpp's converter reorders the rows of Llama's q and k projections within
 //! each head (it interleaves the two halves that rope rotates together, for its own rope
 //! kernel); those tensors are put back in Hugging Face order here, row by row, so the rest
-//! of pagellm sees the weights transformers computes with.
+//! of pagellm sees the weights transformers computes with. Likewise Gemma's norms: the
+//! converter stores `1 + w` (llama.cpp's norm multiplies by the weight alone), and `w` is
+//! given back here in f32. Tensors that hold settings (rope factors) are read into the
+//! config and left out.
 
-use super::config::hf_config;
+use super::config::{hf_config, CONFIG_TENSORS};
 use super::file::{GgufFile, TensorInfo};
 use super::quant::GgmlType;
 use crate::model::checkpoint::{Bytes, Stored};
@@ -43,24 +46,27 @@ pub fn open(path: &Path, config: Option<ModelConfig>) -> Result<(ModelConfig, Ch
     let mut ck = Checkpoint::empty();
     let mapped = ck.add_bytes(path.to_path_buf(), Bytes::Map(map));
     let mut owned: Vec<(String, Stored, Vec<usize>, Vec<u8>)> = Vec::new();
-    for t in &tensors {
-        let name = hf_name(&t.name).unwrap_or_else(|| t.name.clone());
+    for t in tensors
+        .iter()
+        .filter(|t| !CONFIG_TENSORS.contains(&t.name.as_str()))
+    {
+        let name = hf_name(&t.name, &arch).unwrap_or_else(|| t.name.clone());
         let shape = t.shape();
+        let bytes = || ck.bytes(mapped, t.start..t.start + t.len);
         let heads = match (arch.as_str(), name.rsplit('.').nth(1)) {
             ("llama", Some("q_proj")) => Some(config.num_heads),
             ("llama", Some("k_proj")) => Some(config.num_kv_heads),
             _ => None,
         };
-        match heads {
-            Some(heads) => {
-                let bytes = unpermute(ck.bytes(mapped, t.start..t.start + t.len), t, heads)
-                    .map_err(&malformed)?;
-                owned.push((name, stored(t.ty), shape, bytes));
-            }
-            None => {
-                let range = t.start..t.start + t.len;
-                ck.add_tensor(name, mapped, stored(t.ty), shape, range)?;
-            }
+        if let Some(heads) = heads {
+            let bytes = unpermute(bytes(), t, heads).map_err(&malformed)?;
+            owned.push((name, stored(t.ty), shape, bytes));
+        } else if arch.starts_with("gemma") && name.ends_with("norm.weight") {
+            let bytes = unshift(bytes(), t).map_err(&malformed)?;
+            owned.push((name, stored(GgmlType::F32), shape, bytes));
+        } else {
+            let range = t.start..t.start + t.len;
+            ck.add_tensor(name, mapped, stored(t.ty), shape, range)?;
         }
     }
     // The reordered tensors, one after another in one buffer.
@@ -82,9 +88,12 @@ fn stored(ty: GgmlType) -> Stored {
     Stored::Format(ty)
 }
 
-/// The Hugging Face name of a tensor of llama.cpp's naming (`blk.3.attn_q.weight` is
-/// `model.layers.3.self_attn.q_proj.weight`); `None` for names it does not know.
-pub fn hf_name(gguf: &str) -> Option<String> {
+/// The Hugging Face name of a tensor of llama.cpp's naming in a file of architecture
+/// `arch` (`blk.3.attn_q.weight` is `model.layers.3.self_attn.q_proj.weight`); `None` for
+/// names it does not know. Gemma's `ffn_norm` is its pre-MLP norm (its
+/// `post_attention_layernorm` is `post_attention_norm`); Phi-3's `attn_qkv` and `ffn_up`
+/// hold its fused projections.
+pub fn hf_name(gguf: &str, arch: &str) -> Option<String> {
     let top = match gguf {
         "token_embd.weight" => Some("model.embed_tokens.weight"),
         "output_norm.weight" => Some("model.norm.weight"),
@@ -98,7 +107,13 @@ pub fn hf_name(gguf: &str) -> Option<String> {
     let (layer, rest) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
     let (part, kind) = rest.rsplit_once('.')?;
+    let gemma = arch.starts_with("gemma");
     let hf = match part {
+        "ffn_norm" if gemma => "pre_feedforward_layernorm",
+        "post_attention_norm" if gemma => "post_attention_layernorm",
+        "post_ffw_norm" if gemma => "post_feedforward_layernorm",
+        "attn_qkv" if arch == "phi3" => "self_attn.qkv_proj",
+        "ffn_up" if arch == "phi3" => "mlp.gate_up_proj",
         "attn_norm" => "input_layernorm",
         "attn_q" => "self_attn.q_proj",
         "attn_k" => "self_attn.k_proj",
@@ -145,4 +160,16 @@ fn unpermute(bytes: &[u8], t: &TensorInfo, heads: usize) -> std::result::Result<
         }
     }
     Ok(out)
+}
+
+/// A Gemma norm's weights `w` from the stored `1 + w`, in f32. For every stored value of
+/// at least 1/2 the subtraction is exact, so the `1 + w` the model computes with is again
+/// the stored value, as llama.cpp and transformers multiply by.
+fn unshift(bytes: &[u8], t: &TensorInfo) -> std::result::Result<Vec<u8>, String> {
+    let values = super::quant::dequantize(t.ty, bytes, t.elems() as usize)
+        .map_err(|e| format!("tensor {}: {e}", t.name))?;
+    Ok(values
+        .iter()
+        .flat_map(|v| (v - 1.0).to_le_bytes())
+        .collect())
 }

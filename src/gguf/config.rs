@@ -3,20 +3,34 @@
 //! that one parser ([`ModelConfig::parse`](crate::model::ModelConfig::parse)) and one set of
 //! per-family rules serve both kinds of checkpoint.
 //!
-//! Families read so far: GGUF `llama` (Llama and Mistral, which llama.cpp converts to
-//! `llama`), `qwen2` and `qwen3`. Whether projections carry biases and whether the LM head
-//! is tied are read from the tensor directory (`blk.0.attn_q.bias`, `output.weight`), as the
-//! converter records them only there.
+//! Families read: GGUF `llama` (Llama and Mistral, which llama.cpp converts to `llama`),
+//! `qwen2`, `qwen3`, `gemma2`, `gemma3` and `phi3`. Whether projections carry biases and
+//! whether the LM head is tied are read from the tensor directory (`blk.0.attn_q.bias`,
+//! `output.weight`), as the converter records them only there; so are per-frequency rope
+//! factors (`rope_freqs.weight`, `rope_factors_short/long.weight`).
+//!
+//! Where the converter drops a setting, the config gets the value llama.cpp computes with,
+//! so a file computes here what it computes there:
+//!
+//! - Gemma's `query_pre_attn_scalar` is the head size, except for the 27B shapes (46 layers
+//!   for Gemma 2, 62 for Gemma 3), whose scalar is `hidden_size / heads`;
+//! - Gemma 3's windowed layers are five of every six unless the file says otherwise
+//!   (`attention.sliding_window_pattern`), and without `attention.sliding_window` no layer
+//!   is windowed;
+//! - Qwen3's sliding window is not recorded, so every layer attends to every position.
 
 use super::file::{Gguf, Value};
 use serde_json::{json, Map, Value as Json};
 
 /// GGUF architectures this mapping reads, and the transformers `model_type` and class of
 /// each.
-const FAMILIES: [(&str, &str, &str); 3] = [
+const FAMILIES: [(&str, &str, &str); 6] = [
     ("llama", "llama", "LlamaForCausalLM"),
     ("qwen2", "qwen2", "Qwen2ForCausalLM"),
     ("qwen3", "qwen3", "Qwen3ForCausalLM"),
+    ("gemma2", "gemma2", "Gemma2ForCausalLM"),
+    ("gemma3", "gemma3_text", "Gemma3ForCausalLM"),
+    ("phi3", "phi3", "Phi3ForCausalLM"),
 ];
 
 /// The names of the architectures [`hf_config`] reads, for error messages.
@@ -53,8 +67,17 @@ pub fn hf_config<B: AsRef<[u8]>>(file: &Gguf<B>) -> Result<Json, String> {
     c.insert("num_attention_heads".into(), json!(heads));
     let kv_heads = opt_uint(file, &key("attention.head_count_kv"))?.unwrap_or(heads);
     c.insert("num_key_value_heads".into(), json!(kv_heads));
-    if let Some(head_dim) = head_dim(file, &arch)? {
+    let head_dim = head_dim(file, &arch)?;
+    if let Some(head_dim) = head_dim {
         c.insert("head_dim".into(), json!(head_dim));
+    }
+    let head_dim = head_dim.unwrap_or(hidden / heads.max(1));
+    if let Some(dims) = opt_uint(file, &key("rope.dimension_count"))? {
+        // Rope over part of each head; the config parser names it as unsupported.
+        if dims != head_dim {
+            let partial = dims as f64 / head_dim as f64;
+            c.insert("partial_rotary_factor".into(), json!(partial));
+        }
     }
     let eps = float(file, &key("attention.layer_norm_rms_epsilon"))?;
     c.insert("rms_norm_eps".into(), json!(eps));
@@ -65,6 +88,12 @@ pub fn hf_config<B: AsRef<[u8]>>(file: &Gguf<B>) -> Result<Json, String> {
         c.insert("max_position_embeddings".into(), json!(ctx));
     }
     rope_scaling(file, &arch, &mut c)?;
+    if let Some(window) = opt_uint(file, &key("attention.sliding_window"))? {
+        c.insert("sliding_window".into(), json!(window));
+    }
+    if arch.starts_with("gemma") {
+        gemma(file, &arch, head_dim, &mut c)?;
+    }
     let has = |name: &str| file.tensor(name).is_some();
     c.insert("tie_word_embeddings".into(), json!(!has("output.weight")));
     // Qwen2's q, k and v always carry biases; transformers' `attention_bias` then names the
@@ -84,6 +113,62 @@ pub fn hf_config<B: AsRef<[u8]>>(file: &Gguf<B>) -> Result<Json, String> {
         }
     }
     Ok(Json::Object(c))
+}
+
+/// What Gemma 2 and 3 files say, or llama.cpp assumes, beyond Llama's keys.
+fn gemma<B: AsRef<[u8]>>(
+    file: &Gguf<B>,
+    arch: &str,
+    head_dim: u64,
+    c: &mut Map<String, Json>,
+) -> Result<(), String> {
+    let key = |k: &str| format!("{arch}.{k}");
+    for cap in ["attn_logit_softcapping", "final_logit_softcapping"] {
+        if let Some(v) = opt_float(file, &key(cap))? {
+            c.insert(cap.into(), json!(v));
+        }
+    }
+    let layers = uint(file, &key("block_count"))?;
+    let (hidden, heads) = (
+        uint(file, &key("embedding_length"))?,
+        uint(file, &key("attention.head_count"))?.max(1),
+    );
+    let big = if arch == "gemma2" { 46 } else { 62 };
+    let scalar = if layers == big {
+        hidden / heads
+    } else {
+        head_dim
+    };
+    c.insert("query_pre_attn_scalar".into(), json!(scalar));
+    if arch != "gemma3" {
+        return Ok(());
+    }
+    if let Some(theta) = opt_float(file, &key("rope.freq_base_swa"))? {
+        c.insert("rope_local_base_freq".into(), json!(theta));
+    }
+    let types: Vec<&str> = match file.get(&key("attention.sliding_window_pattern")) {
+        _ if !c.contains_key("sliding_window") => vec!["full_attention"; layers as usize],
+        None => return Ok(()),
+        Some(Value::Array(flags)) => flags
+            .iter()
+            .map(|f| match f {
+                Value::Bool(true) => Ok("sliding_attention"),
+                Value::Bool(false) => Ok("full_attention"),
+                other => Err(format!(
+                    "{arch}.attention.sliding_window_pattern holds {other:?}, not booleans"
+                )),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(v) => {
+            let period = v.as_u64().filter(|p| *p > 0).ok_or_else(|| {
+                format!("{arch}.attention.sliding_window_pattern is {v:?}, not a period")
+            })?;
+            c.insert("sliding_window_pattern".into(), json!(period));
+            return Ok(());
+        }
+    };
+    c.insert("layer_types".into(), json!(types));
+    Ok(())
 }
 
 /// `{arch}.vocab_size`, else the tokenizer's token count, else the embedding's rows.
@@ -117,22 +202,42 @@ fn head_dim<B: AsRef<[u8]>>(file: &Gguf<B>, arch: &str) -> Result<Option<u64>, S
     }
 }
 
-/// Linear rope scaling (`rope.scaling.type` "linear" and its factor); "none" or no key is
-/// no scaling. Other kinds are an error naming them, as is a `rope_freqs.weight` tensor
-/// (how the converter stores Llama 3's frequency-dependent scaling).
+/// Rope scaling: per-frequency factors stored as tensors (Llama 3's `rope_freqs.weight`,
+/// Phi-3's `rope_factors_short/long.weight`) become LongRoPE, which divides each frequency
+/// by its factor; otherwise `rope.scaling.type` "linear" and its factor, and "none" or no
+/// key is no scaling. Other kinds are an error naming them.
 fn rope_scaling<B: AsRef<[u8]>>(
     file: &Gguf<B>,
     arch: &str,
     c: &mut Map<String, Json>,
 ) -> Result<(), String> {
-    if file.tensor("rope_freqs.weight").is_some() {
-        return Err(
-            "per-frequency rope factors (rope_freqs.weight, Llama 3 scaling) are not \
-                    read from GGUF files yet"
-                .into(),
+    let key = |k: &str| format!("{arch}.{k}");
+    let context = opt_uint(file, &key("context_length"))?;
+    if let Some(factors) = factors(file, "rope_freqs.weight")? {
+        // One set for every context; an attention factor of 1 leaves cos and sin as they are.
+        c.insert(
+            "rope_scaling".into(),
+            json!({"rope_type": "longrope", "short_factor": factors, "long_factor": factors,
+                   "original_max_position_embeddings": context, "attention_factor": 1.0}),
         );
+        return Ok(());
     }
-    let ty = match file.get(&format!("{arch}.rope.scaling.type")) {
+    if let Some(long) = factors(file, "rope_factors_long.weight")? {
+        let short = factors(file, "rope_factors_short.weight")?
+            .ok_or("rope_factors_long.weight without rope_factors_short.weight")?;
+        let original = opt_uint(file, &key("rope.scaling.original_context_length"))?;
+        let mut s = json!({"rope_type": "longrope", "short_factor": short, "long_factor": long});
+        if let Some(original) = original {
+            s["original_max_position_embeddings"] = json!(original);
+            c.insert("original_max_position_embeddings".into(), json!(original));
+        }
+        if let Some(a) = opt_float(file, &key("rope.scaling.attn_factor"))? {
+            s["attention_factor"] = json!(a);
+        }
+        c.insert("rope_scaling".into(), s);
+        return Ok(());
+    }
+    let ty = match file.get(&key("rope.scaling.type")) {
         None => return Ok(()),
         Some(v) => v
             .as_str()
@@ -141,7 +246,7 @@ fn rope_scaling<B: AsRef<[u8]>>(
     match ty {
         "none" => Ok(()),
         "linear" => {
-            let factor = float(file, &format!("{arch}.rope.scaling.factor"))?;
+            let factor = float(file, &key("rope.scaling.factor"))?;
             c.insert(
                 "rope_scaling".into(),
                 json!({"rope_type": "linear", "factor": factor}),
@@ -149,10 +254,37 @@ fn rope_scaling<B: AsRef<[u8]>>(
             Ok(())
         }
         other => Err(format!(
-            "rope scaling {other:?} is not read from GGUF files yet (supported: none, linear)"
+            "rope scaling {other:?} is not read from GGUF files yet (supported: none, linear, \
+             per-frequency factors)"
         )),
     }
 }
+
+/// The values of the one-dimensional F32 tensor `name`, if the file has it.
+fn factors<B: AsRef<[u8]>>(file: &Gguf<B>, name: &str) -> Result<Option<Vec<f32>>, String> {
+    let Some(t) = file.tensor(name) else {
+        return Ok(None);
+    };
+    if t.ty != super::quant::GgmlType::F32 || t.dims.len() != 1 {
+        return Err(format!(
+            "{name} is a {:?} tensor of extents {:?}, not a list of F32 factors",
+            t.ty, t.dims
+        ));
+    }
+    let data = file.data(t);
+    Ok(Some(
+        data.chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+    ))
+}
+
+/// Tensors that hold settings the config reads, not weights.
+pub const CONFIG_TENSORS: [&str; 3] = [
+    "rope_freqs.weight",
+    "rope_factors_long.weight",
+    "rope_factors_short.weight",
+];
 
 pub(crate) fn string<B: AsRef<[u8]>>(file: &Gguf<B>, key: &str) -> Result<String, String> {
     match file.get(key) {

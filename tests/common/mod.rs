@@ -6,6 +6,7 @@
 //! client) and `sched_driver.rs` (the GPU-free engine stand-in around the real scheduler).
 #![allow(dead_code)]
 
+pub mod converted;
 pub mod quant_fixture;
 
 use pagellm::gpu::{AdapterRequest, Batch, GpuContext};
