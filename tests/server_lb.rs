@@ -113,7 +113,8 @@ fn two_replicas_behind_nginx_stream_what_one_server_streams() {
          \x20 upstream pagellm {{ least_conn; server {a}; server {b}; }}\n\
          \x20 server {{\n    listen 127.0.0.1:{port};\n    location / {{\n\
          \x20     proxy_pass http://pagellm;\n      proxy_http_version 1.1;\n\
-         \x20     proxy_set_header Connection \"\";\n      proxy_buffering off;\n\
+         \x20     proxy_set_header Connection \"\";\n      proxy_set_header Host $host;\n\
+         \x20     proxy_buffering off;\n\
          \x20     proxy_read_timeout 600s;\n    }}\n  }}\n}}\n",
         p = prefix.display()
     );

@@ -4,6 +4,7 @@ use super::engine_args::EngineArgs;
 use super::generate::default_model_dir;
 use anyhow::{Context, Result};
 use clap::Args;
+use pagellm::server::listen::ConnLimits;
 use pagellm::server::{self, ServerConfig};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -35,6 +36,25 @@ pub struct ServeArgs {
     /// aborted.
     #[arg(long, default_value_t = 30)]
     shutdown_grace_secs: u64,
+    /// Host names to serve (the request's `Host` header) besides loopback names, comma
+    /// separated; `*` for any. By default a server on a loopback address serves only
+    /// loopback names (against DNS rebinding) and one on another address serves any.
+    #[arg(long, value_delimiter = ',')]
+    allowed_hosts: Vec<String>,
+    /// Web origins (`https://app.example`) whose pages may call the server, comma separated,
+    /// besides pages on localhost; `*` for any. Requests carrying another `Origin` are refused.
+    #[arg(long, value_delimiter = ',')]
+    allowed_origins: Vec<String>,
+    /// Seconds a client may take to send a request's headers; also how long an idle
+    /// keep-alive connection stays open.
+    #[arg(long, default_value_t = 10.0)]
+    header_timeout_secs: f64,
+    /// Seconds a client may pause while sending a request body before it gets 408.
+    #[arg(long, default_value_t = 30.0)]
+    body_timeout_secs: f64,
+    /// Most connections open at once; more clients wait to be accepted.
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -50,6 +70,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_queued_requests: args.max_queued_requests,
         max_body_bytes: args.max_body_bytes,
         shutdown_grace: Duration::from_secs(args.shutdown_grace_secs),
+        allowed_hosts: args.allowed_hosts.clone(),
+        allowed_origins: args.allowed_origins.clone(),
+        body_timeout: seconds("--body-timeout-secs", args.body_timeout_secs)?,
+        connections: ConnLimits {
+            header_timeout: seconds("--header-timeout-secs", args.header_timeout_secs)?,
+            max_connections: args.max_connections.max(1),
+        },
     };
     let name = config.model_name();
     let dir = config.model_dir.clone();
@@ -61,4 +88,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         );
     })
     .context("pagellm serve")
+}
+
+/// A positive, finite number of seconds.
+fn seconds(flag: &str, s: f64) -> Result<Duration> {
+    Duration::try_from_secs_f64(s)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .with_context(|| format!("{flag} must be a positive number of seconds, not {s}"))
 }

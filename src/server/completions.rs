@@ -305,6 +305,16 @@ pub(super) async fn whole_response(
         .into_iter()
         .collect::<Option<_>>()
         .ok_or_else(|| ApiError::internal("the engine stopped before the request finished"))?;
+    // Only a shutdown aborts a request whose client is still waiting for it.
+    let aborted = outputs
+        .iter()
+        .flat_map(|o| &o.outputs)
+        .any(|o| o.finish_reason == FinishReason::Abort);
+    if aborted {
+        return Err(ApiError::unavailable(
+            "the server shut down before the request finished; retry on another server or later",
+        ));
+    }
     let mut choices = Vec::new();
     let (mut prompt_tokens, mut completion_tokens) = (0, 0);
     for (pi, out) in outputs.iter().enumerate() {

@@ -8,13 +8,18 @@
 //! `GET /v1/models`,
 //! `GET /health` (200 once the model is loaded, 503 while loading or after the engine
 //! failed), `GET /metrics` (Prometheus text, `metrics.rs`). Errors are OpenAI-shaped
-//! (`error.rs`). SIGINT or SIGTERM stops accepting, lets running requests finish for a grace
-//! period, aborts the rest and returns.
+//! (`error.rs`), for refusals before routing too: `guard.rs` checks `Host`, `Origin`,
+//! the content type and how the body arrives, and `listen.rs` bounds connections and how
+//! long a request head may take. SIGINT or SIGTERM refuses new requests with 503 (`/health`
+//! answers 503 too) while running ones finish for a grace period, then aborts the rest
+//! (their non-streamed responses are 503s), stops accepting and returns.
 
 mod chat;
 mod completions;
 mod error;
 mod fields;
+pub mod guard;
+pub mod listen;
 mod metrics;
 mod state;
 mod timing;
@@ -29,8 +34,9 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use axum::Router;
+use guard::GuardConfig;
+use listen::ConnLimits;
 use serde_json::json;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -56,6 +62,14 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// How long running requests may finish after SIGINT/SIGTERM before they are aborted.
     pub shutdown_grace: Duration,
+    /// Host names served besides loopback ones (see `guard.rs`); empty: loopback names
+    /// only when bound to a loopback address, any otherwise.
+    pub allowed_hosts: Vec<String>,
+    /// Origins whose pages may call the server, besides loopback pages; `*`: any.
+    pub allowed_origins: Vec<String>,
+    /// Longest wait for the next piece of a request body.
+    pub body_timeout: Duration,
+    pub connections: ConnLimits,
 }
 
 impl ServerConfig {
@@ -83,8 +97,8 @@ pub enum ServerError {
     Config(String),
 }
 
-/// Builds the router over `app`.
-pub fn router(app: Arc<AppState>) -> Router {
+/// Builds the router over `app`, behind `guard`'s checks and CORS.
+pub fn router(app: Arc<AppState>, guard: Arc<GuardConfig>) -> Router {
     let v1 = Router::new()
         .route("/v1/completions", post(completions::completions))
         .route("/v1/chat/completions", post(chat::chat_completions))
@@ -95,7 +109,10 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(app.max_body_bytes))
+        .layer(middleware::from_fn_with_state(guard.clone(), guard::check))
+        .layer(guard.cors())
         .with_state(app)
 }
 
@@ -145,39 +162,57 @@ async fn serve(
             source,
         })?;
     on_listening(listener.local_addr()?);
-    let grace = config.shutdown_grace;
-    let draining = app.clone();
-    let stopper = engine.clone();
-    let (signalled, mut deadline) = tokio::sync::watch::channel(false);
-    // Per-token SSE writes are small: send each at once.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
+    let guard = Arc::new(GuardConfig {
+        allowed_hosts: GuardConfig::hosts_for(&config.host, &config.allowed_hosts),
+        allowed_origins: config.allowed_origins.clone(),
+        max_body_bytes: config.max_body_bytes,
+        body_timeout: config.body_timeout,
     });
-    let server = axum::serve(listener, router(app)).with_graceful_shutdown(async move {
-        shutdown_signal().await;
-        tracing::info!("shutting down: finishing running requests for up to {grace:?}");
-        draining.draining.store(true, Ordering::Release);
-        let _ = signalled.send(true);
-        tokio::spawn(async move {
-            tokio::time::sleep(grace).await;
-            let _ = stopper.send(Command::AbortAll);
-        });
-    });
-    // The grace period bounds the shutdown: once it is over (and aborted streams have had
-    // a moment to end), connections still open, say to a client that stopped reading,
-    // are dropped.
-    let bounded = async move {
-        let _ = deadline.wait_for(|&s| s).await;
-        tokio::time::sleep(grace + Duration::from_secs(5)).await;
-    };
-    tokio::select! {
-        r = server => r?,
-        _ = bounded => tracing::warn!("connections still open after the grace period; closing them"),
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let router = router(app.clone(), guard);
+    let accepting = tokio::spawn(listen::accept(
+        listener,
+        router,
+        config.connections,
+        stopped,
+    ));
+    shutdown_signal().await;
+    drain(&app, &engine, config.shutdown_grace).await;
+    let _ = stop.send(true);
+    if let Ok(open) = accepting.await {
+        // Aborted streams end at once; a client that stopped reading is not waited for
+        // long.
+        let closing = open.shutdown();
+        if tokio::time::timeout(Duration::from_secs(5), closing)
+            .await
+            .is_err()
+        {
+            tracing::warn!("connections still open after the grace period; closing them");
+        }
     }
     let _ = engine.send(Command::Stop);
     drop(engine);
     let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     Ok(())
+}
+
+/// The grace period of a shutdown: new requests get 503 (and `/health` says so) while the
+/// admitted ones run, for at most `grace`; then the rest are aborted.
+async fn drain(app: &AppState, engine: &flume::Sender<Command>, grace: Duration) {
+    tracing::info!("shutting down: finishing running requests for up to {grace:?}");
+    app.draining.store(true, Ordering::Release);
+    let start = tokio::time::Instant::now();
+    while app.in_flight() > 0 && start.elapsed() < grace {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if app.in_flight() > 0 {
+        let _ = engine.send(Command::AbortAll);
+        // Let the aborted requests' responses go out before connections close.
+        let until = tokio::time::Instant::now() + Duration::from_secs(5);
+        while app.in_flight() > 0 && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
 
 async fn shutdown_signal() {
@@ -266,6 +301,16 @@ async fn metrics_text(State(app): State<Arc<AppState>>) -> Response {
         app.metrics.encode(),
     )
         .into_response()
+}
+
+async fn method_not_allowed(req: Request) -> Response {
+    let mut e = ApiError::invalid(format!(
+        "{} is not allowed on {}",
+        req.method(),
+        req.uri().path()
+    ));
+    e.status = StatusCode::METHOD_NOT_ALLOWED;
+    e.into_response()
 }
 
 async fn not_found() -> Response {

@@ -1,0 +1,208 @@
+//! What every request passes before routing: protection from web pages the user has open
+//! (a server on the user's own machine is reachable from their browser) and bounds on how
+//! a client may send its body.
+//!
+//! - **Host**: a server bound to a loopback address answers only requests whose `Host` is
+//!   a loopback name (`localhost`, `*.localhost`, `127.0.0.1`, `[::1]`, any port) or one of
+//!   `--allowed-hosts`. A page that rebinds its own DNS name to 127.0.0.1 (DNS rebinding)
+//!   sends its own name as `Host` and is refused. Bound elsewhere, any `Host` is served
+//!   unless `--allowed-hosts` is given.
+//! - **Origin**: browsers send `Origin` on every cross-origin POST and on cross-origin
+//!   fetches. A request carrying an `Origin` that is not a loopback page
+//!   (`http://localhost:3000`, ...) or one of `--allowed-origins` is refused, and CORS
+//!   headers (preflight answers included) are sent only to the allowed ones.
+//! - **Content type**: `POST /v1/*` needs `Content-Type: application/json`, so a page cannot
+//!   send a JSON body as `text/plain`, which browsers send cross-site without a preflight.
+//! - **Body**: a `Content-Length` above `--max-body-bytes` is refused before any of the
+//!   body is read (so no `100 Continue` is sent); otherwise the body is read here, and a
+//!   client that sends nothing for `--body-timeout-secs` gets 408 and loses the connection.
+//!
+//! Every refusal is an OpenAI-shaped JSON error.
+
+use super::error::ApiError;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt;
+use std::sync::Arc;
+use std::time::Duration;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+
+/// What the guard lets through.
+#[derive(Clone, Debug)]
+pub struct GuardConfig {
+    /// Host names (without port, lower case) served; `None`: any. `*` in the list: any.
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Origins (`scheme://host[:port]`) besides loopback pages; `*`: any.
+    pub allowed_origins: Vec<String>,
+    pub max_body_bytes: usize,
+    /// Longest wait for the next piece of a request body.
+    pub body_timeout: Duration,
+}
+
+impl GuardConfig {
+    /// The hosts a server bound to `bind` serves: loopback names only when it is bound to a
+    /// loopback address and no list is given.
+    pub fn hosts_for(bind: &str, allowed: &[String]) -> Option<Vec<String>> {
+        if !allowed.is_empty() {
+            return Some(allowed.iter().map(|h| h.to_ascii_lowercase()).collect());
+        }
+        let host = bind.trim_start_matches('[').trim_end_matches(']');
+        let loopback = host.eq_ignore_ascii_case("localhost")
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback());
+        loopback.then(Vec::new)
+    }
+
+    fn host_allowed(&self, host: &str) -> bool {
+        let Some(list) = &self.allowed_hosts else {
+            return true;
+        };
+        let name = host_name(host).to_ascii_lowercase();
+        is_loopback_name(&name) || list.iter().any(|h| h == "*" || *h == name)
+    }
+
+    fn origin_allowed(&self, origin: &str) -> bool {
+        let loopback_page = ["http://", "https://"]
+            .iter()
+            .find_map(|s| origin.strip_prefix(s))
+            .is_some_and(|rest| is_loopback_name(&host_name(rest).to_ascii_lowercase()));
+        loopback_page
+            || self
+                .allowed_origins
+                .iter()
+                .any(|o| o == "*" || o.eq_ignore_ascii_case(origin.trim_end_matches('/')))
+    }
+
+    /// The CORS layer: preflights answered and `Access-Control-Allow-Origin` sent for
+    /// allowed origins only.
+    pub fn cors(self: &Arc<Self>) -> CorsLayer {
+        let me = self.clone();
+        CorsLayer::new()
+            .allow_origin(AllowOrigin::predicate(move |origin: &HeaderValue, _| {
+                origin.to_str().is_ok_and(|o| me.origin_allowed(o))
+            }))
+            .allow_methods([Method::GET, Method::POST])
+            .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
+            .max_age(Duration::from_secs(600))
+    }
+}
+
+/// `host[:port]` or `[v6]:port` without the port.
+fn host_name(authority: &str) -> &str {
+    let authority = authority.split('/').next().unwrap_or_default();
+    if let Some(rest) = authority.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or_default();
+    }
+    authority.rsplit_once(':').map_or(authority, |(h, _)| h)
+}
+
+fn is_loopback_name(name: &str) -> bool {
+    name == "localhost"
+        || name.ends_with(".localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+fn forbidden(message: String) -> Response {
+    let mut e = ApiError::invalid(message);
+    e.status = StatusCode::FORBIDDEN;
+    e.into_response()
+}
+
+/// The checks above, then the body read into memory for the handler.
+pub async fn check(State(g): State<Arc<GuardConfig>>, req: Request, next: Next) -> Response {
+    let headers = req.headers();
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| req.uri().authority().map(|a| a.to_string()));
+    if let Some(host) = host.filter(|h| !g.host_allowed(h)) {
+        return forbidden(format!(
+            "requests for host {host:?} are not served; start the server with \
+             --allowed-hosts to serve a name other than localhost"
+        ));
+    }
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("(not text)");
+        if req.method() != Method::OPTIONS && !g.origin_allowed(origin) {
+            return forbidden(format!(
+                "cross-origin requests from {origin} are not served; start the server with \
+                 --allowed-origins {origin} to allow them"
+            ));
+        }
+    }
+    if req.method() != Method::POST {
+        return next.run(req).await;
+    }
+    if req.uri().path().starts_with("/v1/") && !is_json(req.headers()) {
+        let mut e = ApiError::invalid("send the request body as Content-Type: application/json");
+        e.status = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+        return e.into_response();
+    }
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > g.max_body_bytes as u64) {
+        return close(ApiError::too_large(g.max_body_bytes).into_response());
+    }
+    let (parts, body) = req.into_parts();
+    match read_body(body, g.max_body_bytes, g.body_timeout).await {
+        Ok(bytes) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        Err(e) => close(e.into_response()),
+    }
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|t| t.trim().to_ascii_lowercase())
+        .is_some_and(|t| t == "application/json" || t.ends_with("+json"))
+}
+
+/// A response after which the connection is closed (the rest of the body is not read).
+fn close(mut r: Response) -> Response {
+    r.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
+/// The whole body, at most `limit` bytes, each piece arriving within `timeout`.
+async fn read_body(mut body: Body, limit: usize, timeout: Duration) -> Result<Bytes, ApiError> {
+    let mut buf = Vec::new();
+    loop {
+        let frame = match tokio::time::timeout(timeout, body.frame()).await {
+            Err(_) => {
+                let mut e = ApiError::invalid(format!(
+                    "the request body stalled: nothing arrived for {} s",
+                    timeout.as_secs_f64()
+                ));
+                e.status = StatusCode::REQUEST_TIMEOUT;
+                return Err(e);
+            }
+            Ok(None) => return Ok(Bytes::from(buf)),
+            Ok(Some(Err(e))) => {
+                return Err(ApiError::invalid(format!("reading the request body: {e}")))
+            }
+            Ok(Some(Ok(frame))) => frame,
+        };
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > limit {
+                return Err(ApiError::too_large(limit));
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+}

@@ -1,0 +1,357 @@
+//! `pagellm serve` against the requests a hostile client or a web page in the user's browser
+//! sends, over raw TCP where an HTTP client library would not send them: stalled headers,
+//! idle connections, stalled and oversized bodies, foreign `Host` and `Origin` values,
+//! non-JSON bodies, wrong methods; and a shutdown with requests in flight.
+
+mod common;
+use common::golden;
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+#[path = "common/http.rs"]
+mod http;
+use http::{agent, serve, Served};
+
+fn skip() -> bool {
+    common::contexts().is_empty()
+}
+
+fn fixture() -> String {
+    golden::fixture_dir("llama-gqa")
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn connect(s: &Served) -> TcpStream {
+    let addr = s.base.trim_start_matches("http://");
+    let tcp = TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    tcp
+}
+
+/// Everything the server sends until it closes the connection (or 20 s pass).
+fn read_all(tcp: &mut TcpStream) -> String {
+    let mut out = Vec::new();
+    let _ = tcp.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Status and JSON body of a complete response in `raw`.
+fn parse(raw: &str) -> (u16, Value) {
+    let status = raw
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {raw:?}"));
+    let body = raw.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let json = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: body of {raw:?}"));
+    (status, json)
+}
+
+/// Sends `request` on a fresh connection that the server is asked to close after it.
+fn exchange(s: &Served, request: &str) -> (u16, Value, String) {
+    let mut tcp = connect(s);
+    tcp.write_all(request.as_bytes()).unwrap();
+    let raw = read_all(&mut tcp);
+    let (status, json) = parse(&raw);
+    (status, json, raw)
+}
+
+fn post_request(host: &str, extra: &str, content_type: &str, body: &str) -> String {
+    format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n{extra}\
+         Content-Type: {content_type}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+const BODY: &str = r#"{"prompt": "x", "max_tokens": 2, "temperature": 0}"#;
+
+fn error_message(v: &Value) -> &str {
+    v["error"]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not an error body: {v}"))
+}
+
+#[test]
+fn stalled_idle_and_lying_clients_are_cut_off() {
+    if skip() {
+        return;
+    }
+    let s = serve(
+        env!("CARGO_BIN_EXE_pagellm"),
+        &[
+            "--model",
+            &fixture(),
+            "--header-timeout-secs",
+            "1",
+            "--body-timeout-secs",
+            "1",
+            "--max-body-bytes",
+            "4096",
+        ],
+    );
+    // Headers begun and never finished, and a connection that sends nothing: both closed
+    // after the header timeout, not held open.
+    for opening in ["POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n", ""] {
+        let mut tcp = connect(&s);
+        tcp.write_all(opening.as_bytes()).unwrap();
+        let start = Instant::now();
+        let _ = read_all(&mut tcp);
+        let held = start.elapsed();
+        assert!(
+            held >= Duration::from_millis(900) && held < Duration::from_secs(5),
+            "{opening:?}: closed after {held:?}"
+        );
+    }
+    // A body declared larger than the limit: refused before any of it is read, so the
+    // client that asked to continue is never told to.
+    let huge = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: \
+                application/json\r\nContent-Length: 100000000\r\nExpect: 100-continue\r\n\r\n";
+    let (status, v, raw) = exchange(&s, huge);
+    assert_eq!(status, 413, "{raw}");
+    assert!(!raw.contains("100 Continue"), "{raw}");
+    assert!(error_message(&v).contains("4096 bytes"), "{v}");
+    // A body that stops short of its Content-Length: 408 after the body timeout.
+    let short = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: \
+                 application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":";
+    let start = Instant::now();
+    let (status, v, raw) = exchange(&s, short);
+    assert_eq!(status, 408, "{raw}");
+    assert!(error_message(&v).contains("stalled"), "{v}");
+    assert!(start.elapsed() >= Duration::from_millis(900));
+    // None of it got in the way of a well-formed request.
+    let (status, v, raw) = exchange(&s, &post_request("127.0.0.1", "", "application/json", BODY));
+    assert_eq!(status, 200, "{raw}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+}
+
+#[test]
+fn a_web_page_cannot_use_the_local_server() {
+    if skip() {
+        return;
+    }
+    let s = serve(env!("CARGO_BIN_EXE_pagellm"), &["--model", &fixture()]);
+    let port = s.base.rsplit(':').next().unwrap().to_string();
+    // DNS rebinding: a page whose name now resolves to 127.0.0.1 sends its own name.
+    for host in ["evil.example", &format!("evil.example:{port}")] {
+        let (status, v, _) = exchange(&s, &post_request(host, "", "application/json", BODY));
+        assert_eq!(status, 403, "{host}: {v}");
+        assert!(error_message(&v).contains("--allowed-hosts"), "{v}");
+    }
+    for host in [
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        format!("[::1]:{port}"),
+        "app.localhost".into(),
+    ] {
+        let (status, v, _) = exchange(&s, &post_request(&host, "", "application/json", BODY));
+        assert_eq!(status, 200, "{host}: {v}");
+    }
+    // A JSON body sent as text/plain (a "simple" cross-site request, no preflight), as a
+    // form, or with no type at all.
+    for ty in [
+        "text/plain;charset=UTF-8",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+    ] {
+        let (status, v, _) = exchange(&s, &post_request("127.0.0.1", "", ty, BODY));
+        assert_eq!(status, 415, "{ty}: {v}");
+        assert!(error_message(&v).contains("application/json"), "{v}");
+    }
+    let untyped = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+         Content-Length: {}\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    assert_eq!(exchange(&s, &untyped).0, 415);
+    // A cross-origin fetch as a browser sends it: refused, and its preflight gets no
+    // permission; a page on localhost is served and allowed.
+    let evil = "Origin: https://evil.example\r\n";
+    let (status, v, _) = exchange(
+        &s,
+        &post_request("127.0.0.1", evil, "application/json", BODY),
+    );
+    assert_eq!(status, 403, "{v}");
+    assert!(error_message(&v).contains("--allowed-origins"), "{v}");
+    let preflight = |origin: &str| {
+        let req = format!(
+            "OPTIONS /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+             Origin: {origin}\r\nAccess-Control-Request-Method: POST\r\n\
+             Access-Control-Request-Headers: content-type\r\n\r\n"
+        );
+        let mut tcp = connect(&s);
+        tcp.write_all(req.as_bytes()).unwrap();
+        read_all(&mut tcp).to_ascii_lowercase()
+    };
+    assert!(!preflight("https://evil.example").contains("access-control-allow-origin"));
+    let local = preflight("http://localhost:3000");
+    assert!(
+        local.contains("access-control-allow-origin: http://localhost:3000"),
+        "{local}"
+    );
+    let page = "Origin: http://localhost:3000\r\n";
+    let (status, _, raw) = exchange(
+        &s,
+        &post_request("127.0.0.1", page, "application/json", BODY),
+    );
+    assert_eq!(status, 200, "{raw}");
+    assert!(raw
+        .to_ascii_lowercase()
+        .contains("access-control-allow-origin: http://localhost:3000"));
+}
+
+#[test]
+fn allowed_hosts_and_origins_extend_the_defaults() {
+    if skip() {
+        return;
+    }
+    let s = serve(
+        env!("CARGO_BIN_EXE_pagellm"),
+        &[
+            "--model",
+            &fixture(),
+            "--allowed-hosts",
+            "my.box,Other.Box",
+            "--allowed-origins",
+            "https://app.example",
+        ],
+    );
+    let app = "Origin: https://app.example\r\n";
+    for host in ["my.box:8000", "other.box", "localhost"] {
+        let (status, v, raw) = exchange(&s, &post_request(host, app, "application/json", BODY));
+        assert_eq!(status, 200, "{host}: {v}");
+        assert!(raw
+            .to_ascii_lowercase()
+            .contains("access-control-allow-origin: https://app.example"));
+    }
+    let (status, _, _) = exchange(
+        &s,
+        &post_request("third.box", app, "application/json", BODY),
+    );
+    assert_eq!(status, 403);
+    let other = "Origin: https://other.example\r\n";
+    let (status, _, _) = exchange(&s, &post_request("my.box", other, "application/json", BODY));
+    assert_eq!(status, 403);
+}
+
+#[test]
+fn routing_refusals_are_json_errors() {
+    if skip() {
+        return;
+    }
+    let s = serve(env!("CARGO_BIN_EXE_pagellm"), &["--model", &fixture()]);
+    for (method, path, status) in [
+        ("GET", "/v1/completions", 405),
+        ("DELETE", "/v1/chat/completions", 405),
+        ("POST", "/health", 405),
+        ("PUT", "/v1/models", 405),
+        ("GET", "/nowhere", 404),
+    ] {
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+             Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}"
+        );
+        let (got, v, raw) = exchange(&s, &req);
+        assert_eq!(got, status, "{method} {path}: {raw}");
+        assert!(!error_message(&v).is_empty());
+    }
+}
+
+#[test]
+fn a_shutdown_answers_503_until_its_requests_are_done_or_aborted() {
+    if skip() {
+        return;
+    }
+    // One sequence at a time, so three 250-token requests take several times the grace.
+    let mut s = serve(
+        env!("CARGO_BIN_EXE_pagellm"),
+        &[
+            "--model",
+            &fixture(),
+            "--max-num-seqs",
+            "1",
+            "--shutdown-grace-secs",
+            "1",
+        ],
+    );
+    let url = format!("{}/v1/completions", s.base);
+    let body = r#"{"prompt": "x", "max_tokens": 250, "temperature": 0, "ignore_eos": true}"#;
+    let clients: Vec<_> = (0..3)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let mut r = agent()
+                    .post(&url)
+                    .header("Content-Type", "application/json")
+                    .send(body)
+                    .unwrap();
+                let status = r.status().as_u16();
+                let v: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap())
+                    .unwrap_or(Value::Null);
+                (status, v)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = s.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    // During the grace period the listener stays open and says it is going away.
+    std::thread::sleep(Duration::from_millis(200));
+    let mut r = agent().get(&format!("{}/health", s.base)).call().unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+    assert!(r
+        .body_mut()
+        .read_to_string()
+        .unwrap()
+        .contains("shutting down"));
+    let (status, v, _) = exchange(&s, &post_request("127.0.0.1", "", "application/json", BODY));
+    assert_eq!(status, 503, "{v}");
+    let results: Vec<(u16, Value)> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    // Finished within the grace period, or aborted at its end with a 503 and a reason.
+    for (status, v) in &results {
+        match status {
+            200 => assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}"),
+            503 => assert!(error_message(v).contains("shut down"), "{v}"),
+            _ => panic!("{status}: {v}"),
+        }
+    }
+    assert!(results.iter().any(|(st, _)| *st == 503), "{results:?}");
+    let start = Instant::now();
+    let exit = loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "still running");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(exit.success(), "{exit:?}");
+}
+
+#[test]
+fn timeouts_must_be_positive_seconds() {
+    // Refused before the model loads, so no adapter is needed.
+    for (flag, value) in [
+        ("--header-timeout-secs", "0"),
+        ("--body-timeout-secs", "-1"),
+        ("--body-timeout-secs", "inf"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_pagellm"))
+            .args(["serve", "--port", "0", &format!("{flag}={value}")])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag} {value}");
+        assert!(
+            err.contains(&format!("{flag} must be a positive number of seconds")),
+            "{flag} {value}: {err}"
+        );
+    }
+}
