@@ -29,6 +29,7 @@ enum Command {
 }
 
 fn main() -> Result<()> {
+    quiet_device_select();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
@@ -42,5 +43,19 @@ fn main() -> Result<()> {
         Command::Generate(args) => cli::generate::run(*args),
         Command::Serve(args) => cli::serve::run(*args),
         Command::Perplexity(args) => cli::perplexity::run(*args),
+    }
+}
+
+/// Mesa's Vulkan device-select layer asks the desktop's compositor which GPU it draws on.
+/// Without a desktop session (no `XDG_RUNTIME_DIR`: a server, a container, SSH) there is
+/// nothing to ask, and the attempt prints `error: XDG_RUNTIME_DIR is invalid or not set`
+/// for every Vulkan instance, which reads as a failure of a command that works. The layer
+/// is turned off then (its own switch, `NODEVICE_SELECT`), before any thread starts; a
+/// value the user set is kept.
+fn quiet_device_select() {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none()
+        && std::env::var_os("NODEVICE_SELECT").is_none()
+    {
+        std::env::set_var("NODEVICE_SELECT", "1");
     }
 }

@@ -286,3 +286,37 @@ fn kv_dtypes_report_their_capacity_and_unknown_ones_are_refused() {
         "{stderr}"
     );
 }
+
+#[test]
+fn an_installed_binary_without_its_model_says_where_it_looked() {
+    // The binary copied away from the checkout and run elsewhere: no path compiled into it
+    // is used; the error names the places searched and the ways to give a model.
+    let dir = std::env::temp_dir().join(format!("pagellm-installed-{}", std::process::id()));
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let exe = bin.join("pagellm");
+    std::fs::copy(env!("CARGO_BIN_EXE_pagellm"), &exe).unwrap();
+    for sub in ["generate", "serve", "perplexity"] {
+        let mut cmd = Command::new(&exe);
+        cmd.arg(sub)
+            .current_dir(&dir)
+            .env_remove("PAGELLM_MODEL")
+            .env("RUST_BACKTRACE", "0");
+        match sub {
+            "generate" => cmd.args(["--prompt", "hi"]),
+            "perplexity" => cmd.args(["--file", "/dev/null"]),
+            _ => cmd.args(["--port", "0"]),
+        };
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{sub}: {err}");
+        assert!(
+            err.contains("no --model given")
+                && err.contains("PAGELLM_MODEL")
+                && err.contains(&bin.join("models/fortunes-llama").display().to_string()),
+            "{sub}: {err}"
+        );
+        assert!(!err.contains(env!("CARGO_MANIFEST_DIR")), "{sub}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

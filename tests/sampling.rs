@@ -100,6 +100,38 @@ fn top_k_keeps_the_k_largest_and_boundary_ties() {
 }
 
 #[test]
+fn top_k_follows_the_logits_at_any_temperature() {
+    // At T = 1e30 every exp((x - max) / T) rounds to 1; the top k are still the k largest
+    // logits, so top_k 1 is the arg-max and top_k 2 its runner-up too, for every seed.
+    let l = four();
+    for t in [1e30f32, 1e38, f32::MAX] {
+        assert_eq!(kept(&l, t, Some(1), 1.0, 0.0), [0], "T = {t}");
+        assert_eq!(kept(&l, t, Some(2), 1.0, 0.0), [0, 1], "T = {t}");
+        let d = filtered_distribution(&l, t, Some(2), 1.0, 0.0).unwrap();
+        assert_eq!(
+            (d.prob(0), d.prob(1)),
+            (0.5, 0.5),
+            "T = {t}: uniform over the two"
+        );
+        let params = SamplingParams {
+            temperature: t,
+            top_k: Some(1),
+            ..SamplingParams::default()
+        };
+        for seed in 0..50 {
+            let mut s = Sampler::new(
+                SamplingParams {
+                    seed: Some(seed),
+                    ..params.clone()
+                },
+                0,
+            );
+            assert_eq!(s.sample(&l).unwrap().token, 0, "T = {t}, seed {seed}");
+        }
+    }
+}
+
+#[test]
 fn filters_apply_in_order_on_renormalised_mass() {
     let l = four();
     // After top-k 3 the mass is 0.95: 0.5/0.95 + 0.3/0.95 = 0.842 reaches 0.82 ...

@@ -11,12 +11,38 @@ use pagellm::sampling::SamplingParams;
 use serde::Deserialize;
 use serde_json::json;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// The model that ships in the repository, used when `--model` is not given.
-pub fn default_model_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/fortunes-llama")
+/// The model used when `--model` is not given: `PAGELLM_MODEL`, else the small model that
+/// ships in the repository, found from the working directory or beside the binary (never a
+/// path compiled into it).
+pub fn default_model_dir() -> Result<PathBuf> {
+    const SHIPPED: &str = "models/fortunes-llama";
+    if let Some(dir) = std::env::var_os("PAGELLM_MODEL") {
+        return Ok(PathBuf::from(dir));
+    }
+    // The working directory (a checkout), then the binary's folder and the three above it
+    // (target/release/pagellm in a checkout, or a folder an archive unpacked).
+    let mut tried = vec![PathBuf::from(SHIPPED)];
+    if let Some(bin) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    {
+        tried.extend(bin.ancestors().take(4).map(|a| a.join(SHIPPED)));
+    }
+    match tried.iter().find(|d| d.join("config.json").is_file()) {
+        Some(dir) => Ok(dir.clone()),
+        None => bail!(
+            "no --model given, and the small model shipped with pagellm ({SHIPPED}) is in none \
+             of {}; pass --model DIR (or FILE.gguf), or set PAGELLM_MODEL",
+            tried
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
 }
 
 #[derive(Args, Debug)]
@@ -170,7 +196,10 @@ impl GenerateArgs {
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
-    let dir = args.model.clone().unwrap_or_else(default_model_dir);
+    let dir = match args.model.clone() {
+        Some(d) => d,
+        None => default_model_dir()?,
+    };
     let requests = args.requests()?;
     let mut engine = load(&args, &dir)?;
     let mut handles: Vec<RequestHandle> = Vec::new();

@@ -51,7 +51,10 @@ pub struct PerplexityArgs {
 }
 
 pub fn run(args: PerplexityArgs) -> Result<()> {
-    let dir = args.model.clone().unwrap_or_else(default_model_dir);
+    let dir = match args.model.clone() {
+        Some(d) => d,
+        None => default_model_dir()?,
+    };
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;
     let config = EngineConfig {

@@ -61,7 +61,10 @@ pub struct ServeArgs {
 
 pub fn run(args: ServeArgs) -> Result<()> {
     let config = ServerConfig {
-        model_dir: args.model.clone().unwrap_or_else(default_model_dir),
+        model_dir: match args.model.clone() {
+            Some(d) => d,
+            None => default_model_dir()?,
+        },
         host: args.host.clone(),
         port: args.port,
         api_key: args.api_key.clone(),

@@ -2,8 +2,10 @@
 //! the order of Hugging Face's logits warpers.
 //!
 //! - Temperature divides the logits before the softmax.
-//! - Top-k keeps every token at least as likely as the k-th most likely one (so ties at the
-//!   boundary survive, as with the threshold comparison of transformers and vLLM).
+//! - Top-k keeps every token whose logit is at least the k-th largest (so ties at the
+//!   boundary survive, as with the threshold comparison of transformers and vLLM). It is
+//!   decided on the raw logits, whose order temperature does not change, so that no
+//!   temperature, however large, turns the top k into a tie.
 //! - Top-p (nucleus) sorts the survivors by probability and keeps the shortest prefix whose
 //!   renormalised mass reaches `top_p`; the most likely token always stays.
 //! - Min-p drops tokens whose probability is below `min_p` times the largest one.
@@ -91,12 +93,15 @@ pub fn filtered_distribution(
         .map(|(i, &x)| (i as u32, ((f64::from(x) - max) / temperature).exp()))
         .collect();
 
+    // Top-k on the raw logits: dividing by a positive temperature keeps their order, but a
+    // huge one (1e30) rounds every weight to 1, which would make the whole row a tie.
     if let Some(k) = top_k.filter(|&k| k > 0 && k < kept.len()) {
-        let mut weights: Vec<f64> = kept.iter().map(|&(_, w)| w).collect();
-        let (_, kth, _) = weights
-            .select_nth_unstable_by(k - 1, |a, b| b.partial_cmp(a).unwrap_or(Ordering::Equal));
+        let raw = |id: u32| logits[id as usize];
+        let mut order: Vec<f32> = kept.iter().map(|&(id, _)| raw(id)).collect();
+        let (_, kth, _) =
+            order.select_nth_unstable_by(k - 1, |a, b| b.partial_cmp(a).unwrap_or(Ordering::Equal));
         let threshold = *kth;
-        kept.retain(|&(_, w)| w >= threshold);
+        kept.retain(|&(id, _)| raw(id) >= threshold);
     }
 
     if top_p < 1.0 {

@@ -136,8 +136,13 @@ async fn serve(
         ));
     }
     let tokenizer = crate::model::open_tokenizer(&config.model_dir)?;
-    let chat_template =
-        crate::model::open_chat_template(&config.model_dir).map_err(|e| e.to_string());
+    let chat_template = crate::model::open_chat_template(&config.model_dir).map_err(|e| {
+        tracing::warn!(
+            "chat completions will be refused for {}: {e}",
+            config.model_dir.display()
+        );
+        e.to_string()
+    });
     let shared = Arc::new(Shared::new());
     let (engine, thread) = worker::spawn(
         config.model_dir.clone(),

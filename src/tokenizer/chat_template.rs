@@ -11,9 +11,11 @@ use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ChatTemplateError {
+    /// The message names files relative to the model folder (a server sends it to clients,
+    /// which have no business knowing the server's paths); `dir` is the folder, for logs.
     #[error(
-        "the model has no chat template: neither {dir}/chat_template.jinja nor a \
-         \"chat_template\" in {dir}/tokenizer_config.json exists"
+        "the model has no chat template: its folder has neither chat_template.jinja nor a \
+         \"chat_template\" in tokenizer_config.json"
     )]
     Missing { dir: String },
     #[error("reading the chat template: {0}")]
