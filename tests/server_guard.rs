@@ -355,3 +355,42 @@ fn timeouts_must_be_positive_seconds() {
         );
     }
 }
+
+#[test]
+fn a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized() {
+    if skip() {
+        return;
+    }
+    let s = serve(env!("CARGO_BIN_EXE_pagellm"), &["--model", &fixture()]);
+    // 3 MiB of text against a 256-token context: no tokenization of it can fit.
+    let text = "lorem ipsum dolor sit amet ".repeat(3 << 20 >> 5);
+    let body = serde_json::json!({"prompt": text, "max_tokens": 1});
+    let mut r = agent()
+        .post(&format!("{}/v1/completions", s.base))
+        .header("Content-Type", "application/json")
+        .send(body.to_string())
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let v: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+    let message = error_message(&v);
+    assert!(
+        message.contains("however it is tokenized") && message.contains("256 tokens"),
+        "{v}"
+    );
+    assert_eq!(v["error"]["param"], "prompt");
+    // A prompt within the bound still reaches the engine's own exact check.
+    let (status, v, _) = exchange(
+        &s,
+        &post_request(
+            "127.0.0.1",
+            "",
+            "application/json",
+            &serde_json::json!({"prompt": "x ".repeat(300), "max_tokens": 1}).to_string(),
+        ),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        !error_message(&v).contains("however it is tokenized"),
+        "{v}"
+    );
+}

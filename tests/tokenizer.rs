@@ -275,3 +275,48 @@ fn unreadable_config_is_named() {
     assert!(msg.contains("cannot read"), "{msg}");
     assert!(msg.contains("generation_config.json"), "{msg}");
 }
+
+mod bytes_per_token {
+    use super::fixture;
+    use pagellm::tokenizer::Tokenizer;
+    use proptest::prelude::*;
+
+    /// The byte-level BPE of the shipped model and fixtures, and the SentencePiece
+    /// vocabulary built from a GGUF file (byte fallback).
+    fn tokenizers() -> Vec<Tokenizer> {
+        let mut t: Vec<Tokenizer> = ["llama-gqa", "qwen2-bias-tied", "gemma3-local-rope"]
+            .iter()
+            .map(|n| Tokenizer::from_dir(&fixture(n)).unwrap())
+            .collect();
+        t.push(Tokenizer::from_dir(std::path::Path::new("models/fortunes-llama")).unwrap());
+        t.push(pagellm::model::open_tokenizer(&fixture("gguf/spm-tokenizer.gguf")).unwrap());
+        t
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        // What the server relies on to refuse a prompt unread: no text has fewer tokens than
+        // its bytes divided by the bound.
+        #[test]
+        fn no_token_covers_more_bytes_than_the_bound(text in "\\PC{0,200}|[ \\t\\n]{0,300}|(ab|xyz|\u{3000}|\u{fb00}){0,100}") {
+            for tok in tokenizers() {
+                let bound = tok.max_bytes_per_token().expect("BPE models have a bound");
+                let n = tok.encode_plain(&text).unwrap().len();
+                prop_assert!(n * bound >= text.len(), "{n} tokens x {bound} < {} bytes", text.len());
+            }
+        }
+    }
+
+    #[test]
+    fn a_model_that_fuses_unknown_text_has_no_bound() {
+        use tokenizers::models::wordlevel::WordLevel;
+        let vocab = [("a".to_string(), 0u32), ("[UNK]".to_string(), 1)];
+        let model = WordLevel::builder()
+            .vocab(vocab.into_iter().collect())
+            .unk_token("[UNK]".into())
+            .build()
+            .unwrap();
+        let tok = Tokenizer::from_parts(tokenizers::Tokenizer::new(model), Default::default());
+        assert_eq!(tok.max_bytes_per_token(), None);
+    }
+}

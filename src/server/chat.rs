@@ -130,6 +130,9 @@ pub async fn chat_completions(
             .render(&messages, agp)
             .map_err(|e| ApiError::invalid(e.to_string()).with_param("messages"))?;
         worker
+            .check_text_length(text.len())
+            .map_err(|e| e.with_param("messages"))?;
+        worker
             .tokenizer
             .encode_plain(&text)
             .map_err(|e| ApiError::invalid(e.to_string()))

@@ -166,6 +166,7 @@ impl AppState {
         match prompt {
             Prompt::Tokens(ids) => Ok(ids),
             Prompt::Text(text) => {
+                self.check_text_length(text.len())?;
                 let app = self.clone();
                 tokio::task::spawn_blocking(move || app.tokenizer.encode(&text))
                     .await
@@ -173,6 +174,26 @@ impl AppState {
                     .map_err(|e| ApiError::invalid(e.to_string()).with_param("prompt"))
             }
         }
+    }
+
+    /// Refuses a prompt of `bytes` bytes that has more tokens than the context holds for
+    /// certain, before spending time on tokenizing it (a 4 MiB prompt takes seconds).
+    pub fn check_text_length(&self, bytes: usize) -> Result<(), ApiError> {
+        let context = self.shared.max_model_len.lock().ok().and_then(|m| *m);
+        let (Some(context), Some(per_token)) = (context, self.tokenizer.max_bytes_per_token())
+        else {
+            return Ok(());
+        };
+        if bytes <= context.saturating_mul(per_token) {
+            return Ok(());
+        }
+        Err(ApiError::invalid(format!(
+            "the prompt is {bytes} bytes: at least {} tokens however it is tokenized (a token \
+             of this model covers at most {per_token} bytes), more than the model's context \
+             of {context} tokens",
+            bytes.div_ceil(per_token)
+        ))
+        .with_param("prompt"))
     }
 
     /// The text of one token, as the logprobs of the completions API list it.

@@ -15,6 +15,7 @@ pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     special: SpecialTokens,
     vocab_size: usize,
+    max_bytes_per_token: Option<usize>,
     source: PathBuf,
 }
 
@@ -67,12 +68,21 @@ impl Tokenizer {
             .map(|&id| id as usize + 1)
             .max()
             .unwrap_or(0);
+        let max_bytes_per_token = bytes_per_token_bound(&inner);
         Self {
             inner,
             special,
             vocab_size,
+            max_bytes_per_token,
             source,
         }
+    }
+
+    /// An upper bound on the bytes of text one token stands for, where the model gives one
+    /// (see [`bytes_per_token_bound`]): text longer than this times `n` has more than `n`
+    /// tokens, which a server can tell without tokenizing it.
+    pub fn max_bytes_per_token(&self) -> Option<usize> {
+        self.max_bytes_per_token
     }
 
     /// The beginning-of-sequence id, if the folder declares one.
@@ -144,4 +154,22 @@ impl Tokenizer {
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
     }
+}
+
+/// For a BPE model whose unknown characters never fuse into one token (byte-level BPE,
+/// byte fallback, or `fuse_unk` off), a token stands for at most its own string's bytes:
+/// byte-level strings spell each byte as one or two UTF-8 bytes, SentencePiece's `▁` takes
+/// three for one space. Normalisers can shrink text (NFKC maps a three-byte ideographic
+/// space to one), so the longest token string is taken four times over. Other models
+/// (WordPiece, Unigram, WordLevel) can map a run of unknown text of any length to one
+/// token: no bound.
+fn bytes_per_token_bound(inner: &tokenizers::Tokenizer) -> Option<usize> {
+    let tokenizers::ModelWrapper::BPE(bpe) = inner.get_model() else {
+        return None;
+    };
+    if bpe.fuse_unk && !bpe.byte_fallback && bpe.unk_token.is_some() {
+        return None;
+    }
+    let longest = inner.get_vocab(true).keys().map(String::len).max()?;
+    Some(4 * longest.max(4))
 }
