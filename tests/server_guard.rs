@@ -6,14 +6,13 @@
 mod common;
 use common::golden;
 use serde_json::Value;
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 #[path = "common/http.rs"]
 mod http;
-use http::{agent, serve, Served};
+use http::{agent, connect, exchange, read_all, serve};
 
 fn skip() -> bool {
     common::contexts().is_empty()
@@ -23,41 +22,6 @@ fn fixture() -> String {
     golden::fixture_dir("llama-gqa")
         .to_string_lossy()
         .into_owned()
-}
-
-fn connect(s: &Served) -> TcpStream {
-    let addr = s.base.trim_start_matches("http://");
-    let tcp = TcpStream::connect(addr).unwrap();
-    tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    tcp
-}
-
-/// Everything the server sends until it closes the connection (or 20 s pass).
-fn read_all(tcp: &mut TcpStream) -> String {
-    let mut out = Vec::new();
-    let _ = tcp.read_to_end(&mut out);
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Status and JSON body of a complete response in `raw`.
-fn parse(raw: &str) -> (u16, Value) {
-    let status = raw
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status line in {raw:?}"));
-    let body = raw.split("\r\n\r\n").nth(1).unwrap_or_default();
-    let json = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: body of {raw:?}"));
-    (status, json)
-}
-
-/// Sends `request` on a fresh connection that the server is asked to close after it.
-fn exchange(s: &Served, request: &str) -> (u16, Value, String) {
-    let mut tcp = connect(s);
-    tcp.write_all(request.as_bytes()).unwrap();
-    let raw = read_all(&mut tcp);
-    let (status, json) = parse(&raw);
-    (status, json, raw)
 }
 
 fn post_request(host: &str, extra: &str, content_type: &str, body: &str) -> String {

@@ -4,7 +4,8 @@
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -71,4 +72,41 @@ pub fn listening(child: &mut Child) -> String {
     };
     std::thread::spawn(move || for _ in lines {});
     base
+}
+
+// Raw HTTP/1.1 over TCP, for requests a client library would not send.
+
+pub fn connect(s: &Served) -> TcpStream {
+    let addr = s.base.trim_start_matches("http://");
+    let tcp = TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    tcp
+}
+
+/// Everything the server sends until it closes the connection (or 20 s pass).
+pub fn read_all(tcp: &mut TcpStream) -> String {
+    let mut out = Vec::new();
+    let _ = tcp.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Status and JSON body of a complete response in `raw`.
+pub fn parse(raw: &str) -> (u16, serde_json::Value) {
+    let status = raw
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {raw:?}"));
+    let body = raw.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let json = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: body of {raw:?}"));
+    (status, json)
+}
+
+/// Sends `request` on a fresh connection that the server is asked to close after it.
+pub fn exchange(s: &Served, request: &str) -> (u16, serde_json::Value, String) {
+    let mut tcp = connect(s);
+    tcp.write_all(request.as_bytes()).unwrap();
+    let raw = read_all(&mut tcp);
+    let (status, json) = parse(&raw);
+    (status, json, raw)
 }
