@@ -9,6 +9,9 @@
 //!   the Llama 3, Qwen2, GPT-2 (byte-level BPE) and Llama 2 (SentencePiece) vocabularies
 //!   tokenize llama.cpp's test cases as llama.cpp does.
 
+#[path = "common/converted.rs"]
+mod converted;
+use converted::CONVERTED;
 use pagellm::gguf::file::GgufFile;
 use pagellm::gguf::tokenizer::tokenizer;
 use pagellm::tokenizer::Tokenizer;
@@ -31,16 +34,7 @@ const TEXTS: [&str; 12] = [
 
 #[test]
 fn converted_fixtures_tokenize_as_their_tokenizer_json_does() {
-    for name in [
-        "llama-gqa",
-        "llama-bias-mha",
-        "mistral-f16",
-        "qwen3-qknorm-window",
-        "llama3-rope-scaled",
-        "gemma2-softcap-window",
-        "gemma3-local-rope",
-        "phi3-longrope-window",
-    ] {
+    for name in CONVERTED {
         let file =
             GgufFile::open(&Path::new("tests/fixtures/gguf").join(format!("{name}.gguf"))).unwrap();
         let from_gguf = tokenizer(&file).unwrap_or_else(|e| panic!("{name}: {e}"));

@@ -128,9 +128,7 @@ fn skip() -> bool {
 }
 
 fn fixture() -> String {
-    golden::fixture_dir("llama-gqa")
-        .to_string_lossy()
-        .into_owned()
+    golden::fixture_arg("llama-gqa")
 }
 
 #[test]

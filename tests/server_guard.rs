@@ -19,9 +19,7 @@ fn skip() -> bool {
 }
 
 fn fixture() -> String {
-    golden::fixture_dir("llama-gqa")
-        .to_string_lossy()
-        .into_owned()
+    golden::fixture_arg("llama-gqa")
 }
 
 fn post_request(host: &str, extra: &str, content_type: &str, body: &str) -> String {

@@ -1,6 +1,7 @@
 //! The fixtures llama.cpp's converter wrote to tests/fixtures/gguf
 //! (tools/make_gguf_fixtures.py), and the config each computes with in llama.cpp.
 
+#![allow(dead_code)]
 use pagellm::model::{Architecture, ModelConfig};
 
 /// Fixture folders converted to `tests/fixtures/gguf/{name}.gguf`.

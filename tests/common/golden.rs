@@ -65,6 +65,11 @@ pub fn fixture_dir(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// [`fixture_dir`] as a command-line argument.
+pub fn fixture_arg(name: &str) -> String {
+    fixture_dir(name).to_string_lossy().into_owned()
+}
+
 pub fn load(name: &'static str) -> Fixture {
     let dir = fixture_dir(name);
     let files = ModelFiles::open(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
