@@ -356,3 +356,40 @@ fn a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized() {
         "{v}"
     );
 }
+
+#[test]
+fn a_body_without_the_api_key_is_not_read() {
+    if skip() {
+        return;
+    }
+    let s = serve(
+        env!("CARGO_BIN_EXE_pagellm"),
+        &[
+            "--model",
+            &fixture(),
+            "--api-key",
+            "k",
+            "--body-timeout-secs",
+            "20",
+        ],
+    );
+    // 10 of 1000 declared bytes: an unauthorised client is answered at once, without the
+    // server waiting for (or buffering) its body.
+    let partial = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: \
+                   application/json\r\nContent-Length: 1000\r\n\r\n{\"prompt\":";
+    let start = Instant::now();
+    let (status, v, raw) = exchange(&s, partial);
+    assert_eq!(status, 401, "{raw}");
+    assert_eq!(v["error"]["code"], "invalid_api_key");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    let with_key = "Authorization: Bearer k\r\n";
+    let (status, v, _) = exchange(
+        &s,
+        &post_request("127.0.0.1", with_key, "application/json", BODY),
+    );
+    assert_eq!(status, 200, "{v}");
+}

@@ -14,8 +14,9 @@
 //! - **Content type**: `POST /v1/*` needs `Content-Type: application/json`, so a page cannot
 //!   send a JSON body as `text/plain`, which browsers send cross-site without a preflight.
 //! - **Body**: a `Content-Length` above `--max-body-bytes` is refused before any of the
-//!   body is read (so no `100 Continue` is sent); otherwise the body is read here, and a
-//!   client that sends nothing for `--body-timeout-secs` gets 408 and loses the connection.
+//!   body is read (so no `100 Continue` is sent), and so is the body of a `/v1/*` request
+//!   without the API key (401); otherwise the body is read here, and a client that sends
+//!   nothing for `--body-timeout-secs` gets 408 and loses the connection.
 //!
 //! Every refusal is an OpenAI-shaped JSON error.
 
@@ -40,6 +41,8 @@ pub struct GuardConfig {
     pub max_body_bytes: usize,
     /// Longest wait for the next piece of a request body.
     pub body_timeout: Duration,
+    /// The server's API key: a `/v1/*` body is not read for a client without it.
+    pub api_key: Option<String>,
 }
 
 impl GuardConfig {
@@ -145,6 +148,9 @@ pub async fn check(State(g): State<Arc<GuardConfig>>, req: Request, next: Next) 
         e.status = StatusCode::UNSUPPORTED_MEDIA_TYPE;
         return e.into_response();
     }
+    if req.uri().path().starts_with("/v1/") && !key_matches(g.api_key.as_deref(), req.headers()) {
+        return close(ApiError::unauthorized().into_response());
+    }
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -161,6 +167,24 @@ pub async fn check(State(g): State<Arc<GuardConfig>>, req: Request, next: Next) 
         }
         Err(e) => close(e.into_response()),
     }
+}
+
+/// Whether `headers` carry `Authorization: Bearer KEY` for `key` (compared in constant
+/// time); true when the server has no key.
+pub fn key_matches(key: Option<&str>, headers: &HeaderMap) -> bool {
+    use subtle::ConstantTimeEq;
+    let Some(key) = key else {
+        return true;
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, key) = v.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then_some(key.trim())
+        })
+        .unwrap_or("");
+    bool::from(given.as_bytes().ct_eq(key.as_bytes()))
 }
 
 fn is_json(headers: &HeaderMap) -> bool {

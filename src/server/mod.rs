@@ -43,7 +43,6 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use subtle::ConstantTimeEq;
 use worker::{Command, Health, Shared};
 
 /// Everything `pagellm serve` is told.
@@ -172,6 +171,7 @@ async fn serve(
         allowed_origins: config.allowed_origins.clone(),
         max_body_bytes: config.max_body_bytes,
         body_timeout: config.body_timeout,
+        api_key: config.api_key.clone(),
     });
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let router = router(app.clone(), guard);
@@ -241,25 +241,15 @@ async fn shutdown_signal() {
     }
 }
 
-/// `/v1/*` needs the API key when one is set, compared in constant time.
+/// `/v1/*` needs the API key when one is set (see [`guard::key_matches`]).
 async fn authorize(
     State(app): State<Arc<AppState>>,
     headers: HeaderMap,
     req: Request,
     next: Next,
 ) -> Response {
-    if let Some(key) = &app.api_key {
-        let given = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| {
-                let (scheme, key) = v.split_once(' ')?;
-                scheme.eq_ignore_ascii_case("bearer").then_some(key.trim())
-            })
-            .unwrap_or("");
-        if !bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
-            return ApiError::unauthorized().into_response();
-        }
+    if !guard::key_matches(app.api_key.as_deref(), &headers) {
+        return ApiError::unauthorized().into_response();
     }
     next.run(req).await
 }
