@@ -671,27 +671,11 @@ fn sigterm_with_requests_in_flight_exits_cleanly() {
     });
     let client = std::thread::spawn(move || collect(&stream(&url, &long)));
     std::thread::sleep(Duration::from_millis(300));
-    let pid = s.child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
+    s.terminate();
     let got = client.join().unwrap();
     // The stream ended properly: finished within the grace period, or aborted after it.
     assert!(["length", "abort"].contains(&got[0].2.as_str()), "{got:?}");
-    let start = Instant::now();
-    let status = loop {
-        if let Some(st) = s.child.try_wait().unwrap() {
-            break st;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "still running after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(status.success(), "{status:?}");
+    s.assert_exits_cleanly();
 }
 
 #[test]

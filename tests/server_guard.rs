@@ -259,12 +259,7 @@ fn a_shutdown_answers_503_until_its_requests_are_done_or_aborted() {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(300));
-    let pid = s.child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
+    s.terminate();
     // During the grace period the listener stays open and says it is going away.
     std::thread::sleep(Duration::from_millis(200));
     let mut r = agent().get(&format!("{}/health", s.base)).call().unwrap();
@@ -286,15 +281,7 @@ fn a_shutdown_answers_503_until_its_requests_are_done_or_aborted() {
         }
     }
     assert!(results.iter().any(|(st, _)| *st == 503), "{results:?}");
-    let start = Instant::now();
-    let exit = loop {
-        if let Some(st) = s.child.try_wait().unwrap() {
-            break st;
-        }
-        assert!(start.elapsed() < Duration::from_secs(20), "still running");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(exit.success(), "{exit:?}");
+    s.assert_exits_cleanly();
 }
 
 #[test]

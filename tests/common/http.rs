@@ -31,6 +31,31 @@ impl Drop for Served {
     }
 }
 
+impl Served {
+    /// Sends the server SIGTERM (a graceful shutdown).
+    pub fn terminate(&self) {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status();
+        assert!(sent.is_ok_and(|s| s.success()), "kill -TERM {pid}");
+    }
+
+    /// Waits up to 20 s for the server to exit and asserts it exited with success.
+    pub fn assert_exits_cleanly(&mut self) {
+        let start = Instant::now();
+        let status = loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                break st;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "still running after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(status.success(), "{status:?}");
+    }
+}
+
 /// Starts `pagellm serve --port 0 ARGS`, reads the address it prints, and waits until
 /// `/health` answers 200.
 pub fn serve(binary: &str, args: &[&str]) -> Served {
