@@ -13,6 +13,8 @@
 //! - [`model`]: checkpoints, the architecture registry, the GPU model and its forward pass,
 //!   and a plain-Rust reference forward pass;
 //! - [`tokenizer`] and [`sampling`]: text in and out, and the next token from logits;
+//! - [`constrain`]: constrained decoding (JSON schemas, regexes, choices, grammars) as
+//!   per-sequence token masks, with llguidance;
 //! - [`engine`]: requests, the scheduler and the step loop; [`eval`]: teacher-forced
 //!   scoring (perplexity, KL against a baseline);
 //! - [`server`]: the OpenAI-compatible HTTP server;
@@ -20,6 +22,7 @@
 
 pub mod cache;
 pub mod cache_engine;
+pub mod constrain;
 pub mod engine;
 pub mod error;
 pub mod eval;
