@@ -370,9 +370,13 @@ fn logprobs_are_log_softmax_of_raw_logits() {
 fn top_logprob_ties_go_to_the_lower_id() {
     let top = top_logprobs(&[1.0, 3.0, 3.0, 2.0, 3.0], 4).unwrap();
     assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), [1, 2, 4, 3]);
-    let masked = top_logprobs(&[f32::NEG_INFINITY, 0.0], 2).unwrap();
-    assert_eq!(masked[0], (1, 0.0));
-    assert_eq!(masked[1], (0, f64::NEG_INFINITY));
+    // A masked token (a constraint or a ban) is never offered as an alternative: it could
+    // not have been sampled, and JSON has no -inf to report it with.
+    let masked = top_logprobs(&[f32::NEG_INFINITY, 0.0, f32::NEG_INFINITY, -1.0], 4).unwrap();
+    assert_eq!(masked.len(), 2);
+    assert_eq!(masked[0].0, 1);
+    assert_eq!(masked[1].0, 3);
+    assert!((masked[0].1.exp() + masked[1].1.exp() - 1.0).abs() < 1e-12);
 }
 
 #[test]

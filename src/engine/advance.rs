@@ -10,8 +10,11 @@ use super::output::{CompletionOutput, FinishReason, RequestEvent, RequestId, Tok
 use super::request::{completion, Group, RequestSide, SeqOutput};
 use super::scheduler::{BeamChild, Fork, NextToken, SampleOutcome, Sampled, SchedulerOutput};
 use super::step_batch::{needs_logits, ReadBack};
+use crate::constrain::Constraint;
+use crate::sampling::SamplingParams;
 use crate::sampling::{log_softmax, Sampler, SamplingError};
 use crate::tokenizer::Tokenizer;
+use std::borrow::Cow;
 
 /// What sampling one row needs besides the sequence.
 struct RowSampler<'a> {
@@ -182,9 +185,10 @@ impl RowSampler<'_> {
     ) -> Result<(u32, Option<FinishReason>)> {
         let params = &side.params;
         let (token, lp) = if needs_logits(params) {
-            let logits = self.read.logits(row).ok_or(SamplingError::EmptyLogits)?;
+            let raw = self.read.logits(row).ok_or(SamplingError::EmptyLogits)?;
+            let logits = shaped(raw, params, out.constraint.as_mut())?;
             let (prompt, output) = h.tokens.split_at(h.prompt_len);
-            let s = out.sampler.sample_after(logits, prompt, output)?;
+            let s = out.sampler.sample_after(&logits, prompt, output)?;
             let lp = params.logprobs.map(|_| TokenLogprob {
                 token_id: s.token,
                 logprob: s.logprob,
@@ -202,8 +206,16 @@ impl RowSampler<'_> {
         let delta = out.decoder.step(self.tokenizer, token)?;
         let mut update = out.stop.push(&delta);
         let eos = !params.ignore_eos && self.tokenizer.is_eos(token);
+        let stops = update.stop.is_some() || eos || params.stop_token_ids.contains(&token);
+        let complete = match out.constraint.as_mut() {
+            Some(c) if !stops => {
+                c.accept(token)?;
+                c.is_finished()
+            }
+            _ => false,
+        };
         let len = h.tokens.len() + 1;
-        let finish = if update.stop.is_some() || eos || params.stop_token_ids.contains(&token) {
+        let finish = if stops || complete {
             Some(FinishReason::Stop)
         } else if len - h.prompt_len >= params.max_tokens || len >= self.max_model_len {
             Some(FinishReason::Length)
@@ -236,9 +248,10 @@ impl RowSampler<'_> {
         seq_rows: &[(usize, usize)],
     ) -> Result<SampleOutcome<SeqOutput>> {
         let mut lp_rows = Vec::with_capacity(seq_rows.len());
-        for &(_, r) in seq_rows {
-            let logits = self.read.logits(r).ok_or(SamplingError::EmptyLogits)?;
-            lp_rows.push(log_softmax(logits)?);
+        for &(si, r) in seq_rows {
+            let raw = self.read.logits(r).ok_or(SamplingError::EmptyLogits)?;
+            let constraint = g.seqs[si].data.constraint.as_mut();
+            lp_rows.push(log_softmax(&shaped(raw, &g.data.params, constraint)?)?);
         }
         let Some(bs) = g.data.beam.as_mut() else {
             return Err(EngineError::Internal(
@@ -246,6 +259,7 @@ impl RowSampler<'_> {
             ));
         };
         let kept = bs.step(&lp_rows)?;
+        let params = &g.data.params;
         let mut done = bs.is_done();
         let mut children = Vec::with_capacity(kept.len());
         for c in kept {
@@ -254,6 +268,10 @@ impl RowSampler<'_> {
             done |= p.tokens.len() + 1 >= self.max_model_len;
             let mut data = p.data.clone();
             data.cum_logprob = c.cum_logprob;
+            let ends = self.tokenizer.is_eos(c.token) || params.stop_token_ids.contains(&c.token);
+            if let Some(constraint) = data.constraint.as_mut().filter(|_| !ends) {
+                constraint.accept(c.token)?;
+            }
             children.push(BeamChild {
                 parent,
                 token: c.token,
@@ -262,4 +280,27 @@ impl RowSampler<'_> {
         }
         Ok(SampleOutcome::Beams { children, done })
     }
+}
+
+/// The row sampling sees (`[vocab]`): the raw logits plus the request's logit bias, with
+/// every token the sequence's constraint does not allow next at -inf; the raw row itself
+/// when neither applies.
+fn shaped<'a>(
+    raw: &'a [f32],
+    params: &SamplingParams,
+    constraint: Option<&mut Constraint>,
+) -> Result<Cow<'a, [f32]>> {
+    if params.logit_bias.is_empty() && constraint.is_none() {
+        return Ok(Cow::Borrowed(raw));
+    }
+    let mut row = raw.to_vec();
+    for &(id, bias) in &params.logit_bias {
+        if let Some(x) = row.get_mut(id as usize) {
+            *x += bias;
+        }
+    }
+    if let Some(c) = constraint {
+        c.apply(&mut row)?;
+    }
+    Ok(Cow::Owned(row))
 }

@@ -18,6 +18,7 @@ use super::sequence::{GroupShape, Sequence, SequenceGroup};
 use crate::cache::{BlockManager, BlockOps, CacheConfig, CacheError, CacheStats};
 use crate::cache::{DeviceBlockId, HostBlockId};
 use crate::cache_engine::CacheEngine;
+use crate::constrain::{Compiler, Constraint, ConstraintError};
 use crate::error::GpuError;
 use crate::gpu::GpuContext;
 use crate::model::forward::Workspace;
@@ -46,6 +47,9 @@ pub enum EngineError {
     Config(String),
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// The request's constraint does not compile (or cannot be set up for this model).
+    #[error(transparent)]
+    Constraint(#[from] ConstraintError),
     /// The request was accepted but could not complete (it can never fit, or a step failed).
     #[error("request failed: {0}")]
     RequestFailed(String),
@@ -105,8 +109,10 @@ impl EngineStats {
 pub struct Engine {
     pub ctx: Arc<GpuContext>,
     pub model: GpuModel,
-    pub tokenizer: Tokenizer,
+    pub tokenizer: Arc<Tokenizer>,
     pub config: EngineConfig,
+    /// Compiles requests' constraints; built at the first constrained request.
+    compiler: Option<Compiler>,
     max_model_len: usize,
     pub(super) cache: CacheEngine,
     pub(super) ws: Workspace,
@@ -306,7 +312,8 @@ impl Engine {
             scheduler,
             ws,
             model,
-            tokenizer,
+            tokenizer: Arc::new(tokenizer),
+            compiler: None,
             max_model_len,
             config,
             ctx,
@@ -431,6 +438,7 @@ impl Engine {
                 self.config.max_num_batched_tokens
             )));
         }
+        let constraint = self.compile(&params)?;
         let id = self.next_request;
         self.next_request += 1;
         let (tx, rx) = flume::unbounded();
@@ -438,7 +446,7 @@ impl Engine {
             self.scheduler.new_seq_id(),
             0,
             &ids,
-            SeqOutput::new(&ids, &params, 0),
+            SeqOutput::new(&ids, &params, 0, constraint),
         );
         let max_len = ids.len().saturating_add(params.max_tokens);
         let side = RequestSide {
@@ -450,6 +458,21 @@ impl Engine {
         self.scheduler
             .add(SequenceGroup::new(id, shape, max_len, first, side));
         Ok(RequestHandle { id, events: rx })
+    }
+
+    /// The constraint of a request's first sequence, compiled from its structured output.
+    fn compile(&mut self, params: &crate::sampling::SamplingParams) -> Result<Option<Constraint>> {
+        let Some(spec) = &params.structured_output else {
+            return Ok(None);
+        };
+        let compiler = match &mut self.compiler {
+            Some(c) => c,
+            slot => slot.insert(Compiler::new(
+                self.tokenizer.clone(),
+                self.model.config.vocab_size,
+            )?),
+        };
+        Ok(Some(compiler.compile(spec)?))
     }
 
     /// Aborts a request at any point, freeing everything it holds. Returns false for an

@@ -1,6 +1,6 @@
 //! A request as the engine holds it: the scheduler's [`SequenceGroup`] carrying, per
-//! sequence, what turns logits into text (sampler, incremental detokenizer, stop strings,
-//! logprobs) and, per request, its parameters, its beam search and its event channel; and
+//! sequence, what turns logits into text (sampler, constraint, incremental detokenizer, stop
+//! strings, logprobs) and, per request, its parameters, its beam search and its event channel; and
 //! the caller's side of that channel.
 //!
 //! Events travel over a `flume` channel: the engine can see that the caller dropped its
@@ -10,6 +10,7 @@
 use super::output::{CompletionOutput, FinishReason, RequestEvent, RequestId, RequestOutput};
 use super::sequence::{Sequence, SequenceGroup};
 use super::EngineError;
+use crate::constrain::Constraint;
 use crate::sampling::{BeamSearch, Sampler, SamplingParams};
 use crate::tokenizer::{IncrementalDecoder, StopChecker, StopStream};
 
@@ -28,16 +29,24 @@ pub struct SeqOutput {
     pub stop: StopStream,
     pub logprobs: Vec<super::output::TokenLogprob>,
     pub cum_logprob: f64,
+    /// The request's constraint, as far as this sequence's output has advanced it.
+    pub constraint: Option<Constraint>,
 }
 
 impl SeqOutput {
-    pub fn new(prompt: &[u32], params: &SamplingParams, index: usize) -> Self {
+    pub fn new(
+        prompt: &[u32],
+        params: &SamplingParams,
+        index: usize,
+        constraint: Option<Constraint>,
+    ) -> Self {
         SeqOutput {
             sampler: Sampler::new(params.clone(), index as u64),
             decoder: IncrementalDecoder::with_prompt(prompt, true),
             stop: StopStream::new(StopChecker::new(params.stop.iter().cloned())),
             logprobs: Vec::new(),
             cum_logprob: 0.0,
+            constraint,
         }
     }
 }

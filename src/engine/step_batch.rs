@@ -80,6 +80,8 @@ impl Engine {
         let created = batch.bind_groups_created();
         batch.submit()?;
         self.host.record(host_start.elapsed(), !prefill, created);
+        self.prepare_masks(sched);
+        let ctx = &self.ctx;
         self.cache.finish(ctx, pending)?;
         ReadBack::complete(ctx, argmax, logits, n, vocab)
     }
@@ -129,6 +131,21 @@ struct Flat {
 }
 
 impl Engine {
+    /// Computes the next-token mask of every constrained sequence that samples this step,
+    /// on this thread while the GPU runs the step. A mask that fails is computed again when
+    /// the row is sampled, where the error fails its request alone.
+    fn prepare_masks(&mut self, sched: &SchedulerOutput<SeqOutput, RequestSide>) {
+        for s in sched.scheduled.iter().filter(|s| s.sample) {
+            let Some(g) = self.scheduler.get_mut(s.request_id) else {
+                continue;
+            };
+            let seq = g.seqs.iter_mut().find(|q| q.id == s.id);
+            if let Some(c) = seq.and_then(|q| q.data.constraint.as_mut()) {
+                let _ = c.prepare();
+            }
+        }
+    }
+
     /// A sequence this step scheduled; missing, it is a scheduler fault.
     fn scheduled_seq(&self, s: &ScheduledSeq) -> Result<&Sequence<SeqOutput>> {
         self.scheduler.scheduled_seq(s).ok_or_else(|| {
@@ -177,9 +194,13 @@ impl ReadBack {
     }
 }
 
-/// Greedy requests without logprobs need only the GPU's arg-max and its logprob; they take
-/// them even when other requests in the step read logits, so their output never depends on
-/// the batch.
+/// Greedy requests without logprobs, penalties, bias or constraint need only the GPU's
+/// arg-max and its logprob; they take them even when other requests in the step read logits,
+/// so their output never depends on the batch.
 pub(super) fn needs_logits(p: &crate::sampling::SamplingParams) -> bool {
-    !p.is_greedy() || p.logprobs.is_some() || p.beam_width.is_some() || p.has_penalties()
+    !p.is_greedy()
+        || p.logprobs.is_some()
+        || p.beam_width.is_some()
+        || p.has_penalties()
+        || p.shapes_logits()
 }

@@ -48,11 +48,14 @@ pub fn log_softmax(logits: &[f32]) -> Result<Vec<f64>, SamplingError> {
     Ok(logits.iter().map(|&x| f64::from(x) - lse).collect())
 }
 
-/// The `k` most likely tokens of a raw logits row with their log-probabilities.
+/// The `k` most likely tokens of a raw logits row with their log-probabilities; masked
+/// (`-inf`) tokens are never among them, so a row with fewer than `k` candidates gives
+/// fewer.
 pub fn top_logprobs(logits: &[f32], k: usize) -> Result<Vec<(u32, f64)>, SamplingError> {
     let lse = logsumexp(logits)?;
     Ok(top_k_indices(logits.len(), k, |i| f64::from(logits[i]))
         .into_iter()
+        .filter(|&i| logits[i] > f32::NEG_INFINITY)
         .map(|i| (i as u32, f64::from(logits[i]) - lse))
         .collect())
 }

@@ -6,6 +6,7 @@
 //! guess what a request meant.
 
 use super::SamplingError;
+use crate::constrain::StructuredOutput;
 use serde::{Deserialize, Serialize};
 
 /// At most this many top alternatives per token (the OpenAI API's `top_logprobs` limit, and
@@ -56,6 +57,12 @@ pub struct SamplingParams {
     /// Divides positive and multiplies negative logits of tokens in the prompt or output
     /// (vLLM's and transformers' `repetition_penalty`, > 0; 1 is off).
     pub repetition_penalty: f32,
+    /// Added to the logits of these token ids before sampling (OpenAI's `logit_bias`, each
+    /// in [-100, 100]; -100 in effect bans a token, 100 all but forces it).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// The output must match this JSON schema, regex, choice or grammar (constrained
+    /// decoding: tokens the constraint does not allow are masked before sampling).
+    pub structured_output: Option<StructuredOutput>,
 }
 
 impl Default for SamplingParams {
@@ -77,6 +84,8 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
+            logit_bias: Vec::new(),
+            structured_output: None,
         }
     }
 }
@@ -121,6 +130,12 @@ impl SamplingParams {
             || self.repetition_penalty != 1.0
     }
 
+    /// Whether the logits row is changed before sampling besides penalties: a logit bias
+    /// or a constraint's mask (then sampling needs the row, even for greedy decoding).
+    pub fn shapes_logits(&self) -> bool {
+        !self.logit_bias.is_empty() || self.structured_output.is_some()
+    }
+
     /// The top-k cut-off in effect, if any.
     pub fn effective_top_k(&self) -> Option<usize> {
         self.top_k.filter(|&k| k > 0)
@@ -139,6 +154,7 @@ impl SamplingParams {
         self.validate_outputs(vocab_size)?;
         self.validate_penalties()?;
         self.validate_stops(vocab_size)?;
+        self.validate_logit_bias(vocab_size)?;
         if let Some(width) = self.beam_width {
             self.validate_beam(width)?;
         }
@@ -242,6 +258,26 @@ impl SamplingParams {
                 format!("[.., {id}, ..]"),
                 format!("token ids must be below the vocabulary size {vocab_size}"),
             ));
+        }
+        Ok(())
+    }
+
+    fn validate_logit_bias(&self, vocab_size: usize) -> Result<(), SamplingError> {
+        for &(id, bias) in &self.logit_bias {
+            if id as usize >= vocab_size {
+                return Err(invalid(
+                    "logit_bias",
+                    format!("{{{id}: {bias}}}"),
+                    format!("token ids must be below the vocabulary size {vocab_size}"),
+                ));
+            }
+            if !in_range(bias, -100.0, 100.0) {
+                return Err(invalid(
+                    "logit_bias",
+                    format!("{{{id}: {bias}}}"),
+                    "biases must be in [-100, 100]",
+                ));
+            }
         }
         Ok(())
     }
