@@ -6,6 +6,7 @@
 use super::engine_args::EngineArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use pagellm::constrain::StructuredOutput;
 use pagellm::engine::{Engine, Prompt, RequestEvent, RequestHandle, RequestOutput};
 use pagellm::sampling::SamplingParams;
 use serde::Deserialize;
@@ -100,6 +101,18 @@ pub struct GenerateArgs {
     /// Report the chosen token's logprob and the top K alternatives.
     #[arg(long, value_name = "K")]
     logprobs: Option<usize>,
+    /// The output must be JSON valid for the JSON schema in FILE (constrained decoding).
+    #[arg(long, value_name = "FILE", group = "constraint")]
+    json_schema: Option<PathBuf>,
+    /// The output must match this regular expression in full.
+    #[arg(long, value_name = "REGEX", group = "constraint")]
+    regex: Option<String>,
+    /// The output must follow the Lark grammar in FILE (llguidance's dialect).
+    #[arg(long, value_name = "FILE", group = "constraint")]
+    grammar: Option<PathBuf>,
+    /// The output must be one of these strings (comma-separated).
+    #[arg(long, value_delimiter = ',', num_args = 1.., group = "constraint")]
+    choice: Option<Vec<String>>,
     /// One JSON object per line per request instead of text.
     #[arg(long)]
     json: bool,
@@ -130,11 +143,61 @@ struct FileRequest {
     presence_penalty: Option<f32>,
     frequency_penalty: Option<f32>,
     repetition_penalty: Option<f32>,
+    /// Constraints, as on the command line: a schema object, a regex, a list of choices, a
+    /// Lark grammar's text.
+    json_schema: Option<serde_json::Value>,
+    regex: Option<String>,
+    choice: Option<Vec<String>>,
+    grammar: Option<String>,
+}
+
+impl FileRequest {
+    /// The line's constraint, if it sets one (at most one).
+    fn structured_output(&self) -> Result<Option<StructuredOutput>> {
+        let mut set = Vec::new();
+        if let Some(s) = &self.json_schema {
+            set.push(StructuredOutput::JsonSchema(s.clone()));
+        }
+        if let Some(r) = &self.regex {
+            set.push(StructuredOutput::Regex(r.clone()));
+        }
+        if let Some(c) = &self.choice {
+            set.push(StructuredOutput::Choice(c.clone()));
+        }
+        if let Some(g) = &self.grammar {
+            set.push(StructuredOutput::Grammar(g.clone()));
+        }
+        if set.len() > 1 {
+            bail!("set at most one of json_schema, regex, choice and grammar");
+        }
+        Ok(set.pop())
+    }
 }
 
 impl GenerateArgs {
-    fn params(&self) -> SamplingParams {
-        SamplingParams {
+    /// The command line's constraint, with its files read.
+    fn structured_output(&self) -> Result<Option<StructuredOutput>> {
+        if let Some(path) = &self.json_schema {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the JSON schema {}", path.display()))?;
+            let schema = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not JSON", path.display()))?;
+            return Ok(Some(StructuredOutput::JsonSchema(schema)));
+        }
+        if let Some(path) = &self.grammar {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the grammar {}", path.display()))?;
+            return Ok(Some(StructuredOutput::Grammar(text)));
+        }
+        Ok(match (&self.regex, &self.choice) {
+            (Some(r), _) => Some(StructuredOutput::Regex(r.clone())),
+            (None, Some(c)) => Some(StructuredOutput::Choice(c.clone())),
+            (None, None) => None,
+        })
+    }
+
+    fn params(&self) -> Result<SamplingParams> {
+        Ok(SamplingParams {
             n: self.n,
             temperature: self.temperature,
             top_k: (self.top_k > 0).then_some(self.top_k),
@@ -151,48 +214,65 @@ impl GenerateArgs {
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
             repetition_penalty: self.repetition_penalty,
-        }
+            logit_bias: Vec::new(),
+            structured_output: self.structured_output()?,
+        })
     }
 
-    fn requests(&self) -> Result<Vec<(String, SamplingParams)>> {
-        let base = self.params();
+    /// Every request to run: the one prompt, or one per non-empty line of the prompts file,
+    /// each with its line number. A line that is not a valid request is an error of its own
+    /// (the other lines still run).
+    fn requests(&self) -> Result<Vec<Line>> {
+        let base = self.params()?;
         let Some(path) = &self.prompts_file else {
-            return Ok(vec![(self.prompt.clone().unwrap_or_default(), base)]);
+            let prompt = self.prompt.clone().unwrap_or_default();
+            return Ok(vec![(1, Ok((prompt, base)))]);
         };
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let mut out = Vec::new();
-        for (i, line) in text.lines().enumerate() {
-            if line.trim().is_empty() {
-                continue;
-            }
-            let r: FileRequest = serde_json::from_str(line).with_context(|| {
-                format!("{} line {}: not a valid request", path.display(), i + 1)
-            })?;
-            let p = SamplingParams {
-                max_tokens: r.max_tokens.unwrap_or(base.max_tokens),
-                temperature: r.temperature.unwrap_or(base.temperature),
-                top_p: r.top_p.unwrap_or(base.top_p),
-                top_k: r.top_k.map(|k| (k > 0).then_some(k)).unwrap_or(base.top_k),
-                min_p: r.min_p.unwrap_or(base.min_p),
-                seed: r.seed.or(base.seed),
-                n: r.n.unwrap_or(base.n),
-                beam_width: r.beam_width.or(base.beam_width),
-                stop: r.stop.unwrap_or_else(|| base.stop.clone()),
-                logprobs: r.logprobs.or(base.logprobs),
-                ignore_eos: r.ignore_eos.unwrap_or(base.ignore_eos),
-                presence_penalty: r.presence_penalty.unwrap_or(base.presence_penalty),
-                frequency_penalty: r.frequency_penalty.unwrap_or(base.frequency_penalty),
-                repetition_penalty: r.repetition_penalty.unwrap_or(base.repetition_penalty),
-                ..base.clone()
-            };
-            out.push((r.prompt, p));
-        }
+        let out: Vec<Line> = text
+            .lines()
+            .enumerate()
+            .filter(|(_, line)| !line.trim().is_empty())
+            .map(|(i, line)| (i + 1, file_request(line, &base)))
+            .collect();
         if out.is_empty() {
             bail!("{} holds no requests", path.display());
         }
         Ok(out)
     }
+}
+
+/// A request's line number and its prompt and parameters, or why the line is not a request.
+type Line = (usize, std::result::Result<(String, SamplingParams), String>);
+
+/// One prompts-file line over the command line's parameters.
+fn file_request(
+    line: &str,
+    base: &SamplingParams,
+) -> std::result::Result<(String, SamplingParams), String> {
+    let r: FileRequest =
+        serde_json::from_str(line).map_err(|e| format!("not a valid request: {e}"))?;
+    let structured = r.structured_output().map_err(|e| e.to_string())?;
+    let p = SamplingParams {
+        max_tokens: r.max_tokens.unwrap_or(base.max_tokens),
+        temperature: r.temperature.unwrap_or(base.temperature),
+        top_p: r.top_p.unwrap_or(base.top_p),
+        top_k: r.top_k.map(|k| (k > 0).then_some(k)).unwrap_or(base.top_k),
+        min_p: r.min_p.unwrap_or(base.min_p),
+        seed: r.seed.or(base.seed),
+        n: r.n.unwrap_or(base.n),
+        beam_width: r.beam_width.or(base.beam_width),
+        stop: r.stop.unwrap_or_else(|| base.stop.clone()),
+        logprobs: r.logprobs.or(base.logprobs),
+        ignore_eos: r.ignore_eos.unwrap_or(base.ignore_eos),
+        presence_penalty: r.presence_penalty.unwrap_or(base.presence_penalty),
+        frequency_penalty: r.frequency_penalty.unwrap_or(base.frequency_penalty),
+        repetition_penalty: r.repetition_penalty.unwrap_or(base.repetition_penalty),
+        structured_output: structured.or_else(|| base.structured_output.clone()),
+        ..base.clone()
+    };
+    Ok((r.prompt, p))
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
@@ -202,19 +282,33 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     };
     let requests = args.requests()?;
     let mut engine = load(&args, &dir)?;
-    let mut handles: Vec<RequestHandle> = Vec::new();
-    for (i, (prompt, params)) in requests.iter().enumerate() {
-        let h = engine
-            .add_request(Prompt::Text(prompt.clone()), params.clone())
-            .with_context(|| format!("request {}", i + 1))?;
-        handles.push(h);
+    // A line that is not a valid request, or that the engine refuses, fails alone.
+    let mut early: Vec<Outcome> = Vec::with_capacity(requests.len());
+    let mut handles: Vec<Option<RequestHandle>> = Vec::with_capacity(requests.len());
+    for (_, r) in &requests {
+        let added = r.clone().and_then(|(prompt, params)| {
+            engine
+                .add_request(Prompt::Text(prompt), params)
+                .map_err(|e| e.to_string())
+        });
+        match added {
+            Ok(h) => {
+                handles.push(Some(h));
+                early.push(None);
+            }
+            Err(msg) => {
+                handles.push(None);
+                early.push(Some(Err(msg)));
+            }
+        }
     }
-    let stream = !args.json
-        && handles.len() == 1
-        && requests[0].1.n == 1
-        && requests[0].1.beam_width.is_none();
-    if stream {
-        print!("{}", requests[0].0);
+    let single = match requests.as_slice() {
+        [(_, Ok((prompt, p)))] if p.n == 1 && p.beam_width.is_none() => Some(prompt),
+        _ => None,
+    };
+    let stream = !args.json && single.is_some() && handles[0].is_some();
+    if let Some(prompt) = single.filter(|_| stream) {
+        print!("{prompt}");
         std::io::stdout().lock().flush().ok();
     }
     let outputs = drive(&mut engine, &handles, stream)?;
@@ -223,17 +317,20 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     }
     let mut failed = 0;
     for (i, out) in outputs.into_iter().enumerate() {
+        let (line, request) = &requests[i];
+        let prompt = request.as_ref().map(|r| r.0.as_str()).unwrap_or_default();
+        let out = early[i].clone().or(out);
         match out {
             Some(Ok(out)) if args.json => println!("{}", to_json(&out)),
-            Some(Ok(out)) if !stream => print_text(i, &requests[i].0, &out, handles.len() > 1),
+            Some(Ok(out)) if !stream => print_text(i, prompt, &out, requests.len() > 1),
             Some(Ok(_)) => {}
             Some(Err(msg)) => {
                 failed += 1;
-                eprintln!("request {}: {msg}", i + 1);
+                report_failure(&args, *line, &msg);
             }
             None => {
                 failed += 1;
-                eprintln!("request {}: no output", i + 1);
+                report_failure(&args, *line, "no output");
             }
         }
     }
@@ -244,9 +341,23 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         eprintln!("\n{report}");
     }
     if failed > 0 {
-        bail!("{failed} of {} requests failed", handles.len());
+        bail!("{failed} of {} requests failed", requests.len());
     }
     Ok(())
+}
+
+/// A failed request: with `--json` an error object on its own output line (in input order,
+/// as vLLM's batch runner writes them), else a line on stderr.
+fn report_failure(args: &GenerateArgs, line: usize, msg: &str) {
+    let place = match args.prompts_file {
+        Some(_) => format!("line {line}"),
+        None => "the request".to_string(),
+    };
+    if args.json {
+        println!("{}", json!({"line": line, "error": {"message": msg}}));
+    } else {
+        eprintln!("{place}: {msg}");
+    }
 }
 
 /// Opens the model in `dir` on the adapter the environment chooses, with a progress bar
@@ -274,11 +385,16 @@ type Outcome = Option<std::result::Result<RequestOutput, String>>;
 
 /// Steps the engine until every request has ended, printing the one request's text as it
 /// streams when `stream`; returns each request's output or failure.
-fn drive(engine: &mut Engine, handles: &[RequestHandle], stream: bool) -> Result<Vec<Outcome>> {
+fn drive(
+    engine: &mut Engine,
+    handles: &[Option<RequestHandle>],
+    stream: bool,
+) -> Result<Vec<Outcome>> {
     let mut outputs: Vec<Outcome> = vec![None; handles.len()];
     let stdout = std::io::stdout();
     let drain = |outputs: &mut [Outcome], stream: bool| {
         for (i, h) in handles.iter().enumerate() {
+            let Some(h) = h else { continue };
             while let Ok(ev) = h.events.try_recv() {
                 match ev {
                     RequestEvent::Token { text, .. } if stream => {
