@@ -115,6 +115,9 @@ impl From<crate::engine::EngineError> for ApiError {
             E::Sampling(S::BeamSearchConflict { param, .. }) => {
                 ApiError::invalid(e.to_string()).with_param(*param)
             }
+            E::Constraint(crate::constrain::ConstraintError::Invalid { .. }) => {
+                ApiError::invalid(e.to_string())
+            }
             E::InvalidRequest(_) | E::Sampling(_) | E::Tokenizer(_) | E::RequestFailed(_) => {
                 ApiError::invalid(e.to_string())
             }

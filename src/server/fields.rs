@@ -3,6 +3,7 @@
 //! flattens these in and adds its own.
 
 use super::error::ApiError;
+use super::structured::Structured;
 use crate::sampling::SamplingParams;
 use serde::Deserialize;
 
@@ -18,8 +19,13 @@ pub struct StreamOptions {
     pub include_usage: Option<bool>,
 }
 
-/// Fields OpenAI defines that pagellm does not use (`user`, `suffix`, ...) are accepted and
-/// ignored, as vLLM does; a known field of the wrong type is a 400.
+/// Fields that only describe the request (OpenAI's `user`, `metadata`, `store`,
+/// `service_tier`) and change nothing in its output: accepted and not used.
+const INFORMATIVE: &[&str] = &["user", "metadata", "store", "service_tier"];
+
+/// A known field of the wrong type is a 400; so is any field this server does not implement,
+/// except the informative ones ([`INFORMATIVE`]): a field that would change the output is
+/// never dropped silently.
 #[derive(Debug, Default, Deserialize)]
 pub struct Common {
     pub model: Option<String>,
@@ -38,6 +44,12 @@ pub struct Common {
     pub repetition_penalty: Option<f32>,
     pub ignore_eos: Option<bool>,
     pub stop_token_ids: Option<Vec<u32>>,
+    /// Constraints and logit bias (`structured.rs`).
+    #[serde(flatten)]
+    pub structured: Structured,
+    /// Every field not named above or by the API's own request.
+    #[serde(flatten)]
+    pub unknown: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Common {
@@ -60,6 +72,7 @@ impl Common {
         logprobs: Option<usize>,
         default_temperature: f32,
     ) -> Result<SamplingParams, ApiError> {
+        self.check_unknown()?;
         let top_k = match self.top_k {
             None | Some(-1) | Some(0) => None,
             Some(k) if k > 0 => Some(k as usize),
@@ -89,7 +102,25 @@ impl Common {
             presence_penalty: self.presence_penalty.unwrap_or(0.0),
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
             repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
+            logit_bias: self.structured.logit_bias()?,
+            structured_output: self.structured.structured_output()?,
             ..SamplingParams::default()
         })
+    }
+
+    /// A 400 naming the first field this server does not implement.
+    fn check_unknown(&self) -> Result<(), ApiError> {
+        match self
+            .unknown
+            .keys()
+            .find(|k| !INFORMATIVE.contains(&k.as_str()))
+        {
+            Some(k) => Err(ApiError::invalid(format!(
+                "the field `{k}` is not supported by this server; without it the request \
+                 would not do what it asks, so it is refused rather than ignored"
+            ))
+            .with_param(k.clone())),
+            None => Ok(()),
+        }
     }
 }

@@ -22,6 +22,7 @@ pub mod guard;
 pub mod listen;
 mod metrics;
 mod state;
+mod structured;
 mod timing;
 pub mod worker;
 

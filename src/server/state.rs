@@ -150,7 +150,7 @@ impl AppState {
         self.engine
             .send(Command::Add {
                 prompt,
-                params,
+                params: Box::new(params),
                 reply,
             })
             .map_err(|_| ApiError::unavailable("the engine has stopped"))?;

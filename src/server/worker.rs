@@ -17,7 +17,8 @@ pub enum Command {
     /// Queue a request; the reply carries its handle or the reason it was refused.
     Add {
         prompt: Prompt,
-        params: SamplingParams,
+        /// Boxed: the parameters (a constraint's schema among them) dwarf every other command.
+        params: Box<SamplingParams>,
         reply: oneshot::Sender<Result<RequestHandle, crate::engine::EngineError>>,
     },
     /// Abort every pending request (the end of a graceful shutdown's grace period).
@@ -194,7 +195,7 @@ fn handle(engine: &mut Engine, cmd: Command, aborting: &mut bool) -> bool {
             params,
             reply,
         } => {
-            let _ = reply.send(engine.add_request(prompt, params));
+            let _ = reply.send(engine.add_request(prompt, *params));
             true
         }
         Command::AbortAll => {
