@@ -2,7 +2,7 @@
 //! token ids) for every template and conversation in `tests/fixtures/chat/expected.json`
 //! (made by `tools/make_chat_fixtures.py`), including the template's own error.
 
-use pagellm::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+use pagellm::tokenizer::{ChatMessage, ChatTemplate, RenderOptions, Tokenizer};
 use serde_json::Value;
 use std::path::Path;
 
@@ -16,8 +16,9 @@ fn messages(v: &Value) -> Vec<ChatMessage> {
         .unwrap()
         .iter()
         .map(|m| ChatMessage {
-            role: m["role"].as_str().unwrap().into(),
-            content: m["content"].as_str().unwrap().into(),
+            tool_calls: m.get("tool_calls").map(|c| c.as_array().unwrap().clone()),
+            tool_call_id: m.get("tool_call_id").map(|c| c.as_str().unwrap().into()),
+            ..ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap())
         })
         .collect()
 }
@@ -73,4 +74,48 @@ fn a_folder_without_a_template_is_a_clear_error() {
         "{e}"
     );
     assert!(ChatTemplate::new("{% if %}", "", "").is_err());
+}
+
+/// Templates that take tools (`tools_expected.json`): signatures written with `tojson` (and
+/// `tojson(indent=4)`) exactly as Python's `json.dumps` writes them, assistant turns with
+/// calls, `tool` results, and keyword arguments such as `enable_thinking`.
+#[test]
+fn tool_templates_render_as_transformers_renders_them() {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat/tools_expected.json");
+    let f: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    let (bos, eos) = (
+        f["bos_token"].as_str().unwrap(),
+        f["eos_token"].as_str().unwrap(),
+    );
+    let tools = f["tools"].as_array().unwrap().clone();
+    let mut checked = 0;
+    for case in f["cases"].as_array().unwrap() {
+        let name = case["template"].as_str().unwrap();
+        let t = ChatTemplate::new(f["templates"][name].as_str().unwrap(), bos, eos).unwrap();
+        let msgs = messages(&f["conversations"][case["conversation"].as_u64().unwrap() as usize]);
+        let options = RenderOptions {
+            add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap(),
+            tools: case["tools"].as_bool().unwrap().then(|| tools.clone()),
+            kwargs: case["kwargs"].as_object().unwrap().clone(),
+        };
+        let got = t.render_with(&msgs, &options).unwrap();
+        assert_eq!(got, case["text"].as_str().unwrap(), "{name}: {case}");
+        checked += 1;
+    }
+    assert_eq!(checked, 20);
+}
+
+#[test]
+fn keyword_arguments_cannot_replace_the_request() {
+    let t = ChatTemplate::new("{{ messages | length }}", "", "").unwrap();
+    let mut kwargs = serde_json::Map::new();
+    kwargs.insert("messages".into(), Value::Array(Vec::new()));
+    let options = RenderOptions {
+        kwargs,
+        ..RenderOptions::default()
+    };
+    let e = t
+        .render_with(&[ChatMessage::new("user", "hi")], &options)
+        .unwrap_err();
+    assert!(e.to_string().contains("`messages`"), "{e}");
 }

@@ -178,10 +178,7 @@ fn a_gguf_model_path_finds_its_tokenizer_and_chat_template_in_the_file() {
     let tok = open_tokenizer(&path).unwrap();
     assert_eq!(tok.vocab_size(), 400);
     let template = open_chat_template(&path).unwrap();
-    let messages = [ChatMessage {
-        role: "user".into(),
-        content: "hi".into(),
-    }];
+    let messages = [ChatMessage::new("user", "hi")];
     assert_eq!(
         template.render(&messages, true).unwrap(),
         "<s>user: hi</s><s>assistant:"

@@ -18,6 +18,12 @@ conversation, with and without add_generation_prompt, expected.json holds the te
 transformers renders (`apply_chat_template(..., tokenize=False)`) and the token ids it
 gives (`tokenize=True`: the rendered text encoded without adding special tokens), or the
 error message when the template raises.
+
+tools_expected.json does the same for templates that take tools: "hermes" (tool signatures
+in a system block, calls written as <tool_call> JSON, results as <tool_response> turns, and
+an `enable_thinking` keyword argument as Qwen3 templates have) and "json_tools" (signatures
+written with `tojson(indent=4)`), rendered with and without tools, calls, results and
+keyword arguments.
 """
 
 import json
@@ -85,6 +91,149 @@ CONVERSATIONS = [
 ]
 
 
+TOOL_TEMPLATES = {
+    "hermes": """{%- if tools %}
+{{- '<|im_start|>system\\n' }}
+{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}
+{{- 'You may call functions. Their signatures, one JSON object per line, are inside <tools></tools>:\\n<tools>' }}
+{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}
+{{- '\\n</tools>\\n\\nTo call one, write its name and arguments as JSON inside <tool_call></tool_call>:\\n<tool_call>\\n{\"name\": <name>, \"arguments\": <object>}\\n</tool_call><|im_end|>\\n' }}
+{%- elif messages[0].role == 'system' %}
+{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+  {%- if message.role == 'system' %}
+  {%- elif message.role == 'assistant' and message.tool_calls is defined %}
+    {{- '<|im_start|>assistant' }}
+    {%- if message.content %}{{- '\\n' + message.content }}{%- endif %}
+    {%- for call in message.tool_calls %}
+      {%- set f = call.function %}
+      {{- '\\n<tool_call>\\n{\"name\": \"' + f.name + '\", \"arguments\": ' + (f.arguments | tojson) + '}\\n</tool_call>' }}
+    {%- endfor %}
+    {{- '<|im_end|>\\n' }}
+  {%- elif message.role == 'tool' %}
+    {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
+    {{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}
+    {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}
+  {%- else %}
+    {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
+  {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+  {{- '<|im_start|>assistant\\n' }}
+  {%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}
+{%- endif %}""",
+    "json_tools": """{{- bos_token }}
+{%- if tools is not none %}
+{{- '<|start_header_id|>system<|end_header_id|>\\n\\nAnswer with a call: {\"name\": ..., \"parameters\": ...}.\\n\\n' }}
+{%- for t in tools %}{{- t | tojson(indent=4) }}{{- '\\n\\n' }}{%- endfor %}
+{{- '<|eot_id|>' }}
+{%- endif %}
+{%- for m in messages %}
+{%- if m.role == 'assistant' and m.tool_calls is defined %}
+{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+{%- for c in m.tool_calls %}{{- '{\"name\": \"' + c.function.name + '\", \"parameters\": ' + (c.function.arguments | tojson) + '}' }}{%- endfor %}
+{{- '<|eot_id|>' }}
+{%- elif m.role == 'tool' %}
+{{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + m.content + '<|eot_id|>' }}
+{%- else %}
+{{- '<|start_header_id|>' + m.role + '<|end_header_id|>\\n\\n' + m.content + '<|eot_id|>' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}""",
+}
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city, now.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "description": "For example Zürich"},
+                    "unit": {"type": "string", "enum": ["c", "f"]},
+                },
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
+            },
+        },
+    },
+]
+
+TOOL_CONVERSATIONS = [
+    [{"role": "user", "content": "Is it raining in Oslo?"}],
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Zürich and news about it?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_a1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Zürich", "unit": "c"}},
+                },
+                {
+                    "id": "call_b2",
+                    "type": "function",
+                    "function": {"name": "search", "arguments": {"query": "Zürich \"news\"", "limit": 3}},
+                },
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_a1", "content": "{\"temp\": 4.5}"},
+        {"role": "tool", "tool_call_id": "call_b2", "content": "[]"},
+        {"role": "user", "content": "Thanks"},
+    ],
+]
+
+# (tools?, conversation, keyword arguments)
+TOOL_CASES = [
+    (True, 0, {}),
+    (True, 1, {}),
+    (False, 0, {}),
+    (False, 0, {"enable_thinking": False}),
+    (True, 1, {"enable_thinking": True}),
+]
+
+
+def tool_cases(tok):
+    cases = []
+    for name, template in TOOL_TEMPLATES.items():
+        for with_tools, ci, kwargs in TOOL_CASES:
+            for agp in (True, False):
+                text = tok.apply_chat_template(
+                    TOOL_CONVERSATIONS[ci],
+                    tools=TOOLS if with_tools else None,
+                    chat_template=template,
+                    tokenize=False,
+                    add_generation_prompt=agp,
+                    **kwargs,
+                )
+                cases.append(
+                    {
+                        "template": name,
+                        "tools": with_tools,
+                        "conversation": ci,
+                        "kwargs": kwargs,
+                        "add_generation_prompt": agp,
+                        "text": text,
+                    }
+                )
+    return cases
+
+
 def main():
     src = ROOT / "tests" / "fixtures" / "llama-gqa" / "tokenizer.json"
     tok = PreTrainedTokenizerFast(tokenizer_file=str(src), bos_token="<s>", eos_token="</s>")
@@ -129,6 +278,19 @@ def main():
     }
     (OUT / "expected.json").write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
     print(f"wrote {len(cases)} cases to {OUT / 'expected.json'}")
+    tools = tool_cases(tok)
+    doc = {
+        "note": "chat templates with tools rendered by transformers' apply_chat_template; see tools/make_chat_fixtures.py",
+        "transformers": transformers.__version__,
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "templates": TOOL_TEMPLATES,
+        "tools": TOOLS,
+        "conversations": TOOL_CONVERSATIONS,
+        "cases": tools,
+    }
+    (OUT / "tools_expected.json").write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+    print(f"wrote {len(tools)} cases to {OUT / 'tools_expected.json'}")
 
 
 if __name__ == "__main__":

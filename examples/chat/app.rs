@@ -679,10 +679,7 @@ fn history(turns: &[Turn]) -> Vec<ChatMessage> {
                 last.content.push('\n');
                 last.content.push_str(&t.text);
             }
-            _ => out.push(ChatMessage {
-                role: role.into(),
-                content: t.text.clone(),
-            }),
+            _ => out.push(ChatMessage::new(role, &t.text)),
         }
     }
     out

@@ -83,10 +83,7 @@ impl ChatRequest {
                         text
                     }
                 };
-                Ok(ChatMessage {
-                    role: m.role.clone(),
-                    content,
-                })
+                Ok(ChatMessage::new(&m.role, &content))
             })
             .collect()
     }

@@ -2,8 +2,10 @@
 //! `tokenizer_config.json`, or a `chat_template.jinja` file) turning a list of messages
 //! into the prompt text, rendered with `minijinja` the way transformers renders it
 //! (`apply_chat_template`: blocks trimmed and left-stripped, `bos_token`, `eos_token`,
-//! `add_generation_prompt`, `raise_exception`, Python string methods). Checked against
-//! transformers' own renderings in `tests/fixtures/chat`.
+//! `add_generation_prompt`, `tools`, extra keyword arguments such as `enable_thinking`,
+//! `raise_exception`, Python string methods, and a `tojson` that writes what Python's
+//! `json.dumps` writes). Checked against transformers' own renderings in
+//! `tests/fixtures/chat`.
 
 use minijinja::{Environment, Error, ErrorKind};
 use serde::Serialize;
@@ -26,12 +28,54 @@ pub enum ChatTemplateError {
     Render(String),
 }
 
-/// One message as chat templates see it.
-#[derive(Clone, Debug, Serialize)]
+/// One message as chat templates see it. The tool fields are left out of the template's
+/// view when absent, so that `message.tool_calls is defined` means what it says.
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// An assistant turn's calls, OpenAI-shaped (`{"id", "type", "function": {"name",
+    /// "arguments"}}`), with `arguments` as a JSON object where it parses, as transformers'
+    /// templates expect.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A `tool` turn: the call it answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
+
+impl ChatMessage {
+    pub fn new(role: &str, content: &str) -> Self {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+            ..Self::default()
+        }
+    }
+}
+
+/// What a rendering is given besides the messages.
+#[derive(Clone, Debug, Default)]
+pub struct RenderOptions {
+    /// Open the assistant's turn.
+    pub add_generation_prompt: bool,
+    /// The tools the model may call, OpenAI-shaped (`{"type": "function", "function":
+    /// {...}}`); the template sees `none` without them, as under transformers.
+    pub tools: Option<Vec<serde_json::Value>>,
+    /// Extra variables (`chat_template_kwargs`, e.g. Qwen3's `enable_thinking`).
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Names a rendering sets itself, which `chat_template_kwargs` may not replace.
+pub const RESERVED_TEMPLATE_NAMES: &[&str] = &[
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+];
 
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -97,6 +141,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
+        env.add_filter("tojson", py_tojson);
         env.add_template_owned("chat", source.to_string())
             .map_err(|e| ChatTemplateError::Syntax(e.to_string()))?;
         Ok(ChatTemplate {
@@ -113,23 +158,123 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ChatTemplateError> {
+        let options = RenderOptions {
+            add_generation_prompt,
+            ..RenderOptions::default()
+        };
+        self.render_with(messages, &options)
+    }
+
+    /// The prompt text for `messages` with tools and extra variables.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        options: &RenderOptions,
+    ) -> Result<String, ChatTemplateError> {
+        if let Some(k) = options
+            .kwargs
+            .keys()
+            .find(|k| RESERVED_TEMPLATE_NAMES.contains(&k.as_str()))
+        {
+            return Err(ChatTemplateError::Render(format!(
+                "`{k}` is set by the request itself and cannot be a template keyword argument"
+            )));
+        }
         let tmpl = self
             .env
             .get_template("chat")
             .map_err(|e| ChatTemplateError::Syntax(e.to_string()))?;
-        tmpl.render(minijinja::context! {
+        let own = minijinja::context! {
             messages => minijinja::Value::from(minijinja::value::Serde(messages)),
-            add_generation_prompt => add_generation_prompt,
+            tools => minijinja::Value::from(minijinja::value::Serde(&options.tools)),
+            add_generation_prompt => options.add_generation_prompt,
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),
-        })
-        .map_err(|e| {
-            // The template's own message, without minijinja's location noise.
-            let msg = match e.detail() {
-                Some(d) => d.to_string(),
-                None => e.to_string(),
-            };
-            ChatTemplateError::Render(msg)
-        })
+        };
+        let extra = minijinja::Value::from(minijinja::value::Serde(&options.kwargs));
+        tmpl.render(minijinja::context! { ..own, ..extra })
+            .map_err(|e| {
+                // The template's own message, without minijinja's location noise.
+                let msg = match e.detail() {
+                    Some(d) => d.to_string(),
+                    None => e.to_string(),
+                };
+                ChatTemplateError::Render(msg)
+            })
+    }
+
+    /// The template's BOS and EOS token strings.
+    pub fn special_tokens(&self) -> (&str, &str) {
+        (&self.bos_token, &self.eos_token)
+    }
+}
+
+/// Jinja's `tojson` as transformers defines it: Python's `json.dumps` with non-ASCII kept,
+/// `", "` and `": "` separators, keys in their given order, and `indent` for pretty output
+/// (minijinja's own filter writes compact JSON with HTML escapes, which would change the
+/// prompt a model was trained on).
+fn py_tojson(
+    value: minijinja::Value,
+    kwargs: minijinja::value::Kwargs,
+) -> Result<minijinja::Value, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    kwargs.assert_all_used()?;
+    let json = serde_json::to_value(&value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let mut out = Vec::new();
+    let written = match indent {
+        Some(n) => {
+            let pad = vec![b' '; n];
+            let fmt = serde_json::ser::PrettyFormatter::with_indent(&pad);
+            serde::Serialize::serialize(
+                &json,
+                &mut serde_json::Serializer::with_formatter(&mut out, fmt),
+            )
+        }
+        None => serde::Serialize::serialize(
+            &json,
+            &mut serde_json::Serializer::with_formatter(&mut out, PySpaced),
+        ),
+    };
+    written.map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    Ok(minijinja::Value::from_safe_string(
+        String::from_utf8(out)
+            .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?,
+    ))
+}
+
+/// `json.dumps`'s default layout: one space after each `,` and `:`.
+struct PySpaced;
+
+impl serde_json::ser::Formatter for PySpaced {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+    ) -> std::io::Result<()> {
+        writer.write_all(b": ")
     }
 }

@@ -19,7 +19,9 @@ mod incremental;
 mod special;
 mod stop;
 
-pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateError};
+pub use chat_template::{
+    ChatMessage, ChatTemplate, ChatTemplateError, RenderOptions, RESERVED_TEMPLATE_NAMES,
+};
 pub use error::TokenizerError;
 pub use hf_tokenizer::Tokenizer;
 pub use incremental::IncrementalDecoder;
