@@ -89,11 +89,29 @@ fn field_value(rng: &mut ChaCha8Rng, field: &str) -> Value {
         "seed" => json!(rng.random::<u32>()),
         "stream_options" => json!({"include_usage": rng.random_bool(0.5)}),
         "model" => json!("llama-gqa"),
+        "response_format" => match rng.random_range(0..3) {
+            0 => json!({"type": "json_object"}),
+            1 => json!({"type": "json_schema", "json_schema": {"name": "x",
+                        "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}}),
+            _ => json!({"type": "text"}),
+        },
+        "structured_outputs" => json!({"choice": ["yes", "no"]}),
+        "guided_choice" => json!(["a", "b"]),
+        "guided_regex" => json!(["[0-9]+", "(", "a{2,3}"].choose(rng).unwrap()),
+        "guided_json" => json!({"type": "array", "items": {"type": "boolean"}}),
+        "guided_grammar" => json!("start: \"x\"+"),
+        "tools" => json!([{"type": "function", "function": {"name": "f",
+                           "parameters": {"type": "object"}}}]),
+        "tool_choice" => json!(["none", "auto", "required"].choose(rng).unwrap()),
+        "tokens" => json!([1, rng.random_range(0..600)]),
+        "logit_bias" => {
+            json!({rng.random_range(0..600).to_string(): rng.random::<f64>() * 300.0 - 150.0})
+        }
         _ => json!(rng.random_bool(0.5)),
     }
 }
 
-const FIELDS: [&str; 28] = [
+const FIELDS: [&str; 38] = [
     "prompt",
     "messages",
     "max_tokens",
@@ -122,6 +140,16 @@ const FIELDS: [&str; 28] = [
     "add_generation_prompt",
     "response_format",
     "logit_bias",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "chat_template_kwargs",
+    "tokens",
 ];
 
 /// One request: (method, path, headers, body).
@@ -133,6 +161,8 @@ fn request(rng: &mut ChaCha8Rng) -> (String, String, String, Vec<u8>) {
         "/v1/chat/completions",
         "/v1/chat/completions",
         "/v1/models",
+        "/tokenize",
+        "/detokenize",
         "/health",
         "/metrics",
         "/v1/embeddings",
@@ -142,7 +172,7 @@ fn request(rng: &mut ChaCha8Rng) -> (String, String, String, Vec<u8>) {
     ];
     let path = paths.choose(rng).unwrap().to_string();
     let method = if rng.random_bool(0.9) {
-        if path.contains("completions") {
+        if path.contains("completions") || path.contains("tokenize") {
             "POST"
         } else {
             "GET"
@@ -165,7 +195,8 @@ fn request(rng: &mut ChaCha8Rng) -> (String, String, String, Vec<u8>) {
             if !m.contains_key("prompt") && rng.random_bool(0.7) {
                 m.insert("prompt".into(), json!("the cat"));
             }
-            if !m.contains_key("messages") && path.contains("chat") && rng.random_bool(0.7) {
+            let chatty = path.contains("chat") || path == "/tokenize";
+            if !m.contains_key("messages") && chatty && rng.random_bool(0.7) {
                 m.insert("messages".into(), field_value(rng, "messages"));
             }
             Value::Object(m).to_string().into_bytes()

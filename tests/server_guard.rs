@@ -228,7 +228,8 @@ fn a_shutdown_answers_503_until_its_requests_are_done_or_aborted() {
     if skip() {
         return;
     }
-    // One sequence at a time, so three 250-token requests take several times the grace.
+    // One sequence at a time, so sixteen 250-token requests (4000 decode steps) take
+    // several times the grace even on a fast machine; three did not.
     let mut s = serve(
         env!("CARGO_BIN_EXE_pagellm"),
         &[
@@ -242,7 +243,7 @@ fn a_shutdown_answers_503_until_its_requests_are_done_or_aborted() {
     );
     let url = format!("{}/v1/completions", s.base);
     let body = r#"{"prompt": "x", "max_tokens": 250, "temperature": 0, "ignore_eos": true}"#;
-    let clients: Vec<_> = (0..3)
+    let clients: Vec<_> = (0..16)
         .map(|_| {
             let url = url.clone();
             std::thread::spawn(move || {

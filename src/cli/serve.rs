@@ -5,7 +5,7 @@ use super::generate::default_model_dir;
 use anyhow::{Context, Result};
 use clap::Args;
 use pagellm::server::listen::ConnLimits;
-use pagellm::server::{self, ServerConfig};
+use pagellm::server::{self, AutoToolChoice, ServerConfig, ToolParser};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -55,11 +55,30 @@ pub struct ServeArgs {
     /// Most connections open at once; more clients wait to be accepted.
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
+    /// A Jinja chat template file to use instead of the model's own (the model's BOS and
+    /// EOS strings are kept).
+    #[arg(long)]
+    chat_template: Option<PathBuf>,
+    /// Let the model decide when to call tools (`tool_choice: auto`, the default when a
+    /// request sends `tools`); needs --tool-call-parser.
+    #[arg(long)]
+    enable_auto_tool_choice: bool,
+    /// How calls are read from what the model writes under `tool_choice: auto`: hermes
+    /// (`<tool_call>` blocks: Hermes, Qwen2.5, Qwen3), llama3_json (Llama 3.1-3.3) or
+    /// mistral (`[TOOL_CALLS]`).
+    #[arg(long)]
+    tool_call_parser: Option<ToolParser>,
     #[command(flatten)]
     engine: EngineArgs,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
+    if args.enable_auto_tool_choice && args.tool_call_parser.is_none() {
+        anyhow::bail!(
+            "--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json or mistral) \
+             to read the model's calls"
+        );
+    }
     let config = ServerConfig {
         model_dir: match args.model.clone() {
             Some(d) => d,
@@ -79,6 +98,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
         connections: ConnLimits {
             header_timeout: seconds("--header-timeout-secs", args.header_timeout_secs)?,
             max_connections: args.max_connections.max(1),
+        },
+        chat_template: args.chat_template.clone(),
+        auto_tools: AutoToolChoice {
+            parser: args.tool_call_parser,
+            enabled: args.enable_auto_tool_choice,
         },
     };
     let name = config.model_name();

@@ -3,21 +3,24 @@
 //! fields (`max_tokens` or `max_completion_tokens`, `temperature`, `top_p`, `n`, `stop`,
 //! `seed`, `logprobs` with `top_logprobs`, the penalties, `stream`, `stream_options`) and
 //! vLLM's (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `stop_token_ids`,
-//! `add_generation_prompt`). Streaming sends the assistant role in each choice's first
-//! chunk, then content deltas.
+//! `add_generation_prompt`, `chat_template_kwargs`), and tools (`tools`, `tool_choice`,
+//! `parallel_tool_calls`; see `tools.rs`). Streaming sends the assistant role in each
+//! choice's first chunk, then content (or tool-call) deltas.
 
 use super::completions::{now_secs, stream_response, whole_response, Api, Ctx};
 use super::error::ApiError;
 use super::fields::Common;
 use super::state::AppState;
+use super::tools::{self, Tool, ToolChoice};
 use crate::engine::Prompt;
 use crate::sampling::SamplingParams;
-use crate::tokenizer::ChatMessage;
+use crate::tokenizer::{ChatMessage, RenderOptions};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
+use serde_json::{Map, Value};
 use std::sync::Arc;
 
 /// Message content: a string, or OpenAI's list of parts (text parts are joined).
@@ -39,6 +42,11 @@ pub struct Part {
 pub struct Message {
     pub role: String,
     pub content: Option<Content>,
+    /// An assistant turn's calls (OpenAI's shape, `arguments` a JSON string).
+    pub tool_calls: Option<Vec<Value>>,
+    /// A `tool` turn: the call it answers.
+    pub tool_call_id: Option<String>,
+    pub name: Option<String>,
 }
 
 /// The request body: the shared fields, and the chat API's own.
@@ -53,41 +61,85 @@ pub struct ChatRequest {
     pub top_logprobs: Option<usize>,
     /// vLLM: open the assistant's turn (default true).
     pub add_generation_prompt: Option<bool>,
+    pub tools: Option<Vec<Tool>>,
+    pub tool_choice: Option<ToolChoice>,
+    pub parallel_tool_calls: Option<bool>,
+    /// vLLM: extra template variables (Qwen3's `enable_thinking`, ...).
+    pub chat_template_kwargs: Option<Map<String, Value>>,
+}
+
+/// The request's messages as the template sees them; content parts other than text are a
+/// 400.
+pub(super) fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid("`messages` is empty").with_param("messages"));
+    }
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let content = match &m.content {
+                None => String::new(),
+                Some(Content::Text(t)) => t.clone(),
+                Some(Content::Parts(parts)) => text_parts(i, parts)?,
+            };
+            Ok(ChatMessage {
+                tool_calls: m.tool_calls.as_deref().map(tools::template_calls),
+                tool_call_id: m.tool_call_id.clone(),
+                name: m.name.clone(),
+                ..ChatMessage::new(&m.role, &content)
+            })
+        })
+        .collect()
+}
+
+fn text_parts(i: usize, parts: &[Part]) -> Result<String, ApiError> {
+    let mut text = String::new();
+    for p in parts {
+        match (p.kind.as_str(), &p.text) {
+            ("text", Some(t)) => text.push_str(t),
+            (kind, _) => {
+                return Err(ApiError::invalid(format!(
+                    "message {i}: content parts of type `{kind}` are not supported (text only)"
+                ))
+                .with_param("messages"))
+            }
+        }
+    }
+    Ok(text)
+}
+
+/// The token ids of `messages` rendered with the chat template, off the async threads.
+pub(super) async fn render_ids(
+    app: &Arc<AppState>,
+    messages: Vec<ChatMessage>,
+    options: RenderOptions,
+) -> Result<Vec<u32>, ApiError> {
+    if let Err(why) = &app.chat_template {
+        return Err(ApiError::invalid(why.clone()).with_param("messages"));
+    }
+    let worker = app.clone();
+    tokio::task::spawn_blocking(move || -> Result<Vec<u32>, ApiError> {
+        let template = worker
+            .chat_template
+            .as_ref()
+            .map_err(|w| ApiError::invalid(w.clone()))?;
+        let text = template
+            .render_with(&messages, &options)
+            .map_err(|e| ApiError::invalid(e.to_string()).with_param("messages"))?;
+        worker
+            .check_text_length(text.len())
+            .map_err(|e| e.with_param("messages"))?;
+        worker
+            .tokenizer
+            .encode_plain(&text)
+            .map_err(|e| ApiError::invalid(e.to_string()))
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))?
 }
 
 impl ChatRequest {
-    fn messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
-        if self.messages.is_empty() {
-            return Err(ApiError::invalid("`messages` is empty").with_param("messages"));
-        }
-        self.messages
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                let content = match &m.content {
-                    None => String::new(),
-                    Some(Content::Text(t)) => t.clone(),
-                    Some(Content::Parts(parts)) => {
-                        let mut text = String::new();
-                        for p in parts {
-                            match (p.kind.as_str(), &p.text) {
-                                ("text", Some(t)) => text.push_str(t),
-                                (kind, _) => {
-                                    return Err(ApiError::invalid(format!(
-                                        "message {i}: content parts of type `{kind}` are not supported (text only)"
-                                    ))
-                                    .with_param("messages"))
-                                }
-                            }
-                        }
-                        text
-                    }
-                };
-                Ok(ChatMessage::new(&m.role, &content))
-            })
-            .collect()
-    }
-
     /// The engine's parameters; without a token limit, 0 stands for "the rest of the
     /// context", which the handler sets once it knows the prompt's length.
     fn sampling_params(&self) -> Result<SamplingParams, ApiError> {
@@ -110,32 +162,30 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let req: ChatRequest = app.parse_body(body)?;
     app.check_model(req.common.model.as_deref())?;
-    if let Err(why) = &app.chat_template {
-        return Err(ApiError::invalid(why.clone()).with_param("messages"));
-    }
-    let messages = req.messages()?;
+    let messages = chat_messages(&req.messages)?;
     let mut params = req.sampling_params()?;
-    // Rendering and tokenizing run off the async threads.
-    let agp = req.add_generation_prompt.unwrap_or(true);
-    let worker = app.clone();
-    let ids = tokio::task::spawn_blocking(move || -> Result<Vec<u32>, ApiError> {
-        let template = worker
-            .chat_template
-            .as_ref()
-            .map_err(|w| ApiError::invalid(w.clone()))?;
-        let text = template
-            .render(&messages, agp)
-            .map_err(|e| ApiError::invalid(e.to_string()).with_param("messages"))?;
-        worker
-            .check_text_length(text.len())
-            .map_err(|e| e.with_param("messages"))?;
-        worker
-            .tokenizer
-            .encode_plain(&text)
-            .map_err(|e| ApiError::invalid(e.to_string()))
-    })
-    .await
-    .map_err(|e| ApiError::internal(e.to_string()))??;
+    let plan = tools::plan(
+        req.tools.as_deref(),
+        req.tool_choice.as_ref(),
+        req.parallel_tool_calls,
+        app.auto_tools,
+    )?;
+    if let Some(c) = plan.constraint {
+        if params.structured_output.is_some() {
+            return Err(ApiError::invalid(
+                "tool_choice `required` or a named function constrains the output itself; \
+                 send it without response_format, structured_outputs or guided_*",
+            )
+            .with_param("tool_choice"));
+        }
+        params.structured_output = Some(c);
+    }
+    let options = RenderOptions {
+        add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
+        tools: plan.template_tools,
+        kwargs: req.chat_template_kwargs.clone().unwrap_or_default(),
+    };
+    let ids = render_ids(&app, messages, options).await?;
     if req.max_completion_tokens.or(req.max_tokens).is_none() {
         let context = app.shared.max_model_len.lock().ok().and_then(|m| *m);
         params.max_tokens = context.map_or(16, |c| c.saturating_sub(ids.len()).max(1));
@@ -150,6 +200,7 @@ pub async fn chat_completions(
         n: params.n,
         echoes: vec![String::new()],
         logprobs: params.logprobs.is_some(),
+        tools: plan.mode,
     };
     if req.common.streamed() {
         let usage = req.common.include_usage();

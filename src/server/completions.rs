@@ -11,6 +11,7 @@ use super::error::ApiError;
 use super::fields::Common;
 use super::state::{AppState, InFlight};
 use super::timing::Timing;
+use super::tools::{self, ToolMode, ToolStream};
 use crate::engine::{FinishReason, Prompt, RequestEvent, RequestOutput, TokenLogprob};
 use crate::sampling::SamplingParams;
 use axum::body::Bytes;
@@ -124,6 +125,7 @@ pub async fn completions(
         n: params.n,
         echoes,
         logprobs: params.logprobs.is_some(),
+        tools: None,
     };
     if req.common.streamed() {
         let usage = req.common.include_usage();
@@ -150,6 +152,8 @@ pub(super) struct Ctx {
     /// Per prompt: the text `echo` puts before each of its choices (empty without echo).
     pub echoes: Vec<String>,
     pub logprobs: bool,
+    /// Chat: how the output is read as tool calls (`None`: plain text).
+    pub tools: Option<ToolMode>,
 }
 
 impl Ctx {
@@ -230,18 +234,35 @@ impl Ctx {
     }
 
     /// Choice `c` of a whole (non-streamed) response.
-    fn whole_choice(&self, c: usize, text: String, logprobs: Value, reason: &str) -> Value {
+    fn whole_choice(&self, c: usize, text: String, logprobs: Value, reason: &'static str) -> Value {
         match self.api {
             Api::Completions => {
                 json!({"index": c, "text": text, "logprobs": logprobs, "finish_reason": reason})
             }
-            Api::Chat => json!({
-                "index": c,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs,
-                "finish_reason": reason,
-            }),
+            Api::Chat => {
+                let (message, reason) = self.chat_message(text, reason);
+                json!({
+                    "index": c,
+                    "message": message,
+                    "logprobs": logprobs,
+                    "finish_reason": reason,
+                })
+            }
         }
+    }
+
+    /// A chat choice's message and finish reason: the text, or the calls read from it.
+    fn chat_message(&self, text: String, reason: &'static str) -> (Value, &'static str) {
+        let Some(mode) = &self.tools else {
+            return (json!({"role": "assistant", "content": text}), reason);
+        };
+        let reply = mode.reply(&text);
+        let mut message = json!({"role": "assistant", "content": reply.content});
+        let had_calls = !reply.calls.is_empty();
+        if had_calls {
+            message["tool_calls"] = tools::calls_json(mode, &reply.calls);
+        }
+        (message, mode.finish_reason(had_calls, reason))
     }
 
     fn chunk(&self, choices: Vec<Value>) -> Value {
@@ -368,6 +389,11 @@ struct Streamed {
     timings: Vec<Timing>,
     /// Per choice: bytes of text sent so far (for logprob offsets).
     sent: Vec<usize>,
+    /// Chat with tools, per choice: the reading of its output as calls.
+    tool_streams: Vec<Option<ToolStream>>,
+    /// Per choice: logprobs of tokens whose text a tool stream holds back, sent with the
+    /// next delta.
+    held_logprobs: Vec<Vec<TokenLogprob>>,
     open: usize,
     prompt_tokens: usize,
     completion_tokens: usize,
@@ -391,11 +417,16 @@ pub(super) fn stream_response(
             .enumerate()
             .map(|(pi, h)| h.events.into_stream().map(move |ev| (pi, ev)).boxed()),
     );
+    let tool_streams = (0..choices)
+        .map(|_| ctx.tools.clone().map(ToolStream::new))
+        .collect();
     let state = Streamed {
         ctx,
         events,
         timings,
         sent: vec![0; choices],
+        tool_streams,
+        held_logprobs: vec![Vec::new(); choices],
         open,
         prompt_tokens: 0,
         completion_tokens: 0,
@@ -437,6 +468,57 @@ impl Streamed {
     }
 }
 
+impl Streamed {
+    /// Chat with tools: the chunks a token of choice `c` sends (none while its text is
+    /// held as a possible call).
+    fn tool_token(&mut self, c: usize, text: &str, logprob: Option<TokenLogprob>) -> Vec<Value> {
+        if let (Some(l), true) = (logprob, self.ctx.logprobs) {
+            self.held_logprobs[c].push(l);
+        }
+        let deltas = match &mut self.tool_streams[c] {
+            Some(ts) => ts.push(text),
+            None => Vec::new(),
+        };
+        self.tool_chunks(c, deltas)
+    }
+
+    /// Chat with tools: the chunks that end choice `c` (`text` is the whole output when
+    /// nothing was streamed) and its finish reason.
+    fn tool_finish(
+        &mut self,
+        c: usize,
+        text: &str,
+        reason: &'static str,
+    ) -> (Vec<Value>, &'static str) {
+        let Some(ts) = &mut self.tool_streams[c] else {
+            return (Vec::new(), reason);
+        };
+        let mut deltas = ts.push(text);
+        let (end, had_calls) = ts.finish();
+        let reason = ts.mode().finish_reason(had_calls, reason);
+        deltas.extend(end);
+        (self.tool_chunks(c, deltas), reason)
+    }
+
+    /// One chunk per delta; held logprobs go with the first.
+    fn tool_chunks(&mut self, c: usize, deltas: Vec<Value>) -> Vec<Value> {
+        deltas
+            .into_iter()
+            .map(|delta| {
+                let held = std::mem::take(&mut self.held_logprobs[c]);
+                let logprobs = if held.is_empty() {
+                    Value::Null
+                } else {
+                    self.ctx.lp_json(&held, 0)
+                };
+                self.ctx.chunk(vec![json!({
+                    "index": c, "delta": delta, "logprobs": logprobs, "finish_reason": null,
+                })])
+            })
+            .collect()
+    }
+}
+
 /// The SSE events for the next engine event (several at the end of a prompt).
 async fn next_events(st: &mut Streamed) -> Vec<Event> {
     let data = |v: Value| Event::default().data(v.to_string());
@@ -471,6 +553,10 @@ async fn next_events(st: &mut Streamed) -> Vec<Event> {
             if first {
                 out.extend(st.opening(pi, c).into_iter().map(data));
             }
+            if st.tool_streams[c].is_some() {
+                out.extend(st.tool_token(c, &text, logprob).into_iter().map(data));
+                return out;
+            }
             let logprobs = match (&logprob, st.ctx.logprobs) {
                 (Some(l), true) => st.ctx.lp_json(std::slice::from_ref(l), st.sent[c]),
                 _ => Value::Null,
@@ -489,13 +575,18 @@ async fn next_events(st: &mut Streamed) -> Vec<Event> {
                 st.completion_tokens += o.token_ids.len();
                 let c = pi * n + o.index;
                 // Beam search streams nothing until it ends: its whole text goes here.
-                let text = if beams {
+                let mut text = if beams {
                     out.extend(st.opening(pi, c).into_iter().map(data));
                     o.text.clone()
                 } else {
                     String::new()
                 };
-                let reason = Ctx::finish_reason(o.finish_reason);
+                let mut reason = Ctx::finish_reason(o.finish_reason);
+                if st.tool_streams[c].is_some() {
+                    let (chunks, r) = st.tool_finish(c, &text, reason);
+                    out.extend(chunks.into_iter().map(data));
+                    (text, reason) = (String::new(), r);
+                }
                 out.push(data(
                     st.ctx.chunk(vec![st.ctx.last_piece(c, &text, reason)]),
                 ));

@@ -31,6 +31,11 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
+/// The paths that take a JSON body and the API key: `/v1/*`, `/tokenize`, `/detokenize`.
+pub fn is_api(path: &str) -> bool {
+    path.starts_with("/v1/") || path == "/tokenize" || path == "/detokenize"
+}
+
 /// What the guard lets through.
 #[derive(Clone, Debug)]
 pub struct GuardConfig {
@@ -143,12 +148,13 @@ pub async fn check(State(g): State<Arc<GuardConfig>>, req: Request, next: Next) 
     if req.method() != Method::POST {
         return next.run(req).await;
     }
-    if req.uri().path().starts_with("/v1/") && !is_json(req.headers()) {
+    let api = is_api(req.uri().path());
+    if api && !is_json(req.headers()) {
         let mut e = ApiError::invalid("send the request body as Content-Type: application/json");
         e.status = StatusCode::UNSUPPORTED_MEDIA_TYPE;
         return e.into_response();
     }
-    if req.uri().path().starts_with("/v1/") && !key_matches(g.api_key.as_deref(), req.headers()) {
+    if api && !key_matches(g.api_key.as_deref(), req.headers()) {
         return close(ApiError::unauthorized().into_response());
     }
     let declared = req

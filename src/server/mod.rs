@@ -24,12 +24,16 @@ mod metrics;
 mod state;
 mod structured;
 mod timing;
+mod tokens;
+mod tools;
 pub mod worker;
 
 pub use error::ApiError;
 pub use state::AppState;
+pub use tools::{AutoToolChoice, ToolParser};
 
 use crate::engine::EngineConfig;
+use crate::tokenizer::ChatTemplate;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
@@ -70,6 +74,10 @@ pub struct ServerConfig {
     /// Longest wait for the next piece of a request body.
     pub body_timeout: Duration,
     pub connections: ConnLimits,
+    /// A Jinja chat template file used instead of the model's own.
+    pub chat_template: Option<PathBuf>,
+    /// How `tool_choice: auto` is read (`--tool-call-parser`, `--enable-auto-tool-choice`).
+    pub auto_tools: AutoToolChoice,
 }
 
 impl ServerConfig {
@@ -103,6 +111,8 @@ pub fn router(app: Arc<AppState>, guard: Arc<GuardConfig>) -> Router {
         .route("/v1/completions", post(completions::completions))
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/models", get(models))
+        .route("/tokenize", post(tokens::tokenize))
+        .route("/detokenize", post(tokens::detokenize))
         .route_layer(middleware::from_fn_with_state(app.clone(), authorize));
     Router::new()
         .merge(v1)
@@ -114,6 +124,44 @@ pub fn router(app: Arc<AppState>, guard: Arc<GuardConfig>) -> Router {
         .layer(middleware::from_fn_with_state(guard.clone(), guard::check))
         .layer(guard.cors())
         .with_state(app)
+}
+
+/// The model's chat template, or `--chat-template`'s (with the model's BOS and EOS
+/// strings); a template file that does not compile stops the start, a model without a
+/// template only refuses chat requests.
+fn chat_template(
+    config: &ServerConfig,
+    tokenizer: &crate::tokenizer::Tokenizer,
+) -> Result<Result<ChatTemplate, String>, ServerError> {
+    let own = crate::model::open_chat_template(&config.model_dir);
+    let Some(file) = &config.chat_template else {
+        return Ok(own.map_err(|e| {
+            tracing::warn!(
+                "chat completions will be refused for {}: {e}",
+                config.model_dir.display()
+            );
+            e.to_string()
+        }));
+    };
+    let source = std::fs::read_to_string(file)
+        .map_err(|e| ServerError::Config(format!("--chat-template {}: {e}", file.display())))?;
+    let token = |id: Option<u32>| {
+        id.and_then(|i| tokenizer.id_to_token(i))
+            .unwrap_or_default()
+    };
+    let (bos, eos) = match &own {
+        Ok(t) => {
+            let (b, e) = t.special_tokens();
+            (b.to_string(), e.to_string())
+        }
+        Err(_) => (
+            token(tokenizer.bos_token_id()),
+            token(tokenizer.eos_token_ids().first().copied()),
+        ),
+    };
+    ChatTemplate::new(&source, &bos, &eos)
+        .map(Ok)
+        .map_err(|e| ServerError::Config(format!("--chat-template {}: {e}", file.display())))
 }
 
 /// Runs the server until SIGINT or SIGTERM; `on_listening` gets the bound address (the
@@ -136,13 +184,7 @@ async fn serve(
         ));
     }
     let tokenizer = crate::model::open_tokenizer(&config.model_dir)?;
-    let chat_template = crate::model::open_chat_template(&config.model_dir).map_err(|e| {
-        tracing::warn!(
-            "chat completions will be refused for {}: {e}",
-            config.model_dir.display()
-        );
-        e.to_string()
-    });
+    let chat_template = chat_template(&config, &tokenizer)?;
     let shared = Arc::new(Shared::new());
     let (engine, thread) = worker::spawn(
         config.model_dir.clone(),
@@ -158,6 +200,7 @@ async fn serve(
         config.api_key.clone(),
         config.max_body_bytes,
         config.max_queued_requests,
+        config.auto_tools,
     ));
     let addr = format!("{}:{}", config.host, config.port);
     let listener = tokio::net::TcpListener::bind(&addr)

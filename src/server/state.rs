@@ -25,6 +25,8 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// Most requests (prompts) admitted and not yet answered.
     pub max_queued: usize,
+    /// How `tool_choice: auto` is read.
+    pub auto_tools: super::tools::AutoToolChoice,
     in_flight: Arc<AtomicUsize>,
     pub draining: AtomicBool,
     ids: AtomicU64,
@@ -53,6 +55,7 @@ impl AppState {
         api_key: Option<String>,
         max_body_bytes: usize,
         max_queued: usize,
+        auto_tools: super::tools::AutoToolChoice,
     ) -> Self {
         AppState {
             engine,
@@ -64,6 +67,7 @@ impl AppState {
             api_key,
             max_body_bytes,
             max_queued,
+            auto_tools,
             in_flight: Arc::new(AtomicUsize::new(0)),
             draining: AtomicBool::new(false),
             ids: AtomicU64::new(0),
