@@ -4,7 +4,8 @@
 //!   `tokenizers` crate decodes its tokens, for the shipped byte-level BPE vocabulary and a
 //!   SentencePiece one (with `<0xNN>` byte pieces);
 //! - random walks through each kind of constraint (a uniformly random allowed token each
-//!   step, many seeds, no model) end in outputs that an independent checker accepts: the
+//!   step, many seeds, no model; each step's masked logits row agrees token by token with
+//!   `Constraint::allows`) end in outputs that an independent checker accepts: the
 //!   `jsonschema` crate for schemas and JSON objects, the `regex` crate for regexes, string
 //!   comparison for choices, and a hand-written recognizer for a Lark grammar;
 //! - invalid schemas, regexes and grammars are errors naming the problem.
@@ -69,11 +70,16 @@ fn walk(c: &mut Constraint, tok: &Tokenizer, rng: &mut ChaCha8Rng, max: usize) -
     let mut ids = Vec::new();
     let mut row = vec![0.0f32; tok.vocab_size()];
     for _ in 0..max {
-        row.fill(0.0);
+        row.iter_mut().enumerate().for_each(|(i, x)| *x = i as f32);
         c.apply(&mut row).unwrap();
         let allowed: Vec<u32> = (0..row.len() as u32)
             .filter(|&i| row[i as usize].is_finite())
             .collect();
+        // `apply` masks exactly the tokens `allows` refuses, and leaves the others alone.
+        for (i, &x) in row.iter().enumerate() {
+            assert_eq!(x.is_finite(), c.allows(i as u32).unwrap(), "token {i}");
+            assert!(!x.is_finite() || x == i as f32, "token {i} changed to {x}");
+        }
         assert!(
             !allowed.is_empty(),
             "an empty mask after {:?}",

@@ -27,7 +27,7 @@ cargo build --release --benches
     cargo run --release --quiet -- devices 2>/dev/null || true
     echo '```'
 } > "$out"
-for bench in dispatch matmul paged_attention engine kv_memory kv_quant serving; do
+for bench in dispatch matmul paged_attention engine kv_memory kv_quant structured serving; do
     echo "running $bench ..." >&2
     {
         echo

@@ -116,11 +116,28 @@ impl Constraint {
     pub fn apply(&mut self, row: &mut [f32]) -> Result<(), ConstraintError> {
         self.prepare()?;
         if let Some(mask) = &self.mask {
-            for (i, x) in row.iter_mut().enumerate() {
-                if !mask.is_allowed(i as u32) {
-                    *x = f32::NEG_INFINITY;
+            // Word by word: a word of all-allowed or all-disallowed tokens is one test, and
+            // a mixed one a branch-free select per token, which is several times faster on
+            // large vocabularies than testing each token (`cargo bench --bench structured`).
+            // Bits past the mask's length are clear, so ids it does not cover are masked.
+            let words = mask.as_slice();
+            for (&w, chunk) in words.iter().zip(row.chunks_mut(32)) {
+                match w {
+                    u32::MAX => {}
+                    0 => chunk.fill(f32::NEG_INFINITY),
+                    w => {
+                        for (b, x) in chunk.iter_mut().enumerate() {
+                            *x = if (w >> b) & 1 == 1 {
+                                *x
+                            } else {
+                                f32::NEG_INFINITY
+                            };
+                        }
+                    }
                 }
             }
+            let covered = (words.len() * 32).min(row.len());
+            row[covered..].fill(f32::NEG_INFINITY);
         }
         Ok(())
     }
