@@ -8,7 +8,7 @@
 mod common;
 use common::golden;
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -82,24 +82,7 @@ fn post(url: &str, body: &str, headers: &[(&str, &str)]) -> (u16, Value, Option<
 
 /// Every `data:` payload of a streamed completion, until `[DONE]`.
 fn stream(url: &str, body: &Value) -> Vec<Value> {
-    let r = agent()
-        .post(url)
-        .header("Content-Type", "application/json")
-        .send(body.to_string())
-        .expect("stream request");
-    assert_eq!(r.status().as_u16(), 200);
-    let mut out = Vec::new();
-    for line in BufReader::new(r.into_body().into_reader()).lines() {
-        let line = line.unwrap();
-        let Some(data) = line.strip_prefix("data: ") else {
-            continue;
-        };
-        if data == "[DONE]" {
-            return out;
-        }
-        out.push(serde_json::from_str(data).unwrap());
-    }
-    panic!("the stream ended without [DONE]: {out:?}");
+    http::post_stream(url, &body.to_string(), &[])
 }
 
 /// Per choice index: concatenated text, token logprobs, finish reason.

@@ -12,11 +12,12 @@
 //!   hermes` reads content and calls out of the model's text (forced here by a choice);
 //! - `/tokenize` renders tools, tool results and `chat_template_kwargs` as transformers
 //!   did (tests/fixtures/chat/tools_expected.json); `/detokenize` inverts it and refuses
-//!   ids outside the vocabulary; both need the API key.
+//!   ids outside the vocabulary; both need the API key;
+//! - a returned call round-trips: sent back with its `tool` result, the Hermes template shows
+//!   the model that call's arguments and the result.
 
 mod common;
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader};
 
 #[path = "common/http.rs"]
 mod http;
@@ -50,26 +51,7 @@ fn post(s: &Served, path: &str, body: &Value, headers: &[(&str, &str)]) -> (u16,
 
 /// Every `data:` payload of a stream, until `[DONE]`.
 fn stream(s: &Served, path: &str, body: &Value, headers: &[(&str, &str)]) -> Vec<Value> {
-    let mut req = agent()
-        .post(&format!("{}{path}", s.base))
-        .header("Content-Type", "application/json");
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let r = req.send(body.to_string()).expect("stream request");
-    assert_eq!(r.status().as_u16(), 200);
-    let mut out = Vec::new();
-    for line in BufReader::new(r.into_body().into_reader()).lines() {
-        let line = line.unwrap();
-        let Some(data) = line.strip_prefix("data: ") else {
-            continue;
-        };
-        if data == "[DONE]" {
-            return out;
-        }
-        out.push(serde_json::from_str(data).unwrap());
-    }
-    panic!("the stream ended without [DONE]: {out:?}");
+    http::post_stream(&format!("{}{path}", s.base), &body.to_string(), headers)
 }
 
 /// A streamed chat choice put back together: content, calls (name, arguments), finish
@@ -320,6 +302,39 @@ fn template_file(hermes: bool) -> std::path::PathBuf {
     path
 }
 
+/// A server on the shipped model with a `--chat-template` from [`template_file`] and
+/// `extra` flags; the template file is removed when the server is dropped.
+struct Templated {
+    served: Served,
+    template: std::path::PathBuf,
+}
+
+impl std::ops::Deref for Templated {
+    type Target = Served;
+    fn deref(&self) -> &Served {
+        &self.served
+    }
+}
+
+impl Drop for Templated {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.template);
+    }
+}
+
+fn start_templated(hermes: bool, extra: &[&str]) -> Templated {
+    let template = template_file(hermes);
+    let mut args = vec![
+        "--model",
+        MODEL,
+        "--chat-template",
+        template.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let served = start(&args);
+    Templated { served, template }
+}
+
 fn tool_schema(tools: &Value, name: &str) -> Value {
     tools
         .as_array()
@@ -365,13 +380,7 @@ fn required_and_named_tool_choice_give_valid_calls() {
     if skip() {
         return;
     }
-    let template = template_file(false);
-    let s = start(&[
-        "--model",
-        MODEL,
-        "--chat-template",
-        template.to_str().unwrap(),
-    ]);
+    let s = start_templated(false, &[]);
     let tools = small_tools();
     // required, whole, 3 samples. This model would rather add calls than close the array,
     // so a bias on `]` makes the replies end within the context.
@@ -470,7 +479,6 @@ fn required_and_named_tool_choice_give_valid_calls() {
         usage["completion_tokens"].as_u64().unwrap()
     );
     tool_requests_that_cannot_work_are_400s(&s, &tools);
-    let _ = std::fs::remove_file(template);
 }
 
 fn tool_requests_that_cannot_work_are_400s(s: &Served, tools: &Value) {
@@ -513,16 +521,10 @@ fn auto_tool_choice_reads_hermes_calls() {
     if skip() {
         return;
     }
-    let template = template_file(false);
-    let s = start(&[
-        "--model",
-        MODEL,
-        "--chat-template",
-        template.to_str().unwrap(),
-        "--enable-auto-tool-choice",
-        "--tool-call-parser",
-        "hermes",
-    ]);
+    let s = start_templated(
+        false,
+        &["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
+    );
     let tools = small_tools();
     // The model is forced (by a choice) to write content and then a call.
     let call = "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"unit\": \"c\"}}\n</tool_call>";
@@ -567,7 +569,6 @@ fn auto_tool_choice_reads_hermes_calls() {
         &[],
     ))[0];
     assert_eq!((a.content.as_str(), a.calls.len()), (plain, 0));
-    let _ = std::fs::remove_file(template);
 }
 
 #[test]
@@ -575,23 +576,15 @@ fn tokenize_renders_tools_as_transformers_and_needs_the_key() {
     if skip() {
         return;
     }
-    let template = template_file(true);
-    let s = start(&[
-        "--model",
-        MODEL,
-        "--chat-template",
-        template.to_str().unwrap(),
-        "--api-key",
-        "k3y",
-    ]);
+    let s = start_templated(true, &["--api-key", "k3y"]);
     let auth = [("Authorization", "Bearer k3y")];
     tokenize_renders_tool_conversations(&s, &tool_fixture(), &auth);
     tokenize_round_trips(&s, &auth);
+    tool_calls_round_trip(&s, &auth);
     let (st, _) = post(&s, "/tokenize", &json!({"prompt": "a"}), &[]);
     assert_eq!(st, 401);
     let (st, _) = post(&s, "/detokenize", &json!({"tokens": [1]}), &[]);
     assert_eq!(st, 401);
-    let _ = std::fs::remove_file(template);
 }
 
 /// Conversation 1 (tool calls with OpenAI's string arguments, then tool results) with
@@ -628,4 +621,50 @@ fn tokenize_renders_tool_conversations(s: &Served, f: &Value, auth: &[(&str, &st
     );
     assert_eq!(st, 200, "{theirs}");
     assert_eq!(ours["tokens"], theirs["tokens"]);
+}
+
+/// A call the server returned goes back in the next request as the assistant's message,
+/// with a `tool` result naming its id, and the Hermes template shows the model that call
+/// (its arguments as JSON, equal to those returned) and the result.
+fn tool_calls_round_trip(s: &Served, auth: &[(&str, &str)]) {
+    // One tool, so that the Hermes prompt leaves room in the shipped model's context.
+    let tools = json!([small_tools()[0]]);
+    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    let mut body = chat(&tools, json!({"tool_choice": named}));
+    let (st, v) = post(s, "/v1/chat/completions", &body, auth);
+    assert_eq!(st, 200, "{v}");
+    let reply = v["choices"][0]["message"].clone();
+    let call = &reply["tool_calls"][0];
+    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap())
+        .expect("the arguments are a JSON string");
+    let result = r#"{"temp": 4.5}"#;
+    body["messages"].as_array_mut().unwrap().extend([
+        reply.clone(),
+        json!({"role": "tool", "tool_call_id": call["id"], "content": result}),
+    ]);
+    body["tool_choice"] = json!("none");
+    body["max_tokens"] = json!(2);
+    let (st, v) = post(s, "/v1/chat/completions", &body, auth);
+    assert_eq!(st, 200, "the reply goes back as it came: {v}");
+    // What the model was shown, read back through /tokenize and /detokenize.
+    let (st, t) = post(
+        s,
+        "/tokenize",
+        &json!({"messages": body["messages"], "tools": tools}),
+        auth,
+    );
+    assert_eq!(st, 200, "{t}");
+    let (_, d) = post(s, "/detokenize", &json!({"tokens": t["tokens"]}), auth);
+    let text = d["prompt"].as_str().unwrap();
+    let shown = text
+        .split("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ")
+        .nth(1)
+        .and_then(|rest| rest.split("}\n</tool_call>").next())
+        .unwrap_or_else(|| panic!("no get_weather call in {text:?}"));
+    let shown: Value = serde_json::from_str(shown).expect("the shown arguments are JSON");
+    assert_eq!(shown, args, "{text}");
+    assert!(
+        text.contains(&format!("<tool_response>\n{result}\n</tool_response>")),
+        "{text}"
+    );
 }

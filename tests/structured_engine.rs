@@ -11,7 +11,7 @@
 //!   a plain-Rust computation from the reference forward pass and the constraint's mask;
 //! - `logit_bias` moves greedy tokens as a hand computation says;
 //! - a constraint that does not compile is refused alone; one that is cut off by
-//!   `max_tokens` finishes with `length`.
+//!   `max_tokens` finishes with `length`, and a stop string ends one before it completes.
 
 mod common;
 use common::{arc, contexts};
@@ -321,4 +321,31 @@ fn bad_constraints_fail_alone_and_cut_off_ones_finish_with_length() {
     assert_eq!(cut.outputs[0].finish_reason, FinishReason::Length);
     assert_eq!(cut.outputs[0].token_ids.len(), 3);
     assert!(text.starts_with(&cut.outputs[0].text));
+}
+
+#[test]
+fn a_stop_string_ends_a_constrained_output_before_the_constraint_does() {
+    let Some(&ctx) = contexts().first() else {
+        return;
+    };
+    let mut e = engine(ctx, EngineConfig::default());
+    let choices: Vec<String> = ["heads up", "tails up", "edge up"].map(String::from).into();
+    let handles: Vec<_> = (0..6u64)
+        .map(|seed| {
+            let mut p = constrained(StructuredOutput::Choice(choices.clone()), seed);
+            p.n = 2;
+            p.stop = vec![" up".into()];
+            e.add_request(Prompt::Text("Toss:".into()), p).unwrap()
+        })
+        .collect();
+    e.run_to_completion().unwrap();
+    for h in handles {
+        for o in &h.wait().unwrap().outputs {
+            assert_eq!(o.finish_reason, FinishReason::Stop, "{o:?}");
+            assert!(
+                ["heads", "tails", "edge"].contains(&o.text.as_str()),
+                "{o:?}"
+            );
+        }
+    }
 }

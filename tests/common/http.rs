@@ -135,3 +135,26 @@ pub fn exchange(s: &Served, request: &str) -> (u16, serde_json::Value, String) {
     let (status, json) = parse(&raw);
     (status, json, raw)
 }
+
+/// Posts a JSON `body` that asks for a stream and returns every `data:` payload of the
+/// Server-Sent Events that answer it, until `[DONE]` (which must come).
+pub fn post_stream(url: &str, body: &str, headers: &[(&str, &str)]) -> Vec<serde_json::Value> {
+    let mut req = agent().post(url).header("Content-Type", "application/json");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let r = req.send(body).expect("stream request");
+    assert_eq!(r.status().as_u16(), 200);
+    let mut out = Vec::new();
+    for line in BufReader::new(r.into_body().into_reader()).lines() {
+        let line = line.unwrap();
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            return out;
+        }
+        out.push(serde_json::from_str(data).unwrap());
+    }
+    panic!("the stream ended without [DONE]: {out:?}");
+}
