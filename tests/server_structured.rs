@@ -447,12 +447,21 @@ fn required_and_named_tool_choice_give_valid_calls() {
             calls[0]["function"]["arguments"].as_str().unwrap(),
         );
     }
+    named_call_streams_its_arguments(&s, &tools);
+    tool_requests_that_cannot_work_are_400s(&s, &tools);
+}
+
+/// A named function streamed: one call, one id in its first delta, valid arguments sent
+/// piece by piece, and every token's logprob sent once.
+fn named_call_streams_its_arguments(s: &Served, tools: &Value) {
+    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    let weather = tool_schema(tools, "get_weather");
     let body = chat(
-        &tools,
+        tools,
         json!({"tool_choice": named, "stream": true, "logprobs": true,
                "stream_options": {"include_usage": true}}),
     );
-    let chunks = stream(&s, "/v1/chat/completions", &body, &[]);
+    let chunks = stream(s, "/v1/chat/completions", &body, &[]);
     let a = &assemble(&chunks)[0];
     assert_eq!(a.calls.len(), 1);
     assert_eq!(a.ids.len(), 1, "one id, in the call's first delta: {a:?}");
@@ -478,7 +487,6 @@ fn required_and_named_tool_choice_give_valid_calls() {
         logprobs as u64,
         usage["completion_tokens"].as_u64().unwrap()
     );
-    tool_requests_that_cannot_work_are_400s(&s, &tools);
 }
 
 fn tool_requests_that_cannot_work_are_400s(s: &Served, tools: &Value) {
