@@ -68,19 +68,8 @@ fn compact(mut schema: Value) -> Result<Value, String> {
         Value::Bool(false) => Err("the JSON schema is `false`, which no value matches".into()),
         other => Err(format!(
             "a JSON schema is an object or a boolean, not {}",
-            kind_of(other)
+            crate::tokenizer::json_kind(other)
         )),
-    }
-}
-
-fn kind_of(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 

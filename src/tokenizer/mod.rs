@@ -17,6 +17,7 @@ mod error;
 mod hf_tokenizer;
 mod incremental;
 mod special;
+pub(crate) use special::kind as json_kind;
 mod stop;
 
 pub use chat_template::{

@@ -163,7 +163,8 @@ fn token_field(
         })
 }
 
-fn kind(v: &Value) -> &'static str {
+/// What a JSON value is, with its article, for error messages ("an array").
+pub(crate) fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
