@@ -1,5 +1,7 @@
 //! `pagellm generate` as a user runs it: JSON output whose greedy tokens equal
-//! transformers', a prompts file answered in input order, streaming text, and clear errors.
+//! transformers', a prompts file answered in input order, streaming text, clear errors,
+//! and the constraint flags (each output checked by the `jsonschema` and `regex` crates), with
+//! the bad lines of a prompts file failing alone.
 
 mod common;
 use common::golden;
@@ -319,4 +321,113 @@ fn an_installed_binary_without_its_model_says_where_it_looked() {
         assert!(!err.contains(env!("CARGO_MANIFEST_DIR")), "{sub}: {err}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--json` output's first text, for a run that must succeed.
+fn first_text(args: &[&str]) -> String {
+    let (ok, stdout, stderr) = generate(args);
+    assert!(ok, "{args:?}: {stderr}");
+    let row: Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
+    row["outputs"][0]["text"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn constraint_flags_shape_the_output_and_a_failing_line_fails_alone() {
+    if skip() {
+        return;
+    }
+    let tmp = std::env::temp_dir().join(format!("pagellm-cli-constraints-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"word": {"type": "string", "maxLength": 12},
+                       "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "required": ["word", "n"], "additionalProperties": false
+    });
+    let schema_file = tmp.join("schema.json");
+    std::fs::write(&schema_file, schema.to_string()).unwrap();
+    let grammar_file = tmp.join("sum.lark");
+    std::fs::write(&grammar_file, "start: NUM (\"+\" NUM)*\nNUM: /[1-9]/\n").unwrap();
+    let (schema_path, grammar_path) = (
+        schema_file.to_str().unwrap(),
+        grammar_file.to_str().unwrap(),
+    );
+    // The shipped model writes nonsense; the constraint is what makes each output valid.
+    let base = [
+        "--prompt",
+        "Fortune:",
+        "--temperature",
+        "1",
+        "--json",
+        "--max-tokens",
+        "120",
+    ];
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let code = regex::Regex::new("^[a-z]{3}-[0-9]{2}$").unwrap();
+    let sum = regex::Regex::new(r"^[1-9](\+[1-9])*$").unwrap();
+    for seed in ["1", "2", "3"] {
+        let run = |extra: &[&str]| {
+            let args: Vec<&str> = base
+                .iter()
+                .chain(&["--seed", seed])
+                .chain(extra)
+                .copied()
+                .collect();
+            first_text(&args)
+        };
+        let text = run(&["--json-schema", schema_path]);
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert!(validator.is_valid(&v), "{text}");
+        let text = run(&["--choice", "heads,tails,edge"]);
+        assert!(
+            ["heads", "tails", "edge"].contains(&text.as_str()),
+            "{text}"
+        );
+        let text = run(&["--regex", "[a-z]{3}-[0-9]{2}"]);
+        assert!(code.is_match(&text), "{text}");
+        let text = run(&["--grammar", grammar_path]);
+        assert!(sum.is_match(&text), "{text}");
+    }
+    // Two constraints at once are refused before anything loads.
+    let (ok, _, stderr) = generate(&["--prompt", "x", "--regex", "a", "--choice", "a,b"]);
+    assert!(!ok && stderr.contains("cannot be used with"), "{stderr}");
+    // A file whose bad lines fail alone, each on its own output line, in input order.
+    let long = "word ".repeat(3000);
+    let lines = [
+        serde_json::json!({"prompt": "A", "choice": ["yes", "no"], "temperature": 1, "seed": 2}),
+        serde_json::json!({"prompt": "B", "regex": "[unclosed"}),
+        serde_json::json!({"prompt": "C", "temperature": -1}),
+        serde_json::json!({"prompt": long, "max_tokens": 4}),
+        serde_json::json!({"prompt": "D", "regex": "[0-9]{4}", "temperature": 1, "seed": 4}),
+        serde_json::json!({"prompt": "E", "json_schema": schema, "choice": ["a"]}),
+    ];
+    let file = tmp.join("requests.jsonl");
+    let text: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    std::fs::write(&file, text.join("\n")).unwrap();
+    let (ok, stdout, stderr) = generate(&["--prompts-file", file.to_str().unwrap(), "--json"]);
+    let _ = std::fs::remove_dir_all(&tmp);
+    assert!(!ok, "a failed line makes the exit status non-zero");
+    assert!(stderr.contains("4 of 6 requests failed"), "{stderr}");
+    let rows: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 6, "{stdout}");
+    let text = |i: usize| rows[i]["outputs"][0]["text"].as_str().unwrap().to_string();
+    assert!(["yes", "no"].contains(&text(0).as_str()), "{:?}", rows[0]);
+    assert!(
+        regex::Regex::new("^[0-9]{4}$").unwrap().is_match(&text(4)),
+        "{:?}",
+        rows[4]
+    );
+    for (i, needle) in [
+        (1, "regex"),
+        (2, "temperature"),
+        (3, "context"),
+        (5, "at most one"),
+    ] {
+        assert_eq!(rows[i]["line"], i + 1, "{:?}", rows[i]);
+        let msg = rows[i]["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(needle), "line {}: {msg}", i + 1);
+    }
 }
