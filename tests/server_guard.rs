@@ -201,7 +201,7 @@ fn allowed_hosts_and_origins_extend_the_defaults() {
 }
 
 #[test]
-fn routing_refusals_are_json_errors() {
+fn routing_and_parser_refusals_are_json_errors() {
     if skip() {
         return;
     }
@@ -221,6 +221,51 @@ fn routing_refusals_are_json_errors() {
         assert_eq!(got, status, "{method} {path}: {raw}");
         assert!(!error_message(&v).is_empty());
     }
+    // What the HTTP parser refuses before any route sees it (hyper's limits: a URI of at
+    // most 65534 bytes, 100 headers; a head over its 400 KB buffer is refused
+    // the same way, but unread bytes left behind make the close a reset that can drop it).
+    let get = |extra: &str| format!("GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n{extra}\r\n");
+    let many: String = (0..120).map(|i| format!("X-Header-{i}: v\r\n")).collect();
+    let long_uri = format!(
+        "GET /v1/models?q={} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        "a".repeat(70_000)
+    );
+    for (what, req, status, needle) in [
+        (
+            "no request line",
+            "GARBAGE\r\n\r\n".to_string(),
+            400,
+            "not valid HTTP",
+        ),
+        (
+            "a header without a colon",
+            get("Bad Header Line\r\n"),
+            400,
+            "not valid HTTP",
+        ),
+        (
+            "a Content-Length that is no number",
+            get("Content-Length: abc\r\n"),
+            400,
+            "Content-Length",
+        ),
+        ("a 70,000-byte URI", long_uri, 414, "URI"),
+        ("120 headers", get(&many), 431, "headers"),
+    ] {
+        let (got, v, raw) = exchange(&s, &req);
+        let head = raw.split("\r\n\r\n").next().unwrap_or_default();
+        assert_eq!(got, status, "{what}: {head}");
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("content-type: application/json"),
+            "{what}: {head}"
+        );
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{what}: {raw}");
+        assert!(error_message(&v).contains(needle), "{what}: {v}");
+    }
+    // The server still answers afterwards.
+    let (got, _, raw) = exchange(&s, &get("Connection: close\r\n"));
+    assert_eq!(got, 200, "{raw}");
 }
 
 #[test]

@@ -4,8 +4,10 @@
 //! The header timeout runs whenever a connection waits for a request's head, so it bounds
 //! both a client that trickles its headers (slowloris) and an idle keep-alive connection.
 //! Past the connection cap the loop stops accepting; further clients wait in the kernel's
-//! backlog instead of taking file descriptors.
+//! backlog instead of taking file descriptors. Each connection's writes pass through
+//! [`JsonRejections`], so hyper's own answers to unparsable requests carry JSON errors too.
 
+use super::rejections::JsonRejections;
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -61,7 +63,10 @@ pub async fn accept(
         let conn = http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_timeout)
-            .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(router.clone()));
+            .serve_connection(
+                TokioIo::new(JsonRejections::new(tcp)),
+                TowerToHyperService::new(router.clone()),
+            );
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {

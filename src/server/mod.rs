@@ -21,6 +21,7 @@ mod fields;
 pub mod guard;
 pub mod listen;
 mod metrics;
+mod rejections;
 mod state;
 mod structured;
 mod timing;
