@@ -737,7 +737,7 @@ fn weights_section(ctx: &Arc<GpuContext>, dir: &Path, list: &str) {
             }
         }
         let med: Vec<f64> = steps.into_iter().map(|s| ms(median(s))).collect();
-        let cells: Vec<String> = med.iter().map(|t| format!("{t:.1}")).collect();
+        let cells: Vec<String> = med.iter().map(|t| format!("{t:.2}")).collect();
         let rel: Vec<String> = med[1..]
             .iter()
             .map(|t| format!("{:.2}x", t / med[0]))

@@ -3,19 +3,69 @@
 # machine with a real GPU can be measured in one go (docs/BENCHMARKS.md records the figures).
 #
 #   tools/bench_all.sh [OUT.md] [--quick]
+#   tools/bench_all.sh --pack DIR
 #
 # The adapter is chosen as usual (PAGELLM_BACKEND, WGPU_ADAPTER_NAME, WGPU_POWER_PREF);
 # `pagellm devices` lists them. --quick passes --quick to every bench (a few minutes in all
 # on a GPU); without it the full runs take longer, mostly on software adapters.
+#
+# A GPU machine without a Rust toolchain: `--pack DIR` builds the release benches and copies
+# them, stripped, with the `pagellm` binary into DIR; there, with PAGELLM_BENCH_BINS=DIR, this
+# script runs those binaries instead of cargo. The benches find the shipped model through the
+# folder they were built in, so run them from a checkout at that same path (and with
+# `pagellm` at target/release/pagellm, which the serving bench starts).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+benches=(dispatch matmul paged_attention engine kv_memory kv_quant structured serving)
+# PAGELLM_BENCHES="engine matmul" runs those, in that order, instead of the whole list (the
+# kernel sweeps and profiles below still run).
+read -ra only <<< "${PAGELLM_BENCHES:-}"
+if [[ "${1:-}" == "--pack" ]]; then
+    dir="${2:?--pack needs a folder}"
+    mkdir -p "$dir"
+    cargo build --release --benches --bins
+    for bench in "${benches[@]}"; do
+        # The newest build of each bench (deps/NAME-HASH, the executable one).
+        bin=$(find target/release/deps -maxdepth 1 -type f -executable -name "$bench-*" \
+            -printf '%T@ %p\n' | sort -n | tail -1 | cut -d' ' -f2)
+        strip -o "$dir/$bench" "$bin"
+    done
+    strip -o "$dir/pagellm" target/release/pagellm
+    echo "packed ${#benches[@]} benches and pagellm into $dir" >&2
+    exit 0
+fi
 out="${1:-bench-report.md}"
 extra=()
 if [[ "${2:-}" == "--quick" || "${1:-}" == "--quick" ]]; then
     extra=(--quick)
     [[ "${1:-}" == "--quick" ]] && out="bench-report.md"
 fi
-cargo build --release --benches
+# Each bench's progress and errors go to a log beside the report.
+log="${out%.md}.log"
+: > "$log"
+bins="${PAGELLM_BENCH_BINS:-}"
+# One bench with its arguments: the packed binary when PAGELLM_BENCH_BINS is set, else cargo.
+# A bench that fails is noted in the report and the rest still run (a GPU session is rare).
+bench() {
+    local name="$1" rc=0
+    shift
+    # PAGELLM_BENCH_TIMEOUT=SECONDS bounds each bench (status 124 when it runs out).
+    local limit=()
+    [[ -n "${PAGELLM_BENCH_TIMEOUT:-}" ]] && limit=(timeout "$PAGELLM_BENCH_TIMEOUT")
+    if [[ -n "$bins" ]]; then
+        "${limit[@]}" "$bins/$name" --bench "$@" || rc=$?
+    else
+        "${limit[@]}" cargo bench --quiet --bench "$name" -- "$@" || rc=$?
+    fi
+    if [[ $rc -ne 0 ]]; then
+        echo "(failed: exit status $rc)"
+        echo "bench $name $* failed: exit status $rc" >&2
+    fi
+}
+pagellm() {
+    if [[ -n "$bins" ]]; then "$bins/pagellm" "$@"; else cargo run --release --quiet -- "$@"; fi
+}
+[[ -z "$bins" ]] && cargo build --release --benches
 {
     echo "# pagellm benchmark report"
     echo
@@ -24,16 +74,17 @@ cargo build --release --benches
     echo "- options: ${extra[*]:-full}"
     echo
     echo '```'
-    cargo run --release --quiet -- devices 2>/dev/null || true
+    pagellm devices 2>/dev/null || true
     echo '```'
 } > "$out"
-for bench in dispatch matmul paged_attention engine kv_memory kv_quant structured serving; do
-    echo "running $bench ..." >&2
+[[ ${#only[@]} -gt 0 ]] && benches=("${only[@]}")
+for name in "${benches[@]}"; do
+    echo "running $name ..." >&2
     {
         echo
-        echo "## cargo bench --bench $bench ${extra[*]:-}"
+        echo "## cargo bench --bench $name ${extra[*]:-}"
         echo
-        cargo bench --quiet --bench "$bench" -- "${extra[@]}" 2>/dev/null
+        bench "$name" "${extra[@]}" 2>>"$log"
     } >> "$out"
 done
 # The gated activation fused into the down projection or a pass of its own, at the
@@ -45,7 +96,7 @@ for shape in "2048 8192" "288 768"; do
         echo
         echo "## cargo bench --bench matmul -- --gated --n $n --k $k --rows 1,16,128 ${extra[*]:-}"
         echo
-        cargo bench --quiet --bench matmul -- --gated --n "$n" --k "$k" --rows 1,16,128 "${extra[@]}" 2>/dev/null
+        bench matmul --gated --n "$n" --k "$k" --rows 1,16,128 "${extra[@]}" 2>>"$log"
     } >> "$out"
 done
 # The RMSNorm fused into the next projection or a pass of its own, at the Llama-3.2-1B
@@ -58,7 +109,7 @@ for shape in "16384 2048" "3072 2048" "864 288"; do
         echo
         echo "## cargo bench --bench matmul -- --normed --n $n --k $k --rows 1,16,128 ${extra[*]:-}"
         echo
-        cargo bench --quiet --bench matmul -- --normed --n "$n" --k "$k" --rows 1,16,128 "${extra[@]}" 2>/dev/null
+        bench matmul --normed --n "$n" --k "$k" --rows 1,16,128 "${extra[@]}" 2>>"$log"
     } >> "$out"
 done
 # The greedy arg-max kernels over tiny15m's and Llama 3's vocabularies (GPUs split a row
@@ -69,7 +120,7 @@ for vocab in 32000 128256; do
         echo
         echo "## cargo bench --bench matmul -- --argmax --n $vocab --rows 1,16 ${extra[*]:-}"
         echo
-        cargo bench --quiet --bench matmul -- --argmax --n "$vocab" --rows 1,16 "${extra[@]}" 2>/dev/null
+        bench matmul --argmax --n "$vocab" --rows 1,16 "${extra[@]}" 2>>"$log"
     } >> "$out"
 done
 # Per-kernel profiles of decode and prefill on the model shapes users run (the engine
@@ -84,7 +135,7 @@ for r in "${runs[@]}"; do
         echo
         echo "## cargo bench --bench engine -- --shapes $r --profile"
         echo
-        cargo bench --quiet --bench engine -- --shapes "${a[@]}" --profile 2>/dev/null
+        bench engine --shapes "${a[@]}" --profile 2>>"$log"
     } >> "$out"
 done
-echo "report written to $out" >&2
+echo "report written to $out (stderr of the benches in $log)" >&2
