@@ -18,6 +18,7 @@
 //! - [`engine`]: requests, the scheduler and the step loop; [`eval`]: teacher-forced
 //!   scoring (perplexity, KL against a baseline);
 //! - [`server`]: the OpenAI-compatible HTTP server;
+//! - [`spec`]: speculative decoding's proposers and verification, plain Rust;
 //! - [`error`]: the GPU layer's typed errors (each other module has its own).
 
 pub mod cache;
@@ -35,6 +36,7 @@ pub mod pool;
 pub mod reference;
 pub mod sampling;
 pub mod server;
+pub mod spec;
 pub mod tokenizer;
 
 pub use error::{GpuError, Result};

@@ -49,6 +49,21 @@ impl Distribution {
             .map_or(0.0, |pos| self.entries[pos].1)
     }
 
+    /// A distribution proportional to `weights` (any order; ids must be distinct), without
+    /// the entries of weight zero or less; `None` when no weight is positive.
+    pub fn from_weights(mut weights: Vec<(u32, f64)>) -> Option<Distribution> {
+        weights.retain(|&(_, w)| w > 0.0);
+        let total: f64 = weights.iter().map(|&(_, w)| w).sum();
+        if weights.is_empty() || !total.is_finite() {
+            return None;
+        }
+        weights.sort_unstable_by_key(|&(id, _)| id);
+        for entry in &mut weights {
+            entry.1 /= total;
+        }
+        Some(Distribution { entries: weights })
+    }
+
     /// Draws a token: one uniform number, then a walk over the entries in id order. Walking
     /// in id order means the same kept set and seed give the same token whichever filters
     /// produced the set.
