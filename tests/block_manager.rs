@@ -1,5 +1,6 @@
 //! Property tests of the block manager: long random runs of allocate / append / fork /
-//! free / swap out / swap in / step against small, often nearly full pools.
+//! free / swap out / swap in / step / speculate (slots proposed, computed, and the rejected
+//! ones given back) / truncate against small, often nearly full pools.
 //!
 //! After every operation the manager's own invariants must hold, a failed operation must
 //! leave it unchanged, and each `can_*` must agree with the operation it guards. At every
@@ -69,6 +70,20 @@ enum Op {
     },
     /// End the step: execute the plan, run the forward pass, check every computed slot.
     Step,
+    /// A speculative step of one sequence: a step boundary, a slot for each proposed token
+    /// (as many as fit), the plan executed and every new slot written, then the slots past
+    /// the first `accept` proposals given back before the verified tokens are marked
+    /// computed.
+    Speculate {
+        seq: Pick,
+        proposed: Vec<u32>,
+        accept: usize,
+    },
+    /// A truncation at any moment to any length (often refused).
+    Truncate {
+        seq: Pick,
+        keep: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -86,6 +101,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => picks().prop_map(|seqs| Op::SwapOut { seqs }),
         1 => picks().prop_map(|seqs| Op::SwapIn { seqs }),
         4 => Just(Op::Step),
+        3 => (pick(), proptest::collection::vec(0..VOCAB, 1..6), 0..6usize)
+            .prop_map(|(seq, proposed, accept)| Op::Speculate { seq, proposed, accept }),
+        1 => (pick(), 0..2 * STEM_LEN).prop_map(|(seq, keep)| Op::Truncate { seq, keep }),
     ]
 }
 
@@ -228,6 +246,12 @@ impl Sim {
                 self.swap_in(&group)?
             }
             Op::Step => self.step().map(Ok)?,
+            Op::Speculate {
+                seq,
+                proposed,
+                accept,
+            } => self.speculate(*seq, proposed, *accept)?,
+            Op::Truncate { seq, keep } => self.truncate(self.live(*seq, device), *keep)?,
         };
         self.m
             .check_invariants()
@@ -449,7 +473,64 @@ impl Sim {
     }
 
     /// Executes the plan in the documented order, runs the forward pass, checks all slots.
-    fn step(&mut self) -> Result<(), TestCaseError> {
+    fn speculate(
+        &mut self,
+        pick: Pick,
+        proposed: &[u32],
+        accept: usize,
+    ) -> Result<Result<(), CacheError>, TestCaseError> {
+        self.step()?;
+        let seq = self.live(pick, Some(Location::Device));
+        if !self.seqs.contains_key(&seq) || !self.on_device(seq) {
+            let before = self.m.clone();
+            prop_assert!(self.m.truncate(SeqId(seq), 1).is_err());
+            prop_assert!(self.m == before);
+            return Ok(Ok(()));
+        }
+        let start = self.seqs[&seq].tokens.len();
+        for &t in proposed {
+            if self.append(seq, t)?.is_err() {
+                break;
+            }
+        }
+        let len = self.seqs[&seq].tokens.len();
+        self.execute_plan()?;
+        // The forward pass writes every new slot, the rejected ones too.
+        let kv = kv_values(&self.seqs[&seq].tokens);
+        for (p, &value) in kv.iter().enumerate().skip(start) {
+            let slot = self
+                .m
+                .slot(SeqId(seq), p)
+                .map_err(|e| fail(e.to_string()))?;
+            self.device_mem[slot / self.bs][slot % self.bs] = Some(value);
+        }
+        let keep = start + accept.min(len - start);
+        let dropped = len.div_ceil(self.bs) - keep.div_ceil(self.bs);
+        prop_assert_eq!(self.m.truncate(SeqId(seq), keep), Ok(dropped));
+        let s = self.seqs.get_mut(&seq).unwrap();
+        s.tokens.truncate(keep);
+        s.computed = keep;
+        self.m
+            .mark_computed(SeqId(seq), &s.tokens)
+            .map_err(|e| fail(e.to_string()))?;
+        Ok(Ok(()))
+    }
+
+    fn truncate(&mut self, seq: u64, keep: usize) -> Result<Result<(), CacheError>, TestCaseError> {
+        let r = self.m.truncate(SeqId(seq), keep);
+        match (self.seqs.get_mut(&seq), &r) {
+            (None, _) => prop_assert_eq!(&r, &Err(CacheError::UnknownSequence(SeqId(seq)))),
+            (Some(s), Ok(_)) => {
+                prop_assert!(s.computed <= keep && keep <= s.tokens.len());
+                s.tokens.truncate(keep);
+            }
+            (Some(_), Err(_)) => {}
+        }
+        Ok(r.map(|_| ()))
+    }
+
+    /// Executes the step's plan on the simulated memory: swaps out, swaps in, copies.
+    fn execute_plan(&mut self) -> Result<(), TestCaseError> {
         let ops = self.m.take_ops();
         check_gpu_preconditions(&ops)?;
         prop_assert_eq!(ops.check(), Ok(()));
@@ -466,6 +547,11 @@ impl Sim {
         for (&(_, d), content) in ops.copies.iter().zip(staged) {
             self.device_mem[d.0 as usize] = content;
         }
+        Ok(())
+    }
+
+    fn step(&mut self) -> Result<(), TestCaseError> {
+        self.execute_plan()?;
         let bs = self.bs;
         let ids: Vec<u64> = self.seqs.keys().copied().collect();
         for id in ids {

@@ -73,7 +73,8 @@ impl BlockManager {
     /// Checks what depends on the token ids, with `tokens(seq)` giving each sequence's
     /// tokens (at least its slots; `None` skips the sequence): each block name is the
     /// chained hash of its tokens, a cached block holds the tokens of every table pointing
-    /// at it under the same name, and a shared block holds the same tokens for all sharers.
+    /// at it under the same name, and a shared block holds the same tokens for all sharers
+    /// (as far as each has slots in it).
     pub fn check_contents<'a>(
         &self,
         tokens: impl Fn(SeqId) -> Option<&'a [u32]>,
@@ -103,17 +104,19 @@ impl BlockManager {
                 parent = Some(h);
             }
             let live = s.released..s.released + s.num_blocks();
-            let shared = |b: String, seen: Option<&[u32]>, i: usize| match seen {
-                Some(t) if t != block(i) => Err(format!(
-                    "{b} is shared by {id} at block {i} but holds other tokens for another sequence"
-                )),
-                _ => Ok(()),
+            let shared = |b: String, seen: Option<&'a [u32]>, i: usize| {
+                longer_if_agreeing(seen, block(i)).ok_or_else(|| {
+                    format!(
+                        "{b} is shared by {id} at block {i} but holds other tokens for another \
+                         sequence"
+                    )
+                })
             };
             match &s.blocks {
                 Blocks::Device(table) => {
                     for (i, &b) in live.zip(table) {
-                        shared(b.to_string(), first.get(&b).copied(), i)?;
-                        first.entry(b).or_insert(block(i));
+                        let longest = shared(b.to_string(), first.get(&b).copied(), i)?;
+                        first.insert(b, longest);
                         if let Some(name) = cache.and_then(|c| c.name(b)) {
                             if *name.tokens != *block(i) {
                                 return Err(format!(
@@ -125,8 +128,8 @@ impl BlockManager {
                 }
                 Blocks::Host(table) => {
                     for (i, &h) in live.zip(table) {
-                        shared(h.to_string(), first_host.get(&h).copied(), i)?;
-                        first_host.entry(h).or_insert(block(i));
+                        let longest = shared(h.to_string(), first_host.get(&h).copied(), i)?;
+                        first_host.insert(h, longest);
                     }
                 }
             }
@@ -242,5 +245,16 @@ fn same_index(
             "{block} is logical block {j} of {other} and {index} of {id}"
         )),
         Some(_) => Ok(()),
+    }
+}
+
+/// Sharers of a block agree on the slots they all have (one that gave back rejected
+/// speculative slots sees fewer of its tokens than the others): the longer of the two views
+/// when they agree, so that keeping it checks every sharer against all the others.
+fn longer_if_agreeing<'t>(seen: Option<&'t [u32]>, mine: &'t [u32]) -> Option<&'t [u32]> {
+    match seen {
+        Some(t) if t.iter().zip(mine).any(|(x, y)| x != y) => None,
+        Some(t) if t.len() >= mine.len() => Some(t),
+        _ => Some(mine),
     }
 }

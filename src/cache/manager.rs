@@ -258,6 +258,53 @@ impl BlockManager {
         Ok(n)
     }
 
+    /// Gives back the slots of `seq` past its first `num_tokens`: the tokens a speculative
+    /// step proposed and verification rejected. Call it after the step's forward pass, and
+    /// before [`BlockManager::mark_computed`] names the verified tokens, so no rejected token
+    /// is ever hashed into the prefix cache. Blocks left holding only rejected tokens go back
+    /// to the pool (or to whoever shares them); a copy-on-write made for a rejected token
+    /// stays, since the private copy is as good as the shared original. Returns how many
+    /// blocks this sequence let go.
+    ///
+    /// Errors, leaving everything unchanged: [`CacheError::TokenOutOfRange`] unless
+    /// `num_computed <= num_tokens <= ` the slots it has (computed KV is never given back),
+    /// more than the prefix-cache hit it was admitted with, and at least one token stays in
+    /// a live block; [`CacheError::Swapped`];
+    /// [`CacheError::BlocksInFlight`] when a block it would release is written by the
+    /// pending plan.
+    pub fn truncate(&mut self, seq: SeqId, num_tokens: usize) -> Result<usize, CacheError> {
+        let bs = self.config.block_size;
+        let s = self.seq(seq)?;
+        let Blocks::Device(table) = &s.blocks else {
+            return Err(CacheError::Swapped(seq));
+        };
+        let keep = super::block_table::blocks_for(num_tokens, bs);
+        let in_range =
+            s.num_computed.max(s.num_cached + 1) <= num_tokens && num_tokens <= s.num_tokens;
+        if !in_range || keep <= s.released {
+            return Err(CacheError::TokenOutOfRange {
+                seq,
+                value: num_tokens,
+                num_tokens: s.num_tokens,
+            });
+        }
+        let live = keep - s.released;
+        if table[live..].iter().any(|&b| self.plan.writes(b)) {
+            return Err(CacheError::BlocksInFlight(seq));
+        }
+        let BlockManager { device, seqs, .. } = self;
+        let s = seqs.get_mut(&seq).ok_or(CacheError::UnknownSequence(seq))?;
+        let Blocks::Device(table) = &mut s.blocks else {
+            return Err(CacheError::Swapped(seq));
+        };
+        let dropped = table.len() - live;
+        // Deepest first, as in free().
+        table.drain(live..).rev().for_each(|b| device.release(b));
+        s.num_tokens = num_tokens;
+        tracing::trace!(%seq, num_tokens, released = dropped, "rejected slots given back");
+        Ok(dropped)
+    }
+
     /// Makes `child` a copy of `parent` that shares all its blocks (on the device or in
     /// the host pool); nothing is allocated until one of them writes a shared block.
     pub fn fork(&mut self, parent: SeqId, child: SeqId) -> Result<(), CacheError> {

@@ -4,6 +4,7 @@ mod admission;
 mod group;
 mod prefix;
 mod sharing;
+mod speculation;
 mod swap;
 mod window;
 
