@@ -18,6 +18,9 @@
 //! Run: `cargo bench --bench kv_quant` (`-- --quick` for fewer repetitions, `-- --section N`
 //! for one section; adapter chosen as usual, e.g. `PAGELLM_BACKEND=gl`).
 
+#[path = "common/mod.rs"]
+mod common;
+
 use pagellm::engine::{Engine, EngineConfig, Prompt};
 use pagellm::gpu::Batch;
 use pagellm::kernels::paged_attention::{
@@ -243,21 +246,8 @@ fn engine_decode(ctx: &Arc<GpuContext>, quick: bool) {
             }
         }
         let mut times: Vec<Vec<Duration>> = vec![Vec::new(); engines.len()];
-        let mut step = 0;
-        while engines.iter().any(|e| e.has_unfinished()) {
-            for (e, t) in engines.iter_mut().zip(&mut times) {
-                if !e.has_unfinished() {
-                    continue;
-                }
-                let start = Instant::now();
-                e.step().expect("step");
-                // The first steps prefill; time decode steps only.
-                if step >= 2 {
-                    t.push(start.elapsed());
-                }
-            }
-            step += 1;
-        }
+        // The first steps prefill; time decode steps only.
+        common::alternate_steps(&mut engines, 2, &mut times);
         drop(handles);
         let m: Vec<Duration> = times.into_iter().map(median).collect();
         println!(

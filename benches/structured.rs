@@ -21,6 +21,9 @@
 //! fewer; adapter chosen as usual, e.g. `PAGELLM_BACKEND=gl`; `-- --cpu` runs section 1
 //! only, without a GPU).
 
+#[path = "common/mod.rs"]
+mod common;
+
 use pagellm::constrain::{Compiler, StructuredOutput};
 use pagellm::engine::{Engine, EngineConfig, Prompt};
 use pagellm::sampling::SamplingParams;
@@ -292,21 +295,8 @@ fn decode(ctx: &Arc<GpuContext>, rounds: usize) -> [Duration; 2] {
                 handles.push(e.add_request(prompt, p).expect("add"));
             }
         }
-        let mut step = 0;
-        while engines.iter().any(|e| e.has_unfinished()) {
-            for (e, t) in engines.iter_mut().zip(&mut times) {
-                if !e.has_unfinished() {
-                    continue;
-                }
-                let start = Instant::now();
-                e.step().expect("step");
-                // The first step prefills every prompt and samples the first tokens.
-                if step >= 1 {
-                    t.push(start.elapsed());
-                }
-            }
-            step += 1;
-        }
+        // The first step prefills every prompt and samples the first tokens.
+        common::alternate_steps(&mut engines, 1, &mut times);
         for h in handles {
             let out = h.wait().expect("request");
             assert_eq!(
