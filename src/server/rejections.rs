@@ -137,6 +137,29 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for JsonRejections<T> {
         Pin::new(&mut this.inner).poll_write(cx, buf)
     }
 
+    /// hyper writes a response head as one buffer of its own, so only a first buffer with
+    /// nothing after it can be a rejection; everything else goes to the socket as given,
+    /// vectored.
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match bufs {
+            [one] => self.poll_write(cx, one),
+            [one, rest @ ..] if rest.iter().all(|b| b.is_empty()) => self.poll_write(cx, one),
+            _ => {
+                let this = &mut *self;
+                ready!(this.drain(cx))?;
+                Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
+            }
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         ready!(self.drain(cx))?;
         Pin::new(&mut self.inner).poll_flush(cx)
