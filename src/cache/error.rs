@@ -2,7 +2,7 @@
 //! so the caller (the scheduler) can react, by preempting, recomputing or rejecting a
 //! request, and carry on.
 
-use super::ids::SeqId;
+use super::ids::{DeviceBlockId, SeqId};
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum CacheError {
@@ -47,6 +47,12 @@ pub enum CacheError {
          is taken, or recompute it"
     )]
     BlocksInFlight(SeqId),
+
+    #[error(
+        "{seq} cannot give back part of {block}, which other sequences share; only slots in \
+         blocks of its own or whole shared blocks can be given back"
+    )]
+    CutsSharedBlock { seq: SeqId, block: DeviceBlockId },
 
     #[error("request {0} is not held by the scheduler")]
     UnknownGroup(u64),

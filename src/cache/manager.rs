@@ -271,7 +271,8 @@ impl BlockManager {
     /// more than the prefix-cache hit it was admitted with, and at least one token stays in
     /// a live block; [`CacheError::Swapped`];
     /// [`CacheError::BlocksInFlight`] when a block it would release is written by the
-    /// pending plan.
+    /// pending plan; [`CacheError::CutsSharedBlock`] when the new end falls inside a block
+    /// other sequences share.
     pub fn truncate(&mut self, seq: SeqId, num_tokens: usize) -> Result<usize, CacheError> {
         let bs = self.config.block_size;
         let s = self.seq(seq)?;
@@ -288,9 +289,20 @@ impl BlockManager {
                 num_tokens: s.num_tokens,
             });
         }
+        if num_tokens == s.num_tokens {
+            return Ok(0);
+        }
         let live = keep - s.released;
         if table[live..].iter().any(|&b| self.plan.writes(b)) {
             return Err(CacheError::BlocksInFlight(seq));
+        }
+        // Cutting into a block that other tables share would leave this sequence a partial
+        // view of it: once the others fill and name it and then let it go, this sequence
+        // would write its next token into a named block in place. Speculative slots never
+        // end in one (the first write into a shared block copies it).
+        let last = table[live - 1];
+        if !num_tokens.is_multiple_of(bs) && self.table_refs(last) > 1 {
+            return Err(CacheError::CutsSharedBlock { seq, block: last });
         }
         let BlockManager { device, seqs, .. } = self;
         let s = seqs.get_mut(&seq).ok_or(CacheError::UnknownSequence(seq))?;

@@ -117,9 +117,14 @@ fn what_cannot_be_given_back_is_refused_without_a_change() {
     let before = m.clone();
     assert_eq!(m.truncate(B, 6), Err(CacheError::BlocksInFlight(B)));
     assert_eq!(m, before);
-    // Once the plan is taken, the same truncation goes through.
+    // Once the plan is taken, B can give back its copy by cutting at the end of the
+    // block it still shares, but not inside that block.
     m.take_ops();
-    assert_eq!(m.truncate(B, 6).unwrap(), 1);
+    assert!(matches!(
+        m.truncate(B, 6),
+        Err(CacheError::CutsSharedBlock { seq: B, .. })
+    ));
+    assert_eq!(m.truncate(B, 8).unwrap(), 1);
     m.check_invariants().unwrap();
     // Swapped out: nothing to give back on the device.
     m.free(B).unwrap();
@@ -131,4 +136,32 @@ fn what_cannot_be_given_back_is_refused_without_a_change() {
     assert_eq!(m, before);
     m.swap_in(&unnamed(&[A])).unwrap();
     m.check_invariants().unwrap();
+}
+
+/// Found by the property test: a fork cut back into a block it shares would later write
+/// its next token into that block in place once the block was named and the other sharer
+/// gone. Such a cut is refused; a cut at the block's end is fine.
+#[test]
+fn a_cut_inside_a_shared_block_is_refused() {
+    let mut m = prefix_manager(2, 22);
+    m.allocate(A, &[0; 8]).unwrap();
+    m.fork(A, B).unwrap();
+    let shared = m.block_table(A).unwrap()[0];
+    let before = m.clone();
+    assert_eq!(
+        m.truncate(B, 1),
+        Err(CacheError::CutsSharedBlock {
+            seq: B,
+            block: shared
+        })
+    );
+    assert_eq!(m, before);
+    // At the block's end: B keeps all of block 0 and gives back the other three.
+    assert_eq!(m.truncate(B, 2).unwrap(), 3);
+    m.mark_computed(A, &[0; 8]).unwrap();
+    m.check_invariants().unwrap();
+    m.check_contents(|id| (id == A || id == B).then_some(&[0u32; 8][..]))
+        .unwrap();
+    // B's next token opens a block of its own.
+    assert!(m.append_slot(B).unwrap().new_block);
 }
