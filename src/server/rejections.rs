@@ -146,7 +146,6 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for JsonRejections<T> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         match bufs {
-            [one] => self.poll_write(cx, one),
             [one, rest @ ..] if rest.iter().all(|b| b.is_empty()) => self.poll_write(cx, one),
             _ => {
                 let this = &mut *self;
