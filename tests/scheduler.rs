@@ -379,6 +379,7 @@ fn tokens(seq: usize, token: u32) -> SampleOutcome<()> {
     SampleOutcome::Tokens {
         tokens: vec![NextToken {
             seq,
+            accepted: 0,
             token,
             finish: None,
         }],
@@ -460,6 +461,7 @@ fn a_commit_forks_samples_and_frees_what_finishes() {
         outcome: SampleOutcome::Tokens {
             tokens: vec![NextToken {
                 seq: 0,
+                accepted: 0,
                 token: 11,
                 finish: None,
             }],
@@ -511,6 +513,7 @@ fn a_commit_forks_samples_and_frees_what_finishes() {
         .filter(|x| x.request_id == 0)
         .map(|x| NextToken {
             seq: x.seq,
+            accepted: 0,
             token: 1,
             finish: Some(FinishReason::Length),
         })

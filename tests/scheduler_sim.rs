@@ -18,7 +18,7 @@ use driver::{splitmix, Driver, Outcome, Req};
 use pagellm::cache::CacheConfig;
 use pagellm::engine::scheduler::PreemptionCosts;
 use pagellm::engine::sequence::GroupShape;
-use pagellm::engine::{EngineConfig, PreemptionMode};
+use pagellm::engine::{EngineConfig, PreemptionMode, SpeculativeConfig};
 use std::collections::BTreeMap;
 use std::io::Write;
 
@@ -69,6 +69,10 @@ fn random_setup(g: &mut Rng) -> Setup {
         max_num_batched_tokens: [1, g.range(2, 16), g.range(16, 128)][g.range(0, 2)],
         enable_prefix_caching: prefix,
         decode_first: g.chance(85),
+        speculative: g.chance(40).then(|| SpeculativeConfig {
+            num_tokens: g.range(1, 6),
+            ..SpeculativeConfig::default()
+        }),
         ..EngineConfig::default()
     };
     let cache = CacheConfig::new(block_size, blocks, host)
@@ -150,6 +154,8 @@ struct Tally {
     cow_copies: u64,
     prefix_hits: u64,
     window_releases: u64,
+    proposed: u64,
+    accepted: u64,
 }
 
 /// One simulated run, added to `t`.
@@ -229,6 +235,14 @@ fn run(seed: u64, memo: &mut BTreeMap<String, Outcome>, t: &mut Tally) -> Result
     t.cow_copies += st.cow_copies;
     t.prefix_hits += st.prefix_hits;
     t.window_releases += st.window_released_blocks;
+    t.proposed += d.sched.stats.spec_proposed;
+    t.accepted += d.sched.stats.spec_accepted;
+    if d.sched.stats.spec_accepted != d.proposals_accepted {
+        return Err(format!(
+            "the scheduler counted {} accepted proposals, sampling {}",
+            d.sched.stats.spec_accepted, d.proposals_accepted
+        ));
+    }
     for o in d.outcomes.values() {
         match o {
             Outcome::Finished(_) => t.finished += 1,
@@ -267,6 +281,9 @@ fn random_mixes_keep_every_promise() {
         ("copy-on-write copies", t.cow_copies),
         ("prefix-cache hits", t.prefix_hits),
         ("blocks released by a sliding window", t.window_releases),
+        ("proposed tokens", t.proposed),
+        ("accepted proposals", t.accepted),
+        ("rejected proposals", t.proposed - t.accepted),
     ] {
         assert!(n > 0, "no {what} in {runs} runs");
     }

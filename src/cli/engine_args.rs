@@ -2,7 +2,7 @@
 //! limits, preemption mode, KV precision, prefix caching, the weights' format.
 
 use clap::{Args, ValueEnum};
-use pagellm::engine::{EngineConfig, PreemptionMode};
+use pagellm::engine::{EngineConfig, PreemptionMode, SpeculativeConfig};
 use pagellm::kernels::WeightDtype;
 use pagellm::pool::{KvDtype, KvRotation};
 
@@ -49,6 +49,24 @@ impl From<KvRotationArg> for Option<KvRotation> {
             KvRotationArg::None => Some(KvRotation::None),
             KvRotationArg::Hadamard => Some(KvRotation::Hadamard),
         }
+    }
+}
+
+/// How proposals for speculative decoding are made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SpeculativeArg {
+    /// Prompt lookup: the tokens that followed the latest earlier match of the newest
+    /// n-gram in the sequence's own prompt and output.
+    Ngram,
+}
+
+fn parse_speculative(s: &str) -> Result<SpeculativeArg, String> {
+    match s {
+        "ngram" => Ok(SpeculativeArg::Ngram),
+        d if d.starts_with("draft:") => {
+            Err("draft-model speculation is not implemented yet; `ngram` (prompt lookup) is".into())
+        }
+        other => Err(format!("unknown method `{other}`; expected `ngram`")),
     }
 }
 
@@ -104,6 +122,23 @@ pub struct EngineArgs {
     /// stored on disk.
     #[arg(long, value_name = "FORMAT")]
     pub weight_dtype: Option<WeightDtype>,
+    /// Speculative decoding: `ngram` proposes the tokens that followed the newest n-gram's
+    /// latest earlier occurrence in the sequence's prompt and output, and each step verifies
+    /// them at once. Outputs are exactly those without it (greedy and seeded); faster where
+    /// the output repeats its context (editing, quoting, code), and each request turns it off
+    /// where its proposals are rarely accepted.
+    #[arg(long, value_name = "METHOD", value_parser = parse_speculative)]
+    pub speculative: Option<SpeculativeArg>,
+    /// Most tokens proposed per sequence and step.
+    #[arg(long, value_name = "K", default_value_t = 4, requires = "speculative",
+          value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub num_speculative_tokens: u16,
+    /// Shortest n-gram prompt lookup matches.
+    #[arg(long, default_value_t = 1, requires = "speculative")]
+    pub ngram_min: usize,
+    /// Longest n-gram prompt lookup matches (the longest match found wins).
+    #[arg(long, default_value_t = 4, requires = "speculative")]
+    pub ngram_max: usize,
 }
 
 impl EngineArgs {
@@ -126,6 +161,15 @@ impl EngineArgs {
             profile: self.profile,
             free_out_of_window_blocks: !self.keep_out_of_window_blocks,
             weight_dtype: self.weight_dtype,
+            speculative: self
+                .speculative
+                .as_ref()
+                .map(|SpeculativeArg::Ngram| SpeculativeConfig {
+                    num_tokens: self.num_speculative_tokens.into(),
+                    ngram_min: self.ngram_min,
+                    ngram_max: self.ngram_max,
+                    ..SpeculativeConfig::default()
+                }),
             ..EngineConfig::default()
         }
     }

@@ -491,6 +491,16 @@ fn print_stats(engine: &Engine) {
         "chunked prefills:       {} partial chunks",
         s.scheduler.partial_prefills
     );
+    let sc = &s.scheduler;
+    if sc.spec_drafts > 0 {
+        eprintln!(
+            "speculative decoding:   {} proposed, {} accepted ({:.1}%), {:.2} accepted per draft",
+            sc.spec_proposed,
+            sc.spec_accepted,
+            100.0 * sc.spec_accepted as f64 / sc.spec_proposed as f64,
+            sc.spec_accepted as f64 / sc.spec_drafts as f64
+        );
+    }
     eprintln!(
         "failed / abandoned:     {} / {}",
         s.scheduler.failed_requests, s.abandoned_requests

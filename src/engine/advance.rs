@@ -9,12 +9,23 @@ use super::core::{Engine, EngineError, Result};
 use super::output::{CompletionOutput, FinishReason, RequestEvent, RequestId, TokenLogprob};
 use super::request::{completion, Group, RequestSide, SeqOutput};
 use super::scheduler::{BeamChild, Fork, NextToken, SampleOutcome, Sampled, SchedulerOutput};
+use super::sequence::Sequence;
 use super::step_batch::{needs_logits, ReadBack};
 use crate::constrain::Constraint;
 use crate::sampling::SamplingParams;
 use crate::sampling::{log_softmax, Sampler, SamplingError};
 use crate::tokenizer::Tokenizer;
 use std::borrow::Cow;
+
+/// A sequence's rows in the step's read-back: `1 + proposed` of them from `row` on, the
+/// first after its newest token, each next one after one more of its proposals.
+#[derive(Clone, Copy, Debug)]
+struct SeqRows {
+    /// Index into the group's `seqs`.
+    seq: usize,
+    row: usize,
+    proposed: usize,
+}
 
 /// What sampling one row needs besides the sequence.
 struct RowSampler<'a> {
@@ -55,11 +66,18 @@ impl Engine {
         sched: &SchedulerOutput<SeqOutput, RequestSide>,
         read: &ReadBack,
     ) -> Vec<Sampled<SeqOutput>> {
-        let mut by_group: Vec<(RequestId, Vec<(usize, usize)>)> = Vec::new();
-        for (row, s) in sched.scheduled.iter().filter(|s| s.sample).enumerate() {
+        let mut by_group: Vec<(RequestId, Vec<SeqRows>)> = Vec::new();
+        let mut row = 0;
+        for s in sched.scheduled.iter().filter(|s| s.sample) {
+            let r = SeqRows {
+                seq: s.seq,
+                row,
+                proposed: s.proposed,
+            };
+            row += s.rows();
             match by_group.last_mut() {
-                Some((id, v)) if *id == s.request_id => v.push((s.seq, row)),
-                _ => by_group.push((s.request_id, vec![(s.seq, row)])),
+                Some((id, v)) if *id == s.request_id => v.push(r),
+                _ => by_group.push((s.request_id, vec![r])),
             }
         }
         let rs = RowSampler {
@@ -123,16 +141,12 @@ impl RowSampler<'_> {
     /// Parallel sampling: each sequence that sampled gets its next token; the first time,
     /// a group of `n > 1` also gets its `n - 1` forks, each sampled from the same row with
     /// its own sampler, starting from the prompt sequence's state before its own token.
-    fn samples(
-        &self,
-        g: &mut Group,
-        seq_rows: &[(usize, usize)],
-    ) -> Result<SampleOutcome<SeqOutput>> {
+    fn samples(&self, g: &mut Group, seq_rows: &[SeqRows]) -> Result<SampleOutcome<SeqOutput>> {
         let n = g.data.params.n;
         let mut forks = Vec::new();
         let mut fork_data = Vec::new();
         if !g.forked && n > 1 {
-            let (first, _) = seq_rows[0];
+            let first = seq_rows[0].seq;
             for index in 1..n {
                 let mut data = g.seqs[first].data.clone();
                 data.sampler = Sampler::new(g.data.params.clone(), index as u64);
@@ -140,21 +154,13 @@ impl RowSampler<'_> {
             }
         }
         let mut tokens = Vec::with_capacity(seq_rows.len());
-        for &(si, row) in seq_rows {
-            let seq = &mut g.seqs[si];
-            let h = History {
-                tokens: &seq.tokens,
-                prompt_len: seq.prompt_len,
-                index: seq.index,
-            };
-            let (token, finish) = self.next_token(&g.data, &h, &mut seq.data, row)?;
-            tokens.push(NextToken {
-                seq: si,
-                token,
-                finish,
-            });
+        for r in seq_rows {
+            tokens.push(self.verify(&g.data, &mut g.seqs[r.seq], r)?);
         }
-        if let Some(&(first, row)) = seq_rows.first() {
+        if let Some(&SeqRows {
+            seq: first, row, ..
+        }) = seq_rows.first()
+        {
             for (index, mut data) in fork_data {
                 let parent = &g.seqs[first];
                 let h = History {
@@ -172,6 +178,51 @@ impl RowSampler<'_> {
             }
         }
         Ok(SampleOutcome::Tokens { tokens, forks })
+    }
+
+    /// The step's new tokens of one sequence: from each of its rows in turn, the token its
+    /// sampler picks, as it would decoding one token per step; a proposal is accepted when
+    /// the pick equals it, and the first pick that does not, or that ends the sequence, is
+    /// the last. With prompt-lookup proposals (a point mass each) this is speculative
+    /// sampling's rule, so outputs keep the target model's distribution; and since every
+    /// pick draws from the sampler exactly as it would without speculation, seeded and
+    /// greedy outputs are the same token for token.
+    fn verify(
+        &self,
+        side: &RequestSide,
+        seq: &mut Sequence<SeqOutput>,
+        r: &SeqRows,
+    ) -> Result<NextToken> {
+        let own = seq.tokens.len();
+        let mut result = None;
+        for j in 0..=r.proposed {
+            let h = History {
+                tokens: &seq.tokens,
+                prompt_len: seq.prompt_len,
+                index: seq.index,
+            };
+            let (token, finish) = self.next_token(side, &h, &mut seq.data, r.row + j)?;
+            let proposal = seq.proposed.get(j).copied().filter(|_| j < r.proposed);
+            if finish.is_some() || proposal != Some(token) {
+                result = Some(NextToken {
+                    seq: r.seq,
+                    accepted: j,
+                    token,
+                    finish,
+                });
+                break;
+            }
+            // Accepted: the next row's history has it (taken out again below; the commit
+            // moves accepted proposals into the tokens).
+            seq.tokens.push(token);
+        }
+        seq.tokens.truncate(own);
+        let next = result
+            .ok_or_else(|| EngineError::Internal("verification ended without a token".into()))?;
+        if let Some(spec) = seq.data.spec.as_mut() {
+            spec.k.record(r.proposed, next.accepted);
+        }
+        Ok(next)
     }
 
     /// Samples one token for a sequence with history `h`, records its logprob, streams its
@@ -242,13 +293,12 @@ impl RowSampler<'_> {
 
     /// Beam search: rank all expansions of the live beams; the kept ones become the group's
     /// new beams, each with its cumulative logprob.
-    fn beams(
-        &self,
-        g: &mut Group,
-        seq_rows: &[(usize, usize)],
-    ) -> Result<SampleOutcome<SeqOutput>> {
+    fn beams(&self, g: &mut Group, seq_rows: &[SeqRows]) -> Result<SampleOutcome<SeqOutput>> {
         let mut lp_rows = Vec::with_capacity(seq_rows.len());
-        for &(si, r) in seq_rows {
+        for &SeqRows {
+            seq: si, row: r, ..
+        } in seq_rows
+        {
             let raw = self.read.logits(r).ok_or(SamplingError::EmptyLogits)?;
             let constraint = g.seqs[si].data.constraint.as_mut();
             lp_rows.push(log_softmax(&shaped(raw, &g.data.params, constraint)?)?);
@@ -263,7 +313,7 @@ impl RowSampler<'_> {
         let mut done = bs.is_done();
         let mut children = Vec::with_capacity(kept.len());
         for c in kept {
-            let parent = seq_rows[c.parent].0;
+            let parent = seq_rows[c.parent].seq;
             let p = &g.seqs[parent];
             done |= p.tokens.len() + 1 >= self.max_model_len;
             let mut data = p.data.clone();

@@ -13,6 +13,39 @@ pub enum PreemptionMode {
     Swap,
 }
 
+/// Speculative decoding by prompt lookup: each decoding sequence looks up its latest
+/// `ngram_max`..`ngram_min` tokens earlier in its own prompt and output, proposes the tokens
+/// that followed there, and the step verifies them all at once (`crate::spec`). Every
+/// emitted token is still the one the sampler picks from the target model's logits, so
+/// outputs are those of plain decoding (greedy and seeded alike), only faster where the
+/// output repeats its context.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SpeculativeConfig {
+    /// Most tokens proposed per sequence and step (`k`); each request adapts its own `k`
+    /// to its acceptance rate, down to 0 where speculating does not pay.
+    pub num_tokens: usize,
+    pub ngram_min: usize,
+    pub ngram_max: usize,
+    /// What one more query row costs relative to a one-row decode step, which the adaptive
+    /// `k` weighs against the acceptance rate (measured on lavapipe: docs/BENCHMARKS.md).
+    pub row_cost: f64,
+}
+
+impl Default for SpeculativeConfig {
+    fn default() -> Self {
+        SpeculativeConfig {
+            num_tokens: 4,
+            ngram_min: 1,
+            ngram_max: 4,
+            row_cost: 0.1,
+        }
+    }
+}
+
+/// Extra sampled rows the step workspace holds for proposed tokens, at most: with a large
+/// vocabulary every row is a `[vocab]` logits row in memory.
+pub const MAX_SPECULATIVE_ROWS: usize = 128;
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct EngineConfig {
     /// Tokens per KV block.
@@ -61,6 +94,26 @@ pub struct EngineConfig {
     /// float one to widen a GGUF model's blocks (`pagellm::model::convert`). `None`
     /// (the default) keeps what is on disk.
     pub weight_dtype: Option<WeightDtype>,
+    /// Speculative decoding by n-gram lookup; `None` (the default) decodes one token per
+    /// sequence and step.
+    pub speculative: Option<SpeculativeConfig>,
+}
+
+impl EngineConfig {
+    /// Tokens a sequence may propose per step (0 without speculation).
+    pub fn num_speculative_tokens(&self) -> usize {
+        self.speculative.map_or(0, |s| s.num_tokens)
+    }
+
+    /// Rows beyond one per sequence that proposed tokens may take in one step.
+    pub fn speculative_rows(&self) -> usize {
+        (self.max_num_seqs * self.num_speculative_tokens()).min(MAX_SPECULATIVE_ROWS)
+    }
+
+    /// Most sampled rows in one step: one per running sequence plus the proposals'.
+    pub fn max_sampled_rows(&self) -> usize {
+        self.max_num_seqs + self.speculative_rows()
+    }
 }
 
 impl Default for EngineConfig {
@@ -82,6 +135,7 @@ impl Default for EngineConfig {
             profile: false,
             free_out_of_window_blocks: true,
             weight_dtype: None,
+            speculative: None,
         }
     }
 }

@@ -12,7 +12,7 @@
 
 use super::config::EngineConfig;
 use super::output::{FinishReason, RequestEvent, RequestId};
-use super::request::{completion, Prompt, RequestHandle, RequestSide, SeqOutput};
+use super::request::{completion, Prompt, RequestHandle, RequestSide, SeqOutput, SpecState};
 use super::scheduler::{PreemptionCosts, Scheduler, SchedulerStats};
 use super::sequence::{GroupShape, Sequence, SequenceGroup};
 use crate::cache::{BlockManager, BlockOps, CacheConfig, CacheError, CacheStats};
@@ -26,6 +26,7 @@ use crate::model::gpu::GpuModel;
 use crate::model::{ModelError, ModelFiles};
 use crate::pool::{KvLayout, KvPool, KvRotation, PoolSize};
 use crate::sampling::{BeamSearch, BeamSearchConfig, SamplingError};
+use crate::spec::{AdaptiveK, NgramIndex};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 use std::path::Path;
 use std::sync::Arc;
@@ -294,7 +295,16 @@ impl Engine {
                 .kv_rotation
                 .unwrap_or(KvRotation::default_for(config.kv_dtype)),
         );
-        let ws = Workspace::new(&ctx, &c, config.max_num_batched_tokens, config.max_num_seqs)?;
+        if let Some(spec) = config.speculative {
+            NgramIndex::new(spec.ngram_min, spec.ngram_max)
+                .map_err(|e| EngineError::Config(format!("speculative decoding: {e}")))?;
+        }
+        let ws = Workspace::new(
+            &ctx,
+            &c,
+            config.max_num_batched_tokens,
+            config.max_sampled_rows(),
+        )?;
         let watermark = (gpu_blocks / 100).min(gpu_blocks.saturating_sub(needed));
         let cache_cfg = CacheConfig::new(config.block_size, gpu_blocks, cpu_blocks)
             .with_watermark_blocks(watermark)
@@ -442,12 +452,15 @@ impl Engine {
         let id = self.next_request;
         self.next_request += 1;
         let (tx, rx) = flume::unbounded();
-        let first = Sequence::new(
-            self.scheduler.new_seq_id(),
-            0,
-            &ids,
-            SeqOutput::new(&ids, &params, 0, constraint),
-        );
+        let mut out = SeqOutput::new(&ids, &params, 0, constraint);
+        if let (Some(spec), None) = (self.config.speculative, &beam) {
+            out.spec = Some(SpecState {
+                index: NgramIndex::new(spec.ngram_min, spec.ngram_max)
+                    .map_err(|e| EngineError::Config(e.to_string()))?,
+                k: AdaptiveK::new(spec.num_tokens, spec.row_cost),
+            });
+        }
+        let first = Sequence::new(self.scheduler.new_seq_id(), 0, &ids, out);
         let max_len = ids.len().saturating_add(params.max_tokens);
         let side = RequestSide {
             params,
@@ -550,6 +563,7 @@ impl Engine {
 
     fn try_step(&mut self) -> Result<usize> {
         let start = Instant::now();
+        self.propose();
         let mut sched = self.scheduler.schedule()?;
         for f in std::mem::take(&mut sched.failed) {
             f.group.send(RequestEvent::Failed(f.reason));
@@ -560,13 +574,37 @@ impl Engine {
         self.idle_steps = 0;
         let read = self.run_forward(&sched)?;
         self.advance(&sched, &read)?;
-        if sched.scheduled.iter().any(|s| s.len > 1) {
+        if sched.scheduled.iter().any(|s| s.own_len() > 1) {
             let tokens = sched.scheduled.iter().map(|s| s.len).sum();
             self.scheduler
                 .costs
                 .record_prefill(tokens, start.elapsed().as_secs_f64());
         }
         Ok(sched.scheduled.iter().map(|s| s.len).sum())
+    }
+
+    /// Speculative decoding: every decoding sequence that speculates proposes the tokens
+    /// its n-gram index predicts; the scheduler gives slots to those that fit.
+    fn propose(&mut self) {
+        if self.config.speculative.is_none() {
+            return;
+        }
+        let blocks = &self.scheduler.blocks;
+        let computed: Vec<Vec<usize>> = self
+            .scheduler
+            .running()
+            .iter()
+            .map(|g| g.seqs.iter().map(|s| s.num_computed(blocks)).collect())
+            .collect();
+        for (g, computed) in self.scheduler.running_mut().iter_mut().zip(computed) {
+            for (seq, computed) in g.seqs.iter_mut().zip(computed) {
+                let decoding = !seq.is_finished() && computed + 1 == seq.tokens.len();
+                seq.proposed = match seq.data.spec.as_mut() {
+                    Some(spec) if decoding => spec.propose(&seq.tokens),
+                    _ => Vec::new(),
+                };
+            }
+        }
     }
 
     /// A step that computes nothing: it may still move blocks (a swap-only step, which is

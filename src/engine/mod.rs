@@ -13,7 +13,7 @@ mod step_batch;
 
 pub(crate) use self::core::{kv_layout, open_model};
 pub use self::core::{Engine, EngineError, EngineStats, HostTime};
-pub use config::{EngineConfig, PreemptionMode};
+pub use config::{EngineConfig, PreemptionMode, SpeculativeConfig, MAX_SPECULATIVE_ROWS};
 pub use output::{
     CompletionOutput, FinishReason, RequestEvent, RequestId, RequestOutput, TokenLogprob,
 };

@@ -12,6 +12,7 @@ use super::sequence::{Sequence, SequenceGroup};
 use super::EngineError;
 use crate::constrain::Constraint;
 use crate::sampling::{BeamSearch, Sampler, SamplingParams};
+use crate::spec::{AdaptiveK, NgramIndex};
 use crate::tokenizer::{IncrementalDecoder, StopChecker, StopStream};
 
 /// A prompt as text (tokenized by the model's tokenizer) or as token ids.
@@ -31,6 +32,33 @@ pub struct SeqOutput {
     pub cum_logprob: f64,
     /// The request's constraint, as far as this sequence's output has advanced it.
     pub constraint: Option<Constraint>,
+    /// Prompt lookup for speculative decoding, where the engine speculates.
+    pub spec: Option<SpecState>,
+}
+
+/// A sequence's speculative decoding: the n-gram index of its tokens so far and its own
+/// number of proposals, adapted to how many it has had accepted.
+#[derive(Clone, Debug)]
+pub struct SpecState {
+    pub index: NgramIndex,
+    pub k: AdaptiveK,
+}
+
+impl SpecState {
+    /// Proposals to verify after `tokens` (the sequence's tokens; those not yet indexed
+    /// are indexed first), at most the adapted `k`; empty when speculation does not pay or
+    /// nothing matches.
+    pub fn propose(&mut self, tokens: &[u32]) -> Vec<u32> {
+        let seen = self.index.tokens().len();
+        if seen > tokens.len() {
+            return Vec::new();
+        }
+        self.index.extend(&tokens[seen..]);
+        match self.k.next_k() {
+            0 => Vec::new(),
+            k => self.index.propose(k),
+        }
+    }
 }
 
 impl SeqOutput {
@@ -47,6 +75,7 @@ impl SeqOutput {
             logprobs: Vec::new(),
             cum_logprob: 0.0,
             constraint,
+            spec: None,
         }
     }
 }

@@ -21,6 +21,13 @@ pub struct Sequence<D = ()> {
     pub tokens: Vec<u32>,
     pub prompt_len: usize,
     pub finish: Option<FinishReason>,
+    /// Tokens a proposer suggests after `tokens` (speculative decoding), not yet verified:
+    /// [`super::scheduler::Scheduler::schedule`] cuts them to what it can give slots and
+    /// budget (none for a sequence that does not decode this step), the step computes them
+    /// after the sequence's newest token, and [`super::scheduler::Scheduler::commit`] moves
+    /// the accepted ones into `tokens` and drops the rest. They are never hashed into the
+    /// prefix cache and never outlive the step.
+    pub proposed: Vec<u32>,
     pub data: D,
 }
 
@@ -32,6 +39,7 @@ impl<D> Sequence<D> {
             tokens: prompt.to_vec(),
             prompt_len: prompt.len(),
             finish: None,
+            proposed: Vec::new(),
             data,
         }
     }

@@ -91,13 +91,13 @@ impl Engine {
     fn is_prefill(&self, sched: &SchedulerOutput<SeqOutput, RequestSide>) -> Result<bool> {
         let mut prefill = false;
         for s in &sched.scheduled {
-            prefill |= s.len > 1 || s.start < self.scheduled_seq(s)?.prompt_len;
+            prefill |= s.own_len() > 1 || s.start < self.scheduled_seq(s)?.prompt_len;
         }
         Ok(prefill)
     }
 
-    /// The flat batch: each scheduled sequence's new tokens, back to back, the rows that
-    /// sample, and each sequence's block table (released blocks, which left every layer's
+    /// The flat batch: each scheduled sequence's new tokens (and the proposals it
+    /// verifies), back to back, the rows that sample, and each sequence's block table (released blocks, which left every layer's
     /// window, are holes the kernels never read).
     fn flat_batch(&self, sched: &SchedulerOutput<SeqOutput, RequestSide>) -> Result<Flat> {
         let mut flat = Flat {
@@ -108,11 +108,18 @@ impl Engine {
         let blocks = &self.scheduler.blocks;
         for s in &sched.scheduled {
             let seq = self.scheduled_seq(s)?;
-            flat.tokens
-                .extend_from_slice(&seq.tokens[s.start..s.start + s.len]);
-            if s.sample {
-                flat.rows.push((flat.tokens.len() - 1) as u32);
-            }
+            let own = seq.tokens.get(s.start..s.start + s.own_len());
+            let proposed = seq.proposed.get(..s.proposed);
+            let (Some(own), Some(proposed)) = (own, proposed) else {
+                return Err(EngineError::Internal(format!(
+                    "{} scheduled past its tokens or proposals",
+                    s.id
+                )));
+            };
+            flat.tokens.extend_from_slice(own);
+            flat.tokens.extend_from_slice(proposed);
+            let end = flat.tokens.len() as u32;
+            flat.rows.extend((end - s.rows() as u32)..end);
             let holes = blocks.released_blocks(s.id)?;
             let table: Vec<u32> = std::iter::repeat_n(NO_BLOCK, holes)
                 .chain(blocks.block_table(s.id)?.iter().map(|b| b.0))

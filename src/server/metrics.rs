@@ -34,13 +34,16 @@ pub struct Metrics {
     prefix_queries: Counter,
     prefix_hits: Counter,
     abandoned: Counter,
+    spec_drafts: Counter,
+    spec_draft_tokens: Counter,
+    spec_accepted_tokens: Counter,
     pub prompt_tokens: Counter,
     pub generation_tokens: Counter,
     pub time_to_first_token: Histogram,
     pub inter_token_latency: Histogram,
     pub e2e_latency: Histogram,
     /// Engine counters as last exported, to turn totals into increments.
-    last: Mutex<[u64; 5]>,
+    last: Mutex<[u64; 8]>,
 }
 
 fn seconds() -> impl Iterator<Item = f64> {
@@ -61,12 +64,15 @@ impl Metrics {
             prefix_queries: Counter::default(),
             prefix_hits: Counter::default(),
             abandoned: Counter::default(),
+            spec_drafts: Counter::default(),
+            spec_draft_tokens: Counter::default(),
+            spec_accepted_tokens: Counter::default(),
             prompt_tokens: Counter::default(),
             generation_tokens: Counter::default(),
             time_to_first_token: Histogram::new(seconds()),
             inter_token_latency: Histogram::new(seconds()),
             e2e_latency: Histogram::new(seconds()),
-            last: Mutex::new([0; 5]),
+            last: Mutex::new([0; 8]),
             registry: Registry::default(),
         };
         m.registry = m.registered();
@@ -102,6 +108,12 @@ impl Metrics {
                 "Prompt blocks found in the prefix cache";
             abandoned: "requests_abandoned",
                 "Requests aborted because the client went away";
+            spec_drafts: "spec_decode_num_drafts",
+                "Speculative decoding: sequence steps that verified proposed tokens";
+            spec_draft_tokens: "spec_decode_num_draft_tokens",
+                "Speculative decoding: proposed tokens verified";
+            spec_accepted_tokens: "spec_decode_num_accepted_tokens",
+                "Speculative decoding: proposed tokens accepted";
             prompt_tokens: "prompt_tokens",
                 "Prompt tokens of finished requests";
             generation_tokens: "generation_tokens",
@@ -142,6 +154,9 @@ impl Metrics {
             s.cache.prefix_hits + s.cache.prefix_misses,
             s.cache.prefix_hits,
             s.abandoned_requests,
+            s.scheduler.spec_drafts,
+            s.scheduler.spec_proposed,
+            s.scheduler.spec_accepted,
         ];
         let Ok(mut last) = self.last.lock() else {
             return;
@@ -157,6 +172,9 @@ impl Metrics {
         self.prefix_queries.inc_by(delta(2));
         self.prefix_hits.inc_by(delta(3));
         self.abandoned.inc_by(delta(4));
+        self.spec_drafts.inc_by(delta(5));
+        self.spec_draft_tokens.inc_by(delta(6));
+        self.spec_accepted_tokens.inc_by(delta(7));
         for (l, n) in last.iter_mut().zip(now) {
             *l = (*l).max(n);
         }

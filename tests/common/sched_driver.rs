@@ -63,6 +63,12 @@ pub struct Driver {
     window: Option<usize>,
     /// Consecutive steps in which nothing was computed and no block moved.
     idle: u32,
+    /// Speculative decoding (with `config.speculative` set): the percentage of proposed
+    /// tokens that are the sequence's true next ones; the rest are wrong, so both paths of
+    /// verification run.
+    pub proposal_accuracy: u64,
+    /// Proposals verified and accepted so far.
+    pub proposals_accepted: u64,
 }
 
 pub fn splitmix(mut x: u64) -> u64 {
@@ -100,6 +106,8 @@ impl Driver {
             tokens_computed: 0,
             window,
             idle: 0,
+            proposal_accuracy: 70,
+            proposals_accepted: 0,
         }
     }
 
@@ -136,6 +144,7 @@ impl Driver {
     /// One step: schedule, check, "compute", sample. Errors name the broken promise.
     pub fn step(&mut self) -> Result<SchedulerOutput<Score, Side>, String> {
         self.steps += 1;
+        self.propose();
         let oldest = self.oldest_running_decode();
         let mut out = self
             .sched
@@ -178,14 +187,19 @@ impl Driver {
             .blocks
             .check_invariants()
             .map_err(|e| format!("step {}: block manager: {e}", self.steps))?;
-        let tokens: HashMap<SeqId, &[u32]> = self
+        // Scheduled proposals have slots: the blocks hold them after the tokens.
+        let tokens: HashMap<SeqId, Vec<u32>> = self
             .sched
             .groups()
-            .flat_map(|g| g.seqs.iter().map(|s| (s.id, s.tokens.as_slice())))
+            .flat_map(|g| {
+                g.seqs
+                    .iter()
+                    .map(|s| (s.id, [&s.tokens[..], &s.proposed[..]].concat()))
+            })
             .collect();
         self.sched
             .blocks
-            .check_contents(|id| tokens.get(&id).copied())
+            .check_contents(|id| tokens.get(&id).map(Vec::as_slice))
             .map_err(|e| format!("step {}: block contents: {e}", self.steps))?;
         let bm = &self.sched.blocks;
         if bm.num_used_device_blocks() != bm.stats().device.used {
@@ -209,6 +223,49 @@ impl Driver {
         self.compute(&out)
             .map_err(|e| format!("step {}: {e}", self.steps))?;
         Ok(out)
+    }
+
+    /// Speculative decoding: every live decoding sample proposes up to `k` tokens, each
+    /// its true next token with `proposal_accuracy` percent chance (continuing the history
+    /// the earlier proposals make), else a wrong one.
+    fn propose(&mut self) {
+        let k = self.sched.config.num_speculative_tokens();
+        let (step, accuracy) = (self.steps, self.proposal_accuracy);
+        let computed: Vec<Vec<usize>> = self
+            .sched
+            .running()
+            .iter()
+            .map(|g| {
+                g.seqs
+                    .iter()
+                    .map(|s| s.num_computed(&self.sched.blocks))
+                    .collect()
+            })
+            .collect();
+        for (g, computed) in self.sched.running_mut().iter_mut().zip(computed) {
+            let GroupShape::Samples(_) = g.shape else {
+                continue;
+            };
+            let req = &g.data.req;
+            for (s, computed) in g.seqs.iter_mut().zip(computed) {
+                s.proposed.clear();
+                if s.is_finished() || computed + 1 != s.tokens.len() {
+                    continue;
+                }
+                let mut h = s.tokens.clone();
+                let mut r = splitmix(step ^ s.id.0.wrapping_mul(0x9e37));
+                for _ in 0..splitmix(r) as usize % (k + 1) {
+                    r = splitmix(r);
+                    let t = if r % 100 < accuracy {
+                        next_sample(req, s.index, &h, s.prompt_len).0
+                    } else {
+                        (r % VOCAB) as u32
+                    };
+                    s.proposed.push(t);
+                    h.push(t);
+                }
+            }
+        }
     }
 
     /// The oldest running group that decodes (with `decode_first` off, the oldest running
@@ -279,9 +336,11 @@ impl Driver {
             if seq.id != s.id || seq.is_finished() {
                 return Err(format!("{} is not a live sequence of its group", s.id));
             }
+            let own = s.len - s.proposed;
             if s.len == 0
+                || s.proposed > s.len
                 || s.start != seq.num_computed(&self.sched.blocks)
-                || s.start + s.len > seq.tokens.len()
+                || s.start + own > seq.tokens.len()
             {
                 return Err(format!(
                     "{}: bad range {}+{} of {:?}",
@@ -291,16 +350,27 @@ impl Driver {
                     seq.tokens.len()
                 ));
             }
-            if s.sample != (s.start + s.len == seq.tokens.len()) {
+            if s.sample != (s.start + own == seq.tokens.len()) {
                 return Err(format!("{}: sample flag wrong", s.id));
             }
+            // Proposals ride only on a decode, and the sequence keeps exactly those given
+            // slots.
+            if s.proposed > 0 && (own != 1 || !s.sample) || seq.proposed.len() != s.proposed {
+                return Err(format!(
+                    "{}: {} proposals scheduled on {own} own tokens, {} kept",
+                    s.id,
+                    s.proposed,
+                    seq.proposed.len()
+                ));
+            }
+            let slots = seq.tokens.len() + s.proposed;
             let bm = &self.sched.blocks;
-            if bm.num_tokens(s.id).ok() != Some(seq.tokens.len()) {
+            if bm.num_tokens(s.id).ok() != Some(slots) {
                 return Err(format!("{}: tokens without slots", s.id));
             }
             let table = bm.block_table(s.id).map_err(|e| e.to_string())?;
             let holes = bm.released_blocks(s.id).map_err(|e| e.to_string())?;
-            if holes + table.len() != seq.tokens.len().div_ceil(bm.block_size()) {
+            if holes + table.len() != slots.div_ceil(bm.block_size()) {
                 return Err(format!("{}: block table does not cover its tokens", s.id));
             }
             // Only blocks every future query's window has left may be released.
@@ -315,7 +385,7 @@ impl Driver {
                 ));
             }
             tokens += s.len;
-            rows += s.sample as usize;
+            rows += s.rows();
             by_group
                 .entry(s.request_id)
                 .or_default()
@@ -330,10 +400,20 @@ impl Driver {
         let running = self.sched.running();
         let live: usize = running.iter().map(|g| g.live().count()).sum();
         let slots: usize = running.iter().map(|g| g.slots()).sum();
-        if live > cfg.max_num_seqs || slots > cfg.max_num_seqs || rows > cfg.max_num_seqs {
+        let unscheduled = self
+            .sched
+            .groups()
+            .flat_map(|g| g.seqs.iter())
+            .find(|q| !q.proposed.is_empty() && !seen.contains(&q.id));
+        if let Some(q) = unscheduled {
+            return Err(format!("{} keeps proposals it was not scheduled", q.id));
+        }
+        if live > cfg.max_num_seqs || slots > cfg.max_num_seqs || rows > cfg.max_sampled_rows() {
             return Err(format!(
-                "{live} live sequences, {slots} slots, {rows} rows over max_num_seqs {}",
-                cfg.max_num_seqs
+                "{live} live sequences, {slots} slots, {rows} rows over max_num_seqs {} \
+                 (rows: {})",
+                cfg.max_num_seqs,
+                cfg.max_sampled_rows()
             ));
         }
         for g in running {
@@ -380,13 +460,13 @@ impl Driver {
 
     /// "Sampling", then the scheduler's own commit of the step.
     fn compute(&mut self, out: &SchedulerOutput<Score, Side>) -> Result<(), String> {
-        let mut sampled: Vec<(RequestId, Vec<usize>)> = Vec::new();
+        let mut sampled: Vec<(RequestId, Vec<(usize, usize)>)> = Vec::new();
         for s in &out.scheduled {
             self.tokens_computed += s.len as u64;
             if s.sample {
                 match sampled.last_mut() {
-                    Some((id, v)) if *id == s.request_id => v.push(s.seq),
-                    _ => sampled.push((s.request_id, vec![s.seq])),
+                    Some((id, v)) if *id == s.request_id => v.push((s.seq, s.proposed)),
+                    _ => sampled.push((s.request_id, vec![(s.seq, s.proposed)])),
                 }
             }
         }
@@ -398,8 +478,14 @@ impl Driver {
                 .ok_or_else(|| format!("sampled request {id} is not held"))?;
             let outcome = match g.shape {
                 GroupShape::Samples(n) => sample(g, n, &seqs),
-                GroupShape::Beams(width) => beam_step(g, width, &seqs),
+                GroupShape::Beams(width) => {
+                    let seqs: Vec<usize> = seqs.iter().map(|x| x.0).collect();
+                    beam_step(g, width, &seqs)
+                }
             };
+            if let SampleOutcome::Tokens { tokens, .. } = &outcome {
+                self.proposals_accepted += tokens.iter().map(|t| t.accepted as u64).sum::<u64>();
+            }
             results.push(Sampled {
                 request_id: id,
                 outcome,
@@ -462,23 +548,37 @@ type NextTokenOf = (u32, Option<FinishReason>);
 
 /// Parallel samples: each sequence that sampled draws its next token; the first time, a
 /// group of `n > 1` also draws for its `n - 1` forks, from the shared history.
-fn sample(g: &SequenceGroup<Score, Side>, n: usize, seqs: &[usize]) -> SampleOutcome<Score> {
+fn sample(
+    g: &SequenceGroup<Score, Side>,
+    n: usize,
+    seqs: &[(usize, usize)],
+) -> SampleOutcome<Score> {
     let req = &g.data.req;
     let tokens = seqs
         .iter()
-        .map(|&si| {
+        .map(|&(si, proposed)| {
             let s = &g.seqs[si];
-            let (token, finish) = next_sample(req, s.index, &s.tokens, s.prompt_len);
-            NextToken {
-                seq: si,
-                token,
-                finish,
+            // Verification: draw from each row in turn; a proposal is accepted while the
+            // draw equals it, the first that does not (or that ends the sample) is last.
+            let mut h = s.tokens.clone();
+            for j in 0..=proposed {
+                let (token, finish) = next_sample(req, s.index, &h, s.prompt_len);
+                if finish.is_some() || j == proposed || s.proposed[j] != token {
+                    return NextToken {
+                        seq: si,
+                        accepted: j,
+                        token,
+                        finish,
+                    };
+                }
+                h.push(token);
             }
+            unreachable!("the last row always ends verification")
         })
         .collect();
     let mut forks = Vec::new();
     if !g.forked && n > 1 {
-        let s = &g.seqs[seqs[0]];
+        let s = &g.seqs[seqs[0].0];
         for index in 1..n {
             let (token, finish) = next_sample(req, index, &s.tokens, s.prompt_len);
             forks.push(Fork {

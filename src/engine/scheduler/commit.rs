@@ -14,6 +14,7 @@ use super::super::output::{FinishReason, RequestId};
 use super::super::sequence::{GroupShape, Sequence, SequenceGroup};
 use super::{FailedGroup, ScheduledSeq, Scheduler, SchedulerOutput};
 use crate::cache::{CacheError, SeqId};
+use std::collections::{HashMap, HashSet};
 
 /// What sampling made of one group's rows this step.
 #[derive(Debug)]
@@ -47,6 +48,9 @@ pub enum SampleOutcome<D> {
 pub struct NextToken {
     /// Index into the group's `seqs`.
     pub seq: usize,
+    /// How many of the sequence's scheduled proposals were accepted: the step's new tokens
+    /// are those proposals, then `token`.
+    pub accepted: usize,
     pub token: u32,
     /// Set when this token ends the sequence.
     pub finish: Option<FinishReason>,
@@ -87,7 +91,15 @@ impl<D, R> Scheduler<D, R> {
         out: &SchedulerOutput<D, R>,
         sampled: Vec<Sampled<D>>,
     ) -> Result<Committed<D, R>, CacheError> {
-        self.mark_computed(&out.scheduled)?;
+        let accepted: HashMap<(RequestId, usize), usize> = sampled
+            .iter()
+            .filter_map(|s| match &s.outcome {
+                SampleOutcome::Tokens { tokens, .. } => Some((s.request_id, tokens)),
+                _ => None,
+            })
+            .flat_map(|(id, tokens)| tokens.iter().map(move |t| ((id, t.seq), t.accepted)))
+            .collect();
+        let mismatched = self.mark_computed(&out.scheduled, &accepted)?;
         let mut done = Committed {
             finished: Vec::new(),
             failed: Vec::new(),
@@ -98,6 +110,9 @@ impl<D, R> Scheduler<D, R> {
         } in sampled
         {
             let result = match outcome {
+                _ if mismatched.contains(&id) => {
+                    Err("sampling accepted other proposals than the step verified".into())
+                }
                 SampleOutcome::Tokens { tokens, forks } => self
                     .commit_tokens(id, tokens, forks)
                     .map_err(|e| e.to_string()),
@@ -121,32 +136,59 @@ impl<D, R> Scheduler<D, R> {
     }
 
     /// Records the tokens each scheduled sequence computed, and releases the blocks that
-    /// left the window.
-    fn mark_computed(&mut self, scheduled: &[ScheduledSeq]) -> Result<(), CacheError> {
+    /// left the window. A sequence that verified proposals first gives back the slots of
+    /// those rejected (`accepted` has how many of its proposals were, by group and index;
+    /// none for a group whose sampling failed) and takes the accepted ones into its tokens,
+    /// so that only verified tokens are ever named in the prefix cache. Returns the groups
+    /// whose sampling claims more accepted proposals than a sequence verified, which fail.
+    fn mark_computed(
+        &mut self,
+        scheduled: &[ScheduledSeq],
+        accepted: &HashMap<(RequestId, usize), usize>,
+    ) -> Result<HashSet<RequestId>, CacheError> {
+        let mut mismatched: HashSet<(RequestId, usize)> = accepted
+            .iter()
+            .filter(|&(_, &a)| a > 0)
+            .map(|(&key, _)| key)
+            .collect();
         let Scheduler {
-            running, blocks, ..
+            running,
+            blocks,
+            stats,
+            ..
         } = self;
         for s in scheduled {
             let seq = running
-                .iter()
+                .iter_mut()
                 .find(|g| g.request_id == s.request_id)
-                .and_then(|g| g.seqs.get(s.seq))
+                .and_then(|g| g.seqs.get_mut(s.seq))
                 .filter(|seq| seq.id == s.id)
                 .ok_or(CacheError::UnknownSequence(s.id))?;
-            let computed =
-                seq.tokens
-                    .get(..s.start + s.len)
-                    .ok_or(CacheError::TokenOutOfRange {
-                        seq: s.id,
-                        value: s.start + s.len,
-                        num_tokens: seq.tokens.len(),
-                    })?;
+            let mut len = s.start + s.len;
+            if s.proposed > 0 {
+                let own = s.start + s.own_len();
+                let claimed = accepted.get(&(s.request_id, s.seq)).copied().unwrap_or(0);
+                let a = claimed.min(s.proposed).min(seq.proposed.len());
+                if a == claimed {
+                    mismatched.remove(&(s.request_id, s.seq));
+                }
+                blocks.truncate(s.id, own + a)?;
+                seq.tokens.extend(seq.proposed.drain(..).take(a));
+                stats.spec_accepted += a as u64;
+                len = own + a;
+            }
+            seq.proposed.clear();
+            let computed = seq.tokens.get(..len).ok_or(CacheError::TokenOutOfRange {
+                seq: s.id,
+                value: len,
+                num_tokens: seq.tokens.len(),
+            })?;
             blocks.mark_computed(s.id, computed)?;
             if let Some(w) = self.window {
                 blocks.release_out_of_window(s.id, w)?;
             }
         }
-        Ok(())
+        Ok(mismatched.into_iter().map(|(id, _)| id).collect())
     }
 
     /// Parallel samples: forks first (they copy the parent's tokens before its new one),
@@ -289,6 +331,7 @@ fn continued<D>(parent: &Sequence<D>, id: SeqId, index: usize, token: u32, data:
         tokens,
         prompt_len: parent.prompt_len,
         finish: None,
+        proposed: Vec::new(),
         data,
     }
 }

@@ -16,6 +16,8 @@
 //!   4. If nothing was preempted and nothing is left in host memory, **waiting groups** are
 //!      admitted first come, first served, while blocks (above the watermark), sequence
 //!      slots and the budget allow.
+//!   5. **Proposed tokens** (speculative decoding) of decoding sequences take what is left:
+//!      budget, rows, and blocks above the watermark.
 //! - [`Scheduler::commit`] (`commit.rs`) takes what the forward pass computed and what
 //!   sampling made of it: progress, forks, beams, finished sequences and groups.
 //!
@@ -42,9 +44,9 @@ pub use queues::Queue;
 
 use super::config::EngineConfig;
 use super::output::RequestId;
-use super::sequence::SequenceGroup;
+use super::sequence::{GroupShape, SequenceGroup};
 use crate::cache::{AllocStatus, BlockManager, BlockOps, CacheError, SeqId};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 /// One sequence's share of a step.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,9 +57,31 @@ pub struct ScheduledSeq {
     pub id: SeqId,
     /// First token computed this step (= the sequence's `num_computed`).
     pub start: usize,
+    /// Tokens computed this step: `len - proposed` of the sequence's own, then `proposed`
+    /// of its proposals.
     pub len: usize,
-    /// The step reaches the sequence's last token, so a new token is sampled.
+    /// The step reaches the sequence's last token, so a new token is sampled (from each of
+    /// the last `1 + proposed` rows, to verify the proposals).
     pub sample: bool,
+    /// Proposed tokens (the first of the sequence's `proposed`) computed after its own, with
+    /// slots given for them; 0 without speculation.
+    pub proposed: usize,
+}
+
+impl ScheduledSeq {
+    /// Rows this sequence samples this step.
+    pub fn rows(&self) -> usize {
+        if self.sample {
+            1 + self.proposed
+        } else {
+            0
+        }
+    }
+
+    /// The sequence's own tokens computed this step.
+    pub fn own_len(&self) -> usize {
+        self.len - self.proposed
+    }
 }
 
 /// A group the scheduler gave up, with the reason; its blocks are already free.
@@ -110,6 +134,11 @@ pub struct SchedulerStats {
     pub recomputed_tokens: u64,
     /// Prefill chunks that stopped short of the sequence's end (chunked prefill at work).
     pub partial_prefills: u64,
+    /// Speculative decoding: steps of a sequence that verified proposals, the tokens
+    /// proposed and scheduled, and those accepted (counted at commit).
+    pub spec_drafts: u64,
+    pub spec_proposed: u64,
+    pub spec_accepted: u64,
     /// Requests failed because they could never run.
     pub failed_requests: u64,
     pub peak_running_seqs: usize,
@@ -184,6 +213,7 @@ impl<D, R> Scheduler<D, R> {
         if self.swapped.is_empty() && !pass.preempted {
             self.schedule_waiting(&mut pass)?;
         }
+        self.schedule_proposals(&mut pass)?;
         pass.out.ops = self.blocks.take_ops();
         self.record_peaks();
         Ok(pass.out)
@@ -323,6 +353,76 @@ impl<D, R> Scheduler<D, R> {
         Ok(())
     }
 
+    /// Phase 5, speculative decoding: decoding sequences with proposals take slots for as
+    /// many of them as the budget, the rows of the workspace and the pool above its
+    /// watermark allow, after everything else has what it needs, so a proposal never
+    /// preempts, delays or shuts out anything. A slot's first write into a shared block
+    /// copies it, in this step's plan. Every other proposal is dropped.
+    fn schedule_proposals(&mut self, pass: &mut Pass<D, R>) -> Result<(), CacheError> {
+        let mut rows = self.config.speculative_rows();
+        let Scheduler {
+            running,
+            blocks,
+            stats,
+            ..
+        } = self;
+        let entries: HashMap<(RequestId, usize), usize> = pass
+            .out
+            .scheduled
+            .iter()
+            .enumerate()
+            .map(|(e, s)| ((s.request_id, s.seq), e))
+            .collect();
+        for g in running.iter_mut() {
+            let max_len = g.max_len;
+            // Beams are reshuffled every step, and a group about to fork its samples forks
+            // from its one sequence's state before this step's tokens: neither speculates.
+            let speculates = match g.shape {
+                GroupShape::Samples(n) => g.forked || n <= 1,
+                GroupShape::Beams(_) => false,
+            };
+            for (i, seq) in g.seqs.iter_mut().enumerate() {
+                if seq.proposed.is_empty() {
+                    continue;
+                }
+                let entry = entries.get(&(g.request_id, i)).copied().filter(|&e| {
+                    let s = &pass.out.scheduled[e];
+                    speculates && s.sample && s.len == 1 && s.id == seq.id
+                });
+                let Some(e) = entry else {
+                    seq.proposed.clear();
+                    continue;
+                };
+                // The sequence ends at `max_len` tokens: the newest token, the accepted
+                // proposals and the token sampled after them must fit.
+                let room = max_len.saturating_sub(seq.tokens.len() + 1);
+                let want = seq.proposed.len().min(room).min(pass.budget).min(rows);
+                let mut took = 0;
+                while took < want {
+                    let need = blocks.blocks_needed_to_append(&[seq.id])?;
+                    if need > 0
+                        && need + blocks.watermark_blocks() > blocks.num_available_device_blocks()
+                    {
+                        break;
+                    }
+                    blocks.append_slot(seq.id)?;
+                    took += 1;
+                }
+                seq.proposed.truncate(took);
+                if took > 0 {
+                    let s = &mut pass.out.scheduled[e];
+                    s.len += took;
+                    s.proposed = took;
+                    pass.budget -= took;
+                    rows -= took;
+                    stats.spec_drafts += 1;
+                    stats.spec_proposed += took as u64;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Gives running group `id` its tokens of this step (see [`take_tokens`]).
     fn serve(&mut self, id: RequestId, pass: &mut Pass<D, R>) {
         let Some(g) = self.running.iter().find(|g| g.request_id == id) else {
@@ -400,6 +500,7 @@ fn take_tokens<D, R>(
             start: s.num_computed(blocks),
             len,
             sample: len == remaining,
+            proposed: 0,
         });
     }
 }

@@ -33,6 +33,11 @@ impl<D, R> Scheduler<D, R> {
             self.stats.last_estimate = estimate;
         }
         let ids = self.running[i].live_ids();
+        // Proposals belong to the step that decodes; a preempted group does not.
+        self.running[i]
+            .seqs
+            .iter_mut()
+            .for_each(|s| s.proposed.clear());
         if mode == PreemptionMode::Swap {
             // The blocks move first: should that fail, the group is still running.
             self.blocks.swap_out(&ids)?;

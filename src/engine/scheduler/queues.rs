@@ -85,6 +85,12 @@ impl<D, R> Scheduler<D, R> {
         &self.running
     }
 
+    /// The running groups, to set their sequences' proposals before a step (their tokens
+    /// and shape are the scheduler's to change, not the caller's).
+    pub fn running_mut(&mut self) -> &mut [SequenceGroup<D, R>] {
+        &mut self.running
+    }
+
     pub fn num_groups(&self) -> usize {
         self.waiting.len() + self.running.len() + self.swapped.len()
     }

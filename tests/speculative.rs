@@ -1,0 +1,272 @@
+//! Speculative decoding by prompt lookup on the GPU: every output field (tokens, text,
+//! finish reason, logprobs, cumulative logprob) is the same with speculation as without,
+//! for greedy and seeded requests, parallel samples, beams beside them, alone and batched,
+//! under forced preemption in every mode, with stop strings and token limits that fall on
+//! accepted proposals, with a sliding window and a quantized cache; and speculation really
+//! happened (proposals were accepted and rejected), streamed tokens add up to the final
+//! text, and every block comes back.
+
+mod common;
+use common::{arc, contexts, golden};
+use pagellm::engine::{
+    Engine, EngineConfig, PreemptionMode, Prompt, RequestEvent, RequestOutput, SpeculativeConfig,
+};
+use pagellm::pool::KvDtype;
+use pagellm::sampling::SamplingParams;
+use std::path::Path;
+
+fn engine(ctx: &pagellm::GpuContext, dir: &Path, cfg: EngineConfig) -> Engine {
+    Engine::with_context(arc(ctx), dir, cfg, |_, _| {}).unwrap()
+}
+
+fn speculating(cfg: EngineConfig, k: usize) -> EngineConfig {
+    EngineConfig {
+        speculative: Some(SpeculativeConfig {
+            num_tokens: k,
+            // Always speculate, so that every path runs (the adaptive k would switch off on
+            // a poor acceptance rate).
+            row_cost: 0.0,
+            ..SpeculativeConfig::default()
+        }),
+        ..cfg
+    }
+}
+
+/// A prompt that quotes a passage twice, so its continuation tends to repeat it.
+fn repetitive(len: usize, salt: u32) -> Vec<u32> {
+    let passage: Vec<u32> = (0..len as u32 / 2)
+        .map(|i| 2 + (i * 37 + salt * 11) % 500)
+        .collect();
+    [&passage[..], &passage[..]].concat()
+}
+
+fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        max_tokens,
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    }
+}
+
+fn sampled(n: usize, seed: u64, max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        n,
+        temperature: 0.8,
+        top_p: 0.95,
+        seed: Some(seed),
+        max_tokens,
+        logprobs: Some(2),
+        ignore_eos: true,
+        ..SamplingParams::default()
+    }
+}
+
+/// Greedy with and without logprobs and penalties, seeded samples (n = 1 and 3), and a
+/// beam search, which does not speculate but shares the steps.
+fn workload() -> Vec<(Vec<u32>, SamplingParams)> {
+    let mut with_logprobs = greedy(28);
+    with_logprobs.logprobs = Some(3);
+    let mut penalised = greedy(24);
+    penalised.repetition_penalty = 1.3;
+    let beams = SamplingParams {
+        n: 2,
+        beam_width: Some(3),
+        temperature: 0.0,
+        max_tokens: 12,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    };
+    vec![
+        (repetitive(24, 1), greedy(32)),
+        (repetitive(30, 2), with_logprobs),
+        (repetitive(16, 3), sampled(3, 5, 20)),
+        (repetitive(20, 4), penalised),
+        (repetitive(18, 5), beams),
+        (repetitive(12, 6), sampled(1, 9, 26)),
+    ]
+}
+
+fn run(e: &mut Engine, work: &[(Vec<u32>, SamplingParams)]) -> Vec<RequestOutput> {
+    let hs: Vec<_> = work
+        .iter()
+        .map(|(p, s)| e.add_request(Prompt::Tokens(p.clone()), s.clone()).unwrap())
+        .collect();
+    e.run_to_completion().unwrap();
+    hs.iter().map(|h| h.wait().unwrap()).collect()
+}
+
+fn run_alone(e: &mut Engine, work: &[(Vec<u32>, SamplingParams)]) -> Vec<RequestOutput> {
+    work.iter()
+        .map(|w| run(e, std::slice::from_ref(w)).remove(0))
+        .collect()
+}
+
+/// Compares every field of every output, naming the first difference.
+#[track_caller]
+fn assert_same(what: &str, got: &[RequestOutput], want: &[RequestOutput]) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.outputs.len(), w.outputs.len(), "{what}: request {i}");
+        for (a, b) in g.outputs.iter().zip(&w.outputs) {
+            let at = format!("{what}: request {i} sample {}", a.index);
+            assert_eq!(a.token_ids, b.token_ids, "{at}");
+            assert_eq!(a.text, b.text, "{at}");
+            assert_eq!(a.finish_reason, b.finish_reason, "{at}");
+            assert_eq!(a.logprobs, b.logprobs, "{at} logprobs");
+            assert_eq!(a.cumulative_logprob, b.cumulative_logprob, "{at}");
+        }
+    }
+}
+
+/// Proposals were verified, some accepted and some rejected, and the pools are empty.
+#[track_caller]
+fn assert_speculated(what: &str, e: &Engine) {
+    let s = e.stats();
+    let sc = s.scheduler;
+    assert!(
+        sc.spec_accepted > 0 && sc.spec_accepted < sc.spec_proposed,
+        "{what}: {sc:?}"
+    );
+    assert_eq!(s.cache.device.used, 0, "{what}: {:?}", s.cache);
+    assert_eq!(s.cache.host.used, 0, "{what}: {:?}", s.cache);
+    assert_eq!(sc.failed_requests, 0, "{what}");
+}
+
+#[test]
+fn speculation_keeps_every_output_field_alone_and_batched() {
+    for ctx in contexts() {
+        let dir = golden::fixture_dir("llama-gqa");
+        let work = workload();
+        let base = EngineConfig {
+            max_model_len: Some(128),
+            ..EngineConfig::default()
+        };
+        let want = run_alone(&mut engine(ctx, &dir, base.clone()), &work);
+        for k in [1, 3, 6] {
+            let mut e = engine(ctx, &dir, speculating(base.clone(), k));
+            assert_same(&format!("k={k} alone"), &run_alone(&mut e, &work), &want);
+            assert_same(&format!("k={k} batched"), &run(&mut e, &work), &want);
+            assert_speculated(&format!("k={k}"), &e);
+        }
+    }
+}
+
+#[test]
+fn speculation_under_forced_preemption_keeps_every_output_field() {
+    for ctx in contexts() {
+        let dir = golden::fixture_dir("llama-gqa");
+        let work = workload();
+        let ample = EngineConfig {
+            max_model_len: Some(64),
+            ..EngineConfig::default()
+        };
+        let want = run(&mut engine(ctx, &dir, ample), &work);
+        for mode in [
+            Some(PreemptionMode::Swap),
+            Some(PreemptionMode::Recompute),
+            None,
+        ] {
+            // 28 blocks of 4 tokens for 6 requests of up to 3 sequences, chunked in 24-token
+            // steps.
+            let small = EngineConfig {
+                num_gpu_blocks: Some(28),
+                num_cpu_blocks: Some(64),
+                max_model_len: Some(64),
+                max_num_batched_tokens: 24,
+                block_size: 4,
+                preemption_mode: mode,
+                ..EngineConfig::default()
+            };
+            let mut e = engine(ctx, &dir, speculating(small, 4));
+            assert_same(&format!("{mode:?}"), &run(&mut e, &work), &want);
+            assert_speculated(&format!("{mode:?}"), &e);
+            assert!(
+                e.stats().scheduler.preemptions > 0,
+                "{mode:?}: no preemption"
+            );
+        }
+    }
+}
+
+#[test]
+fn stop_strings_and_token_limits_end_inside_accepted_proposals() {
+    for ctx in contexts() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/fortunes-llama");
+        let base = EngineConfig::default();
+        let text = "The cat sat on the mat. The cat sat on the mat. The cat sat on the mat. The";
+        let stop = SamplingParams {
+            max_tokens: 40,
+            stop: vec!["mat. The cat".into()],
+            ..SamplingParams::greedy()
+        };
+        let work: Vec<(String, SamplingParams)> = (1..12)
+            .map(|n| (text.to_string(), greedy(n)))
+            .chain([(text.to_string(), stop)])
+            .collect();
+        let go = |e: &mut Engine| -> Vec<RequestOutput> {
+            work.iter()
+                .map(|(p, s)| {
+                    let h = e.add_request(Prompt::Text(p.clone()), s.clone()).unwrap();
+                    e.run_to_completion().unwrap();
+                    // Streamed text adds up to the final text, one event per token.
+                    let (mut text, mut tokens, mut out) = (String::new(), 0, None);
+                    for ev in h.events.try_iter() {
+                        match ev {
+                            RequestEvent::Token { text: t, .. } => {
+                                text.push_str(&t);
+                                tokens += 1;
+                            }
+                            RequestEvent::Finished(o) => out = Some(o),
+                            RequestEvent::Failed(m) => panic!("{m}"),
+                        }
+                    }
+                    let out = out.unwrap();
+                    assert_eq!(out.outputs[0].text, text);
+                    assert_eq!(out.outputs[0].token_ids.len(), tokens);
+                    out
+                })
+                .collect()
+        };
+        let want = go(&mut engine(ctx, &dir, base.clone()));
+        for (i, o) in want.iter().take(11).enumerate() {
+            assert_eq!(o.outputs[0].token_ids.len(), i + 1);
+        }
+        let mut e = engine(ctx, &dir, speculating(base, 5));
+        assert_same("stops", &go(&mut e), &want);
+        let sc = e.stats().scheduler;
+        assert!(sc.spec_accepted > 0, "{sc:?}");
+    }
+}
+
+#[test]
+fn speculation_with_a_sliding_window_and_an_int8_cache_keeps_outputs() {
+    for ctx in contexts() {
+        // Every layer slides over an 8-token window, so blocks leave it as sequences grow.
+        let dir = golden::fixture_dir("phi3-longrope-window");
+        let work: Vec<(Vec<u32>, SamplingParams)> = workload()
+            .into_iter()
+            .map(|(p, s)| {
+                (
+                    p,
+                    SamplingParams {
+                        max_tokens: 40,
+                        ..s
+                    },
+                )
+            })
+            .collect();
+        for kv_dtype in [KvDtype::F16, KvDtype::Int8] {
+            let base = EngineConfig {
+                kv_dtype,
+                block_size: 4,
+                max_model_len: Some(128),
+                ..EngineConfig::default()
+            };
+            let want = run(&mut engine(ctx, &dir, base.clone()), &work);
+            let mut e = engine(ctx, &dir, speculating(base, 4));
+            assert_same(&format!("{kv_dtype}"), &run(&mut e, &work), &want);
+            assert_speculated(&format!("{kv_dtype}"), &e);
+            assert!(e.stats().cache.window_released_blocks > 0);
+        }
+    }
+}
