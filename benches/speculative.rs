@@ -1,10 +1,12 @@
 //! Speculative decoding by prompt lookup against plain decoding, side by side in one run.
 //!
-//! Two engines on the shipped model, one without speculation and one with
-//! `--speculative ngram` (k = 4 unless `-- --k N`), hold the same requests and step in
-//! turn (`common::alternate_steps`), so drift hits both alike. Decode throughput is the
+//! Three engines on the shipped model hold the same requests and step in turn
+//! (`common::alternate_steps`), so drift hits all alike: plain decoding, `--speculative
+//! ngram` as shipped (k = 4 unless `-- --k N`, adapted per request to its acceptance rate and
+//! the measured cost of a row), the same with k never adapted (row cost fixed at 0), and
+//! plain decoding again, whose ratio to the first shows the run's noise. Decode throughput is the
 //! output tokens after each request's first, over the time of the steps after the first
-//! (the prefill); both engines must produce the same tokens, which the bench checks.
+//! (the prefill); all engines must produce the same tokens, which the bench checks.
 //!
 //! Workloads, each at 1 and 16 concurrent sequences:
 //! - **repetitive**: each prompt quotes a passage (text the model itself wrote from a
@@ -14,7 +16,10 @@
 //!   proposals are rarely right; the adaptive k must keep this at parity.
 //!
 //! Run: `cargo bench --bench speculative` (`-- --quick` for one round; adapter chosen as
-//! usual, e.g. `PAGELLM_BACKEND=gl`).
+//! usual, e.g. `PAGELLM_BACKEND=gl`). Diagnostics: `-- --focus` runs only the
+//! non-repetitive workload at one sequence, 12 rounds, and prints each engine's step-time
+//! distribution per round; `-- --only N` gives all four engines configuration `N` (0 plain,
+//! 1 adaptive, 2 always), an A/A run of one configuration.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -28,6 +33,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 const TOKENS: usize = 96;
+
+/// Requests: prompt ids and sampling parameters.
+type Work = Vec<(Vec<u32>, SamplingParams)>;
 
 const SEEDS: [&str; 16] = [
     "A wise man once said",
@@ -74,7 +82,7 @@ fn repetitive_prompts(ctx: &Arc<GpuContext>, n: usize) -> Vec<Vec<u32>> {
         .collect();
     e.run_to_completion().expect("passages");
     let tok = Tokenizer::from_dir(&dir()).expect("tokenizer");
-    let nl = tok.encode("\n", false).expect("newline");
+    let nl = tok.encode_plain("\n").expect("newline");
     hs.iter()
         .map(|h| {
             let out = h.wait().expect("passage");
@@ -95,26 +103,34 @@ fn sampled(seed: u64) -> SamplingParams {
 }
 
 struct Run {
-    /// Decode step times of the two engines (plain, speculating).
-    times: [Vec<Duration>; 2],
-    /// Output tokens after each request's first, per engine.
-    tokens: [usize; 2],
-    proposed: u64,
-    accepted: u64,
-    drafts: u64,
+    /// Decode step times of each engine (plain, adaptive, always, plain again).
+    times: [Vec<Duration>; 4],
+    /// Output tokens after each request's first.
+    tokens: usize,
+    /// Proposed, accepted and drafts of the two speculating engines.
+    spec: [[u64; 3]; 2],
 }
 
 fn run(ctx: &Arc<GpuContext>, k: usize, work: &[(Vec<u32>, SamplingParams)]) -> Run {
+    let spec = |row_cost| EngineConfig {
+        speculative: Some(SpeculativeConfig {
+            num_tokens: k,
+            row_cost,
+            ..SpeculativeConfig::default()
+        }),
+        ..EngineConfig::default()
+    };
     let configs = [
         EngineConfig::default(),
-        EngineConfig {
-            speculative: Some(SpeculativeConfig {
-                num_tokens: k,
-                ..SpeculativeConfig::default()
-            }),
-            ..EngineConfig::default()
-        },
+        spec(None),
+        spec(Some(0.0)),
+        EngineConfig::default(),
     ];
+    let only = flag_value("--only");
+    let configs: Vec<EngineConfig> = match only {
+        Some(i) => vec![configs[i].clone(); 4],
+        None => configs.to_vec(),
+    };
     let mut engines: Vec<Engine> = configs
         .into_iter()
         .map(|c| Engine::with_context(ctx.clone(), &dir(), c, |_, _| {}).expect("engine"))
@@ -130,8 +146,23 @@ fn run(ctx: &Arc<GpuContext>, k: usize, work: &[(Vec<u32>, SamplingParams)]) -> 
                 .collect()
         })
         .collect();
-    let mut times = [Vec::new(), Vec::new()];
+    let mut times = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
     common::alternate_steps(&mut engines, 1, &mut times);
+    if std::env::args().any(|a| a == "--focus") {
+        for t in &times {
+            let mut v = t.clone();
+            v.sort();
+            let us = |d: Duration| d.as_secs_f64() * 1e6;
+            eprintln!(
+                "steps {} median {:.0} p90 {:.0} max {:.0} sum {:.0}",
+                v.len(),
+                us(v[v.len() / 2]),
+                us(v[v.len() * 9 / 10]),
+                us(v[v.len() - 1]),
+                us(v.iter().sum())
+            );
+        }
+    }
     let outs: Vec<Vec<Vec<u32>>> = handles
         .iter()
         .map(|hs| {
@@ -141,40 +172,52 @@ fn run(ctx: &Arc<GpuContext>, k: usize, work: &[(Vec<u32>, SamplingParams)]) -> 
         })
         .collect();
     assert_eq!(outs[0], outs[1], "speculation changed an output");
+    assert_eq!(outs[0], outs[2], "speculation changed an output");
+    assert_eq!(outs[0], outs[3], "plain decoding is not deterministic");
     let tokens = outs[0].iter().map(|o| o.len() - 1).sum();
-    let s = engines[1].stats().scheduler;
+    let counts = |e: &Engine| {
+        let s = e.stats().scheduler;
+        [s.spec_proposed, s.spec_accepted, s.spec_drafts]
+    };
     Run {
         times,
-        tokens: [tokens, tokens],
-        proposed: s.spec_proposed,
-        accepted: s.spec_accepted,
-        drafts: s.spec_drafts,
+        tokens,
+        spec: [counts(&engines[1]), counts(&engines[2])],
     }
+}
+
+/// The number after `flag` on the command line.
+fn flag_value(flag: &str) -> Option<usize> {
+    let args: Vec<String> = std::env::args().collect();
+    let i = args.iter().position(|a| a == flag)?;
+    args.get(i + 1)?.parse().ok()
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
-    let k = args
-        .iter()
-        .position(|a| a == "--k")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(4);
-    let rounds = if quick { 1 } else { 3 };
+    let k = flag_value("--k").unwrap_or(4);
+    let only1 = args.iter().any(|a| a == "--focus");
+    let rounds = if quick {
+        1
+    } else if only1 {
+        12
+    } else {
+        3
+    };
     let ctx = Arc::new(GpuContext::from_env().expect("GPU context"));
     println!("# Speculative decoding (prompt lookup, k = {k})");
     println!();
     println!("adapter: {}", ctx.describe());
     println!();
     println!(
-        "| workload | sequences | plain tokens/s | ngram tokens/s | speedup | steps plain / ngram | accepted / proposed | accepted per draft |"
+        "| workload | sequences | plain tokens/s | plain again (noise) | adaptive k: tokens/s | speedup | accepted / proposed | per draft | always k: tokens/s | speedup | accepted / proposed | per draft |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let tok = Tokenizer::from_dir(&dir()).expect("tokenizer");
-    for seqs in [1, 16] {
+    for seqs in if only1 { vec![1] } else { vec![1, 16] } {
         let prompts = repetitive_prompts(&ctx, seqs);
-        let workloads: [(&str, Vec<(Vec<u32>, SamplingParams)>); 2] = [
+        let workloads: [(&str, Work); 2] = [
             (
                 "repetitive",
                 prompts.into_iter().map(|p| (p, greedy(TOKENS))).collect(),
@@ -184,36 +227,46 @@ fn main() {
                 SEEDS[..seqs]
                     .iter()
                     .enumerate()
-                    .map(|(i, s)| (tok.encode(s, true).expect("encode"), sampled(i as u64)))
+                    .map(|(i, s)| (tok.encode(s).expect("encode"), sampled(i as u64)))
                     .collect(),
             ),
         ];
-        for (name, work) in &workloads {
-            let mut total = [Duration::ZERO; 2];
-            let mut steps = [0; 2];
-            let mut tokens = [0; 2];
-            let (mut proposed, mut accepted, mut drafts) = (0, 0, 0);
+        for (name, work) in workloads
+            .iter()
+            .filter(|w| !only1 || w.0 == "non-repetitive")
+        {
+            let mut total = [Duration::ZERO; 4];
+            let mut tokens = 0;
+            let mut spec = [[0u64; 3]; 2];
             for _ in 0..rounds {
                 let r = run(&ctx, k, work);
-                for i in 0..2 {
-                    total[i] += r.times[i].iter().sum::<Duration>();
-                    steps[i] += r.times[i].len();
-                    tokens[i] += r.tokens[i];
+                for (t, rt) in total.iter_mut().zip(&r.times) {
+                    *t += rt.iter().sum::<Duration>();
                 }
-                proposed += r.proposed;
-                accepted += r.accepted;
-                drafts += r.drafts;
+                tokens += r.tokens;
+                for (a, b) in spec.iter_mut().zip(r.spec) {
+                    for (x, y) in a.iter_mut().zip(b) {
+                        *x += y;
+                    }
+                }
             }
-            let tps = |i: usize| tokens[i] as f64 / total[i].as_secs_f64();
+            let tps = |i: usize| tokens as f64 / total[i].as_secs_f64();
+            let cols = |i: usize| {
+                let [p, a, d] = spec[i - 1];
+                format!(
+                    "{:.1} | {:.2}x | {:.1}% of {p} | {:.2}",
+                    tps(i),
+                    tps(i) / tps(0),
+                    100.0 * a as f64 / p.max(1) as f64,
+                    a as f64 / d.max(1) as f64
+                )
+            };
             println!(
-                "| {name} | {seqs} | {:.1} | {:.1} | {:.2}x | {} / {} | {:.1}% of {proposed} | {:.2} |",
+                "| {name} | {seqs} | {:.1} | {:.2}x | {} | {} |",
                 tps(0),
-                tps(1),
-                tps(1) / tps(0),
-                steps[0],
-                steps[1],
-                100.0 * accepted as f64 / proposed.max(1) as f64,
-                accepted as f64 / drafts.max(1) as f64
+                tps(3) / tps(0),
+                cols(1),
+                cols(2)
             );
         }
     }

@@ -431,3 +431,72 @@ fn constraint_flags_shape_the_output_and_a_failing_line_fails_alone() {
         assert!(msg.contains(needle), "line {}: {msg}", i + 1);
     }
 }
+
+#[test]
+fn speculative_decoding_keeps_the_output_and_reports_its_acceptance() {
+    if skip() {
+        return;
+    }
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/models/fortunes-llama");
+    let prompt = "Never trust a man who says never. Never trust a man who says never. Never";
+    let base = [
+        "--model",
+        dir,
+        "--prompt",
+        prompt,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "60",
+        "--ignore-eos",
+    ];
+    let (ok, plain, stderr) = generate(&base);
+    assert!(ok, "{stderr}");
+    let mut spec = base.to_vec();
+    spec.extend([
+        "--speculative",
+        "ngram",
+        "--num-speculative-tokens",
+        "5",
+        "--stats",
+    ]);
+    let (ok, fast, stderr) = generate(&spec);
+    assert!(ok, "{stderr}");
+    assert_eq!(fast, plain, "speculation changed the output");
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("speculative decoding:"))
+        .unwrap_or_else(|| panic!("no speculation statistics in {stderr}"));
+    let accepted: u64 = line
+        .split(',')
+        .nth(1)
+        .and_then(|p| p.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no accepted count in {line}"));
+    assert!(accepted > 0, "{line}");
+    // What cannot run is a clear error.
+    let mut draft = base.to_vec();
+    draft.extend(["--speculative", "draft:/some/model"]);
+    let (ok, _, stderr) = generate(&draft);
+    assert!(!ok && stderr.contains("not implemented"), "{stderr}");
+    let mut orphan = base.to_vec();
+    orphan.extend(["--num-speculative-tokens", "3"]);
+    let (ok, _, stderr) = generate(&orphan);
+    assert!(!ok && stderr.contains("--speculative"), "{stderr}");
+    let mut range = base.to_vec();
+    range.extend([
+        "--speculative",
+        "ngram",
+        "--ngram-min",
+        "3",
+        "--ngram-max",
+        "2",
+    ]);
+    let (ok, _, stderr) = generate(&range);
+    assert!(!ok && stderr.contains("n-gram sizes"), "{stderr}");
+    let mut zero = base.to_vec();
+    zero.extend(["--speculative", "ngram", "--num-speculative-tokens", "0"]);
+    let (ok, _, stderr) = generate(&zero);
+    assert!(!ok && stderr.contains("num-speculative-tokens"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

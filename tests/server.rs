@@ -3,7 +3,8 @@
 //! generate --json` token for token with logprobs; 32 concurrent streams through a pool
 //! small enough to preempt all complete with their solo outputs; a client that disconnects
 //! mid-stream frees its blocks; bad requests get the right status and error type; the
-//! queue limit answers 503 with Retry-After; SIGTERM with requests in flight exits cleanly.
+//! queue limit answers 503 with Retry-After; SIGTERM with requests in flight exits cleanly;
+//! a speculating server streams what `generate` writes and exports its proposal counts.
 
 mod common;
 use common::golden;
@@ -855,4 +856,52 @@ fn chat_without_a_template_or_against_it_is_a_clear_400() {
     let (st, v, _) = post(&s.url("/v1/chat/completions"), &body.to_string(), &[]);
     assert_eq!(st, 200, "{v}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_speculating_server_streams_what_generate_writes_and_counts_its_proposals() {
+    if skip() {
+        return;
+    }
+    let dir = fixture();
+    let prompt = "the cat sat on the mat, the cat sat on the mat, the cat sat on the";
+    let out = Command::new(env!("CARGO_BIN_EXE_pagellm"))
+        .args(["generate", "--model", &dir, "--prompt", prompt])
+        .args(["--temperature", "0", "--max-tokens", "40", "--ignore-eos"])
+        .args(["--json", "--logprobs", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let want: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let want = &want["outputs"][0];
+    let want_lps: Vec<f64> = want["logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["logprob"].as_f64().unwrap())
+        .collect();
+    let server = Server::start(&["--model", &dir, "--speculative", "ngram"]);
+    let body = json!({
+        "model": "llama-gqa", "prompt": prompt, "max_tokens": 40, "temperature": 0,
+        "ignore_eos": true, "logprobs": 1, "stream": true,
+    });
+    let got = collect(&stream(&server.url("/v1/completions"), &body));
+    assert_eq!(got[0].0, want["text"].as_str().unwrap());
+    assert_eq!(got[0].1, want_lps);
+    // Statistics are published at most every 50 ms, and once more when the engine idles.
+    let start = Instant::now();
+    while server.metric("pagellm_spec_decode_num_drafts_total") == 0.0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "no speculation in the metrics"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let proposed = server.metric("pagellm_spec_decode_num_draft_tokens_total");
+    let accepted = server.metric("pagellm_spec_decode_num_accepted_tokens_total");
+    let drafts = server.metric("pagellm_spec_decode_num_drafts_total");
+    assert!(
+        drafts > 0.0 && proposed >= drafts && accepted <= proposed,
+        "drafts {drafts}, proposed {proposed}, accepted {accepted}"
+    );
 }

@@ -25,7 +25,7 @@ fn speculating(cfg: EngineConfig, k: usize) -> EngineConfig {
             num_tokens: k,
             // Always speculate, so that every path runs (the adaptive k would switch off on
             // a poor acceptance rate).
-            row_cost: 0.0,
+            row_cost: Some(0.0),
             ..SpeculativeConfig::default()
         }),
         ..cfg

@@ -16,7 +16,7 @@
 # `pagellm` at target/release/pagellm, which the serving bench starts).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-benches=(dispatch matmul paged_attention engine kv_memory kv_quant structured serving)
+benches=(dispatch matmul paged_attention engine kv_memory kv_quant structured speculative serving)
 # PAGELLM_BENCHES="engine matmul" runs those, in that order, instead of the whole list (the
 # kernel sweeps and profiles below still run).
 read -ra only <<< "${PAGELLM_BENCHES:-}"

@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 tests=(gpu_context kernels_matmul kernels_quant kernels_attention kernels_pointwise
     kernels_copy_blocks golden_gpu quant_model engine sliding_window kv_quant
     cache_manager_gpu engine_pressure structured_engine shipped_model cache_engine
-    gpu_bindings cli_generate eval sampling_penalties kernel_plan row_invariance)
+    gpu_bindings cli_generate eval sampling_penalties kernel_plan row_invariance speculative)
 
 pack() {
     local archive="$1" stage
@@ -75,7 +75,7 @@ run() {
     echo "1B weight formats: exit status $? at $(($(date +%s) - start)) s"
     # (timeout 0 would mean no limit at all)
     if [[ $(left) -gt 0 ]]; then
-        PAGELLM_BENCHES="engine matmul paged_attention dispatch kv_quant serving structured" \
+        PAGELLM_BENCHES="engine matmul speculative paged_attention dispatch kv_quant serving structured" \
             PAGELLM_BENCH_BINS=.gpu-check/b PAGELLM_BENCH_TIMEOUT=45 \
             timeout "$(left)" bash tools/bench_all.sh "$out/report.md" --quick
         echo "bench_all: exit status $? at $(($(date +%s) - start)) s"

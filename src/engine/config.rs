@@ -26,9 +26,13 @@ pub struct SpeculativeConfig {
     pub num_tokens: usize,
     pub ngram_min: usize,
     pub ngram_max: usize,
-    /// What one more query row costs relative to a one-row decode step, which the adaptive
-    /// `k` weighs against the acceptance rate (measured on lavapipe: docs/BENCHMARKS.md).
-    pub row_cost: f64,
+    /// What proposals cost a sequence, which the adaptive `k` weighs against the
+    /// acceptance rate. `None` (the default): measured as the engine runs, as the mean
+    /// decode step time at each row count (`crate::spec::StepCostFit`), with
+    /// [`DEFAULT_ROW_COST`] per extra row for counts not timed yet. `Some(c)` fixes it at
+    /// `c` a row relative to a sequence's share of a step; 0 makes every request speculate
+    /// whatever its acceptance rate (tests use it to run every path).
+    pub row_cost: Option<f64>,
 }
 
 impl Default for SpeculativeConfig {
@@ -37,10 +41,15 @@ impl Default for SpeculativeConfig {
             num_tokens: 4,
             ngram_min: 1,
             ngram_max: 4,
-            row_cost: 0.1,
+            row_cost: None,
         }
     }
 }
+
+/// The cost of a proposed token's row assumed before it is measured: about what lavapipe's
+/// projection kernels show per extra row for one sequence (docs/BENCHMARKS.md, projection
+/// kernels by row count).
+pub const DEFAULT_ROW_COST: f64 = 0.15;
 
 /// Extra sampled rows the step workspace holds for proposed tokens, at most: with a large
 /// vocabulary every row is a `[vocab]` logits row in memory.

@@ -26,7 +26,7 @@ use crate::model::gpu::GpuModel;
 use crate::model::{ModelError, ModelFiles};
 use crate::pool::{KvLayout, KvPool, KvRotation, PoolSize};
 use crate::sampling::{BeamSearch, BeamSearchConfig, SamplingError};
-use crate::spec::{AdaptiveK, NgramIndex};
+use crate::spec::{AdaptiveK, NgramIndex, StepCostFit};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 use std::path::Path;
 use std::sync::Arc;
@@ -129,6 +129,8 @@ pub struct Engine {
     /// What every step rewrites in place instead of allocating: its metadata and the
     /// read-back buffers.
     pub(super) step_buffers: StepBuffers,
+    /// Decode step time against rows, for the cost of a proposed token's row.
+    step_costs: StepCostFit,
 }
 
 /// Buffers kept across steps (see `step_batch.rs`).
@@ -333,6 +335,7 @@ impl Engine {
             swap_latency_s: 0.0,
             host: HostTime::default(),
             step_buffers: StepBuffers::default(),
+            step_costs: StepCostFit::default(),
         };
         engine.calibrate_swap()?;
         Ok(engine)
@@ -457,7 +460,10 @@ impl Engine {
             out.spec = Some(SpecState {
                 index: NgramIndex::new(spec.ngram_min, spec.ngram_max)
                     .map_err(|e| EngineError::Config(e.to_string()))?,
-                k: AdaptiveK::new(spec.num_tokens, spec.row_cost),
+                k: AdaptiveK::new(
+                    spec.num_tokens,
+                    spec.row_cost.unwrap_or(super::config::DEFAULT_ROW_COST),
+                ),
             });
         }
         let first = Sequence::new(self.scheduler.new_seq_id(), 0, &ids, out);
@@ -574,22 +580,38 @@ impl Engine {
         self.idle_steps = 0;
         let read = self.run_forward(&sched)?;
         self.advance(&sched, &read)?;
+        let rows: usize = sched.scheduled.iter().map(|s| s.len).sum();
         if sched.scheduled.iter().any(|s| s.own_len() > 1) {
-            let tokens = sched.scheduled.iter().map(|s| s.len).sum();
             self.scheduler
                 .costs
-                .record_prefill(tokens, start.elapsed().as_secs_f64());
+                .record_prefill(rows, start.elapsed().as_secs_f64());
+        } else if self.config.speculative.is_some() {
+            self.step_costs.record(rows, start.elapsed().as_secs_f64());
         }
         Ok(sched.scheduled.iter().map(|s| s.len).sum())
     }
 
     /// Speculative decoding: every decoding sequence that speculates proposes the tokens
-    /// its n-gram index predicts; the scheduler gives slots to those that fit.
+    /// its n-gram index predicts, as many as its acceptance rate and the measured cost of a
+    /// row make worth it; the scheduler gives slots to those that fit.
     fn propose(&mut self) {
-        if self.config.speculative.is_none() {
+        let Some(spec) = self.config.speculative else {
             return;
-        }
+        };
         let blocks = &self.scheduler.blocks;
+        let seqs: usize = self
+            .scheduler
+            .running()
+            .iter()
+            .map(|g| g.live().count())
+            .sum();
+        // What k proposals cost a sequence, as measured at this batch size; row counts not
+        // timed yet are guessed from the prior (a fixed `row_cost` overrides it all).
+        let measured = match spec.row_cost {
+            Some(_) => None,
+            None => self.step_costs.relative_costs(seqs, spec.num_tokens),
+        };
+        let prior = spec.row_cost.unwrap_or(super::config::DEFAULT_ROW_COST);
         let computed: Vec<Vec<usize>> = self
             .scheduler
             .running()
@@ -600,7 +622,13 @@ impl Engine {
             for (seq, computed) in g.seqs.iter_mut().zip(computed) {
                 let decoding = !seq.is_finished() && computed + 1 == seq.tokens.len();
                 seq.proposed = match seq.data.spec.as_mut() {
-                    Some(spec) if decoding => spec.propose(&seq.tokens),
+                    Some(spec) if decoding => {
+                        match &measured {
+                            Some(costs) => spec.k.set_costs(costs, prior),
+                            None => spec.k.set_row_cost(prior),
+                        }
+                        spec.propose(&seq.tokens)
+                    }
                     _ => Vec::new(),
                 };
             }

@@ -14,7 +14,12 @@
 #[derive(Clone, Debug)]
 pub struct AdaptiveK {
     max_k: usize,
-    row_cost: f64,
+    /// `cost[k]`: a step with `k` proposals in one-row steps (`cost[0] = 1`).
+    cost: Vec<f64>,
+    /// Steps between probes while off: doubles after each rejected probe, up to
+    /// [`MAX_PROBE_EVERY`], and starts over when a probe is accepted.
+    probe_every: usize,
+    probing: bool,
     /// Decayed counts of accepted proposals and of rejections.
     accepted: f64,
     rejected: f64,
@@ -26,28 +31,31 @@ pub struct AdaptiveK {
 const DECAY: f64 = 0.95;
 /// Speculation must promise this much more throughput than plain decoding.
 const MARGIN: f64 = 1.05;
-/// While off, one step in this many proposes a single token to re-measure.
+/// While off, one step in this many proposes a single token to re-measure...
 const PROBE_EVERY: usize = 16;
+/// ...backing off to one in this many while probes keep failing (a probe's extra row is
+/// not free: on lavapipe a two-row step costs about 1.5 one-row steps).
+const MAX_PROBE_EVERY: usize = 256;
 
 impl AdaptiveK {
     /// At most `max_k` proposals; `row_cost` as in the module docs (clamped to 0..=1). The
     /// counts start at one acceptance and one rejection (a rate of one half), which lets a
     /// cheap adapter start speculating and a costly one start measuring.
     pub fn new(max_k: usize, row_cost: f64) -> Self {
-        AdaptiveK {
+        let mut k = AdaptiveK {
             max_k,
-            row_cost: if row_cost.is_finite() {
-                row_cost.clamp(0.0, 1.0)
-            } else {
-                1.0
-            },
+            cost: Vec::new(),
+            probe_every: PROBE_EVERY,
+            probing: false,
             accepted: 1.0,
             rejected: 1.0,
             idle: 0,
-        }
+        };
+        k.set_row_cost(row_cost);
+        k
     }
 
-    /// The running estimate of the per-proposal acceptance probability.
+    /// The estimated acceptance rate of one proposal.
     pub fn rate(&self) -> f64 {
         self.accepted / (self.accepted + self.rejected)
     }
@@ -61,14 +69,55 @@ impl AdaptiveK {
     /// The best `k` for the current estimate, or 0 when none pays.
     pub fn best(&self) -> usize {
         let a = self.rate();
-        let (k, gain) = (1..=self.max_k)
-            .map(|k| (k, Self::gain(a, k, self.row_cost)))
-            .fold((0, 1.0), |best, c| if c.1 > best.1 { c } else { best });
-        if gain >= MARGIN {
-            k
+        let mut tokens = 1.0;
+        let mut best = (0, 1.0);
+        for k in 1..=self.max_k {
+            tokens += a.powi(k as i32);
+            let gain = tokens / self.cost[k];
+            if gain > best.1 {
+                best = (k, gain);
+            }
+        }
+        if best.1 >= MARGIN {
+            best.0
         } else {
             0
         }
+    }
+
+    /// Sets the cost of an extra row (clamped to 0..=1; a NaN counts as 1): a step with `k`
+    /// proposals costs `1 + row_cost * k` one-row steps.
+    pub fn set_row_cost(&mut self, row_cost: f64) {
+        let c = if row_cost.is_finite() {
+            row_cost.clamp(0.0, 1.0)
+        } else {
+            1.0
+        };
+        self.cost = (0..=self.max_k).map(|k| 1.0 + c * k as f64).collect();
+    }
+
+    /// Sets what a step with `k` proposals costs, in one-row steps, for each `k` from 0
+    /// (as the engine measures it, [`StepCostFit::relative_costs`]). An entry missing,
+    /// non-finite or below 1 (a row count not measured yet) is the last good entry below it
+    /// plus `prior_row_cost` a proposal: optimistic, so that the untried `k` gets tried and
+    /// measured rather than ruled out by a guess.
+    pub fn set_costs(&mut self, cost: &[f64], prior_row_cost: f64) {
+        let prior = if prior_row_cost.is_finite() {
+            prior_row_cost.clamp(0.0, 1.0)
+        } else {
+            1.0
+        };
+        let mut last = (0, 1.0);
+        self.cost = (0..=self.max_k)
+            .map(|k| match cost.get(k) {
+                _ if k == 0 => 1.0,
+                Some(&c) if c.is_finite() && c >= 1.0 => {
+                    last = (k, c);
+                    c
+                }
+                _ => last.1 + prior * (k - last.0) as f64,
+            })
+            .collect();
     }
 
     /// Proposals to make this step: [`AdaptiveK::best`], or a one-token probe now and then
@@ -77,11 +126,13 @@ impl AdaptiveK {
         let k = self.best();
         if k > 0 || self.max_k == 0 {
             self.idle = 0;
+            self.probe_every = PROBE_EVERY;
             return k;
         }
         self.idle += 1;
-        if self.idle >= PROBE_EVERY {
+        if self.idle >= self.probe_every {
             self.idle = 0;
+            self.probing = true;
             1
         } else {
             0
@@ -96,8 +147,126 @@ impl AdaptiveK {
             return;
         }
         let accepted = accepted.min(proposed);
+        if std::mem::take(&mut self.probing) {
+            self.probe_every = match accepted {
+                0 => (self.probe_every * 2).min(MAX_PROBE_EVERY),
+                _ => PROBE_EVERY,
+            };
+        }
         self.accepted = self.accepted * DECAY + accepted as f64;
         self.rejected = self.rejected * DECAY + f64::from(u8::from(accepted < proposed));
+    }
+}
+
+/// What extra query rows cost on this adapter, measured from the decode steps the engine
+/// runs: the mean step time at each row count seen (exponentially weighted, so it follows
+/// the machine's load), and a least-squares line `t = fixed + per_row * rows` through them
+/// for row counts not yet seen. A sequence's share of a step of `s` rows (one per sequence)
+/// is `t(s) / s`, so `k` proposals cost it `1 + (t(s + k) - t(s)) / (t(s) / s)` of its
+/// share ([`StepCostFit::relative_costs`], what [`AdaptiveK`] weighs). The table matters:
+/// costs are not linear in rows. On lavapipe a two-row step costs about 1.5 one-row steps
+/// (another pass of every projection for the remainder rows) while five rows cost not much
+/// more than two; on a GPU rows are nearly free against reading the weights once; on a CPU
+/// adapter with many sequences every row pays its own arithmetic and speculation turns
+/// itself off.
+#[derive(Clone, Debug, Default)]
+pub struct StepCostFit {
+    /// Decayed sums of weight, rows, time, rows squared and rows times time.
+    w: f64,
+    x: f64,
+    y: f64,
+    xx: f64,
+    xy: f64,
+    /// Per row count: steps seen (capped) and their running mean time.
+    by_rows: Vec<(u32, f64)>,
+}
+
+/// Weight kept by the sums at each step: a memory of about 50 steps.
+const FIT_DECAY: f64 = 0.98;
+/// The row counts seen must vary by about this much (their variance) to fit a slope.
+const MIN_ROW_VARIANCE: f64 = 0.2;
+/// A row count's mean weighs the last this many steps about equally.
+const ROWS_MEMORY: u32 = 16;
+/// Row counts tabulated (more fall back on the line).
+const MAX_TABLE_ROWS: usize = 1024;
+
+impl StepCostFit {
+    /// Records a decode step of `rows` query rows that took `seconds`.
+    pub fn record(&mut self, rows: usize, seconds: f64) {
+        if !seconds.is_finite() || seconds < 0.0 {
+            return;
+        }
+        let x = rows as f64;
+        self.w = self.w * FIT_DECAY + 1.0;
+        self.x = self.x * FIT_DECAY + x;
+        self.y = self.y * FIT_DECAY + seconds;
+        self.xx = self.xx * FIT_DECAY + x * x;
+        self.xy = self.xy * FIT_DECAY + x * seconds;
+        if rows < MAX_TABLE_ROWS {
+            if self.by_rows.len() <= rows {
+                self.by_rows.resize(rows + 1, (0, 0.0));
+            }
+            let (n, mean) = &mut self.by_rows[rows];
+            *n = (*n + 1).min(ROWS_MEMORY);
+            *mean += (seconds - *mean) / f64::from(*n);
+        }
+    }
+
+    /// The fitted `(fixed, per_row)` seconds, once the row counts have varied enough; both
+    /// at least 0 (a negative slope is noise: rows never make a step faster).
+    pub fn fit(&self) -> Option<(f64, f64)> {
+        if self.w < 2.0 {
+            return None;
+        }
+        let (mx, my) = (self.x / self.w, self.y / self.w);
+        let var = self.xx / self.w - mx * mx;
+        if var < MIN_ROW_VARIANCE {
+            return None;
+        }
+        let per_row = ((self.xy / self.w - mx * my) / var).max(0.0);
+        let fixed = (my - per_row * mx).max(0.0);
+        Some((fixed, per_row))
+    }
+
+    /// The expected time of a step of `rows` rows: the mean of those seen (two at least),
+    /// else the line's.
+    pub fn time(&self, rows: usize) -> Option<f64> {
+        match self.by_rows.get(rows) {
+            Some(&(n, mean)) if n >= 2 => Some(mean),
+            _ => self
+                .fit()
+                .map(|(fixed, per_row)| fixed + per_row * rows as f64),
+        }
+    }
+
+    /// What one more row costs a sequence of a step of `seqs` sequences, relative to its
+    /// share of the step (0..=1), by the line; `None` before [`StepCostFit::fit`] has one.
+    pub fn row_cost(&self, seqs: usize) -> Option<f64> {
+        let (fixed, per_row) = self.fit()?;
+        let rows = per_row * seqs.max(1) as f64;
+        match fixed + rows {
+            t if t > 0.0 => Some((rows / t).clamp(0.0, 1.0)),
+            _ => None,
+        }
+    }
+
+    /// For `k` in `0..=max_k`: what `k` proposals of one sequence cost it, in its shares of
+    /// a step of `seqs` sequences (1 for `k = 0`; never less, since rows never make a step
+    /// faster); `None` before the plain step's time is known. Unknown entries are NaN
+    /// (left to [`AdaptiveK::set_costs`]).
+    pub fn relative_costs(&self, seqs: usize, max_k: usize) -> Option<Vec<f64>> {
+        let seqs = seqs.max(1);
+        let base = self.time(seqs).filter(|&t| t > 0.0)?;
+        let share = base / seqs as f64;
+        Some(
+            (0..=max_k)
+                .map(|k| match self.time(seqs + k) {
+                    _ if k == 0 => 1.0,
+                    Some(t) => 1.0 + (t - base).max(0.0) / share,
+                    None => f64::NAN,
+                })
+                .collect(),
+        )
     }
 }
 
@@ -167,5 +336,120 @@ mod tests {
         assert_eq!(AdaptiveK::new(0, 0.0).next_k(), 0);
         // A NaN cost counts as the worst case.
         assert_eq!(AdaptiveK::new(4, f64::NAN).best(), 0);
+    }
+
+    #[test]
+    fn the_step_fit_recovers_a_line_and_the_row_cost_follows() {
+        let mut f = StepCostFit::default();
+        assert_eq!(f.row_cost(1), None);
+        // 10 ms fixed, 2 ms a row, at rows 1..=5 in turn.
+        for i in 0..100 {
+            let rows = 1 + i % 5;
+            f.record(rows, 0.010 + 0.002 * rows as f64);
+        }
+        let (fixed, per_row) = f.fit().unwrap();
+        assert!((fixed - 0.010).abs() < 1e-9 && (per_row - 0.002).abs() < 1e-9);
+        // One sequence: a row is 2 of its 12 ms; sixteen: 32 of 42 ms.
+        assert!((f.row_cost(1).unwrap() - 2.0 / 12.0).abs() < 1e-9);
+        assert!((f.row_cost(16).unwrap() - 32.0 / 42.0).abs() < 1e-9);
+        // A machine where rows cost nothing of their own.
+        let mut g = StepCostFit::default();
+        for i in 0..50 {
+            g.record(1 + i % 3, 0.02);
+        }
+        assert_eq!(g.row_cost(8), Some(0.0));
+    }
+
+    #[test]
+    fn the_step_fit_needs_varied_rows_and_ignores_nonsense() {
+        let mut f = StepCostFit::default();
+        for _ in 0..100 {
+            f.record(4, 0.01);
+        }
+        assert_eq!(f.fit(), None, "a constant row count has no slope");
+        f.record(4, f64::NAN);
+        f.record(4, -1.0);
+        assert_eq!(f.fit(), None);
+        // Time falling with rows is noise, not a negative cost: the slope is 0.
+        let mut g = StepCostFit::default();
+        for i in 0..40 {
+            let rows = 1 + i % 4;
+            g.record(rows, 0.05 - 0.001 * rows as f64);
+        }
+        let (_, per_row) = g.fit().unwrap();
+        assert_eq!(per_row, 0.0);
+        let mut k = AdaptiveK::new(4, 0.0);
+        k.set_row_cost(f64::NAN);
+        assert_eq!(k.best(), 0);
+    }
+
+    #[test]
+    fn measured_costs_follow_the_row_counts_seen() {
+        let mut f = StepCostFit::default();
+        assert_eq!(f.relative_costs(1, 4), None);
+        // As on lavapipe: one row 4 ms, two 6 ms, five 6.5 ms.
+        for _ in 0..10 {
+            f.record(1, 0.004);
+            f.record(2, 0.006);
+            f.record(5, 0.0065);
+        }
+        assert_eq!(f.time(2), Some(0.006));
+        let c = f.relative_costs(1, 4).unwrap();
+        assert_eq!(c[0], 1.0);
+        assert!(
+            (c[1] - 1.5).abs() < 1e-9 && (c[4] - 1.625).abs() < 1e-9,
+            "{c:?}"
+        );
+        // Three rows were never seen: the line through all steps answers.
+        let (fixed, per_row) = f.fit().unwrap();
+        assert!((f.time(3).unwrap() - (fixed + 3.0 * per_row)).abs() < 1e-12);
+        // With those costs four proposals at a 75% acceptance rate are best, where a linear
+        // cost of 0.7 a row would rule speculation out.
+        let mut k = AdaptiveK::new(4, 0.7);
+        for _ in 0..50 {
+            k.record(4, 3);
+        }
+        assert_eq!(k.best(), 0);
+        k.set_costs(&c, 0.7);
+        assert_eq!(k.best(), 4);
+        // Missing and bad entries are the last good one plus the prior a proposal.
+        k.set_costs(&[1.0, 1.2, f64::NAN, 0.5], 0.1);
+        assert!((k.cost[4] - 1.5).abs() < 1e-12, "{:?}", k.cost);
+        k.set_costs(&[], 0.25);
+        assert_eq!(k.cost, vec![1.0, 1.25, 1.5, 1.75, 2.0]);
+    }
+
+    #[test]
+    fn failed_probes_back_off_and_an_accepted_one_resets() {
+        let mut k = AdaptiveK::new(2, 1.0);
+        let mut gaps = Vec::new();
+        let mut since = 0;
+        for _ in 0..(16 + 32 + 64) {
+            since += 1;
+            if k.next_k() == 1 {
+                gaps.push(since);
+                since = 0;
+                k.record(1, 0);
+            }
+        }
+        assert_eq!(gaps, vec![16, 32, 64], "{gaps:?}");
+        // An accepted probe brings the interval back to 16 steps.
+        let mut since = 0;
+        loop {
+            since += 1;
+            if k.next_k() == 1 {
+                break;
+            }
+        }
+        assert_eq!(since, 128);
+        k.record(1, 1);
+        let mut since = 0;
+        loop {
+            since += 1;
+            if k.next_k() > 0 {
+                break;
+            }
+        }
+        assert_eq!(since, 16);
     }
 }

@@ -10,7 +10,8 @@
 //!   Chen et al., 2023): accept with probability min(1, p/q), resample a rejection from the
 //!   residual max(0, p - q), so every emitted token has exactly the target's distribution.
 //! - [`adapt`]: the number of tokens to propose, per request, from its running acceptance
-//!   rate and the cost of an extra query row on this adapter; 0 switches speculation off.
+//!   rate and the cost of an extra query row on this adapter (measured by a fit of step
+//!   time against rows); 0 switches speculation off.
 //!
 //! Everything here is independent of the GPU and of the block manager; the engine gives
 //! proposed tokens KV slots and takes back the rejected ones.
@@ -20,7 +21,7 @@ pub mod adapt;
 pub mod ngram;
 
 pub use accept::{accept_greedy, accept_sampled, Accepted, Proposal};
-pub use adapt::AdaptiveK;
+pub use adapt::{AdaptiveK, StepCostFit};
 pub use ngram::NgramIndex;
 
 /// A speculation setting that cannot work.
