@@ -6,30 +6,18 @@
 //! `max_model_len` lets a small pool serve; a failed step fails every pending request.
 
 mod common;
+use common::outputs::{assert_same, engine, greedy, run};
 use common::{arc, contexts, golden};
 use pagellm::engine::{
     Engine, EngineConfig, EngineError, PreemptionMode, Prompt, RequestEvent, RequestOutput,
 };
 use pagellm::pool::KvDtype;
 use pagellm::sampling::SamplingParams;
-use std::path::Path;
-
-fn engine(ctx: &pagellm::GpuContext, dir: &Path, cfg: EngineConfig) -> Engine {
-    Engine::with_context(arc(ctx), dir, cfg, |_, _| {}).unwrap()
-}
 
 fn prompt(len: usize, salt: u32) -> Vec<u32> {
     (0..len as u32)
         .map(|i| 2 + (i * 37 + salt * 11) % 500)
         .collect()
-}
-
-fn greedy(max_tokens: usize) -> SamplingParams {
-    SamplingParams {
-        max_tokens,
-        ignore_eos: true,
-        ..SamplingParams::greedy()
-    }
 }
 
 fn sampled(n: usize, seed: u64, max_tokens: usize) -> SamplingParams {
@@ -68,43 +56,6 @@ fn workload() -> Vec<(Vec<u32>, SamplingParams)> {
         (prompt(40, 4), with_logprobs),
         (prompt(5, 5), sampled(1, 9, 20)),
     ]
-}
-
-fn run(e: &mut Engine, work: &[(Vec<u32>, SamplingParams)]) -> Vec<RequestOutput> {
-    let hs: Vec<_> = work
-        .iter()
-        .map(|(p, s)| e.add_request(Prompt::Tokens(p.clone()), s.clone()).unwrap())
-        .collect();
-    e.run_to_completion().unwrap();
-    hs.iter().map(|h| h.wait().unwrap()).collect()
-}
-
-/// Compares every field of every output, naming the first difference.
-#[track_caller]
-fn assert_same(what: &str, got: &[RequestOutput], want: &[RequestOutput]) {
-    assert_eq!(got.len(), want.len());
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert_eq!(
-            g.prompt_token_ids, w.prompt_token_ids,
-            "{what}: request {i}"
-        );
-        assert_eq!(g.outputs.len(), w.outputs.len(), "{what}: request {i}");
-        for (a, b) in g.outputs.iter().zip(&w.outputs) {
-            assert_eq!(
-                a.token_ids, b.token_ids,
-                "{what}: request {i} sample {}",
-                a.index
-            );
-            assert_eq!(a.text, b.text, "{what}: request {i} sample {}", a.index);
-            assert_eq!(a.finish_reason, b.finish_reason, "{what}: request {i}");
-            assert_eq!(a.logprobs, b.logprobs, "{what}: request {i} logprobs");
-            assert_eq!(
-                a.cumulative_logprob, b.cumulative_logprob,
-                "{what}: request {i} sample {} cumulative_logprob",
-                a.index
-            );
-        }
-    }
 }
 
 /// 64-token context, so that a 16-block pool is a valid configuration.

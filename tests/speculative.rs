@@ -7,17 +7,14 @@
 //! text, and every block comes back.
 
 mod common;
-use common::{arc, contexts, golden};
+use common::outputs::{assert_same, engine, greedy, run};
+use common::{contexts, golden};
 use pagellm::engine::{
     Engine, EngineConfig, PreemptionMode, Prompt, RequestEvent, RequestOutput, SpeculativeConfig,
 };
 use pagellm::pool::KvDtype;
 use pagellm::sampling::SamplingParams;
 use std::path::Path;
-
-fn engine(ctx: &pagellm::GpuContext, dir: &Path, cfg: EngineConfig) -> Engine {
-    Engine::with_context(arc(ctx), dir, cfg, |_, _| {}).unwrap()
-}
 
 fn speculating(cfg: EngineConfig, k: usize) -> EngineConfig {
     EngineConfig {
@@ -38,14 +35,6 @@ fn repetitive(len: usize, salt: u32) -> Vec<u32> {
         .map(|i| 2 + (i * 37 + salt * 11) % 500)
         .collect();
     [&passage[..], &passage[..]].concat()
-}
-
-fn greedy(max_tokens: usize) -> SamplingParams {
-    SamplingParams {
-        max_tokens,
-        ignore_eos: true,
-        ..SamplingParams::greedy()
-    }
 }
 
 fn sampled(n: usize, seed: u64, max_tokens: usize) -> SamplingParams {
@@ -86,36 +75,10 @@ fn workload() -> Vec<(Vec<u32>, SamplingParams)> {
     ]
 }
 
-fn run(e: &mut Engine, work: &[(Vec<u32>, SamplingParams)]) -> Vec<RequestOutput> {
-    let hs: Vec<_> = work
-        .iter()
-        .map(|(p, s)| e.add_request(Prompt::Tokens(p.clone()), s.clone()).unwrap())
-        .collect();
-    e.run_to_completion().unwrap();
-    hs.iter().map(|h| h.wait().unwrap()).collect()
-}
-
 fn run_alone(e: &mut Engine, work: &[(Vec<u32>, SamplingParams)]) -> Vec<RequestOutput> {
     work.iter()
         .map(|w| run(e, std::slice::from_ref(w)).remove(0))
         .collect()
-}
-
-/// Compares every field of every output, naming the first difference.
-#[track_caller]
-fn assert_same(what: &str, got: &[RequestOutput], want: &[RequestOutput]) {
-    assert_eq!(got.len(), want.len());
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert_eq!(g.outputs.len(), w.outputs.len(), "{what}: request {i}");
-        for (a, b) in g.outputs.iter().zip(&w.outputs) {
-            let at = format!("{what}: request {i} sample {}", a.index);
-            assert_eq!(a.token_ids, b.token_ids, "{at}");
-            assert_eq!(a.text, b.text, "{at}");
-            assert_eq!(a.finish_reason, b.finish_reason, "{at}");
-            assert_eq!(a.logprobs, b.logprobs, "{at} logprobs");
-            assert_eq!(a.cumulative_logprob, b.cumulative_logprob, "{at}");
-        }
-    }
 }
 
 /// Proposals were verified, some accepted and some rejected, and the pools are empty.

@@ -3,10 +3,12 @@
 //!
 //! This folder holds every test helper, each included by the tests that need it: this
 //! module (and `quant_fixture.rs`, the block-format fixtures), `golden.rs` (transformers fixtures), `http.rs` (a `pagellm serve` child and a
-//! client) and `sched_driver.rs` (the GPU-free engine stand-in around the real scheduler).
+//! client), `sched_driver.rs` (the GPU-free engine stand-in around the real scheduler) and
+//! `outputs.rs` (running requests through an engine, comparing outputs field by field).
 #![allow(dead_code)]
 
 pub mod converted;
+pub mod outputs;
 pub mod quant_fixture;
 
 use pagellm::gpu::{AdapterRequest, Batch, GpuContext};

@@ -1,0 +1,56 @@
+//! Running requests through an engine and comparing their outputs field by field (the
+//! engine tests that demand identical outputs under pressure, batching or speculation).
+
+use super::arc;
+use pagellm::engine::{Engine, EngineConfig, Prompt, RequestOutput};
+use pagellm::sampling::SamplingParams;
+use std::path::Path;
+
+pub fn engine(ctx: &pagellm::GpuContext, dir: &Path, cfg: EngineConfig) -> Engine {
+    Engine::with_context(arc(ctx), dir, cfg, |_, _| {}).unwrap()
+}
+
+pub fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        max_tokens,
+        ignore_eos: true,
+        ..SamplingParams::greedy()
+    }
+}
+
+pub fn run(e: &mut Engine, work: &[(Vec<u32>, SamplingParams)]) -> Vec<RequestOutput> {
+    let hs: Vec<_> = work
+        .iter()
+        .map(|(p, s)| e.add_request(Prompt::Tokens(p.clone()), s.clone()).unwrap())
+        .collect();
+    e.run_to_completion().unwrap();
+    hs.iter().map(|h| h.wait().unwrap()).collect()
+}
+
+/// Compares every field of every output, naming the first difference.
+#[track_caller]
+pub fn assert_same(what: &str, got: &[RequestOutput], want: &[RequestOutput]) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(
+            g.prompt_token_ids, w.prompt_token_ids,
+            "{what}: request {i}"
+        );
+        assert_eq!(g.outputs.len(), w.outputs.len(), "{what}: request {i}");
+        for (a, b) in g.outputs.iter().zip(&w.outputs) {
+            assert_eq!(
+                a.token_ids, b.token_ids,
+                "{what}: request {i} sample {}",
+                a.index
+            );
+            assert_eq!(a.text, b.text, "{what}: request {i} sample {}", a.index);
+            assert_eq!(a.finish_reason, b.finish_reason, "{what}: request {i}");
+            assert_eq!(a.logprobs, b.logprobs, "{what}: request {i} logprobs");
+            assert_eq!(
+                a.cumulative_logprob, b.cumulative_logprob,
+                "{what}: request {i} sample {} cumulative_logprob",
+                a.index
+            );
+        }
+    }
+}
