@@ -2,13 +2,14 @@
 //! finish reason, logprobs, cumulative logprob) is the same with speculation as without,
 //! for greedy and seeded requests, parallel samples, beams beside them, alone and batched,
 //! under forced preemption in every mode, with stop strings and token limits that fall on
-//! accepted proposals, with a sliding window and a quantized cache; and speculation really
-//! happened (proposals were accepted and rejected), streamed tokens add up to the final
-//! text, and every block comes back.
+//! accepted proposals, with a sliding window and a quantized cache, with a regex constraint;
+//! and speculation really happened (proposals were accepted and rejected), streamed tokens
+//! add up to the final text, and every block comes back.
 
 mod common;
 use common::outputs::{assert_same, engine, greedy, run};
 use common::{contexts, golden};
+use pagellm::constrain::StructuredOutput;
 use pagellm::engine::{
     Engine, EngineConfig, PreemptionMode, Prompt, RequestEvent, RequestOutput, SpeculativeConfig,
 };
@@ -231,5 +232,47 @@ fn speculation_with_a_sliding_window_and_an_int8_cache_keeps_outputs() {
             assert_speculated(&format!("{kv_dtype}"), &e);
             assert!(e.stats().cache.window_released_blocks > 0);
         }
+    }
+}
+
+#[test]
+fn constrained_requests_speculate_and_keep_their_outputs() {
+    for ctx in contexts() {
+        // The shipped model's byte-level vocabulary spells any text; each row's mask follows
+        // the tokens accepted before it, as plain decoding's would.
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/fortunes-llama");
+        let regex = "(the (cat|dog) sat on the mat\\. ){2,6}";
+        let work: Vec<(String, SamplingParams)> = (0..3)
+            .map(|seed| {
+                let params = SamplingParams {
+                    temperature: if seed == 0 { 0.0 } else { 1.0 },
+                    seed: Some(seed),
+                    max_tokens: 64,
+                    logprobs: Some(1),
+                    structured_output: Some(StructuredOutput::Regex(regex.into())),
+                    ..SamplingParams::default()
+                };
+                (
+                    "Repeat: the cat sat on the mat. the dog sat on the mat.".into(),
+                    params,
+                )
+            })
+            .collect();
+        let go = |e: &mut Engine| -> Vec<RequestOutput> {
+            let hs: Vec<_> = work
+                .iter()
+                .map(|(p, s)| e.add_request(Prompt::Text(p.clone()), s.clone()).unwrap())
+                .collect();
+            e.run_to_completion().unwrap();
+            hs.iter().map(|h| h.wait().unwrap()).collect()
+        };
+        let want = go(&mut engine(ctx, &dir, EngineConfig::default()));
+        let re = regex::Regex::new(&format!("^(?:{regex})$")).unwrap();
+        for o in &want {
+            assert!(re.is_match(&o.outputs[0].text), "{:?}", o.outputs[0].text);
+        }
+        let mut e = engine(ctx, &dir, speculating(EngineConfig::default(), 4));
+        assert_same("constrained", &go(&mut e), &want);
+        assert_speculated("constrained", &e);
     }
 }
