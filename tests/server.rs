@@ -111,6 +111,28 @@ fn skip() -> bool {
     common::contexts().is_empty()
 }
 
+/// `pagellm generate --json` of a greedy request (`ignore_eos`): its first output and that
+/// output's token logprobs.
+fn greedy_generate(dir: &str, prompt: &str, max_tokens: u32, logprobs: u32) -> (Value, Vec<f64>) {
+    let out = Command::new(env!("CARGO_BIN_EXE_pagellm"))
+        .args(["generate", "--model", dir, "--prompt", prompt])
+        .args(["--temperature", "0", "--ignore-eos", "--json"])
+        .args(["--max-tokens", &max_tokens.to_string()])
+        .args(["--logprobs", &logprobs.to_string()])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let want = json["outputs"][0].clone();
+    let lps = want["logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["logprob"].as_f64().unwrap())
+        .collect();
+    (want, lps)
+}
+
 fn fixture() -> String {
     golden::fixture_arg("llama-gqa")
 }
@@ -124,21 +146,8 @@ fn greedy_completions_equal_generate_json_whole_and_streamed() {
     let dir = fixture();
     let server = Server::start(&["--model", &dir]);
     for case in &f.cases {
-        let out = Command::new(env!("CARGO_BIN_EXE_pagellm"))
-            .args(["generate", "--model", &dir, "--prompt", &case.prompt])
-            .args(["--temperature", "0", "--max-tokens", "16", "--ignore-eos"])
-            .args(["--json", "--logprobs", "2"])
-            .output()
-            .unwrap();
-        assert!(out.status.success());
-        let want: Value = serde_json::from_slice(&out.stdout).unwrap();
-        let want = &want["outputs"][0];
-        let want_lps: Vec<f64> = want["logprobs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|l| l["logprob"].as_f64().unwrap())
-            .collect();
+        let (want, want_lps) = greedy_generate(&dir, &case.prompt, 16, 2);
+        let want = &want;
         let body = json!({
             "model": "llama-gqa", "prompt": case.prompt, "max_tokens": 16,
             "temperature": 0, "ignore_eos": true, "logprobs": 2,
@@ -865,21 +874,7 @@ fn a_speculating_server_streams_what_generate_writes_and_counts_its_proposals() 
     }
     let dir = fixture();
     let prompt = "the cat sat on the mat, the cat sat on the mat, the cat sat on the";
-    let out = Command::new(env!("CARGO_BIN_EXE_pagellm"))
-        .args(["generate", "--model", &dir, "--prompt", prompt])
-        .args(["--temperature", "0", "--max-tokens", "40", "--ignore-eos"])
-        .args(["--json", "--logprobs", "1"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let want: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let want = &want["outputs"][0];
-    let want_lps: Vec<f64> = want["logprobs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l["logprob"].as_f64().unwrap())
-        .collect();
+    let (want, want_lps) = greedy_generate(&dir, prompt, 40, 1);
     let server = Server::start(&["--model", &dir, "--speculative", "ngram"]);
     let body = json!({
         "model": "llama-gqa", "prompt": prompt, "max_tokens": 40, "temperature": 0,
