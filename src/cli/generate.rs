@@ -450,6 +450,19 @@ fn print_text(i: usize, prompt: &str, out: &RequestOutput, many: bool) {
     }
 }
 
+/// The speculative-decoding line of `--stats`, when any proposal was verified.
+fn print_speculation(sc: &pagellm::engine::scheduler::SchedulerStats) {
+    if sc.spec_drafts > 0 {
+        eprintln!(
+            "speculative decoding:   {} proposed, {} accepted ({:.1}%), {:.2} accepted per draft",
+            sc.spec_proposed,
+            sc.spec_accepted,
+            100.0 * sc.spec_accepted as f64 / sc.spec_proposed as f64,
+            sc.spec_accepted as f64 / sc.spec_drafts as f64
+        );
+    }
+}
+
 fn print_stats(engine: &Engine) {
     let s = engine.stats();
     let c = &s.cache;
@@ -491,16 +504,7 @@ fn print_stats(engine: &Engine) {
         "chunked prefills:       {} partial chunks",
         s.scheduler.partial_prefills
     );
-    let sc = &s.scheduler;
-    if sc.spec_drafts > 0 {
-        eprintln!(
-            "speculative decoding:   {} proposed, {} accepted ({:.1}%), {:.2} accepted per draft",
-            sc.spec_proposed,
-            sc.spec_accepted,
-            100.0 * sc.spec_accepted as f64 / sc.spec_proposed as f64,
-            sc.spec_accepted as f64 / sc.spec_drafts as f64
-        );
-    }
+    print_speculation(&s.scheduler);
     eprintln!(
         "failed / abandoned:     {} / {}",
         s.scheduler.failed_requests, s.abandoned_requests
