@@ -10,6 +10,11 @@
 //! token of every sequence must then read back its own value through its block table. That
 //! catches wrong copies, lost swaps, wrongly shared prefix blocks and plan-order hazards.
 //!
+//! With prefix caching, two thirds of the runs keep a host tier (a quarter of the host pool,
+//! or all of it), half of those writing through: evicted or newly named blocks are copied
+//! down at step boundaries by the plan and copied up on prefix hits, and the memory check
+//! covers the copied-up blocks like any computed ones.
+//!
 //! Half of the runs model a sliding-window attention: after each step every sequence
 //! releases the blocks its window has left, and every position inside the window must
 //! still read back its value through the table with holes.
@@ -114,11 +119,25 @@ fn config() -> impl Strategy<Value = CacheConfig> {
         8..=32usize,
         0..=3usize,
         any::<bool>(),
+        0..=2u8,
+        any::<bool>(),
     )
-        .prop_map(|(bs, device, host, watermark, prefix)| {
-            CacheConfig::new(bs, device, host)
+        .prop_map(|(bs, device, host, watermark, prefix, tier, through)| {
+            // A third of the runs keep no host tier, a third one of a quarter of the host
+            // pool, a third one as large as the pool (competing with swapping for it).
+            let tier = [0, host / 4, host][tier as usize];
+            // Tier runs get small device pools, so that cached blocks are evicted (and
+            // found again below) often.
+            let device = if tier > 0 && prefix {
+                8 + device / 4
+            } else {
+                device
+            };
+            let config = CacheConfig::new(bs, device, host)
                 .with_watermark_blocks(watermark)
                 .with_prefix_caching(prefix)
+                .with_host_tier(tier);
+            config.with_tier_write_through(through && config.has_host_tier())
         })
 }
 
@@ -278,7 +297,7 @@ impl Sim {
             st.device.used + st.device.free + st.device.cached,
             st.device.total
         );
-        prop_assert_eq!(st.host.used + st.host.free, st.host.total);
+        prop_assert_eq!(st.host.used + st.host.free + st.host.cached, st.host.total);
         prop_assert_eq!(st.cow_copies, self.copies);
         prop_assert_eq!(st.swapped_out_blocks, self.swapped_out);
         prop_assert_eq!(st.swapped_in_blocks, self.swapped_in);

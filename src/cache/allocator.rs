@@ -74,13 +74,6 @@ impl<Id: BlockId> BlockAllocator<Id> {
         self.free.push(id);
     }
 
-    /// `decr`, and back to the free list at zero (for pools without a cache).
-    pub fn release(&mut self, id: Id) {
-        if self.decr(id) == 0 {
-            self.push_free(id);
-        }
-    }
-
     /// The pool's own consistency: free-list entries are in range, distinct and unreferenced.
     /// Returns, per block, whether it is on the free list.
     pub fn check(&self, pool: &str) -> Result<Vec<bool>, String> {
@@ -114,9 +107,10 @@ mod tests {
         let b0 = a.pop_free().unwrap();
         assert_eq!(b0, HostBlockId(0));
         a.incr(b0);
-        a.release(b0);
+        assert_eq!(a.decr(b0), 1);
         assert_eq!((a.refcount(b0), a.num_free()), (1, 1));
-        a.release(b0);
+        assert_eq!(a.decr(b0), 0);
+        a.push_free(b0);
         assert_eq!((a.refcount(b0), a.num_free()), (0, 2));
         assert!(a.check("host").is_ok());
         assert!(a.pop_free().is_some() && a.pop_free().is_some() && a.pop_free().is_none());

@@ -17,6 +17,15 @@ pub struct CacheConfig {
     pub watermark_blocks: usize,
     /// Reuse the computed full blocks of earlier prompts (see `prefix.rs`).
     pub enable_prefix_caching: bool,
+    /// Most host blocks the host tier of the prefix cache may hold (0: no host tier). Named
+    /// blocks the device pool evicts are copied there, and a later prompt that starts with
+    /// them copies them back instead of recomputing. The tier lives in the host pool and
+    /// yields to swapping: a swap-out evicts tier blocks when the pool has no free ones.
+    pub host_tier_blocks: usize,
+    /// Copy every block to the host tier as soon as it is named (computed and full), not
+    /// only when the device evicts it, so that the engine can write it on to a disk tier
+    /// while it is still fresh. Needs a host tier.
+    pub tier_write_through: bool,
 }
 
 impl CacheConfig {
@@ -29,6 +38,8 @@ impl CacheConfig {
             num_host_blocks,
             watermark_blocks: num_device_blocks / 100,
             enable_prefix_caching: false,
+            host_tier_blocks: 0,
+            tier_write_through: false,
         }
     }
 
@@ -40,6 +51,22 @@ impl CacheConfig {
     pub fn with_prefix_caching(mut self, enable: bool) -> Self {
         self.enable_prefix_caching = enable;
         self
+    }
+
+    /// A host tier of at most `blocks` host blocks (see [`CacheConfig::host_tier_blocks`]).
+    pub fn with_host_tier(mut self, blocks: usize) -> Self {
+        self.host_tier_blocks = blocks;
+        self
+    }
+
+    pub fn with_tier_write_through(mut self, on: bool) -> Self {
+        self.tier_write_through = on;
+        self
+    }
+
+    /// Whether named blocks go down to a host tier.
+    pub fn has_host_tier(&self) -> bool {
+        self.enable_prefix_caching && self.host_tier_blocks > 0 && self.num_host_blocks > 0
     }
 
     pub(crate) fn validate(&self) -> Result<(), CacheError> {
@@ -71,6 +98,19 @@ impl CacheConfig {
                 "watermark of {} blocks leaves nothing of a {}-block device pool",
                 self.watermark_blocks, self.num_device_blocks
             ));
+        }
+        if self.host_tier_blocks > self.num_host_blocks {
+            return bad(format!(
+                "a host tier of {} blocks does not fit a host pool of {}",
+                self.host_tier_blocks, self.num_host_blocks
+            ));
+        }
+        if self.tier_write_through && !self.has_host_tier() {
+            return bad(
+                "writing through to the host tier needs a host tier and prefix \
+                        caching"
+                    .into(),
+            );
         }
         Ok(())
     }

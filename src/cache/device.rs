@@ -1,5 +1,8 @@
-//! The device block pool: a reference-counted allocator plus, when prefix caching is on,
-//! the cache of named blocks. Every device block is in exactly one of three states:
+//! A block pool with an optional cache of named blocks: a reference-counted allocator plus,
+//! when prefix caching is on, the names of computed blocks. The device pool is one; the host
+//! pool is the other, where the named blocks form the host tier of the prefix cache (blocks
+//! the device evicted, kept in host memory until the host needs the room). Every block is
+//! in exactly one of three states:
 //!
 //! - free: count 0, on the free list, unnamed;
 //! - evictable: count 0, named, waiting in the prefix cache's LRU evictor with its content
@@ -7,42 +10,65 @@
 //! - in use: count > 0, named or not, on neither list.
 //!
 //! Allocation prefers the free list and evicts only when it is empty, so cached content
-//! lives as long as memory allows.
+//! lives as long as memory allows. An evicted block's name is forgotten here; the device
+//! pool can keep the (block, name) pairs it evicted during a step, so that the block manager
+//! copies their content to the host tier before the step overwrites it.
 
 use super::allocator::BlockAllocator;
-use super::ids::DeviceBlockId;
-use super::prefix::PrefixCache;
+use super::ids::{BlockId, DeviceBlockId, HostBlockId};
+use super::prefix::{NamedBlock, PrefixCache};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct DevicePool {
-    alloc: BlockAllocator<DeviceBlockId>,
-    cache: Option<PrefixCache>,
+pub(crate) struct CachedPool<Id> {
+    alloc: BlockAllocator<Id>,
+    cache: Option<PrefixCache<Id>>,
     evictions: u64,
+    /// Blocks evicted since the last `take_evicted`, with their names (kept only when
+    /// `keep_evicted`).
+    evicted: Vec<(Id, NamedBlock)>,
+    keep_evicted: bool,
 }
 
-impl DevicePool {
+/// The device pool.
+pub(crate) type DevicePool = CachedPool<DeviceBlockId>;
+/// The host pool: swapped-out sequences, and the host tier of the prefix cache.
+pub(crate) type HostPool = CachedPool<HostBlockId>;
+
+impl<Id: BlockId> CachedPool<Id> {
     pub fn new(num_blocks: u32, prefix_caching: bool) -> Self {
-        DevicePool {
+        CachedPool {
             alloc: BlockAllocator::new(num_blocks),
             cache: prefix_caching.then(|| PrefixCache::new(num_blocks as usize)),
             evictions: 0,
+            evicted: Vec::new(),
+            keep_evicted: false,
         }
     }
 
-    pub fn allocator(&self) -> &BlockAllocator<DeviceBlockId> {
+    /// Remember what is evicted, for a lower tier (see `take_evicted`).
+    pub fn keep_evicted(mut self, keep: bool) -> Self {
+        self.keep_evicted = keep && self.cache.is_some();
+        self
+    }
+
+    pub fn allocator(&self) -> &BlockAllocator<Id> {
         &self.alloc
     }
 
-    pub fn cache(&self) -> Option<&PrefixCache> {
+    pub fn cache(&self) -> Option<&PrefixCache<Id>> {
         self.cache.as_ref()
     }
 
-    pub fn cache_mut(&mut self) -> Option<&mut PrefixCache> {
+    pub fn cache_mut(&mut self) -> Option<&mut PrefixCache<Id>> {
         self.cache.as_mut()
     }
 
     pub fn num_blocks(&self) -> usize {
         self.alloc.num_blocks()
+    }
+
+    pub fn contains(&self, block: Id) -> bool {
+        self.alloc.contains(block)
     }
 
     pub fn num_free(&self) -> usize {
@@ -62,25 +88,39 @@ impl DevicePool {
         self.evictions
     }
 
-    pub fn refcount(&self, block: DeviceBlockId) -> u32 {
+    pub fn refcount(&self, block: Id) -> u32 {
         self.alloc.refcount(block)
     }
 
     /// A block for new data, with count 1: a free one, else the least recently released
     /// cached one (its name is forgotten).
-    pub fn allocate(&mut self) -> Option<DeviceBlockId> {
+    pub fn allocate(&mut self) -> Option<Id> {
         if let Some(block) = self.alloc.pop_free() {
             return Some(block);
         }
-        let block = self.cache.as_mut()?.evict_lru()?;
+        self.evict()
+    }
+
+    /// The least recently released cached block for new data, with count 1, even when free
+    /// blocks exist (a tier at its budget makes room within itself).
+    pub fn evict(&mut self) -> Option<Id> {
+        let (block, name) = self.cache.as_mut()?.evict_lru()?;
         self.evictions += 1;
         tracing::trace!(%block, "evicted cached KV block");
+        if self.keep_evicted {
+            self.evicted.push((block, name));
+        }
         self.alloc.incr(block);
         Some(block)
     }
 
+    /// The (block, name) pairs evicted since the last call, oldest first.
+    pub fn take_evicted(&mut self) -> Vec<(Id, NamedBlock)> {
+        std::mem::take(&mut self.evicted)
+    }
+
     /// One more reference to a block that is in use or evictable (a prefix hit).
-    pub fn retain(&mut self, block: DeviceBlockId) {
+    pub fn retain(&mut self, block: Id) {
         if self.alloc.refcount(block) == 0 {
             if let Some(cache) = self.cache.as_mut() {
                 cache.reclaim(block);
@@ -90,7 +130,7 @@ impl DevicePool {
     }
 
     /// One reference fewer; at zero a named block becomes evictable, any other block free.
-    pub fn release(&mut self, block: DeviceBlockId) {
+    pub fn release(&mut self, block: Id) {
         if self.alloc.decr(block) > 0 {
             return;
         }

@@ -7,20 +7,20 @@
 use super::block_table::{blocks_for, Blocks};
 use super::error::CacheError;
 use super::ids::{DeviceBlockId, HostBlockId, SeqId};
-use super::manager::{status, AllocStatus, BlockManager};
+use super::manager::{status, AllocStatus, BlockManager, Hit};
 use super::prefix::BlockHash;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// One prompt's blocks, its leading prefix-cache hits, and how many blocks were looked up.
-type PromptMatch = (usize, Vec<(DeviceBlockId, BlockHash)>, usize);
+type PromptMatch = (usize, Vec<(Hit, BlockHash)>, usize);
 
 /// The prefix-cache matches of every prompt of a group, and what admitting them costs.
 pub(super) struct GroupLookup {
     pub prompts: Vec<PromptMatch>,
     /// Distinct blocks the group's tables will point at.
     pub worst: usize,
-    /// Available blocks the allocation consumes: fresh blocks plus distinct hits on
-    /// evictable (unreferenced) blocks.
+    /// Available blocks the allocation consumes: fresh blocks, distinct hits on evictable
+    /// (unreferenced) blocks, and a block for each distinct host-tier hit.
     pub needed: usize,
 }
 
@@ -68,24 +68,41 @@ impl BlockManager {
         let found = self.lookup_group(&prompts);
         self.admission(found.worst, found.needed)?;
 
-        let mut tables: Vec<Vec<DeviceBlockId>> = found
-            .prompts
-            .iter()
-            .map(|(blocks, hits, _)| {
-                let mut t = Vec::with_capacity(*blocks);
-                for &(block, _) in hits {
-                    self.device.retain(block);
-                    t.push(block);
+        // Claim every hit before taking any fresh block: device hits are retained, and
+        // host-tier hits are held by the plan until their copy up has read them.
+        for (_, hits, _) in &found.prompts {
+            for &(hit, _) in hits {
+                match hit {
+                    Hit::Device(block) => self.device.retain(block),
+                    Hit::Host(block) => self.plan.hold_host(&mut self.host, block),
                 }
-                t
-            })
-            .collect();
+            }
+        }
         let caching = self.device.cache().is_some();
         let bs = self.config.block_size;
+        // A host block hit by several prompts of the group comes up once, shared.
+        let mut promoted: HashMap<HostBlockId, DeviceBlockId> = HashMap::new();
         let mut cached = Vec::with_capacity(seqs.len());
-        for (((id, prompt), (blocks, hits, lookups)), table) in
-            seqs.iter().zip(found.prompts).zip(tables.iter_mut())
-        {
+        for (&(id, prompt), (blocks, hits, lookups)) in seqs.iter().zip(found.prompts) {
+            let mut table = Vec::with_capacity(blocks);
+            for (i, &(hit, hash)) in hits.iter().enumerate() {
+                let block = match hit {
+                    Hit::Device(block) => block,
+                    Hit::Host(h) => match promoted.get(&h) {
+                        Some(&d) => {
+                            self.device.retain(d);
+                            d
+                        }
+                        None => {
+                            let parent = i.checked_sub(1).map(|p| hits[p].1);
+                            let d = self.promote(h, hash, parent, &prompt[i * bs..(i + 1) * bs]);
+                            promoted.insert(h, d);
+                            d
+                        }
+                    },
+                };
+                table.push(block);
+            }
             while table.len() < blocks {
                 table.push(
                     self.device
@@ -94,15 +111,17 @@ impl BlockManager {
                 );
             }
             if caching {
+                let host_hits = hits.iter().filter(|h| matches!(h.0, Hit::Host(_))).count();
                 self.counters.prefix_hits += hits.len() as u64;
+                self.counters.host_tier_hits += host_hits as u64;
                 self.counters.prefix_misses += (lookups - hits.len()) as u64;
             }
             let num_cached = hits.len() * bs;
             self.seqs.insert(
-                *id,
+                id,
                 super::block_table::Sequence {
                     num_tokens: prompt.len(),
-                    blocks: Blocks::Device(std::mem::take(table)),
+                    blocks: Blocks::Device(table),
                     hashes: hits.iter().map(|&(_, h)| h).collect(),
                     num_computed: num_cached,
                     num_cached,
@@ -111,6 +130,8 @@ impl BlockManager {
             );
             cached.push(num_cached);
         }
+        // The plan's hold on each promoted host block (the tables never point at it)
+        // outlives this call; the block stays in the host tier, named.
         Ok(cached)
     }
 
@@ -183,26 +204,33 @@ impl BlockManager {
     }
 
     pub(super) fn lookup_group(&self, prompts: &[&[u32]]) -> GroupLookup {
-        let mut distinct_hits: HashSet<DeviceBlockId> = HashSet::new();
+        let mut device_hits: HashSet<DeviceBlockId> = HashSet::new();
+        let mut host_hits: HashSet<HostBlockId> = HashSet::new();
         let mut fresh = 0;
         let mut per_prompt = Vec::with_capacity(prompts.len());
         for prompt in prompts {
             let (hits, lookups) = self.prefix_hits(prompt);
             let blocks = blocks_for(prompt.len(), self.config.block_size);
             fresh += blocks - hits.len();
-            distinct_hits.extend(hits.iter().map(|&(b, _)| b));
+            for &(hit, _) in &hits {
+                match hit {
+                    Hit::Device(b) => device_hits.insert(b),
+                    Hit::Host(h) => host_hits.insert(h),
+                };
+            }
             per_prompt.push((blocks, hits, lookups));
         }
         // A hit on an evictable block takes it out of the evictor, which costs one available
-        // block just as a fresh one does; only hits on blocks in use are free.
-        let evictable_hits = distinct_hits
+        // block just as a fresh one does; only hits on blocks in use are free. A host-tier
+        // hit needs a device block to come up into.
+        let evictable_hits = device_hits
             .iter()
             .filter(|&&b| self.device.refcount(b) == 0)
             .count();
         GroupLookup {
             prompts: per_prompt,
-            worst: distinct_hits.len() + fresh,
-            needed: evictable_hits + fresh,
+            worst: device_hits.len() + host_hits.len() + fresh,
+            needed: evictable_hits + host_hits.len() + fresh,
         }
     }
 }

@@ -5,7 +5,8 @@
 //!
 //! Device blocks have three exclusive states (see `device.rs`): free (count 0, on the free
 //! list, unnamed), evictable (count 0, named, in the LRU evictor) and in use (count > 0).
-//! Host blocks have two: free (count 0, on the free list) and in use. For both pools, a
+//! Host blocks have the same three, where the named ones form the host tier of the prefix
+//! cache and are never in a swapped-out sequence's table. For both pools, a
 //! block's count is the number of block-table entries pointing at it plus one if the
 //! step's pending plan holds it (`plan.rs`). Device and host ids are different types, so a
 //! table or a plan cannot mix them up.
@@ -191,16 +192,28 @@ impl BlockManager {
     }
 
     fn check_host(&self) -> Result<(), String> {
-        let on_free_list = self.host.check("host")?;
-        let mut refs = vec![0u32; self.host.num_blocks()];
-        let mut first: Vec<Sharer> = vec![None; self.host.num_blocks()];
+        let alloc = self.host.allocator();
+        let cache = self.host.cache();
+        let on_free_list = alloc.check("host")?;
+        if let Some(c) = cache {
+            c.check(self.config.block_size)?;
+            if c.num_named() > self.config.host_tier_blocks {
+                return Err(format!(
+                    "host tier: {} named blocks over a budget of {}",
+                    c.num_named(),
+                    self.config.host_tier_blocks
+                ));
+            }
+        }
+        let mut refs = vec![0u32; alloc.num_blocks()];
+        let mut first: Vec<Sharer> = vec![None; alloc.num_blocks()];
         for (&id, s) in &self.seqs {
             let Some(table) = s.host_blocks() else {
                 continue;
             };
             for (j, &h) in table.iter().enumerate() {
                 let i = s.released + j;
-                if !self.host.contains(h) {
+                if !alloc.contains(h) {
                     return Err(format!("{id} points at {h}, outside the host pool"));
                 }
                 refs[h.0 as usize] += 1;
@@ -209,17 +222,25 @@ impl BlockManager {
         }
         for (i, &table_refs) in refs.iter().enumerate() {
             let h = HostBlockId(i as u32);
-            let count = self.host.refcount(h);
+            let count = alloc.refcount(h);
             let hold = self.plan.host_hold(h);
             if count != table_refs + hold {
                 return Err(format!(
                     "{h}: count {count}, but {table_refs} table entries and hold {hold}"
                 ));
             }
-            if (count == 0) != on_free_list[i] {
+            // Tier blocks belong to no swapped-out sequence; at most the plan holds them.
+            let named = cache.is_some_and(|c| c.is_named(h));
+            let evictable = cache.is_some_and(|c| c.is_evictable(h));
+            let free = on_free_list[i];
+            let ok = match count {
+                0 => (free && !named && !evictable) || (!free && named && evictable),
+                _ => !(free || evictable || (named && table_refs > 0)),
+            };
+            if !ok {
                 return Err(format!(
-                    "{h}: count {count}, free-listed {}",
-                    on_free_list[i]
+                    "{h}: count {count} ({table_refs} in tables), free-listed {free}, named \
+                     {named}, evictable {evictable}"
                 ));
             }
         }

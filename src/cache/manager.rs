@@ -8,10 +8,9 @@
 //! `x` first checks exactly what `can_x` checks, then mutates. So a failed operation leaves
 //! the manager unchanged, and `can_x` says yes exactly when `x` would succeed.
 
-use super::allocator::BlockAllocator;
 use super::block_table::{Blocks, Sequence};
 use super::config::CacheConfig;
-use super::device::DevicePool;
+use super::device::{DevicePool, HostPool};
 use super::error::CacheError;
 use super::ids::{DeviceBlockId, HostBlockId, SeqId};
 use super::ops::BlockOps;
@@ -50,6 +49,10 @@ pub(super) struct Counters {
     pub prefix_hits: u64,
     pub prefix_misses: u64,
     pub window_released_blocks: u64,
+    /// Prompt blocks found in the host tier and copied up to the device.
+    pub host_tier_hits: u64,
+    /// Blocks copied down to the host tier.
+    pub host_tier_saves: u64,
 }
 
 /// CPU-side owner of the KV cache's block tables and block pools.
@@ -57,25 +60,31 @@ pub(super) struct Counters {
 pub struct BlockManager {
     pub(super) config: CacheConfig,
     pub(super) device: DevicePool,
-    pub(super) host: BlockAllocator<HostBlockId>,
+    pub(super) host: HostPool,
     pub(super) seqs: BTreeMap<SeqId, Sequence>,
     pub(super) plan: PendingPlan,
     pub(super) counters: Counters,
+    /// Blocks named since the last plan was taken, to be written through to the host tier
+    /// (`tier.rs`; only with `tier_write_through`).
+    pub(super) to_save: Vec<(DeviceBlockId, BlockHash)>,
 }
 
 impl BlockManager {
     pub fn new(config: CacheConfig) -> Result<Self, CacheError> {
         config.validate()?;
+        let tier = config.has_host_tier();
         Ok(BlockManager {
             config,
             device: DevicePool::new(
                 config.num_device_blocks as u32,
                 config.enable_prefix_caching,
-            ),
-            host: BlockAllocator::new(config.num_host_blocks as u32),
+            )
+            .keep_evicted(tier),
+            host: HostPool::new(config.num_host_blocks as u32, tier),
             seqs: BTreeMap::new(),
             plan: PendingPlan::default(),
             counters: Counters::default(),
+            to_save: Vec::new(),
         })
     }
 
@@ -189,7 +198,13 @@ impl BlockManager {
     /// completed full blocks, hashed from `computed`, so later prompts can reuse them.
     pub fn mark_computed(&mut self, seq: SeqId, computed: &[u32]) -> Result<(), CacheError> {
         let bs = self.config.block_size;
-        let BlockManager { device, seqs, .. } = self;
+        let write_through = self.config.tier_write_through;
+        let BlockManager {
+            device,
+            seqs,
+            to_save,
+            ..
+        } = self;
         let s = seqs.get_mut(&seq).ok_or(CacheError::UnknownSequence(seq))?;
         if computed.len() > s.num_tokens {
             return Err(CacheError::TokenOutOfRange {
@@ -211,7 +226,9 @@ impl BlockManager {
                 let hash = hash_block(parent, tokens);
                 // Blocks are released only once computed, so an unnamed one is live.
                 if let Some(j) = s.live_index(i) {
-                    cache.register(table[j], hash, parent, tokens);
+                    if cache.register(table[j], hash, parent, tokens) && write_through {
+                        to_save.push((table[j], hash));
+                    }
                 }
                 s.hashes.push(hash);
             }
@@ -326,7 +343,7 @@ impl BlockManager {
         }
         match &s.blocks {
             Blocks::Device(t) => t.iter().for_each(|&b| self.device.retain(b)),
-            Blocks::Host(t) => t.iter().for_each(|&h| self.host.incr(h)),
+            Blocks::Host(t) => t.iter().for_each(|&h| self.host.retain(h)),
         }
         self.seqs.insert(child, s);
         Ok(())
@@ -354,8 +371,12 @@ impl BlockManager {
     }
 
     /// Ends the step: returns its plan (execute swap-out, then swap-in, then copies, before
-    /// the forward pass) and releases the blocks the plan held.
+    /// the forward pass) and releases the blocks the plan held. With a host tier, the plan
+    /// first gets the copies down to it of the blocks this step evicted (and, writing
+    /// through, of those named since the last plan); they read their blocks before anything
+    /// in the step writes them, since swap-outs run first.
     pub fn take_ops(&mut self) -> BlockOps {
+        self.settle_host_tier();
         self.plan.take(&mut self.device, &mut self.host)
     }
 
@@ -406,27 +427,40 @@ impl BlockManager {
         Ok(())
     }
 
-    /// The leading full blocks of `prompt` found in the prefix cache, and how many were
-    /// looked up.
-    pub(super) fn prefix_hits(&self, prompt: &[u32]) -> (Vec<(DeviceBlockId, BlockHash)>, usize) {
+    /// The leading full blocks of `prompt` found in the prefix cache, on the device or in
+    /// the host tier, and how many were looked up.
+    pub(super) fn prefix_hits(&self, prompt: &[u32]) -> (Vec<(Hit, BlockHash)>, usize) {
         let bs = self.config.block_size;
         let mut hits = Vec::new();
         let mut lookups = 0;
         if let Some(cache) = self.device.cache() {
+            let host = self.host.cache();
             // The last prompt token is always computed again, because the step samples
             // from its logits; so a fully cached prompt still computes its last block.
             lookups = (prompt.len() - 1) / bs;
             let mut parent = None;
             for tokens in prompt.chunks_exact(bs).take(lookups) {
-                let Some((block, hash)) = cache.lookup(parent, tokens) else {
-                    break;
+                let hit = match cache.lookup(parent, tokens) {
+                    Some((block, hash)) => (Hit::Device(block), hash),
+                    None => match host.and_then(|h| h.lookup(parent, tokens)) {
+                        Some((block, hash)) => (Hit::Host(block), hash),
+                        None => break,
+                    },
                 };
-                hits.push((block, hash));
-                parent = Some(hash);
+                parent = Some(hit.1);
+                hits.push(hit);
             }
         }
         (hits, lookups)
     }
+}
+
+/// A leading prompt block found in the prefix cache: on the device, or in the host tier
+/// (to be copied up).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Hit {
+    Device(DeviceBlockId),
+    Host(HostBlockId),
 }
 
 pub(super) fn status(admission: Result<(), CacheError>) -> AllocStatus {

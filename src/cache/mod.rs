@@ -13,7 +13,7 @@
 //! `prefix` (content names and the LRU evictor), `device` (the device pool: allocator plus
 //! prefix cache), `block_table` (per-sequence state), `ops` and `plan` (the step's plan and
 //! what keeps it valid), `manager` (allocate, append, fork, free), `group` (a sequence
-//! group as a whole), `swap`, `queries`,
+//! group as a whole), `swap`, `tier` (the host tier of the prefix cache), `queries`,
 //! `stats`, `invariants`.
 
 mod allocator;
@@ -31,6 +31,7 @@ mod prefix;
 mod queries;
 mod stats;
 mod swap;
+mod tier;
 
 #[cfg(test)]
 mod tests;
@@ -43,3 +44,4 @@ pub use manager::{AllocStatus, AppendOutcome, BlockManager};
 pub use ops::BlockOps;
 pub use prefix::{hash_block, BlockHash};
 pub use stats::{CacheStats, PoolStats};
+pub use tier::{TierName, TierStats};

@@ -15,8 +15,7 @@
 //! a pending copy destination copies from that copy's source (the content the destination
 //! will have when the copies run).
 
-use super::allocator::BlockAllocator;
-use super::device::DevicePool;
+use super::device::{DevicePool, HostPool};
 use super::ids::{DeviceBlockId, HostBlockId};
 use super::ops::BlockOps;
 use std::collections::{BTreeMap, BTreeSet};
@@ -56,9 +55,9 @@ impl PendingPlan {
         }
     }
 
-    pub fn hold_host(&mut self, host: &mut BlockAllocator<HostBlockId>, block: HostBlockId) {
+    pub fn hold_host(&mut self, host: &mut HostPool, block: HostBlockId) {
         if self.held_host.insert(block) {
-            host.incr(block);
+            host.retain(block);
         }
     }
 
@@ -75,12 +74,7 @@ impl PendingPlan {
         self.ops.copies.push((src, dst));
     }
 
-    pub fn record_swap_out(
-        &mut self,
-        host: &mut BlockAllocator<HostBlockId>,
-        src: DeviceBlockId,
-        dst: HostBlockId,
-    ) {
+    pub fn record_swap_out(&mut self, host: &mut HostPool, src: DeviceBlockId, dst: HostBlockId) {
         self.hold_host(host, dst);
         self.ops.swap_out.push((src, dst));
     }
@@ -93,11 +87,7 @@ impl PendingPlan {
     }
 
     /// Ends the step: returns the plan and releases its holds.
-    pub fn take(
-        &mut self,
-        pool: &mut DevicePool,
-        host: &mut BlockAllocator<HostBlockId>,
-    ) -> BlockOps {
+    pub fn take(&mut self, pool: &mut DevicePool, host: &mut HostPool) -> BlockOps {
         let plan = std::mem::take(self);
         for block in plan.held_device {
             pool.release(block);

@@ -12,22 +12,30 @@
 //! evictor: either it is found again (a hit, and it leaves the evictor) or, once the free
 //! list is empty, it is reclaimed for new data, least recently released first.
 
-use super::ids::{BlockId, DeviceBlockId};
+use super::ids::BlockId;
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{DefaultHasher, Hash, Hasher};
 
 /// The content name of a full block: a hash chained over all tokens up to its end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct BlockHash(pub u64);
 
-/// Name of a block holding `tokens` after the block named `parent` (`None` for the first).
-/// `DefaultHasher::new()` uses fixed keys, so names are stable for the life of the process,
-/// which is all an in-memory cache needs.
+/// Name of a block holding `tokens` after the block named `parent` (`None` for the first):
+/// the first 8 bytes of BLAKE3 over (a parent flag, the parent's name, the token ids, all
+/// little-endian). A specified hash rather than std's `DefaultHasher`, whose algorithm may
+/// change between Rust releases: names outlive the process in the disk tier.
 pub fn hash_block(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
-    let mut h = DefaultHasher::new();
-    parent.hash(&mut h);
-    tokens.hash(&mut h);
-    BlockHash(h.finish())
+    let mut h = blake3::Hasher::new();
+    match parent {
+        Some(p) => h.update(&[1]).update(&p.0.to_le_bytes()),
+        None => h.update(&[0; 9]),
+    };
+    for t in tokens {
+        h.update(&t.to_le_bytes());
+    }
+    let bytes = h.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&bytes.as_bytes()[..8]);
+    BlockHash(u64::from_le_bytes(first))
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,17 +46,17 @@ pub(crate) struct NamedBlock {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct PrefixCache {
-    by_hash: HashMap<BlockHash, DeviceBlockId>,
-    /// Per device block, its name if it has one.
+pub(crate) struct PrefixCache<Id> {
+    by_hash: HashMap<BlockHash, Id>,
+    /// Per block of the pool, its name if it has one.
     named: Vec<Option<NamedBlock>>,
     /// The evictor: unreferenced named blocks by release time, oldest first.
-    lru: BTreeMap<u64, DeviceBlockId>,
+    lru: BTreeMap<u64, Id>,
     released_at: Vec<Option<u64>>,
     clock: u64,
 }
 
-impl PrefixCache {
+impl<Id: BlockId> PrefixCache<Id> {
     pub fn new(num_blocks: usize) -> Self {
         PrefixCache {
             by_hash: HashMap::new(),
@@ -60,11 +68,7 @@ impl PrefixCache {
     }
 
     /// The cached block holding `tokens` after the block named `parent`, with its name.
-    pub fn lookup(
-        &self,
-        parent: Option<BlockHash>,
-        tokens: &[u32],
-    ) -> Option<(DeviceBlockId, BlockHash)> {
+    pub fn lookup(&self, parent: Option<BlockHash>, tokens: &[u32]) -> Option<(Id, BlockHash)> {
         let hash = hash_block(parent, tokens);
         let block = *self.by_hash.get(&hash)?;
         let entry = self.named[block.index()].as_ref()?;
@@ -76,7 +80,7 @@ impl PrefixCache {
     /// goes back to the free list when released. Returns whether the name was taken.
     pub fn register(
         &mut self,
-        block: DeviceBlockId,
+        block: Id,
         hash: BlockHash,
         parent: Option<BlockHash>,
         tokens: &[u32],
@@ -93,15 +97,15 @@ impl PrefixCache {
         true
     }
 
-    pub fn name(&self, block: DeviceBlockId) -> Option<&NamedBlock> {
+    pub fn name(&self, block: Id) -> Option<&NamedBlock> {
         self.named[block.index()].as_ref()
     }
 
-    pub fn is_named(&self, block: DeviceBlockId) -> bool {
+    pub fn is_named(&self, block: Id) -> bool {
         self.named[block.index()].is_some()
     }
 
-    pub fn is_evictable(&self, block: DeviceBlockId) -> bool {
+    pub fn is_evictable(&self, block: Id) -> bool {
         self.released_at[block.index()].is_some()
     }
 
@@ -110,7 +114,7 @@ impl PrefixCache {
     }
 
     /// A named block lost its last reference: it becomes the most recently released.
-    pub fn make_evictable(&mut self, block: DeviceBlockId) {
+    pub fn make_evictable(&mut self, block: Id) {
         debug_assert!(self.is_named(block) && !self.is_evictable(block));
         self.lru.insert(self.clock, block);
         self.released_at[block.index()] = Some(self.clock);
@@ -118,20 +122,30 @@ impl PrefixCache {
     }
 
     /// A hit on an evictable block takes it back out of the evictor.
-    pub fn reclaim(&mut self, block: DeviceBlockId) {
+    pub fn reclaim(&mut self, block: Id) {
         if let Some(t) = self.released_at[block.index()].take() {
             self.lru.remove(&t);
         }
     }
 
-    /// Reclaims the least recently released block for new data, forgetting its name.
-    pub fn evict_lru(&mut self) -> Option<DeviceBlockId> {
+    /// Named blocks, evictable or in use.
+    pub fn num_named(&self) -> usize {
+        self.by_hash.len()
+    }
+
+    /// Whether some block carries the name `hash`.
+    pub fn has_name(&self, hash: BlockHash) -> bool {
+        self.by_hash.contains_key(&hash)
+    }
+
+    /// Reclaims the least recently released block for new data, forgetting its name, which
+    /// comes back with it (a lower tier may keep the content under that name).
+    pub fn evict_lru(&mut self) -> Option<(Id, NamedBlock)> {
         let (_, block) = self.lru.pop_first()?;
         self.released_at[block.index()] = None;
-        if let Some(entry) = self.named[block.index()].take() {
-            self.by_hash.remove(&entry.hash);
-        }
-        Some(block)
+        let entry = self.named[block.index()].take()?;
+        self.by_hash.remove(&entry.hash);
+        Some((block, entry))
     }
 
     /// Internal consistency: names and the hash index agree, names are correct hashes of
@@ -141,7 +155,7 @@ impl PrefixCache {
         for (i, entry) in self.named.iter().enumerate() {
             let Some(entry) = entry else { continue };
             named += 1;
-            let block = DeviceBlockId(i as u32);
+            let block = Id::from_index(i as u32);
             if self.by_hash.get(&entry.hash) != Some(&block) {
                 return Err(format!("prefix cache: {block} is named but not indexed"));
             }
@@ -181,6 +195,7 @@ impl PrefixCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::ids::DeviceBlockId;
 
     #[test]
     fn names_chain_over_the_whole_prefix() {
@@ -193,7 +208,7 @@ mod tests {
 
     #[test]
     fn lookup_register_and_lru_eviction() {
-        let mut c = PrefixCache::new(4);
+        let mut c = PrefixCache::<DeviceBlockId>::new(4);
         let h0 = hash_block(None, &[1, 2]);
         let h1 = hash_block(Some(h0), &[3, 4]);
         assert!(c.register(DeviceBlockId(2), h0, None, &[1, 2]));
@@ -209,9 +224,12 @@ mod tests {
         c.reclaim(DeviceBlockId(3));
         c.make_evictable(DeviceBlockId(3));
         c.check(2).unwrap();
-        assert_eq!(c.evict_lru(), Some(DeviceBlockId(2)));
+        assert_eq!(
+            c.evict_lru().map(|e| (e.0, e.1.hash)),
+            Some((DeviceBlockId(2), h0))
+        );
         assert_eq!(c.lookup(None, &[1, 2]), None);
-        assert_eq!(c.evict_lru(), Some(DeviceBlockId(3)));
+        assert_eq!(c.evict_lru().map(|e| e.0), Some(DeviceBlockId(3)));
         assert_eq!(c.evict_lru(), None);
         c.check(2).unwrap();
     }

@@ -95,6 +95,11 @@ impl BlockManager {
         self.host.num_free()
     }
 
+    /// Host blocks a swap-out can get now: free plus host-tier blocks not in use.
+    pub fn num_available_host_blocks(&self) -> usize {
+        self.host.available()
+    }
+
     pub fn watermark_blocks(&self) -> usize {
         self.config.watermark_blocks
     }

@@ -42,6 +42,8 @@ pub struct CacheStats {
     pub evictions: u64,
     /// Block-table entries released because their tokens left the sliding window.
     pub window_released_blocks: u64,
+    /// The host tier of the prefix cache.
+    pub host_tier: super::tier::TierStats,
 }
 
 impl CacheStats {
@@ -89,7 +91,11 @@ impl BlockManager {
             self.device.num_free(),
             self.device.num_evictable(),
         );
-        let (host_total, host_free) = (self.host.num_blocks(), self.host.num_free());
+        let (host_total, host_free, host_cached) = (
+            self.host.num_blocks(),
+            self.host.num_free(),
+            self.host.num_evictable(),
+        );
         let c = &self.counters;
         CacheStats {
             block_size: bs,
@@ -101,9 +107,9 @@ impl BlockManager {
             },
             host: PoolStats {
                 total: host_total,
-                used: host_total - host_free,
+                used: host_total - host_free - host_cached,
                 free: host_free,
-                cached: 0,
+                cached: host_cached,
             },
             device_sequences,
             swapped_sequences,
@@ -116,6 +122,7 @@ impl BlockManager {
             prefix_misses: c.prefix_misses,
             evictions: self.device.evictions(),
             window_released_blocks: c.window_released_blocks,
+            host_tier: self.tier_stats(),
         }
     }
 }

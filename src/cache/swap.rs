@@ -19,7 +19,7 @@ impl BlockManager {
     /// Whether the group's blocks fit the host pool now. No means: recompute the group
     /// instead (or preempt a different one).
     pub fn can_swap_out(&self, seqs: &[SeqId]) -> bool {
-        matches!(self.swap_out_need(seqs), Ok(n) if n <= self.host.num_free())
+        matches!(self.swap_out_need(seqs), Ok(n) if n <= self.host.available())
     }
 
     /// Moves every device block of the group to the host pool and frees the device blocks
@@ -29,7 +29,8 @@ impl BlockManager {
         seqs: &[SeqId],
     ) -> Result<Vec<(DeviceBlockId, HostBlockId)>, CacheError> {
         let needed = self.swap_out_need(seqs)?;
-        let free = self.host.num_free();
+        // Host-tier blocks count as room: the tier yields to swapping.
+        let free = self.host.available();
         if needed > free {
             return Err(CacheError::HostPoolFull { needed, free });
         }
@@ -52,11 +53,11 @@ impl BlockManager {
             for &d in table {
                 let h = match to_host.entry(d) {
                     Entry::Occupied(e) => {
-                        host.incr(*e.get());
+                        host.retain(*e.get());
                         *e.get()
                     }
                     Entry::Vacant(e) => {
-                        let h = host.pop_free().expect("host pool checked");
+                        let h = host.allocate().expect("host pool checked");
                         plan.record_swap_out(host, d, h);
                         moved.push((d, h));
                         *e.insert(h)

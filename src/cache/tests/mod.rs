@@ -6,6 +6,7 @@ mod prefix;
 mod sharing;
 mod speculation;
 mod swap;
+mod tier;
 mod window;
 
 use super::{BlockManager, CacheConfig, SeqId};
