@@ -41,7 +41,7 @@ impl HostPool {
         self.data.get(id * n..(id + 1) * n)
     }
 
-    fn block_mut(&mut self, id: usize) -> Option<&mut [u8]> {
+    pub(crate) fn block_mut(&mut self, id: usize) -> Option<&mut [u8]> {
         let n = self.layout.block_bytes_all_layers() as usize;
         self.data.get_mut(id * n..(id + 1) * n)
     }

@@ -9,7 +9,8 @@
 //! - [`gguf`]: GGUF checkpoints; so far, reference (de)quantizers of GGML block formats;
 //! - [`pool`]: GPU storage of the KV blocks (f16, f32, int8, int4);
 //! - [`cache`]: the block manager (block tables, reference counts, copy-on-write, swap,
-//!   prefix caching), plain Rust; [`cache_engine`] carries out its plans on the GPU;
+//!   prefix caching and its host tier), plain Rust; [`cache_engine`] carries out its plans
+//!   on the GPU; [`disk_tier`] keeps prefix blocks in files across restarts;
 //! - [`model`]: checkpoints, the architecture registry, the GPU model and its forward pass,
 //!   and a plain-Rust reference forward pass;
 //! - [`tokenizer`] and [`sampling`]: text in and out, and the next token from logits;
@@ -24,6 +25,7 @@
 pub mod cache;
 pub mod cache_engine;
 pub mod constrain;
+pub mod disk_tier;
 pub mod engine;
 pub mod error;
 pub mod eval;

@@ -139,6 +139,20 @@ pub struct EngineArgs {
     /// Longest n-gram prompt lookup matches (the longest match found wins).
     #[arg(long, default_value_t = 4, requires = "speculative")]
     pub ngram_max: usize,
+    /// Host blocks the prefix cache may keep prompt blocks in once the device pool evicts
+    /// them (copied back up on a later hit instead of recomputed); they share the host pool
+    /// with swapping, which comes first. Default: none, or half the host pool with
+    /// --kv-cache-dir.
+    #[arg(long, value_name = "N")]
+    pub kv_cache_host_blocks: Option<usize>,
+    /// Keep computed prompt blocks in this folder too, so that a later run (or another
+    /// process of the same model and settings) reads a long shared prefix instead of
+    /// recomputing it. Records are checked on every read; a bad one is recomputed.
+    #[arg(long, value_name = "DIR")]
+    pub kv_cache_dir: Option<std::path::PathBuf>,
+    /// Most bytes the --kv-cache-dir folder may hold for this model; older records go first.
+    #[arg(long, value_name = "BYTES", default_value_t = 4 << 30, requires = "kv_cache_dir")]
+    pub kv_cache_disk_bytes: u64,
 }
 
 impl EngineArgs {
@@ -170,6 +184,9 @@ impl EngineArgs {
                     ngram_max: self.ngram_max,
                     ..SpeculativeConfig::default()
                 }),
+            host_tier_blocks: self.kv_cache_host_blocks,
+            kv_cache_dir: self.kv_cache_dir.clone(),
+            kv_cache_disk_bytes: self.kv_cache_disk_bytes,
             ..EngineConfig::default()
         }
     }

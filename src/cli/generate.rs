@@ -521,6 +521,7 @@ fn print_stats(engine: &Engine) {
         c.prefix_misses,
         100.0 * c.prefix_hit_rate()
     );
+    print_tiers(&s);
     eprintln!(
         "peak blocks used:       {} of {}",
         s.scheduler.peak_blocks_used, c.device.total
@@ -534,4 +535,29 @@ fn print_stats(engine: &Engine) {
         "blocks now used/cached/free: {} / {} / {}",
         c.device.used, c.device.cached, c.device.free
     );
+}
+
+/// The prefix cache's lower tiers: host blocks and disk records, hits and evictions.
+fn print_tiers(s: &pagellm::engine::EngineStats) {
+    let t = &s.cache.host_tier;
+    if t.budget > 0 {
+        eprintln!(
+            "host tier:              {} hits, {} saved, {} evicted, {} of {} blocks held",
+            t.hits, t.saves, t.evictions, t.blocks, t.budget
+        );
+    }
+    if let Some(d) = &s.disk {
+        eprintln!(
+            "disk tier:              {} hits, {} misses, {} corrupt, {} written, {} write \
+             errors, {} evicted, {} records ({:.1} MiB)",
+            d.hits,
+            d.misses,
+            d.corrupt,
+            d.writes,
+            d.write_errors,
+            d.evictions,
+            d.records,
+            d.bytes as f64 / (1 << 20) as f64
+        );
+    }
 }

@@ -106,6 +106,18 @@ pub struct EngineConfig {
     /// Speculative decoding by n-gram lookup; `None` (the default) decodes one token per
     /// sequence and step.
     pub speculative: Option<SpeculativeConfig>,
+    /// Most host blocks the host tier of the prefix cache may hold: prefix blocks the
+    /// device pool evicts are copied there and copied back up on a later hit instead of
+    /// being recomputed. It shares the host pool with swapping, which comes first. `None`:
+    /// no host tier without a disk tier, half the host pool with one.
+    pub host_tier_blocks: Option<usize>,
+    /// Folder of the disk tier of the prefix cache (`None`: no disk tier). Every computed
+    /// full block is written there, keyed by its tokens and everything else its KV depends
+    /// on, and a later prompt (in this process or another, after a restart) that starts
+    /// with it reads it instead of recomputing it. Several processes may share the folder.
+    pub kv_cache_dir: Option<std::path::PathBuf>,
+    /// Most bytes the disk tier keeps (least recently used records go first).
+    pub kv_cache_disk_bytes: u64,
 }
 
 impl EngineConfig {
@@ -145,6 +157,9 @@ impl Default for EngineConfig {
             free_out_of_window_blocks: true,
             weight_dtype: None,
             speculative: None,
+            host_tier_blocks: None,
+            kv_cache_dir: None,
+            kv_cache_disk_bytes: 4 << 30,
         }
     }
 }

@@ -19,6 +19,7 @@ use crate::cache::{BlockManager, BlockOps, CacheConfig, CacheError, CacheStats};
 use crate::cache::{DeviceBlockId, HostBlockId};
 use crate::cache_engine::CacheEngine;
 use crate::constrain::{Compiler, Constraint, ConstraintError};
+use crate::disk_tier::{DiskStats, DiskTier};
 use crate::error::GpuError;
 use crate::gpu::GpuContext;
 use crate::model::forward::Workspace;
@@ -83,6 +84,8 @@ pub struct EngineStats {
     pub kv_pool_bytes: u64,
     /// Host time recording and submitting forward steps (not waiting for the adapter).
     pub host: HostTime,
+    /// The disk tier of the prefix cache, if there is one.
+    pub disk: Option<DiskStats>,
 }
 
 impl EngineStats {
@@ -131,6 +134,10 @@ pub struct Engine {
     pub(super) step_buffers: StepBuffers,
     /// Decode step time against rows, for the cost of a proposed token's row.
     step_costs: StepCostFit,
+    /// The disk tier of the prefix cache (`tiers.rs`), with a block's worth of bytes to
+    /// read records into.
+    pub(super) disk: Option<DiskTier>,
+    pub(super) tier_scratch: Vec<u8>,
 }
 
 /// Buffers kept across steps (see `step_batch.rs`).
@@ -252,6 +259,31 @@ pub(crate) fn kv_layout(c: &crate::model::ModelConfig, config: &EngineConfig) ->
     Ok(layout)
 }
 
+/// The disk tier for this model, context, weight format and pool.
+fn open_disk(
+    model_dir: &Path,
+    dir: &Path,
+    c: &crate::model::ModelConfig,
+    max_model_len: usize,
+    config: &EngineConfig,
+    pool: &KvPool,
+) -> Result<DiskTier> {
+    let failed = |e: std::io::Error| {
+        EngineError::Config(format!(
+            "the KV cache folder {} cannot be used: {e}",
+            dir.display()
+        ))
+    };
+    let id = super::tiers::model_identity(model_dir, dir).map_err(failed)?;
+    let weights = config
+        .weight_dtype
+        .map_or("as stored".to_string(), |w| format!("{w:?}"));
+    let layout = pool.layout;
+    let ns = super::tiers::namespace(&id, c, max_model_len, &weights, &layout, pool.rotation());
+    let bytes = layout.block_bytes_all_layers() as usize;
+    super::tiers::open_disk_tier(dir, config.kv_cache_disk_bytes, &ns, bytes).map_err(failed)
+}
+
 impl Engine {
     /// Opens the model folder on the adapter chosen by the environment.
     pub fn new(model_dir: &Path, config: EngineConfig) -> Result<Self> {
@@ -308,9 +340,34 @@ impl Engine {
             config.max_sampled_rows(),
         )?;
         let watermark = (gpu_blocks / 100).min(gpu_blocks.saturating_sub(needed));
+        let disk = match &config.kv_cache_dir {
+            Some(dir) => Some(open_disk(
+                model_dir,
+                dir,
+                &c,
+                max_model_len,
+                &config,
+                &pool,
+            )?),
+            None => None,
+        };
+        let host_tier = match config.host_tier_blocks {
+            Some(n) => n,
+            None if disk.is_some() => cpu_blocks / 2,
+            None => 0,
+        };
+        if disk.is_some() && (host_tier == 0 || !config.enable_prefix_caching) {
+            return Err(EngineError::Config(
+                "the disk tier of the prefix cache needs prefix caching and a host tier of at \
+                 least one block (host blocks: --num-cpu-blocks, --kv-cache-host-blocks)"
+                    .into(),
+            ));
+        }
         let cache_cfg = CacheConfig::new(config.block_size, gpu_blocks, cpu_blocks)
             .with_watermark_blocks(watermark)
-            .with_prefix_caching(config.enable_prefix_caching);
+            .with_prefix_caching(config.enable_prefix_caching)
+            .with_host_tier(host_tier)
+            .with_tier_write_through(disk.is_some());
         // With a sliding window in every layer, blocks that left it go back to the pool.
         let window = c
             .recipe
@@ -336,6 +393,8 @@ impl Engine {
             host: HostTime::default(),
             step_buffers: StepBuffers::default(),
             step_costs: StepCostFit::default(),
+            disk,
+            tier_scratch: Vec::new(),
         };
         engine.calibrate_swap()?;
         Ok(engine)
@@ -466,6 +525,7 @@ impl Engine {
                 ),
             });
         }
+        self.load_prefix_from_disk(&ids);
         let first = Sequence::new(self.scheduler.new_seq_id(), 0, &ids, out);
         let max_len = ids.len().saturating_add(params.max_tokens);
         let side = RequestSide {
@@ -538,6 +598,7 @@ impl Engine {
             kv_blocks: self.cache.device.num_blocks,
             kv_pool_bytes: self.cache.device.total_bytes(),
             host: self.host,
+            disk: self.disk.as_ref().map(DiskTier::stats),
         }
     }
 
@@ -575,11 +636,17 @@ impl Engine {
             f.group.send(RequestEvent::Failed(f.reason));
         }
         if sched.scheduled.is_empty() {
-            return self.idle_step(&sched.ops, start);
+            let n = self.idle_step(&sched.ops, start)?;
+            self.store_to_disk(&sched.ops);
+            return Ok(n);
         }
         self.idle_steps = 0;
         let read = self.run_forward(&sched)?;
+        self.store_to_disk(&sched.ops);
         self.advance(&sched, &read)?;
+        if !self.has_unfinished() {
+            self.flush_prefix_tiers()?;
+        }
         let rows: usize = sched.scheduled.iter().map(|s| s.len).sum();
         if sched.scheduled.iter().any(|s| s.own_len() > 1) {
             self.scheduler

@@ -10,6 +10,7 @@ pub mod request;
 pub mod scheduler;
 pub mod sequence;
 mod step_batch;
+mod tiers;
 
 pub(crate) use self::core::{kv_layout, open_model};
 pub use self::core::{Engine, EngineError, EngineStats, HostTime};

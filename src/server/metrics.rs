@@ -18,6 +18,11 @@ pub struct PoolLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TierLabel {
+    pub tier: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ModeLabel {
     pub mode: &'static str,
 }
@@ -33,6 +38,9 @@ pub struct Metrics {
     preemptions: Family<ModeLabel, Counter>,
     prefix_queries: Counter,
     prefix_hits: Counter,
+    tier_hits: Family<TierLabel, Counter>,
+    tier_evictions: Family<TierLabel, Counter>,
+    tier_bytes: Family<TierLabel, Gauge>,
     abandoned: Counter,
     spec_drafts: Counter,
     spec_draft_tokens: Counter,
@@ -43,7 +51,7 @@ pub struct Metrics {
     pub inter_token_latency: Histogram,
     pub e2e_latency: Histogram,
     /// Engine counters as last exported, to turn totals into increments.
-    last: Mutex<[u64; 8]>,
+    last: Mutex<[u64; 14]>,
 }
 
 fn seconds() -> impl Iterator<Item = f64> {
@@ -63,6 +71,9 @@ impl Metrics {
             preemptions: Family::default(),
             prefix_queries: Counter::default(),
             prefix_hits: Counter::default(),
+            tier_hits: Family::default(),
+            tier_evictions: Family::default(),
+            tier_bytes: Family::default(),
             abandoned: Counter::default(),
             spec_drafts: Counter::default(),
             spec_draft_tokens: Counter::default(),
@@ -72,7 +83,7 @@ impl Metrics {
             time_to_first_token: Histogram::new(seconds()),
             inter_token_latency: Histogram::new(seconds()),
             e2e_latency: Histogram::new(seconds()),
-            last: Mutex::new([0; 8]),
+            last: Mutex::new([0; 14]),
             registry: Registry::default(),
         };
         m.registry = m.registered();
@@ -106,6 +117,12 @@ impl Metrics {
                 "Prompt blocks looked up in the prefix cache";
             prefix_hits: "prefix_cache_hits",
                 "Prompt blocks found in the prefix cache";
+            tier_hits: "prefix_cache_tier_hits",
+                "Prompt blocks found per tier: device, host (copied up), disk (read into host)";
+            tier_evictions: "prefix_cache_tier_evictions",
+                "Cached blocks reclaimed for other data, per tier";
+            tier_bytes: "prefix_cache_tier_bytes",
+                "Bytes of cached prefix blocks not in use, per tier";
             abandoned: "requests_abandoned",
                 "Requests aborted because the client went away";
             spec_drafts: "spec_decode_num_drafts",
@@ -148,6 +165,17 @@ impl Metrics {
         self.kv_usage
             .get_or_create(&PoolLabel { pool: "host" })
             .set(frac(&s.cache.host));
+        let block = s.kv_layout.block_bytes_all_layers() as i64;
+        let tier_bytes = [
+            ("device", s.cache.device.cached as i64 * block),
+            ("host", s.cache.host.cached as i64 * block),
+            ("disk", s.disk.map_or(0, |d| d.bytes as i64)),
+        ];
+        for (tier, bytes) in tier_bytes {
+            self.tier_bytes
+                .get_or_create(&TierLabel { tier })
+                .set(bytes);
+        }
         let now = [
             s.scheduler.preempted_by_swap,
             s.scheduler.preempted_by_recompute,
@@ -157,6 +185,12 @@ impl Metrics {
             s.scheduler.spec_drafts,
             s.scheduler.spec_proposed,
             s.scheduler.spec_accepted,
+            s.cache.prefix_hits - s.cache.host_tier.hits,
+            s.cache.host_tier.hits,
+            s.disk.map_or(0, |d| d.hits),
+            s.cache.evictions,
+            s.cache.host_tier.evictions,
+            s.disk.map_or(0, |d| d.evictions),
         ];
         let Ok(mut last) = self.last.lock() else {
             return;
@@ -175,6 +209,13 @@ impl Metrics {
         self.spec_drafts.inc_by(delta(5));
         self.spec_draft_tokens.inc_by(delta(6));
         self.spec_accepted_tokens.inc_by(delta(7));
+        for (i, tier) in ["device", "host", "disk"].into_iter().enumerate() {
+            let label = TierLabel { tier };
+            self.tier_hits.get_or_create(&label).inc_by(delta(8 + i));
+            self.tier_evictions
+                .get_or_create(&label)
+                .inc_by(delta(11 + i));
+        }
         for (l, n) in last.iter_mut().zip(now) {
             *l = (*l).max(n);
         }

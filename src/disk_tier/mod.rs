@@ -1,0 +1,359 @@
+//! The disk tier of the prefix cache: computed KV blocks kept as files, one per block, so
+//! that a later process (after a restart, or another replica of the same model on the same
+//! machine) reads a long shared prefix instead of recomputing it. The idea is LMCache's
+//! local-disk backend and llama.cpp's slot files, keyed here by the prefix cache's hash
+//! chain so that any prompt that starts the same way finds them.
+//!
+//! A record lives at `<dir>/<namespace>/<2 hex>/<key hex>.kvb`; the namespace folder is named
+//! after a hash of everything besides the tokens that the KV bytes depend on, so models and
+//! cache layouts never meet. Writes go to a temporary file that is renamed into place, so a
+//! reader sees a whole record or none; every read checks the whole record (`record.rs`), so
+//! a torn or damaged file is a miss and is deleted. Errors never reach the caller: a full
+//! disk or a vanished folder is a warning and a miss, since the tier only saves time.
+//!
+//! Each process keeps its own index of the records it knows (scanned at open, grown by its
+//! writes and reads) and deletes the least recently used ones past its byte budget; records
+//! other processes wrote since are picked up by reads, not counted against the budget until
+//! the next open.
+
+mod record;
+#[cfg(test)]
+mod tests;
+
+use record::{Expect, RecordError};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+/// A record's name: stable across processes, builds and Rust versions (BLAKE3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockKey(pub [u8; 32]);
+
+impl BlockKey {
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    fn from_hex(s: &str) -> Option<Self> {
+        if s.len() != 64 || !s.is_ascii() {
+            return None;
+        }
+        let mut k = [0u8; 32];
+        for (i, byte) in k.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+        }
+        Some(BlockKey(k))
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct DiskTierConfig {
+    pub dir: PathBuf,
+    /// Most bytes of records this process keeps in its namespace's folder; the least
+    /// recently stored or loaded go first past it. 0 writes nothing.
+    pub max_bytes: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiskStats {
+    /// Loads that returned a valid record.
+    pub hits: u64,
+    /// Loads that found no record.
+    pub misses: u64,
+    /// Loads whose record failed verification (a miss for the caller; the file is deleted).
+    pub corrupt: u64,
+    /// Records this process wrote.
+    pub writes: u64,
+    /// Stores skipped because the record existed.
+    pub skipped: u64,
+    /// Stores that failed (a full disk, permissions): warned about, never an error.
+    pub write_errors: u64,
+    /// Records this process deleted to stay within its budget.
+    pub evictions: u64,
+    /// Bytes and number of the records this process knows of now.
+    pub bytes: u64,
+    pub records: u64,
+}
+
+/// Temporary files older than this were left by a writer that died.
+const STALE_TEMP: Duration = Duration::from_secs(600);
+
+pub struct DiskTier {
+    dir: PathBuf,
+    namespace: [u8; 32],
+    block_bytes: usize,
+    max_bytes: u64,
+    /// Known records: key -> (use stamp, bytes); and stamps in use order.
+    index: HashMap<BlockKey, (u64, u64)>,
+    lru: BTreeMap<u64, BlockKey>,
+    clock: u64,
+    temp_counter: u64,
+    stats: DiskStats,
+}
+
+impl std::fmt::Debug for DiskTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskTier")
+            .field("dir", &self.dir)
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl DiskTier {
+    /// Opens (creating it if needed) the folder of `namespace` under `config.dir`, indexes
+    /// the records already there by modification time, and removes temporary files that
+    /// crashed writers left. `namespace` names everything besides the tokens that KV bytes
+    /// depend on; `block_bytes` is every record's payload size.
+    pub fn open(
+        config: DiskTierConfig,
+        namespace: &[u8],
+        block_bytes: usize,
+    ) -> std::io::Result<Self> {
+        let namespace = *blake3::hash(namespace).as_bytes();
+        let hex: String = namespace[..8].iter().map(|b| format!("{b:02x}")).collect();
+        let dir = config.dir.join(hex);
+        std::fs::create_dir_all(&dir)?;
+        let mut found = Vec::new();
+        for sub in std::fs::read_dir(&dir)? {
+            let sub = sub?.path();
+            if !sub.is_dir() {
+                continue;
+            }
+            for entry in std::fs::read_dir(&sub)? {
+                let Ok(entry) = entry else { continue };
+                let path = entry.path();
+                let Ok(meta) = entry.metadata() else { continue };
+                let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                if name.ends_with(".tmp") {
+                    let age = SystemTime::now()
+                        .duration_since(modified)
+                        .unwrap_or_default();
+                    if age > STALE_TEMP {
+                        let _ = std::fs::remove_file(&path);
+                    }
+                } else if let Some(key) = name.strip_suffix(".kvb").and_then(BlockKey::from_hex) {
+                    found.push((modified, key, meta.len()));
+                }
+            }
+        }
+        found.sort();
+        let mut tier = DiskTier {
+            dir,
+            namespace,
+            block_bytes,
+            max_bytes: config.max_bytes,
+            index: HashMap::new(),
+            lru: BTreeMap::new(),
+            clock: 0,
+            temp_counter: 0,
+            stats: DiskStats::default(),
+        };
+        for (_, key, bytes) in found {
+            tier.touch(key, bytes);
+        }
+        Ok(tier)
+    }
+
+    /// The key of a block holding `tokens` after the block keyed `parent`.
+    pub fn key(&self, parent: Option<BlockKey>, tokens: &[u32]) -> BlockKey {
+        let mut h = blake3::Hasher::new();
+        h.update(&self.namespace);
+        match parent {
+            Some(p) => h.update(&[1]).update(&p.0),
+            None => h.update(&[0]).update(&[0; 32]),
+        };
+        h.update(&(tokens.len() as u32).to_le_bytes());
+        for t in tokens {
+            h.update(&t.to_le_bytes());
+        }
+        BlockKey(*h.finalize().as_bytes())
+    }
+
+    /// Whether a record for `key` exists now (perhaps written by another process); not
+    /// verified.
+    pub fn contains(&self, key: BlockKey) -> bool {
+        self.path(key).is_file()
+    }
+
+    /// Writes the record unless it exists with the right length; see the module docs.
+    /// Returns whether it wrote.
+    pub fn store(
+        &mut self,
+        key: BlockKey,
+        parent: Option<BlockKey>,
+        tokens: &[u32],
+        payload: &[u8],
+    ) -> bool {
+        if self.max_bytes == 0 {
+            return false;
+        }
+        if payload.len() != self.block_bytes {
+            self.write_failed(&format!(
+                "a block of {} bytes where {} were expected",
+                payload.len(),
+                self.block_bytes
+            ));
+            return false;
+        }
+        let path = self.path(key);
+        let bytes = record::encode(&self.expect(key, parent, tokens), payload);
+        // A record of the right length is taken to be whole (every read checks it); one cut
+        // short by a torn copy is written again.
+        if std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == bytes.len() as u64) {
+            self.stats.skipped += 1;
+            return false;
+        }
+        self.temp_counter += 1;
+        let temp = path.with_file_name(format!(
+            ".{}.{}.{}.tmp",
+            key.to_hex(),
+            std::process::id(),
+            self.temp_counter
+        ));
+        let written = path
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(&temp, &bytes))
+            .and_then(|()| std::fs::rename(&temp, &path));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&temp);
+            self.write_failed(&format!("{}: {e}", path.display()));
+            return false;
+        }
+        self.stats.writes += 1;
+        self.touch(key, bytes.len() as u64);
+        self.evict_over_budget(key);
+        true
+    }
+
+    /// Reads and verifies the record for `key` into `out`, which is written only if the
+    /// record is whole and names exactly this block; see the module docs.
+    pub fn load(
+        &mut self,
+        key: BlockKey,
+        parent: Option<BlockKey>,
+        tokens: &[u32],
+        out: &mut [u8],
+    ) -> bool {
+        let path = self.path(key);
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.stats.misses += 1;
+                self.forget(key);
+                return false;
+            }
+            Err(e) => return self.corrupt(key, &path, &e.to_string()),
+        };
+        let expect = Expect {
+            payload_len: out.len(),
+            ..self.expect(key, parent, tokens)
+        };
+        let checked: Result<&[u8], RecordError> = if out.len() == self.block_bytes {
+            record::decode_verified(&bytes, &expect)
+        } else {
+            Err(RecordError::PayloadLength)
+        };
+        match checked {
+            Ok(payload) => out.copy_from_slice(payload),
+            Err(e) => return self.corrupt(key, &path, &e.to_string()),
+        }
+        self.stats.hits += 1;
+        self.touch(key, bytes.len() as u64);
+        // Other processes order their evictions by modification time.
+        if let Ok(f) = std::fs::File::options().append(true).open(&path) {
+            let _ = f.set_modified(SystemTime::now());
+        }
+        true
+    }
+
+    pub fn stats(&self) -> DiskStats {
+        DiskStats {
+            bytes: self.index.values().map(|&(_, b)| b).sum(),
+            records: self.index.len() as u64,
+            ..self.stats
+        }
+    }
+
+    /// The namespace's folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn path(&self, key: BlockKey) -> PathBuf {
+        let hex = key.to_hex();
+        self.dir.join(&hex[..2]).join(format!("{hex}.kvb"))
+    }
+
+    fn expect<'a>(
+        &'a self,
+        key: BlockKey,
+        parent: Option<BlockKey>,
+        tokens: &'a [u32],
+    ) -> Expect<'a> {
+        Expect {
+            namespace: &self.namespace,
+            key,
+            parent,
+            tokens,
+            payload_len: self.block_bytes,
+        }
+    }
+
+    /// `key` becomes the most recently used record, of `bytes` bytes.
+    fn touch(&mut self, key: BlockKey, bytes: u64) {
+        if let Some((stamp, _)) = self.index.remove(&key) {
+            self.lru.remove(&stamp);
+        }
+        self.clock += 1;
+        self.index.insert(key, (self.clock, bytes));
+        self.lru.insert(self.clock, key);
+    }
+
+    fn forget(&mut self, key: BlockKey) {
+        if let Some((stamp, _)) = self.index.remove(&key) {
+            self.lru.remove(&stamp);
+        }
+    }
+
+    /// Deletes least recently used records (never `keep`) until within the budget.
+    fn evict_over_budget(&mut self, keep: BlockKey) {
+        let mut bytes: u64 = self.index.values().map(|&(_, b)| b).sum();
+        while bytes > self.max_bytes {
+            let Some((&stamp, &key)) = self.lru.iter().find(|&(_, &k)| k != keep) else {
+                break;
+            };
+            self.lru.remove(&stamp);
+            if let Some((_, b)) = self.index.remove(&key) {
+                bytes -= b;
+            }
+            match std::fs::remove_file(self.path(key)) {
+                Ok(()) => self.stats.evictions += 1,
+                // Another process deleted it first.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::debug!("could not delete a KV record: {e}"),
+            }
+        }
+    }
+
+    fn corrupt(&mut self, key: BlockKey, path: &Path, why: &str) -> bool {
+        self.stats.corrupt += 1;
+        tracing::debug!("disk KV record {} ignored: {why}", path.display());
+        let _ = std::fs::remove_file(path);
+        self.forget(key);
+        false
+    }
+
+    fn write_failed(&mut self, why: &str) {
+        if self.stats.write_errors.is_multiple_of(100) {
+            tracing::warn!(
+                "the disk tier of the KV cache could not write a block ({why}); the block \
+                 stays uncached on disk ({} such failures so far)",
+                self.stats.write_errors + 1
+            );
+        }
+        self.stats.write_errors += 1;
+    }
+}

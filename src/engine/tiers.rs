@@ -1,0 +1,193 @@
+//! The engine's side of the prefix cache's lower tiers. The block manager plans copies
+//! between the device pool and the host tier (`cache/tier.rs`); this file adds the disk
+//! tier under them (`disk_tier`), which outlives the process and may be shared by several:
+//!
+//! - **down**: every host-tier block that a step's plan filled (a copy down of a block the
+//!   device evicted or, with a disk tier, of every block as soon as it is named) is written
+//!   to disk once the step's copies have landed in host memory. When the engine runs out of
+//!   work, blocks named in its last step are copied down and written at once, so a process
+//!   that exits after its last request has saved everything it computed.
+//! - **up**: when a request arrives, the leading blocks of its prompt that neither the
+//!   device nor the host tier holds are looked for on disk, block by block while they are
+//!   found; each verified record goes into a host-tier block, from which admission copies
+//!   it up like any host-tier hit. A record that fails verification is a miss: the prompt
+//!   is computed from there on, never read from a bad record.
+//!
+//! Disk records are keyed by the block's chained name (`cache::hash_block`) within a
+//! namespace that names everything else KV bytes depend on (`namespace`).
+
+use super::core::Engine;
+use crate::cache::{hash_block, BlockHash, BlockOps};
+use crate::disk_tier::{BlockKey, DiskTier, DiskTierConfig};
+use crate::model::ModelConfig;
+use crate::pool::{KvLayout, KvRotation};
+use std::io::Read;
+use std::path::Path;
+
+/// The disk key's form of a block name: the name's 8 bytes, zero-padded.
+fn key_of(hash: BlockHash) -> BlockKey {
+    let mut k = [0u8; 32];
+    k[..8].copy_from_slice(&hash.0.to_le_bytes());
+    BlockKey(k)
+}
+
+/// Everything besides the tokens that the KV bytes of a block depend on: the model's
+/// files (their content hash), its configuration, the context (LongRoPE picks its factors
+/// by it), the weights' format, and the pool's layout, dtype and rotation.
+pub(super) fn namespace(
+    model_id: &str,
+    c: &ModelConfig,
+    max_model_len: usize,
+    weight_dtype: &str,
+    layout: &KvLayout,
+    rotation: KvRotation,
+) -> String {
+    format!(
+        "pagellm kv v1\nmodel {model_id}\nconfig {c:?}\nmax_model_len {max_model_len}\n\
+         weights {weight_dtype}\nlayout {layout:?}\nrotation {rotation:?}\n"
+    )
+}
+
+/// A content hash of the model's files (config and weights, or the one GGUF file),
+/// remembered in `cache_dir` under the files' paths, sizes and modification times so that
+/// a restart hashes nothing again. Hashing reads every byte once (BLAKE3 on all cores).
+pub(super) fn model_identity(model: &Path, cache_dir: &Path) -> std::io::Result<String> {
+    let mut files: Vec<std::path::PathBuf> = if model.is_dir() {
+        std::fs::read_dir(model)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                name == "config.json" || name.ends_with(".safetensors") || name.ends_with(".gguf")
+            })
+            .collect()
+    } else {
+        vec![model.to_path_buf()]
+    };
+    files.sort();
+    let mut stamp = blake3::Hasher::new();
+    for f in &files {
+        let meta = std::fs::metadata(f)?;
+        let mtime = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos());
+        let path = std::fs::canonicalize(f)?;
+        stamp.update(path.to_string_lossy().as_bytes());
+        stamp.update(&meta.len().to_le_bytes());
+        stamp.update(&mtime.to_le_bytes());
+    }
+    let memo_dir = cache_dir.join("model-ids");
+    let memo = memo_dir.join(stamp.finalize().to_hex().as_str());
+    if let Ok(mut f) = std::fs::File::open(&memo) {
+        let mut id = String::new();
+        if f.read_to_string(&mut id).is_ok() && id.len() == 64 {
+            return Ok(id);
+        }
+    }
+    let mut content = blake3::Hasher::new();
+    for f in &files {
+        content.update(f.file_name().unwrap_or_default().as_encoded_bytes());
+        content.update_mmap_rayon(f)?;
+    }
+    let id = content.finalize().to_hex().to_string();
+    // Best effort: without the memo the next start hashes again.
+    let tmp = memo_dir.join(format!(".{}.tmp", std::process::id()));
+    let saved = std::fs::create_dir_all(&memo_dir)
+        .and_then(|()| std::fs::write(&tmp, &id))
+        .and_then(|()| std::fs::rename(&tmp, &memo));
+    if let Err(e) = saved {
+        tracing::debug!("could not remember the model's identity: {e}");
+    }
+    Ok(id)
+}
+
+/// Opens the disk tier for this engine's namespace.
+pub(super) fn open_disk_tier(
+    dir: &Path,
+    max_bytes: u64,
+    namespace: &str,
+    block_bytes: usize,
+) -> std::io::Result<DiskTier> {
+    let config = DiskTierConfig {
+        dir: dir.to_path_buf(),
+        max_bytes,
+    };
+    DiskTier::open(config, namespace.as_bytes(), block_bytes)
+}
+
+impl Engine {
+    /// Brings the leading blocks of `prompt` that the device and the host tier lack up
+    /// from the disk tier into the host tier, block by block while they are found.
+    pub(super) fn load_prefix_from_disk(&mut self, prompt: &[u32]) {
+        let Some(disk) = self.disk.as_mut() else {
+            return;
+        };
+        let blocks = &mut self.scheduler.blocks;
+        let bs = blocks.block_size();
+        // As the prefix lookup: the last prompt token is always computed again.
+        let lookups = prompt.len().saturating_sub(1) / bs;
+        // Never more than half the tier, so loads cannot evict each other.
+        let most = blocks.tier_stats().budget / 2;
+        let mut loaded = 0;
+        let mut parent = None;
+        for tokens in prompt.chunks_exact(bs).take(lookups) {
+            let hash = hash_block(parent, tokens);
+            if !blocks.has_cached_name(hash) {
+                let key = disk.key(parent.map(key_of), tokens);
+                if loaded >= most || !disk.contains(key) {
+                    break;
+                }
+                let scratch = &mut self.tier_scratch;
+                scratch.resize(self.cache.host.layout.block_bytes_all_layers() as usize, 0);
+                if !disk.load(key, parent.map(key_of), tokens, scratch) {
+                    break;
+                }
+                let Some(h) = blocks.insert_host_tier(hash, parent, tokens) else {
+                    break;
+                };
+                match self.cache.host.block_mut(h.0 as usize) {
+                    Some(dst) => dst.copy_from_slice(scratch),
+                    None => break,
+                }
+                loaded += 1;
+            }
+            parent = Some(hash);
+        }
+        if loaded > 0 {
+            tracing::debug!(blocks = loaded, "prompt blocks read from the disk tier");
+        }
+    }
+
+    /// Writes the host-tier blocks that `ops` filled to the disk tier (after the step's
+    /// copies have landed in host memory).
+    pub(super) fn store_to_disk(&mut self, ops: &BlockOps) {
+        let Some(disk) = self.disk.as_mut() else {
+            return;
+        };
+        let blocks = &self.scheduler.blocks;
+        for &(_, h) in &ops.swap_out {
+            // Swap-outs of preempted sequences have no name; copies down do.
+            let Some(name) = blocks.host_tier_name(h) else {
+                continue;
+            };
+            let key = disk.key(name.parent.map(key_of), name.tokens);
+            if let Some(bytes) = self.cache.host.block(h.0 as usize) {
+                disk.store(key, name.parent.map(key_of), name.tokens, bytes);
+            }
+        }
+    }
+
+    /// Copies every block named since the last step down to the host tier and on to disk
+    /// now, rather than with the next step. The engine does this when it runs out of work;
+    /// an application may call it before it exits.
+    pub fn flush_prefix_tiers(&mut self) -> super::core::Result<()> {
+        if self.disk.is_none() || !self.scheduler.blocks.has_tier_saves() {
+            return Ok(());
+        }
+        let ops = self.scheduler.blocks.take_ops();
+        self.cache.execute(&self.ctx, &ops)?;
+        self.store_to_disk(&ops);
+        Ok(())
+    }
+}

@@ -1,0 +1,218 @@
+//! The prefix cache's lower tiers on the GPU (lavapipe and llvmpipe): prompt blocks the
+//! device pool evicted come back from the host tier, and blocks written to the disk tier by
+//! one engine are read by the next (a restart), each giving exactly the outputs of a cold
+//! run, field by field. Damaged records and records of another cache layout are misses;
+//! the tiers keep their outputs under forced preemption, where swapping competes with the
+//! host tier for the host pool.
+
+mod common;
+use common::outputs::{assert_same, engine, greedy, run};
+use common::{contexts, golden};
+use pagellm::engine::{EngineConfig, PreemptionMode};
+use pagellm::pool::KvDtype;
+use pagellm::sampling::SamplingParams;
+use std::path::Path;
+
+fn prompt(len: usize, salt: u32) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| 2 + (i * 37 + salt * 11) % 500)
+        .collect()
+}
+
+fn sampled(n: usize, seed: u64) -> SamplingParams {
+    SamplingParams {
+        n,
+        temperature: 0.9,
+        seed: Some(seed),
+        max_tokens: 8,
+        logprobs: Some(2),
+        ignore_eos: true,
+        ..SamplingParams::default()
+    }
+}
+
+/// The request under test: a 41-token prompt (ten full blocks of 4) greedy with
+/// logprobs, and n = 2 samples of a prompt that shares its first 32 tokens.
+fn target() -> Vec<(Vec<u32>, SamplingParams)> {
+    let mut g = greedy(8);
+    g.logprobs = Some(3);
+    let shared = [&prompt(41, 1)[..32], &prompt(6, 9)[..]].concat();
+    vec![(prompt(41, 1), g), (shared, sampled(2, 5))]
+}
+
+/// Other prompts, enough to push the target's blocks out of a 24-block pool.
+fn flood() -> Vec<(Vec<u32>, SamplingParams)> {
+    (2..5).map(|salt| (prompt(44, salt), greedy(4))).collect()
+}
+
+/// A 64-token context in blocks of 4 over a 24-block device pool.
+fn config(host_tier: Option<usize>, dir: Option<&Path>) -> EngineConfig {
+    EngineConfig {
+        block_size: 4,
+        num_gpu_blocks: Some(24),
+        num_cpu_blocks: Some(64),
+        max_model_len: Some(64),
+        host_tier_blocks: host_tier,
+        kv_cache_dir: dir.map(Path::to_path_buf),
+        ..EngineConfig::default()
+    }
+}
+
+#[test]
+fn evicted_blocks_come_back_from_the_host_tier() {
+    for ctx in contexts() {
+        let dir = golden::fixture_dir("llama-gqa");
+        let want = run(&mut engine(ctx, &dir, config(None, None)), &target());
+
+        let mut e = engine(ctx, &dir, config(Some(48), None));
+        assert_same("first run", &run(&mut e, &target()), &want);
+        for w in flood() {
+            run(&mut e, &[w]);
+        }
+        let before = e.stats().cache;
+        assert!(before.evictions > 0, "nothing was evicted: {before:?}");
+        assert!(before.host_tier.saves > 0, "{:?}", before.host_tier);
+        assert_same("from the host tier", &run(&mut e, &target()), &want);
+        let after = e.stats().cache;
+        let hits = after.host_tier.hits - before.host_tier.hits;
+        assert!(hits >= 8, "{hits} blocks came up: {:?}", after.host_tier);
+        assert_eq!((after.device.used, after.host.used), (0, 0));
+    }
+}
+
+/// Paths of every disk-tier record under `dir`.
+fn records(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "kvb") {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_restarted_engine_reads_the_prefix_from_disk() {
+    for ctx in contexts() {
+        let dir = golden::fixture_dir("llama-gqa");
+        let tmp = tempfile::TempDir::new().unwrap();
+        let want = run(&mut engine(ctx, &dir, config(None, None)), &target());
+        {
+            let mut first = engine(ctx, &dir, config(None, Some(tmp.path())));
+            assert_same("writing", &run(&mut first, &target()), &want);
+            let d = first.stats().disk.unwrap();
+            // Every full block computed: the prompts', and the generated ones'.
+            assert!(d.writes >= 10, "{d:?}");
+            assert_eq!(d.write_errors, 0);
+        }
+        assert!(records(tmp.path()).len() >= 10);
+
+        let mut second = engine(ctx, &dir, config(None, Some(tmp.path())));
+        assert_same("after a restart", &run(&mut second, &target()), &want);
+        let s = second.stats();
+        let d = s.disk.unwrap();
+        // The greedy prompt's ten full blocks are read; the samples share eight of them.
+        assert!(d.hits >= 10, "{d:?}");
+        assert_eq!(d.corrupt, 0);
+        assert!(s.cache.host_tier.hits >= 10, "{:?}", s.cache.host_tier);
+
+        // Another KV dtype is another namespace: nothing read, the same tokens.
+        let int8 = EngineConfig {
+            kv_dtype: KvDtype::Int8,
+            ..config(None, Some(tmp.path()))
+        };
+        let want8 = run(
+            &mut engine(
+                ctx,
+                &dir,
+                EngineConfig {
+                    kv_dtype: KvDtype::Int8,
+                    ..config(None, None)
+                },
+            ),
+            &target(),
+        );
+        let mut e8 = engine(ctx, &dir, int8);
+        assert_same("int8", &run(&mut e8, &target()), &want8);
+        assert_eq!(e8.stats().disk.unwrap().hits, 0);
+    }
+}
+
+#[test]
+fn damaged_records_are_recomputed() {
+    for ctx in contexts() {
+        let dir = golden::fixture_dir("llama-gqa");
+        let tmp = tempfile::TempDir::new().unwrap();
+        let want = run(&mut engine(ctx, &dir, config(None, None)), &target());
+        run(
+            &mut engine(ctx, &dir, config(None, Some(tmp.path()))),
+            &target(),
+        );
+        // Records cut short (a torn copy): each is a miss, and the recomputed block is
+        // written again whole.
+        damage(tmp.path(), |bytes| bytes.truncate(bytes.len() - 7));
+        let mut e = engine(ctx, &dir, config(None, Some(tmp.path())));
+        assert_same("truncated records", &run(&mut e, &target()), &want);
+        let d = e.stats().disk.unwrap();
+        assert_eq!(d.hits, 0, "{d:?}");
+        assert!(d.corrupt > 0 && d.writes >= 10, "{d:?}");
+        let mut again = engine(ctx, &dir, config(None, Some(tmp.path())));
+        assert_same("rewritten", &run(&mut again, &target()), &want);
+        assert!(again.stats().disk.unwrap().hits >= 10);
+        // A flipped bit in every record: misses, the same outputs.
+        damage(tmp.path(), |bytes| {
+            let at = bytes.len() / 2;
+            bytes[at] ^= 1;
+        });
+        let mut e = engine(ctx, &dir, config(None, Some(tmp.path())));
+        assert_same("flipped bits", &run(&mut e, &target()), &want);
+        let d = e.stats().disk.unwrap();
+        assert_eq!(d.hits, 0, "{d:?}");
+        assert!(d.corrupt > 0, "{d:?}");
+    }
+}
+
+fn damage(dir: &Path, f: impl Fn(&mut Vec<u8>)) {
+    for path in records(dir) {
+        let mut bytes = std::fs::read(&path).unwrap();
+        f(&mut bytes);
+        std::fs::write(&path, bytes).unwrap();
+    }
+}
+
+#[test]
+fn the_tiers_keep_outputs_under_forced_preemption() {
+    for ctx in contexts() {
+        let dir = golden::fixture_dir("llama-gqa");
+        // Short prompts that grow past their blocks, beside the target's.
+        let growers = (6..10).map(|salt| (prompt(10, salt), greedy(24)));
+        let work: Vec<_> = target().into_iter().chain(growers).collect();
+        let want = run(&mut engine(ctx, &dir, config(None, None)), &work);
+        for mode in [PreemptionMode::Swap, PreemptionMode::Recompute] {
+            let tmp = tempfile::TempDir::new().unwrap();
+            // A small pool and a host pool the tier fills: swapping must take tier blocks.
+            let cfg = EngineConfig {
+                num_gpu_blocks: Some(18),
+                num_cpu_blocks: Some(24),
+                max_num_batched_tokens: 24,
+                preemption_mode: Some(mode),
+                ..config(Some(24), Some(tmp.path()))
+            };
+            let mut e = engine(ctx, &dir, cfg);
+            for round in 0..2 {
+                let got = run(&mut e, &work);
+                assert_same(&format!("{mode:?} round {round}"), &got, &want);
+            }
+            let s = e.stats();
+            assert!(s.scheduler.preemptions > 0, "{mode:?}: {:?}", s.scheduler);
+            assert!(s.cache.host_tier.saves > 0, "{:?}", s.cache.host_tier);
+            assert_eq!((s.cache.device.used, s.cache.host.used), (0, 0));
+        }
+    }
+}
