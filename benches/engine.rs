@@ -45,6 +45,11 @@
 //! with the host's recording, submit and wait per step (`GpuContext::enable_profiling`);
 //! `--profile-seqs 1,16` and `--profile-tokens 64` change the decode runs.
 //!
+//! `-- --tiers` runs only the prefix-cache tier section instead (`engine/tiers.rs`): time to
+//! first token of a 2047-token prompt after a restart from the disk tier against computing
+//! it, and the prompt tokens a multi-turn conversation workload computes with and without
+//! the host and disk tiers.
+//!
 //! `-- --weights f16,q8_0,q4_k` runs only the weight-format section instead: one engine per
 //! format (`EngineConfig::weight_dtype`, the bf16 weights converted as they load), decode
 //! steps of 1 and 16 sequences and a 128-token prefill on each, formats alternating within
@@ -68,6 +73,8 @@ use safetensors::tensor::{Dtype, TensorView};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+mod tiers;
 
 const BLOCK: usize = 16;
 /// Token ids of requests stay inside the fixture tokenizer's vocabulary.
@@ -819,6 +826,11 @@ fn main() {
         gen_time.as_secs_f64(),
         t.elapsed().as_secs_f64()
     );
+    if args.iter().any(|a| a == "--tiers") {
+        drop(e);
+        tiers::tiers_section(&ctx, &model.0, quick);
+        return;
+    }
     if let Some(list) = args
         .iter()
         .position(|a| a == "--weights")

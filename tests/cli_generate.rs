@@ -1,7 +1,8 @@
 //! `pagellm generate` as a user runs it: JSON output whose greedy tokens equal
 //! transformers', a prompts file answered in input order, streaming text, clear errors,
 //! and the constraint flags (each output checked by the `jsonschema` and `regex` crates), with
-//! the bad lines of a prompts file failing alone.
+//! the bad lines of a prompts file failing alone; a second run reading its prompt's blocks
+//! from the disk tier.
 
 mod common;
 use common::golden;
@@ -499,4 +500,66 @@ fn speculative_decoding_keeps_the_output_and_reports_its_acceptance() {
     let (ok, _, stderr) = generate(&zero);
     assert!(!ok && stderr.contains("num-speculative-tokens"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn a_second_run_reads_the_prompt_from_the_disk_tier() {
+    if skip() {
+        return;
+    }
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/models/fortunes-llama");
+    let cache = tempfile::TempDir::new().unwrap();
+    let cache_dir = cache.path().to_string_lossy().into_owned();
+    let prompt = "A wise man once said that the road to wisdom is paved with fortune cookies, \
+                  and that every cookie holds a fortune for someone who reads it slowly.";
+    let args = [
+        "--model",
+        dir,
+        "--prompt",
+        prompt,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "12",
+        "--ignore-eos",
+        "--stats",
+    ];
+    let (ok, plain, stderr) = generate(&args);
+    assert!(ok, "{stderr}");
+    let mut tiered = args.to_vec();
+    tiered.extend(["--kv-cache-dir", &cache_dir, "--block-size", "4"]);
+    // "disk tier: H hits, M misses, C corrupt, W written, ...": the count before `what`.
+    let count = |stderr: &str, what: &str| -> u64 {
+        let line = stderr
+            .lines()
+            .find(|l| l.starts_with("disk tier:"))
+            .unwrap_or_else(|| panic!("no disk tier statistics in {stderr}"));
+        line.trim_start_matches("disk tier:")
+            .split(',')
+            .find(|p| p.trim_end().ends_with(what))
+            .and_then(|p| p.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no {what} count in {line}"))
+    };
+    let (ok, first, stderr) = generate(&tiered);
+    assert!(ok, "{stderr}");
+    assert_eq!(first, plain, "the disk tier changed the output");
+    assert!(count(&stderr, "written") > 0, "nothing written: {stderr}");
+    let (ok, second, stderr) = generate(&tiered);
+    assert!(ok, "{stderr}");
+    assert_eq!(second, plain, "a run from the disk tier changed the output");
+    let hits = count(&stderr, "hits");
+    assert!(hits > 5, "the second run read nothing from disk: {stderr}");
+    // A folder that cannot be made is a clear error; the disk budget needs a folder.
+    let blocked = cache.path().join("a-file");
+    std::fs::write(&blocked, b"x").unwrap();
+    let below = blocked.join("kv").to_string_lossy().into_owned();
+    let mut bad = args.to_vec();
+    bad.extend(["--kv-cache-dir", &below]);
+    let (ok, _, stderr) = generate(&bad);
+    assert!(!ok && stderr.contains("KV cache folder"), "{stderr}");
+    let mut orphan = args.to_vec();
+    orphan.extend(["--kv-cache-disk-bytes", "1000"]);
+    let (ok, _, stderr) = generate(&orphan);
+    assert!(!ok && stderr.contains("--kv-cache-dir"), "{stderr}");
 }

@@ -1,7 +1,7 @@
 //! Randomized simulation of the scheduler and block manager, no GPU: seeded random mixes of
 //! prompt lengths (1 to beyond the pool), `n` 1..8, beam widths 1..4, output lengths,
 //! arrivals over time and random aborts, on random pools from tiny to ample, random
-//! `max_num_seqs` and budgets, with and without prefix caching, in all three preemption
+//! `max_num_seqs` and budgets, with and without prefix caching (and its host tier), in all three preemption
 //! modes (automatic with random injected costs), with and without a sliding window. Each
 //! step's results go through `Scheduler::commit`, the code the engine runs. The driver
 //! checks after every step: the block manager's invariants, no sequence scheduled twice,
@@ -75,9 +75,17 @@ fn random_setup(g: &mut Rng) -> Setup {
         }),
         ..EngineConfig::default()
     };
+    // Half the runs with prefix caching and a host pool keep a host tier of the prefix
+    // cache in part of it, half of those writing every named block through to it.
+    let tier = match prefix && host > 0 && g.chance(50) {
+        true => g.range(1, host),
+        false => 0,
+    };
     let cache = CacheConfig::new(block_size, blocks, host)
         .with_watermark_blocks(watermark)
-        .with_prefix_caching(prefix);
+        .with_prefix_caching(prefix)
+        .with_host_tier(tier);
+    let cache = cache.with_tier_write_through(cache.has_host_tier() && g.chance(50));
     let costs = (mode.is_none() && g.chance(70)).then(|| {
         let mut c = PreemptionCosts::new(1 << g.range(10, 24));
         c.record_swap(1 << g.range(20, 34), 1.0);

@@ -106,6 +106,7 @@ impl ChatApp {
             kv_dtype: args.kv_dtype,
             weight_dtype: args.weight_dtype,
             max_num_batched_tokens: args.max_batched_tokens,
+            kv_cache_dir: args.kv_cache_dir.clone(),
             ..EngineConfig::default()
         };
         let mut app = ChatApp {
@@ -529,6 +530,28 @@ impl ChatApp {
                     st.cache.prefix_hits, st.cache.prefix_misses
                 ),
             );
+            let tier = st.cache.host_tier;
+            if tier.budget > 0 {
+                row(
+                    "host tier",
+                    format!(
+                        "{} hits, {} saved, {} evicted, {}/{} blocks",
+                        tier.hits, tier.saves, tier.evictions, tier.blocks, tier.budget
+                    ),
+                );
+            }
+            if let Some(d) = st.disk {
+                row(
+                    "disk tier",
+                    format!(
+                        "{} hits, {} written, {} evicted, {:.1} MiB",
+                        d.hits,
+                        d.writes,
+                        d.evictions,
+                        d.bytes as f64 / (1 << 20) as f64
+                    ),
+                );
+            }
             row("streamed", format!("{:.1} tokens/s", self.streamed_per_s()));
             row(
                 "computed",

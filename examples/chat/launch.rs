@@ -43,6 +43,10 @@ pub struct Args {
     /// default: as stored.
     #[arg(long)]
     pub weight_dtype: Option<pagellm::kernels::WeightDtype>,
+    /// Keep computed prompt blocks in this folder as well, so a conversation reopened after
+    /// a restart reads its history instead of recomputing it.
+    #[arg(long)]
+    pub kv_cache_dir: Option<std::path::PathBuf>,
     /// Tokens one engine step may compute: long prompts are prefilled in chunks of this
     /// size, which bounds how long one step holds the shared queue.
     #[arg(long, default_value_t = 128)]

@@ -119,6 +119,17 @@ impl<Id: BlockId> CachedPool<Id> {
         std::mem::take(&mut self.evicted)
     }
 
+    /// Forgets every cached name: evictable blocks go back to the free list, blocks in use
+    /// stay in use, unnamed. Also forgets what was evicted.
+    pub fn forget_names(&mut self) {
+        self.evicted.clear();
+        if let Some(cache) = self.cache.as_mut() {
+            for block in cache.clear() {
+                self.alloc.push_free(block);
+            }
+        }
+    }
+
     /// One more reference to a block that is in use or evictable (a prefix hit).
     pub fn retain(&mut self, block: Id) {
         if self.alloc.refcount(block) == 0 {

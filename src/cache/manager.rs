@@ -380,6 +380,19 @@ impl BlockManager {
         self.plan.take(&mut self.device, &mut self.host)
     }
 
+    /// Drops the pending plan without carrying it out, after a fault, and forgets every
+    /// cached block name on the device and in the host tier: blocks the plan (or a failed
+    /// step) should have written may be named without holding their content, and a name
+    /// must never lead to wrong KV. The cache starts cold; nothing else changes.
+    pub fn void_ops(&mut self) {
+        self.to_save.clear();
+        self.device.forget_names();
+        let _ = self.plan.take(&mut self.device, &mut self.host);
+        // Releasing the plan's holds may have made named blocks evictable again.
+        self.device.forget_names();
+        self.host.forget_names();
+    }
+
     pub(super) fn seq(&self, seq: SeqId) -> Result<&Sequence, CacheError> {
         self.seqs.get(&seq).ok_or(CacheError::UnknownSequence(seq))
     }

@@ -148,6 +148,16 @@ impl<Id: BlockId> PrefixCache<Id> {
         Some((block, entry))
     }
 
+    /// Forgets every name; returns the blocks that were evictable (unreferenced), which
+    /// hold nothing worth keeping now.
+    pub fn clear(&mut self) -> Vec<Id> {
+        let evictable = std::mem::take(&mut self.lru).into_values().collect();
+        self.by_hash.clear();
+        self.named.iter_mut().for_each(|n| *n = None);
+        self.released_at.iter_mut().for_each(|r| *r = None);
+        evictable
+    }
+
     /// Internal consistency: names and the hash index agree, names are correct hashes of
     /// full blocks, and the evictor holds exactly the blocks stamped with a release time.
     pub fn check(&self, block_size: usize) -> Result<(), String> {

@@ -128,7 +128,7 @@ impl Engine {
         // As the prefix lookup: the last prompt token is always computed again.
         let lookups = prompt.len().saturating_sub(1) / bs;
         // Never more than half the tier, so loads cannot evict each other.
-        let most = blocks.tier_stats().budget / 2;
+        let most = (blocks.tier_stats().budget / 2).max(1);
         let mut loaded = 0;
         let mut parent = None;
         for tokens in prompt.chunks_exact(bs).take(lookups) {

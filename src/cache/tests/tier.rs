@@ -221,3 +221,25 @@ fn no_tier_without_prefix_caching_or_budget() {
     let bad = CacheConfig::new(2, 4, 4).with_tier_write_through(true);
     assert!(BlockManager::new(bad).is_err());
 }
+
+#[test]
+fn a_voided_plan_leaves_no_name_behind() {
+    let mut m = tier_manager(2, 4, 4, 4);
+    let a = tokens(0, 5);
+    compute_and_free(&mut m, A, &a);
+    m.allocate(B, &tokens(100, 8)).unwrap();
+    m.take_ops();
+    m.free(B).unwrap();
+    // A comes up from the tier, but the step fails before its plan runs: the copied-up
+    // blocks are named without their content, and the engine voids everything.
+    assert_eq!(m.allocate(C, &a), Ok(4));
+    assert!(!m.pending_ops().swap_in.is_empty());
+    m.free(C).unwrap();
+    m.void_ops();
+    m.check_invariants().unwrap();
+    let st = m.stats();
+    assert_eq!((st.device.cached, st.host.cached), (0, 0));
+    assert_eq!((st.device.used, st.host.used), (0, 0));
+    assert_eq!(m.allocate(A, &a), Ok(0), "a stale name was trusted");
+    m.check_invariants().unwrap();
+}

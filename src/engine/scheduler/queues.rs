@@ -138,8 +138,9 @@ impl<D, R> Scheduler<D, R> {
     pub fn remove_all(&mut self) -> Vec<SequenceGroup<D, R>> {
         let ids: Vec<RequestId> = self.groups().map(|g| g.request_id).collect();
         let all = ids.into_iter().filter_map(|id| self.remove(id)).collect();
-        // A plan recorded before now is void: its blocks are free again.
-        let _ = self.blocks.take_ops();
+        // A plan recorded before now is void: its blocks are free again, and no cached name
+        // is trusted after a fault.
+        self.blocks.void_ops();
         all
     }
 
