@@ -74,6 +74,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[path = "engine/tiers.rs"]
 mod tiers;
 
 const BLOCK: usize = 16;
