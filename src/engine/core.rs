@@ -525,7 +525,6 @@ impl Engine {
                 ),
             });
         }
-        self.load_prefix_from_disk(&ids);
         let first = Sequence::new(self.scheduler.new_seq_id(), 0, &ids, out);
         let max_len = ids.len().saturating_add(params.max_tokens);
         let side = RequestSide {
@@ -631,6 +630,7 @@ impl Engine {
     fn try_step(&mut self) -> Result<usize> {
         let start = Instant::now();
         self.propose();
+        self.load_waiting_from_disk();
         let mut sched = self.scheduler.schedule()?;
         for f in std::mem::take(&mut sched.failed) {
             f.group.send(RequestEvent::Failed(f.reason));

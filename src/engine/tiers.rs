@@ -7,11 +7,15 @@
 //!   to disk once the step's copies have landed in host memory. When the engine runs out of
 //!   work, blocks named in its last step are copied down and written at once, so a process
 //!   that exits after its last request has saved everything it computed.
-//! - **up**: when a request arrives, the leading blocks of its prompt that neither the
-//!   device nor the host tier holds are looked for on disk, block by block while they are
-//!   found; each verified record goes into a host-tier block, from which admission copies
-//!   it up like any host-tier hit. A record that fails verification is a miss: the prompt
-//!   is computed from there on, never read from a bad record.
+//! - **up**: before each step, for the requests next in line for admission, the leading
+//!   blocks of their prompts that neither the device nor the host tier holds are looked for
+//!   on disk, block by block while they are found; each verified record goes into a
+//!   host-tier block, from which admission copies it up like any host-tier hit. At most
+//!   the host tier's budget is read per step, so reads never evict each other before
+//!   admission has used them (reading at arrival instead did exactly that when many
+//!   requests arrived together: measured in the conversations bench). A record that fails
+//!   verification is a miss: the prompt is computed from there on, never read from a bad
+//!   record.
 //!
 //! Disk records are keyed by the block's chained name (`cache::hash_block`) within a
 //! namespace that names everything else KV bytes depend on (`namespace`).
@@ -117,18 +121,41 @@ pub(super) fn open_disk_tier(
 }
 
 impl Engine {
-    /// Brings the leading blocks of `prompt` that the device and the host tier lack up
-    /// from the disk tier into the host tier, block by block while they are found.
-    pub(super) fn load_prefix_from_disk(&mut self, prompt: &[u32]) {
-        let Some(disk) = self.disk.as_mut() else {
+    /// Reads from the disk tier the missing leading blocks of the waiting requests next in
+    /// line, oldest first, within the host tier's budget per step.
+    pub(super) fn load_waiting_from_disk(&mut self) {
+        if self.disk.is_none() || self.scheduler.num_waiting() == 0 {
             return;
+        }
+        // Blocks read in one pass are the tier's most recent, so they can only evict each
+        // other past its whole budget.
+        let mut left = self.scheduler.blocks.tier_stats().budget;
+        // Admission takes requests in order; a handful ahead is all one step admits.
+        let prompts: Vec<Vec<u32>> = self
+            .scheduler
+            .waiting()
+            .take(16)
+            .filter_map(|g| g.live().next().map(|s| s.tokens.clone()))
+            .collect();
+        for p in prompts {
+            left -= self.load_prefix_from_disk(&p, left);
+            if left == 0 {
+                break;
+            }
+        }
+    }
+
+    /// Brings up to `most` leading blocks of `prompt` that the device and the host tier
+    /// lack up from the disk tier into the host tier, block by block while they are found.
+    /// Returns how many it read.
+    fn load_prefix_from_disk(&mut self, prompt: &[u32], most: usize) -> usize {
+        let Some(disk) = self.disk.as_mut() else {
+            return 0;
         };
         let blocks = &mut self.scheduler.blocks;
         let bs = blocks.block_size();
         // As the prefix lookup: the last prompt token is always computed again.
         let lookups = prompt.len().saturating_sub(1) / bs;
-        // Never more than half the tier, so loads cannot evict each other.
-        let most = (blocks.tier_stats().budget / 2).max(1);
         let mut loaded = 0;
         let mut parent = None;
         for tokens in prompt.chunks_exact(bs).take(lookups) {
@@ -157,6 +184,7 @@ impl Engine {
         if loaded > 0 {
             tracing::debug!(blocks = loaded, "prompt blocks read from the disk tier");
         }
+        loaded
     }
 
     /// Writes the host-tier blocks that `ops` filled to the disk tier (after the step's

@@ -80,6 +80,11 @@ impl<D, R> Scheduler<D, R> {
             .chain(self.swapped.iter())
     }
 
+    /// The waiting groups, in the order they will be admitted.
+    pub fn waiting(&self) -> impl Iterator<Item = &SequenceGroup<D, R>> {
+        self.waiting.iter()
+    }
+
     /// The running groups, in the order they were admitted or came back.
     pub fn running(&self) -> &[SequenceGroup<D, R>] {
         &self.running
