@@ -1,6 +1,7 @@
 //! Property tests of the block manager: long random runs of allocate / append / fork /
 //! free / swap out / swap in / step / speculate (slots proposed, computed, and the rejected
-//! ones given back) / truncate against small, often nearly full pools.
+//! ones given back) / truncate / pin / unpin / forget a prefix against small, often nearly
+//! full pools.
 //!
 //! After every operation the manager's own invariants must hold, a failed operation must
 //! leave it unchanged, and each `can_*` must agree with the operation it guards. At every
@@ -21,7 +22,7 @@
 
 use pagellm::cache::{
     AllocStatus, BlockManager, BlockOps, CacheConfig, CacheError, DeviceBlockId, HostBlockId,
-    Location, SeqId,
+    Location, PinId, SeqId,
 };
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -89,6 +90,20 @@ enum Op {
         seq: Pick,
         keep: usize,
     },
+    /// Pin the cached blocks of the first `len` tokens of a stem (refused when none is
+    /// cached or the pins would hold too much).
+    Pin {
+        stem: usize,
+        len: usize,
+    },
+    Unpin {
+        pin: Pick,
+    },
+    /// Forget the cached blocks of a stem's prefix.
+    Forget {
+        stem: usize,
+        len: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -109,6 +124,9 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (pick(), proptest::collection::vec(0..VOCAB, 1..6), 0..6usize)
             .prop_map(|(seq, proposed, accept)| Op::Speculate { seq, proposed, accept }),
         1 => (pick(), 0..2 * STEM_LEN).prop_map(|(seq, keep)| Op::Truncate { seq, keep }),
+        1 => (0..3usize, 1..=STEM_LEN).prop_map(|(stem, len)| Op::Pin { stem, len }),
+        1 => pick().prop_map(|pin| Op::Unpin { pin }),
+        1 => (0..3usize, 1..=STEM_LEN).prop_map(|(stem, len)| Op::Forget { stem, len }),
     ]
 }
 
@@ -171,6 +189,7 @@ struct Sim {
     swapped_out: u64,
     swapped_in: u64,
     window: Option<usize>,
+    pins: Vec<PinId>,
 }
 
 fn fail(msg: String) -> TestCaseError {
@@ -191,6 +210,7 @@ impl Sim {
             swapped_out: 0,
             swapped_in: 0,
             window,
+            pins: Vec::new(),
         }
     }
 
@@ -271,6 +291,25 @@ impl Sim {
                 accept,
             } => self.speculate(*seq, proposed, *accept)?,
             Op::Truncate { seq, keep } => self.truncate(self.live(*seq, device), *keep)?,
+            Op::Pin { stem, len } => {
+                let r = self.m.pin_prefix(&self.stems[*stem][..*len]);
+                if let Ok((pin, held)) = r {
+                    prop_assert!(held > 0 && held <= *len && held % self.bs == 0);
+                    self.pins.push(pin);
+                }
+                r.map(|_| ())
+            }
+            Op::Unpin { pin } => {
+                let r = match self.pins.len() {
+                    0 => self.m.unpin(PinId(u64::from(pin.0))),
+                    n => self.m.unpin(self.pins.remove(pin.0 as usize % n)),
+                };
+                r.map(|_| ())
+            }
+            Op::Forget { stem, len } => {
+                self.m.forget_prefix(&self.stems[*stem][..*len]);
+                Ok(())
+            }
         };
         self.m
             .check_invariants()
@@ -644,6 +683,9 @@ impl Sim {
 
     fn finish(mut self) -> Result<(), TestCaseError> {
         self.step()?;
+        for pin in std::mem::take(&mut self.pins) {
+            self.m.unpin(pin).map_err(|e| fail(e.to_string()))?;
+        }
         for id in std::mem::take(&mut self.seqs).into_keys() {
             self.m.free(SeqId(id)).map_err(|e| fail(e.to_string()))?;
         }

@@ -3,7 +3,8 @@
 //! one engine are read by the next (a restart), each giving exactly the outputs of a cold
 //! run, field by field. Damaged records and records of another cache layout are misses;
 //! the tiers keep their outputs under forced preemption, where swapping competes with the
-//! host tier for the host pool.
+//! host tier for the host pool. A pinned prefix outlasts a flood on the device; a forgotten
+//! one is found in no tier.
 
 mod common;
 use common::outputs::{assert_same, engine, greedy, run};
@@ -214,5 +215,64 @@ fn the_tiers_keep_outputs_under_forced_preemption() {
             assert!(s.cache.host_tier.saves > 0, "{:?}", s.cache.host_tier);
             assert_eq!((s.cache.device.used, s.cache.host.used), (0, 0));
         }
+    }
+}
+
+#[test]
+fn a_pinned_prefix_stays_and_a_forgotten_one_is_gone_from_every_tier() {
+    for ctx in contexts() {
+        let dir = golden::fixture_dir("llama-gqa");
+        let tmp = tempfile::TempDir::new().unwrap();
+        let want = run(&mut engine(ctx, &dir, config(None, None)), &target());
+        let cfg = EngineConfig {
+            num_gpu_blocks: Some(40),
+            ..config(Some(48), Some(tmp.path()))
+        };
+        let mut e = engine(ctx, &dir, cfg);
+        run(&mut e, &target());
+        let sys = &prompt(41, 1)[..40];
+        let (pin, held) = e.pin_prefix(sys).unwrap();
+        assert_eq!(held, 40);
+        assert_eq!(e.stats().cache.pinned_blocks, 10);
+        for w in flood() {
+            run(&mut e, &[w]);
+        }
+        assert!(e.stats().cache.evictions > 0);
+        let before = e.stats().cache;
+        assert_same("pinned", &run(&mut e, &target()), &want);
+        let after = e.stats().cache;
+        // Every pinned block was hit on the device: ten by the greedy prompt, eight by the
+        // samples' (whose own ninth block may come up from the host tier).
+        let device_hits = |c: &pagellm::cache::CacheStats| c.prefix_hits - c.host_tier.hits;
+        assert!(
+            device_hits(&after) - device_hits(&before) >= 18,
+            "{after:?}"
+        );
+        // A pin that would leave less than one full-context sequence is refused.
+        let mut small = engine(
+            ctx,
+            &dir,
+            EngineConfig {
+                num_gpu_blocks: Some(24),
+                ..config(None, None)
+            },
+        );
+        run(&mut small, &target());
+        let err = small.pin_prefix(sys).unwrap_err().to_string();
+        assert!(err.contains("one sequence of 64 tokens"), "{err}");
+        assert_eq!(small.stats().cache.pinned_blocks, 0);
+
+        // Forgotten: its disk records go, and nothing of it is found again anywhere.
+        e.unpin_prefix(pin).unwrap();
+        assert!(e.unpin_prefix(pin).is_err());
+        let removed = e.forget_prefix(&prompt(41, 1));
+        assert!(removed >= 10, "{removed} records removed");
+        let before = e.stats();
+        assert_same("forgotten", &run(&mut e, &target()), &want);
+        let after = e.stats();
+        // (The samples' own blocks after the shared 32 tokens are another prefix, and may
+        // still come up from the host tier once the greedy request has recomputed those.)
+        assert_eq!(after.disk.unwrap().hits, before.disk.unwrap().hits);
+        assert_eq!(after.cache.device.used, 0);
     }
 }

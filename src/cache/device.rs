@@ -130,6 +130,14 @@ impl<Id: BlockId> CachedPool<Id> {
         }
     }
 
+    /// Forgets the name `hash` if a block here has it: an evictable block goes back to the
+    /// free list, one in use stays in use, unnamed.
+    pub fn forget_name(&mut self, hash: super::prefix::BlockHash) {
+        if let Some((block, true)) = self.cache.as_mut().and_then(|c| c.forget(hash)) {
+            self.alloc.push_free(block);
+        }
+    }
+
     /// One more reference to a block that is in use or evictable (a prefix hit).
     pub fn retain(&mut self, block: Id) {
         if self.alloc.refcount(block) == 0 {

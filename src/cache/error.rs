@@ -76,4 +76,16 @@ pub enum CacheError {
         value: usize,
         num_tokens: usize,
     },
+
+    #[error("no full block of this prefix is cached on the device; run it first, then pin it")]
+    NothingToPin,
+
+    #[error(
+        "pinning {pinned} blocks would leave {left} of the pool for requests; at most half the \
+         pool (less its watermark) may be pinned"
+    )]
+    PinTooLarge { pinned: usize, left: usize },
+
+    #[error("pin {0} is not held")]
+    UnknownPin(u64),
 }

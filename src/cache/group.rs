@@ -17,7 +17,7 @@ type PromptMatch = (usize, Vec<(Hit, BlockHash)>, usize);
 /// The prefix-cache matches of every prompt of a group, and what admitting them costs.
 pub(super) struct GroupLookup {
     pub prompts: Vec<PromptMatch>,
-    /// Distinct blocks the group's tables will point at.
+    /// Distinct blocks the group's tables will point at, pinned ones not counted.
     pub worst: usize,
     /// Available blocks the allocation consumes: fresh blocks, distinct hits on evictable
     /// (unreferenced) blocks, and a block for each distinct host-tier hit.
@@ -153,7 +153,9 @@ impl BlockManager {
                 Blocks::Host(t) => host.extend(t.iter().copied()),
             }
         }
-        Ok(device.len() + host.len() + self.append_need_anywhere(appending)?)
+        // Pinned blocks are not the group's to count: the capacity leaves them out too.
+        let device = device.iter().filter(|&&b| self.pin_refs(b) == 0).count();
+        Ok(device + host.len() + self.append_need_anywhere(appending)?)
     }
 
     /// Blocks needed to append one token to each of `seqs`, wherever their blocks are (a
@@ -197,10 +199,11 @@ impl BlockManager {
         Ok(needed)
     }
 
-    /// The device pool less its watermark: the most blocks one group can be admitted or
-    /// swapped in with.
+    /// The device pool less its watermark and its pinned blocks: the most blocks one group
+    /// can be admitted or swapped in with (pinned blocks it hits not counted).
     pub fn group_capacity(&self) -> usize {
-        self.device.num_blocks() - self.config.watermark_blocks
+        (self.device.num_blocks() - self.config.watermark_blocks)
+            .saturating_sub(self.num_pinned_blocks())
     }
 
     pub(super) fn lookup_group(&self, prompts: &[&[u32]]) -> GroupLookup {
@@ -227,9 +230,13 @@ impl BlockManager {
             .iter()
             .filter(|&&b| self.device.refcount(b) == 0)
             .count();
+        let unpinned_hits = device_hits
+            .iter()
+            .filter(|&&b| self.pin_refs(b) == 0)
+            .count();
         GroupLookup {
             prompts: per_prompt,
-            worst: device_hits.len() + host_hits.len() + fresh,
+            worst: unpinned_hits + host_hits.len() + fresh,
             needed: evictable_hits + host_hits.len() + fresh,
         }
     }

@@ -170,9 +170,11 @@ impl BlockManager {
             let b = DeviceBlockId(i as u32);
             let count = alloc.refcount(b);
             let hold = self.plan.device_hold(b);
-            if count != table_refs + hold {
+            let pins = self.pin_refs(b);
+            if count != table_refs + hold + pins {
                 return Err(format!(
-                    "{b}: count {count}, but {table_refs} table entries and hold {hold}"
+                    "{b}: count {count}, but {table_refs} table entries, hold {hold} and {pins} \
+                     pins"
                 ));
             }
             let named = cache.is_some_and(|c| c.is_named(b));

@@ -14,6 +14,7 @@ use super::device::{DevicePool, HostPool};
 use super::error::CacheError;
 use super::ids::{DeviceBlockId, HostBlockId, SeqId};
 use super::ops::BlockOps;
+use super::pins::Pins;
 use super::plan::PendingPlan;
 use super::prefix::{hash_block, BlockHash};
 use std::collections::{BTreeMap, HashSet};
@@ -67,6 +68,8 @@ pub struct BlockManager {
     /// Blocks named since the last plan was taken, to be written through to the host tier
     /// (`tier.rs`; only with `tier_write_through`).
     pub(super) to_save: Vec<(DeviceBlockId, BlockHash)>,
+    /// Pinned prefixes (`pins.rs`).
+    pub(super) pins: Pins,
 }
 
 impl BlockManager {
@@ -85,6 +88,7 @@ impl BlockManager {
             plan: PendingPlan::default(),
             counters: Counters::default(),
             to_save: Vec::new(),
+            pins: Pins::default(),
         })
     }
 
@@ -397,9 +401,9 @@ impl BlockManager {
         self.seqs.get(&seq).ok_or(CacheError::UnknownSequence(seq))
     }
 
-    /// References to `block` from block tables, not counting the plan's hold.
+    /// References to `block` from block tables, not counting the plan's hold or pins.
     pub(super) fn table_refs(&self, block: DeviceBlockId) -> u32 {
-        self.device.refcount(block) - self.plan.device_hold(block)
+        self.device.refcount(block) - self.plan.device_hold(block) - self.pin_refs(block)
     }
 
     /// A group names at least one known sequence, each once.
@@ -420,7 +424,7 @@ impl BlockManager {
     /// Admitting something that takes `needed` available blocks now, and `worst` in all,
     /// must leave the watermark free.
     pub(super) fn admission(&self, worst: usize, needed: usize) -> Result<(), CacheError> {
-        let capacity = self.device.num_blocks() - self.config.watermark_blocks;
+        let capacity = self.group_capacity();
         if worst > capacity {
             return Err(CacheError::ExceedsCapacity {
                 needed: worst,

@@ -13,7 +13,8 @@
 //! `prefix` (content names and the LRU evictor), `device` (the device pool: allocator plus
 //! prefix cache), `block_table` (per-sequence state), `ops` and `plan` (the step's plan and
 //! what keeps it valid), `manager` (allocate, append, fork, free), `group` (a sequence
-//! group as a whole), `swap`, `tier` (the host tier of the prefix cache), `queries`,
+//! group as a whole), `swap`, `tier` (the host tier of the prefix cache), `pins` (pinned and forgotten
+//! prefixes), `queries`,
 //! `stats`, `invariants`.
 
 mod allocator;
@@ -26,6 +27,7 @@ mod ids;
 mod invariants;
 mod manager;
 mod ops;
+mod pins;
 mod plan;
 mod prefix;
 mod queries;
@@ -42,6 +44,7 @@ pub use error::CacheError;
 pub use ids::{DeviceBlockId, HostBlockId, SeqId};
 pub use manager::{AllocStatus, AppendOutcome, BlockManager};
 pub use ops::BlockOps;
+pub use pins::PinId;
 pub use prefix::{hash_block, BlockHash};
 pub use stats::{CacheStats, PoolStats};
 pub use tier::{TierName, TierStats};

@@ -148,6 +148,18 @@ impl<Id: BlockId> PrefixCache<Id> {
         Some((block, entry))
     }
 
+    /// Forgets the name `hash`; returns its block and whether it was evictable (and so
+    /// holds nothing worth keeping now).
+    pub fn forget(&mut self, hash: BlockHash) -> Option<(Id, bool)> {
+        let block = self.by_hash.remove(&hash)?;
+        self.named[block.index()] = None;
+        let evictable = match self.released_at[block.index()].take() {
+            Some(t) => self.lru.remove(&t).is_some(),
+            None => false,
+        };
+        Some((block, evictable))
+    }
+
     /// Forgets every name; returns the blocks that were evictable (unreferenced), which
     /// hold nothing worth keeping now.
     pub fn clear(&mut self) -> Vec<Id> {

@@ -44,6 +44,8 @@ pub struct CacheStats {
     pub window_released_blocks: u64,
     /// The host tier of the prefix cache.
     pub host_tier: super::tier::TierStats,
+    /// Device blocks held by pinned prefixes.
+    pub pinned_blocks: usize,
 }
 
 impl CacheStats {
@@ -123,6 +125,7 @@ impl BlockManager {
             evictions: self.device.evictions(),
             window_released_blocks: c.window_released_blocks,
             host_tier: self.tier_stats(),
+            pinned_blocks: self.num_pinned_blocks(),
         }
     }
 }

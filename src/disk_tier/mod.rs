@@ -269,6 +269,13 @@ impl DiskTier {
         true
     }
 
+    /// Deletes the record for `key` if there is one (a conversation the user dropped).
+    /// Returns whether a file was removed.
+    pub fn remove(&mut self, key: BlockKey) -> bool {
+        self.forget(key);
+        std::fs::remove_file(self.path(key)).is_ok()
+    }
+
     pub fn stats(&self) -> DiskStats {
         DiskStats {
             bytes: self.index.values().map(|&(_, b)| b).sum(),

@@ -20,7 +20,8 @@
 //! Disk records are keyed by the block's chained name (`cache::hash_block`) within a
 //! namespace that names everything else KV bytes depend on (`namespace`).
 
-use super::core::Engine;
+use super::core::{Engine, EngineError};
+use crate::cache::PinId;
 use crate::cache::{hash_block, BlockHash, BlockOps};
 use crate::disk_tier::{BlockKey, DiskTier, DiskTierConfig};
 use crate::model::ModelConfig;
@@ -204,6 +205,48 @@ impl Engine {
                 disk.store(key, name.parent.map(key_of), name.tokens, bytes);
             }
         }
+    }
+
+    /// Pins the cached device blocks of `prefix` (say, a system prompt every request starts
+    /// with, after one request has computed it) so they are never evicted; returns the pin
+    /// and how many tokens it holds. Refused when nothing of the prefix is cached, or when
+    /// the pins would leave the pool unable to hold one sequence of the full context (or
+    /// hold more than half of it).
+    pub fn pin_prefix(&mut self, prefix: &[u32]) -> super::core::Result<(PinId, usize)> {
+        let max_model_len = self.max_model_len();
+        let blocks = &mut self.scheduler.blocks;
+        let (pin, held) = blocks.pin_prefix(prefix)?;
+        let needed = max_model_len.div_ceil(blocks.block_size());
+        if blocks.group_capacity() < needed {
+            blocks.unpin(pin)?;
+            return Err(EngineError::InvalidRequest(format!(
+                "pinning {held} tokens would leave the KV pool unable to hold one sequence of \
+                 {max_model_len} tokens; give more blocks (--num-gpu-blocks) or a smaller \
+                 --max-model-len"
+            )));
+        }
+        Ok((pin, held))
+    }
+
+    /// Lets go of a pin; its blocks stay cached until evicted.
+    pub fn unpin_prefix(&mut self, pin: PinId) -> super::core::Result<()> {
+        Ok(self.scheduler.blocks.unpin(pin)?)
+    }
+
+    /// Forgets `prefix` (a conversation the user deleted) in every tier: no later prompt
+    /// reuses its blocks on the device or in host memory, and its disk records are deleted.
+    /// Requests running with it keep their blocks. Returns how many disk records went.
+    pub fn forget_prefix(&mut self, prefix: &[u32]) -> usize {
+        let chain = self.scheduler.blocks.forget_prefix(prefix);
+        let Some(disk) = self.disk.as_mut() else {
+            return 0;
+        };
+        let bs = self.scheduler.blocks.block_size();
+        chain
+            .iter()
+            .zip(prefix.chunks_exact(bs))
+            .filter(|((_, parent), tokens)| disk.remove(disk.key(parent.map(key_of), tokens)))
+            .count()
     }
 
     /// Copies every block named since the last step down to the host tier and on to disk

@@ -2,6 +2,7 @@
 
 mod admission;
 mod group;
+mod pins;
 mod prefix;
 mod sharing;
 mod speculation;
