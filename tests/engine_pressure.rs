@@ -6,32 +6,13 @@
 //! `max_model_len` lets a small pool serve; a failed step fails every pending request.
 
 mod common;
-use common::outputs::{assert_same, engine, greedy, run};
+use common::outputs::{assert_same, engine, greedy, prompt, run, sampled};
 use common::{arc, contexts, golden};
 use pagellm::engine::{
     Engine, EngineConfig, EngineError, PreemptionMode, Prompt, RequestEvent, RequestOutput,
 };
 use pagellm::pool::KvDtype;
 use pagellm::sampling::SamplingParams;
-
-fn prompt(len: usize, salt: u32) -> Vec<u32> {
-    (0..len as u32)
-        .map(|i| 2 + (i * 37 + salt * 11) % 500)
-        .collect()
-}
-
-fn sampled(n: usize, seed: u64, max_tokens: usize) -> SamplingParams {
-    SamplingParams {
-        n,
-        temperature: 0.9,
-        top_p: 0.95,
-        seed: Some(seed),
-        max_tokens,
-        logprobs: Some(2),
-        ignore_eos: true,
-        ..SamplingParams::default()
-    }
-}
 
 fn beams(width: usize, max_tokens: usize) -> SamplingParams {
     SamplingParams {

@@ -7,30 +7,12 @@
 //! one is found in no tier.
 
 mod common;
-use common::outputs::{assert_same, engine, greedy, run};
+use common::outputs::{assert_same, engine, greedy, prompt, run, sampled};
 use common::{contexts, golden};
 use pagellm::engine::{EngineConfig, PreemptionMode};
 use pagellm::pool::KvDtype;
 use pagellm::sampling::SamplingParams;
 use std::path::Path;
-
-fn prompt(len: usize, salt: u32) -> Vec<u32> {
-    (0..len as u32)
-        .map(|i| 2 + (i * 37 + salt * 11) % 500)
-        .collect()
-}
-
-fn sampled(n: usize, seed: u64) -> SamplingParams {
-    SamplingParams {
-        n,
-        temperature: 0.9,
-        seed: Some(seed),
-        max_tokens: 8,
-        logprobs: Some(2),
-        ignore_eos: true,
-        ..SamplingParams::default()
-    }
-}
 
 /// The request under test: a 41-token prompt (ten full blocks of 4) greedy with
 /// logprobs, and n = 2 samples of a prompt that shares its first 32 tokens.
@@ -38,7 +20,7 @@ fn target() -> Vec<(Vec<u32>, SamplingParams)> {
     let mut g = greedy(8);
     g.logprobs = Some(3);
     let shared = [&prompt(41, 1)[..32], &prompt(6, 9)[..]].concat();
-    vec![(prompt(41, 1), g), (shared, sampled(2, 5))]
+    vec![(prompt(41, 1), g), (shared, sampled(2, 5, 8))]
 }
 
 /// Other prompts, enough to push the target's blocks out of a 24-block pool.

@@ -138,4 +138,13 @@ for r in "${runs[@]}"; do
         bench engine --shapes "${a[@]}" --profile 2>>"$log"
     } >> "$out"
 done
+# The prefix cache's tiers: a long prompt after a restart from the disk tier, and the
+# prompt tokens a multi-turn workload computes with and without the host tier.
+echo "prefix tiers ..." >&2
+{
+    echo
+    echo "## cargo bench --bench engine -- --tiers ${extra[*]:-}"
+    echo
+    bench engine --tiers "${extra[@]}" 2>>"$log"
+} >> "$out"
 echo "report written to $out (stderr of the benches in $log)" >&2

@@ -18,6 +18,27 @@ pub fn greedy(max_tokens: usize) -> SamplingParams {
     }
 }
 
+/// `len` token ids in `2..502` (clear of BOS and EOS), distinct per `salt`.
+pub fn prompt(len: usize, salt: u32) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| 2 + (i * 37 + salt * 11) % 500)
+        .collect()
+}
+
+/// `n` seeded samples at temperature 0.9 and top-p 0.95, with logprobs, ignoring EOS.
+pub fn sampled(n: usize, seed: u64, max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        n,
+        temperature: 0.9,
+        top_p: 0.95,
+        seed: Some(seed),
+        max_tokens,
+        logprobs: Some(2),
+        ignore_eos: true,
+        ..SamplingParams::default()
+    }
+}
+
 pub fn run(e: &mut Engine, work: &[(Vec<u32>, SamplingParams)]) -> Vec<RequestOutput> {
     let hs: Vec<_> = work
         .iter()
