@@ -900,3 +900,62 @@ fn a_speculating_server_streams_what_generate_writes_and_counts_its_proposals() 
         "drafts {drafts}, proposed {proposed}, accepted {accepted}"
     );
 }
+
+#[test]
+fn a_restarted_server_reads_a_prompt_from_the_disk_tier_and_counts_it_per_tier() {
+    if skip() {
+        return;
+    }
+    let dir = fixture();
+    let cache = tempfile::TempDir::new().unwrap();
+    let cache_dir = cache.path().to_string_lossy().into_owned();
+    let prompt = "the quick brown fox jumps over the lazy dog while the cat sat on the mat and \
+                  the bird sang in the tree by the river under the sky";
+    let (want, want_lps) = greedy_generate(&dir, prompt, 12, 1);
+    let body = json!({
+        "model": "llama-gqa", "prompt": prompt, "max_tokens": 12, "temperature": 0,
+        "ignore_eos": true, "logprobs": 1, "stream": true,
+    });
+    let args = [
+        "--model",
+        &dir,
+        "--kv-cache-dir",
+        &cache_dir,
+        "--block-size",
+        "4",
+    ];
+    let tier = |s: &Server, metric: &str, tier: &str| {
+        s.metric(&format!(
+            "pagellm_prefix_cache_tier_{metric}{{tier=\"{tier}\"}}"
+        ))
+    };
+    {
+        let server = Server::start(&args);
+        for _ in 0..2 {
+            let got = collect(&stream(&server.url("/v1/completions"), &body));
+            assert_eq!(got[0].0, want["text"].as_str().unwrap());
+            assert_eq!(got[0].1, want_lps);
+        }
+        // Statistics are published at most every 50 ms, and once more when the engine idles.
+        let start = Instant::now();
+        while tier(&server, "hits_total", "device") == 0.0 {
+            assert!(start.elapsed() < Duration::from_secs(5), "no device hits");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(tier(&server, "bytes", "disk") > 0.0);
+    }
+    let server = Server::start(&args);
+    let got = collect(&stream(&server.url("/v1/completions"), &body));
+    assert_eq!(got[0].0, want["text"].as_str().unwrap());
+    assert_eq!(got[0].1, want_lps);
+    let start = Instant::now();
+    while tier(&server, "hits_total", "disk") == 0.0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "nothing read from disk"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(tier(&server, "hits_total", "host") > 0.0);
+    assert_eq!(tier(&server, "evictions_total", "disk"), 0.0);
+}

@@ -12,6 +12,10 @@
 //!    the engine had to compute (prompt tokens less prefix-cache hits), with the device pool
 //!    alone, with a host tier of 256 blocks, and with a 24-block host tier over a disk tier;
 //!    the outputs must be identical.
+//! 3. Write-through: wall time of 16 sequences decoding 64 tokens each from fresh prompts,
+//!    with every full block copied down and written to the disk tier, against no tiers.
+//! 3. Write-through: wall time of 16 sequences decoding 64 tokens each from fresh prompts,
+//!    with every full block copied down and written to the disk tier, against no tiers.
 
 use super::{engine, greedy, median, ms, prompt, BLOCK};
 use pagellm::engine::{Engine, EngineConfig, Prompt, RequestEvent};
@@ -71,6 +75,52 @@ pub fn tiers_section(ctx: &Arc<GpuContext>, dir: &Path, quick: bool) {
         if quick { 2 } else { 4 },
     );
     conversations(ctx, dir);
+    write_through(ctx, dir, if quick { 2 } else { 5 });
+}
+
+/// Decode throughput of 16 sequences with every full block written through to the disk
+/// tier, against the same engine without tiers; rounds alternate the two.
+fn write_through(ctx: &Arc<GpuContext>, dir: &Path, rounds: u64) {
+    println!();
+    println!("## Prefix tiers: what writing every block through to disk costs a decode");
+    println!();
+    let folder = Folder::new("write-through");
+    let mut plain = engine(ctx, dir, base());
+    let mut tiered = engine(
+        ctx,
+        dir,
+        EngineConfig {
+            kv_cache_dir: Some(folder.0.clone()),
+            ..base()
+        },
+    );
+    let mut times = [Vec::new(), Vec::new()];
+    for round in 0..rounds {
+        for (e, t) in [&mut plain, &mut tiered].into_iter().zip(&mut times) {
+            // Fresh prompts each round: nothing is found in any tier.
+            let hs: Vec<_> = (0..16)
+                .map(|i| {
+                    let p = prompt(900 + 100 * round + i, 16);
+                    e.add_request(Prompt::Tokens(p), greedy(64)).expect("add")
+                })
+                .collect();
+            let start = Instant::now();
+            e.run_to_completion().expect("decode");
+            t.push(start.elapsed());
+            drop(hs);
+        }
+    }
+    let disk = tiered.stats().disk.unwrap_or_default();
+    let [p, w] = times.map(median);
+    println!(
+        "16 sequences x (16-token prompt + 64 tokens), {rounds} rounds, median wall: without \
+         tiers {:.1} ms, writing through {:.1} ms: **{:.3}x** ({} blocks written, {:.1} MiB)",
+        ms(p),
+        ms(w),
+        w.as_secs_f64() / p.as_secs_f64(),
+        disk.writes,
+        disk.bytes as f64 / (1 << 20) as f64
+    );
 }
 
 fn restart(ctx: &Arc<GpuContext>, dir: &Path, len: usize, rounds: u64) {
