@@ -4,7 +4,7 @@
 //! run, field by field. Damaged records and records of another cache layout are misses;
 //! the tiers keep their outputs under forced preemption, where swapping competes with the
 //! host tier for the host pool. A pinned prefix outlasts a flood on the device; a forgotten
-//! one is found in no tier.
+//! one is found in no tier; a disk that fails every write changes no output.
 
 mod common;
 use common::outputs::{assert_same, engine, greedy, prompt, run, sampled};
@@ -256,5 +256,29 @@ fn a_pinned_prefix_stays_and_a_forgotten_one_is_gone_from_every_tier() {
         // still come up from the host tier once the greedy request has recomputed those.)
         assert_eq!(after.disk.unwrap().hits, before.disk.unwrap().hits);
         assert_eq!(after.cache.device.used, 0);
+    }
+}
+
+#[test]
+fn a_disk_that_fails_every_write_changes_nothing_but_the_counters() {
+    for ctx in contexts() {
+        let dir = golden::fixture_dir("llama-gqa");
+        let tmp = tempfile::TempDir::new().unwrap();
+        let want = run(&mut engine(ctx, &dir, config(None, None)), &target());
+        let mut e = engine(ctx, &dir, config(None, Some(tmp.path())));
+        // The namespace folder becomes a file under the running engine: as a full disk or
+        // a deleted cache folder would, every write fails (as root too).
+        let ns = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.file_name().is_some_and(|n| n != "model-ids"))
+            .unwrap();
+        std::fs::remove_dir_all(&ns).unwrap();
+        std::fs::write(&ns, b"not a folder").unwrap();
+        assert_same("failing disk", &run(&mut e, &target()), &want);
+        let d = e.stats().disk.unwrap();
+        assert!(d.write_errors >= 10 && d.writes == 0, "{d:?}");
+        assert_same("failing disk, again", &run(&mut e, &target()), &want);
+        assert_eq!(e.stats().cache.device.used, 0);
     }
 }
