@@ -138,6 +138,18 @@ impl<Id: BlockId> PrefixCache<Id> {
         self.by_hash.contains_key(&hash)
     }
 
+    /// Makes the evictable block named `hash`, if any, the most recently released: it is
+    /// about to be used.
+    pub fn touch(&mut self, hash: BlockHash) {
+        let Some(&block) = self.by_hash.get(&hash) else {
+            return;
+        };
+        if self.is_evictable(block) {
+            self.reclaim(block);
+            self.make_evictable(block);
+        }
+    }
+
     /// Reclaims the least recently released block for new data, forgetting its name, which
     /// comes back with it (a lower tier may keep the content under that name).
     pub fn evict_lru(&mut self) -> Option<(Id, NamedBlock)> {

@@ -141,6 +141,19 @@ impl BlockManager {
         Some(h)
     }
 
+    /// Makes the host-tier block named `hash`, if any, the tier's most recently used, so
+    /// that reads for other prompts evict it last.
+    pub fn touch_host_tier(&mut self, hash: BlockHash) {
+        if let Some(cache) = self.host.cache_mut() {
+            cache.touch(hash);
+        }
+    }
+
+    /// Whether the device pool holds a block named `hash`.
+    pub fn has_device_name(&self, hash: BlockHash) -> bool {
+        self.device.cache().is_some_and(|c| c.has_name(hash))
+    }
+
     /// Whether the device pool or the host tier holds a block named `hash`.
     pub fn has_cached_name(&self, hash: BlockHash) -> bool {
         self.device.cache().is_some_and(|c| c.has_name(hash))

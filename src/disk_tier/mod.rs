@@ -86,6 +86,8 @@ pub struct DiskTier {
     /// Known records: key -> (use stamp, bytes); and stamps in use order.
     index: HashMap<BlockKey, (u64, u64)>,
     lru: BTreeMap<u64, BlockKey>,
+    /// Bytes of the indexed records, kept as they change (stores are frequent).
+    bytes: u64,
     clock: u64,
     temp_counter: u64,
     stats: DiskStats,
@@ -146,6 +148,7 @@ impl DiskTier {
             max_bytes: config.max_bytes,
             index: HashMap::new(),
             lru: BTreeMap::new(),
+            bytes: 0,
             clock: 0,
             temp_counter: 0,
             stats: DiskStats::default(),
@@ -278,7 +281,7 @@ impl DiskTier {
 
     pub fn stats(&self) -> DiskStats {
         DiskStats {
-            bytes: self.index.values().map(|&(_, b)| b).sum(),
+            bytes: self.bytes,
             records: self.index.len() as u64,
             ..self.stats
         }
@@ -311,31 +314,29 @@ impl DiskTier {
 
     /// `key` becomes the most recently used record, of `bytes` bytes.
     fn touch(&mut self, key: BlockKey, bytes: u64) {
-        if let Some((stamp, _)) = self.index.remove(&key) {
-            self.lru.remove(&stamp);
-        }
+        self.forget(key);
+        self.bytes += bytes;
         self.clock += 1;
         self.index.insert(key, (self.clock, bytes));
         self.lru.insert(self.clock, key);
     }
 
     fn forget(&mut self, key: BlockKey) {
-        if let Some((stamp, _)) = self.index.remove(&key) {
+        if let Some((stamp, bytes)) = self.index.remove(&key) {
             self.lru.remove(&stamp);
+            self.bytes -= bytes;
         }
     }
 
     /// Deletes least recently used records (never `keep`) until within the budget.
     fn evict_over_budget(&mut self, keep: BlockKey) {
-        let mut bytes: u64 = self.index.values().map(|&(_, b)| b).sum();
-        while bytes > self.max_bytes {
-            let Some((&stamp, &key)) = self.lru.iter().find(|&(_, &k)| k != keep) else {
+        while self.bytes > self.max_bytes {
+            // `keep` was just touched, so it is the newest: the oldest is another record
+            // unless it is the only one.
+            let Some((_, &key)) = self.lru.iter().next().filter(|&(_, &k)| k != keep) else {
                 break;
             };
-            self.lru.remove(&stamp);
-            if let Some((_, b)) = self.index.remove(&key) {
-                bytes -= b;
-            }
+            self.forget(key);
             match std::fs::remove_file(self.path(key)) {
                 Ok(()) => self.stats.evictions += 1,
                 // Another process deleted it first.

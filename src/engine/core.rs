@@ -138,6 +138,8 @@ pub struct Engine {
     /// read records into.
     pub(super) disk: Option<DiskTier>,
     pub(super) tier_scratch: Vec<u8>,
+    /// The block names of the waiting requests next in line, for disk lookups.
+    pub(super) disk_chains: std::collections::HashMap<RequestId, super::tiers::DiskChain>,
 }
 
 /// Buffers kept across steps (see `step_batch.rs`).
@@ -395,6 +397,7 @@ impl Engine {
             step_costs: StepCostFit::default(),
             disk,
             tier_scratch: Vec::new(),
+            disk_chains: Default::default(),
         };
         engine.calibrate_swap()?;
         Ok(engine)

@@ -10,10 +10,11 @@
 //! - **up**: before each step, for the requests next in line for admission, the leading
 //!   blocks of their prompts that neither the device nor the host tier holds are looked for
 //!   on disk, block by block while they are found; each verified record goes into a
-//!   host-tier block, from which admission copies it up like any host-tier hit. At most
-//!   the host tier's budget is read per step, so reads never evict each other before
-//!   admission has used them (reading at arrival instead did exactly that when many
-//!   requests arrived together: measured in the conversations bench). A record that fails
+//!   host-tier block, from which admission copies it up like any host-tier hit. The host-
+//!   tier blocks of the requests ahead and the blocks read stay within the tier's budget,
+//!   so reads never evict blocks a request ahead will use (reading at arrival instead did
+//!   exactly that when many requests arrived together: measured in the conversations
+//!   bench). A request's block names are hashed once per token count. A record that fails
 //!   verification is a miss: the prompt is computed from there on, never read from a bad
 //!   record.
 //!
@@ -21,6 +22,14 @@
 //! namespace that names everything else KV bytes depend on (`namespace`).
 
 use super::core::{Engine, EngineError};
+use super::output::RequestId;
+
+/// A waiting request's tokens and the names of its full blocks, for disk lookups.
+#[derive(Debug)]
+pub(super) struct DiskChain {
+    tokens: Vec<u32>,
+    names: Vec<BlockHash>,
+}
 use crate::cache::PinId;
 use crate::cache::{hash_block, BlockHash, BlockOps};
 use crate::disk_tier::{BlockKey, DiskTier, DiskTierConfig};
@@ -123,47 +132,93 @@ pub(super) fn open_disk_tier(
 
 impl Engine {
     /// Reads from the disk tier the missing leading blocks of the waiting requests next in
-    /// line, oldest first, within the host tier's budget per step.
+    /// line, oldest first, while the blocks they have in the host tier and those read stay
+    /// within the tier's budget (so reads never evict blocks a request ahead will use).
     pub(super) fn load_waiting_from_disk(&mut self) {
         if self.disk.is_none() || self.scheduler.num_waiting() == 0 {
+            self.disk_chains.clear();
             return;
         }
-        // Blocks read in one pass are the tier's most recent, so they can only evict each
-        // other past its whole budget.
         let mut left = self.scheduler.blocks.tier_stats().budget;
         // Admission takes requests in order; a handful ahead is all one step admits.
-        let prompts: Vec<Vec<u32>> = self
+        let ahead: Vec<RequestId> = self
             .scheduler
             .waiting()
             .take(16)
-            .filter_map(|g| g.live().next().map(|s| s.tokens.clone()))
+            .map(|g| g.request_id)
             .collect();
-        for p in prompts {
-            left -= self.load_prefix_from_disk(&p, left);
+        self.disk_chains.retain(|id, _| ahead.contains(id));
+        for id in ahead {
+            if !self.refresh_chain(id) {
+                continue;
+            }
+            left = left.saturating_sub(self.load_chain(id, left));
             if left == 0 {
                 break;
             }
         }
     }
 
-    /// Brings up to `most` leading blocks of `prompt` that the device and the host tier
-    /// lack up from the disk tier into the host tier, block by block while they are found.
-    /// Returns how many it read.
-    fn load_prefix_from_disk(&mut self, prompt: &[u32], most: usize) -> usize {
-        let Some(disk) = self.disk.as_mut() else {
+    /// Makes `disk_chains[id]` the block names of waiting request `id`'s tokens, hashing
+    /// them only when they changed (a recomputed request comes back with more). False if
+    /// the request has no live sequence.
+    fn refresh_chain(&mut self, id: RequestId) -> bool {
+        let Some(g) = self.scheduler.waiting().find(|g| g.request_id == id) else {
+            return false;
+        };
+        let Some(s) = g.live().next() else {
+            return false;
+        };
+        if self
+            .disk_chains
+            .get(&id)
+            .is_some_and(|c| c.tokens.len() == s.tokens.len())
+        {
+            return true;
+        }
+        let bs = self.scheduler.blocks.block_size();
+        // As the prefix lookup: the last token is always computed again.
+        let lookups = s.tokens.len().saturating_sub(1) / bs;
+        let mut names = Vec::with_capacity(lookups);
+        let mut parent = None;
+        for tokens in s.tokens.chunks_exact(bs).take(lookups) {
+            let hash = hash_block(parent, tokens);
+            names.push(hash);
+            parent = Some(hash);
+        }
+        let chain = DiskChain {
+            tokens: s.tokens.clone(),
+            names,
+        };
+        self.disk_chains.insert(id, chain);
+        true
+    }
+
+    /// Walks request `id`'s chain: blocks on the device cost nothing, blocks in the host
+    /// tier count against `most`, and missing ones are read from disk into the host tier
+    /// while they are found and `most` allows. Returns how much of `most` it used.
+    fn load_chain(&mut self, id: RequestId, most: usize) -> usize {
+        let (Some(disk), Some(chain)) = (self.disk.as_mut(), self.disk_chains.get(&id)) else {
             return 0;
         };
         let blocks = &mut self.scheduler.blocks;
         let bs = blocks.block_size();
-        // As the prefix lookup: the last prompt token is always computed again.
-        let lookups = prompt.len().saturating_sub(1) / bs;
-        let mut loaded = 0;
-        let mut parent = None;
-        for tokens in prompt.chunks_exact(bs).take(lookups) {
-            let hash = hash_block(parent, tokens);
-            if !blocks.has_cached_name(hash) {
+        let (mut used, mut read) = (0, 0);
+        for (i, &hash) in chain.names.iter().enumerate() {
+            let parent = i.checked_sub(1).map(|p| chain.names[p]);
+            let tokens = &chain.tokens[i * bs..(i + 1) * bs];
+            if blocks.has_device_name(hash) {
+                continue;
+            }
+            if used >= most {
+                break;
+            }
+            if blocks.has_cached_name(hash) {
+                // In the host tier: keep it there until this request is admitted.
+                blocks.touch_host_tier(hash);
+            } else {
                 let key = disk.key(parent.map(key_of), tokens);
-                if loaded >= most || !disk.contains(key) {
+                if !disk.contains(key) {
                     break;
                 }
                 let scratch = &mut self.tier_scratch;
@@ -178,14 +233,14 @@ impl Engine {
                     Some(dst) => dst.copy_from_slice(scratch),
                     None => break,
                 }
-                loaded += 1;
+                read += 1;
             }
-            parent = Some(hash);
+            used += 1;
         }
-        if loaded > 0 {
-            tracing::debug!(blocks = loaded, "prompt blocks read from the disk tier");
+        if read > 0 {
+            tracing::debug!(blocks = read, "prompt blocks read from the disk tier");
         }
-        loaded
+        used
     }
 
     /// Writes the host-tier blocks that `ops` filled to the disk tier (after the step's

@@ -243,3 +243,22 @@ fn a_voided_plan_leaves_no_name_behind() {
     assert_eq!(m.allocate(A, &a), Ok(0), "a stale name was trusted");
     m.check_invariants().unwrap();
 }
+
+#[test]
+fn a_touched_tier_block_is_evicted_last() {
+    let mut m = tier_manager(2, 4, 4, 2);
+    let names: Vec<_> = (0..3u32)
+        .map(|i| crate::cache::hash_block(None, &[i, i]))
+        .collect();
+    for (i, &h) in names.iter().enumerate().take(2) {
+        m.insert_host_tier(h, None, &[i as u32, i as u32]).unwrap();
+    }
+    m.touch_host_tier(names[0]);
+    // The tier is at its budget of 2: the third takes the least recently used, now the
+    // second.
+    m.insert_host_tier(names[2], None, &[2, 2]).unwrap();
+    assert!(m.has_cached_name(names[0]) && m.has_cached_name(names[2]));
+    assert!(!m.has_cached_name(names[1]));
+    assert!(!m.has_device_name(names[0]));
+    m.check_invariants().unwrap();
+}
