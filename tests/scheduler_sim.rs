@@ -1,14 +1,16 @@
 //! Randomized simulation of the scheduler and block manager, no GPU: seeded random mixes of
 //! prompt lengths (1 to beyond the pool), `n` 1..8, beam widths 1..4, output lengths,
 //! arrivals over time and random aborts, on random pools from tiny to ample, random
-//! `max_num_seqs` and budgets, with and without prefix caching (and its host tier), in all three preemption
-//! modes (automatic with random injected costs), with and without a sliding window. Each
+//! `max_num_seqs` and budgets, with and without prefix caching (and its host tier, and
+//! prefixes pinned and let go of as the run goes), in all three preemption modes
+//! (automatic with random injected costs), with and without a sliding window. Each
 //! step's results go through `Scheduler::commit`, the code the engine runs. The driver
 //! checks after every step: the block manager's invariants, no sequence scheduled twice,
 //! gang scheduling, the budget and `max_num_seqs`, decode first, released blocks only
 //! outside the window. At the end of each run: every request finished, failed
 //! with a reason or was aborted within a bounded number of steps; nothing leaked; a request
-//! fails only if it could really never fit; and every finished request produced exactly
+//! fails only if it could really never fit (beside the most pins held at once); and every
+//! finished request produced exactly
 //! what it produces alone on an ample pool.
 
 #[path = "common/sched_driver.rs"]
@@ -179,6 +181,11 @@ fn run(seed: u64, memo: &mut BTreeMap<String, Outcome>, t: &mut Tally) -> Result
     let mut next = 0u64;
     let mut work = 0usize;
     let steps_before = d.steps;
+    // A third of the runs with prefix caching pin prefixes of earlier prompts now and then
+    // (and let go of them): pins take blocks out of what one request may ever get.
+    let pinning = setup.cache.enable_prefix_caching && g.chance(33);
+    let mut pins = Vec::new();
+    let mut capacity = setup.cache.num_device_blocks - setup.cache.watermark_blocks;
     // Arrivals over time and random aborts while the engine runs.
     while next < num_requests as u64 || !d.is_idle() {
         if next < num_requests as u64 && g.chance(40) {
@@ -191,6 +198,18 @@ fn run(seed: u64, memo: &mut BTreeMap<String, Outcome>, t: &mut Tally) -> Result
         if g.chance(3) {
             let victim = g.range(0, next.max(1) as usize - 1) as u64;
             d.abort(victim);
+        }
+        if pinning && next > 0 && g.chance(5) {
+            let r = &reqs[&(g.range(0, next as usize - 1) as u64)];
+            let len = g.range(1, r.prompt.len());
+            if let Ok((pin, _)) = d.sched.blocks.pin_prefix(&r.prompt[..len]) {
+                pins.push(pin);
+                capacity = capacity.min(d.sched.blocks.group_capacity());
+            }
+        }
+        if !pins.is_empty() && g.chance(4) {
+            let pin = pins.swap_remove(g.range(0, pins.len() - 1));
+            d.sched.blocks.unpin(pin).map_err(|e| e.to_string())?;
         }
         if d.steps - steps_before > 200 + 20 * work as u64 {
             return Err(format!(
@@ -207,9 +226,11 @@ fn run(seed: u64, memo: &mut BTreeMap<String, Outcome>, t: &mut Tally) -> Result
             )
         })?;
     }
+    for pin in pins {
+        d.sched.blocks.unpin(pin).map_err(|e| e.to_string())?;
+    }
     d.check_drained()?;
     let c = &setup.config;
-    let capacity = setup.cache.num_device_blocks - setup.cache.watermark_blocks;
     for (id, r) in &reqs {
         match &d.outcomes[id] {
             Outcome::Aborted => {}
@@ -220,7 +241,8 @@ fn run(seed: u64, memo: &mut BTreeMap<String, Outcome>, t: &mut Tally) -> Result
                     && w <= c.max_num_batched_tokens;
                 if could_fit {
                     return Err(format!(
-                        "request {id} {r:?} failed although it always fits: {msg} ({:?} {:?})",
+                        "request {id} {r:?} failed although it always fits beside the pins \
+                         ({capacity} blocks): {msg} ({:?} {:?})",
                         c, setup.cache
                     ));
                 }

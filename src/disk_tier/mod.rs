@@ -241,6 +241,14 @@ impl DiskTier {
         out: &mut [u8],
     ) -> bool {
         let path = self.path(key);
+        // A file of the wrong length is not read at all (a stray huge file costs nothing).
+        let expected = record::encoded_len(tokens.len(), out.len()) as u64;
+        match std::fs::metadata(&path) {
+            Ok(m) if m.len() != expected => {
+                return self.corrupt(key, &path, "the file has the wrong length")
+            }
+            _ => {}
+        }
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {

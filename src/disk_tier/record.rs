@@ -49,11 +49,14 @@ pub(super) enum RecordError {
     Checksum,
 }
 
+/// The length of a record of `tokens` tokens and a `payload_len`-byte payload.
+pub(super) fn encoded_len(tokens: usize, payload_len: usize) -> usize {
+    8 + 4 + 32 + 32 + 33 + 4 + 4 * tokens + 8 + payload_len + HASH
+}
+
 /// The bytes of a record.
 pub(super) fn encode(e: &Expect<'_>, payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(
-        8 + 4 + 32 + 32 + 33 + 4 + 4 * e.tokens.len() + 8 + payload.len() + HASH,
-    );
+    let mut out = Vec::with_capacity(encoded_len(e.tokens.len(), payload.len()));
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
     out.extend_from_slice(e.namespace);
