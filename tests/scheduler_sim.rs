@@ -10,8 +10,7 @@
 //! outside the window. At the end of each run: every request finished, failed
 //! with a reason or was aborted within a bounded number of steps; nothing leaked; a request
 //! fails only if it could really never fit (beside the most pins held at once); and every
-//! finished request produced exactly
-//! what it produces alone on an ample pool.
+//! finished request produced exactly what it produces alone on an ample pool.
 
 #[path = "common/sched_driver.rs"]
 mod driver;
