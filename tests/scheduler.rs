@@ -538,3 +538,54 @@ fn a_commit_forks_samples_and_frees_what_finishes() {
     assert_eq!(s.blocks.sequences().count(), 1);
     s.blocks.check_invariants().unwrap();
 }
+
+#[test]
+fn a_prompt_takes_blocks_chunk_by_chunk() {
+    // A 100-token prompt (25 blocks of 4) in chunks of 8 tokens: two blocks a step, never
+    // the whole prompt at admission.
+    let mut d = driver(40, 4, 0, None, |c| c.max_num_batched_tokens = 8);
+    d.add(0, req(100, GroupShape::Samples(1), 3, 1));
+    for step in 1..=12 {
+        d.step().unwrap();
+        assert_eq!(
+            d.sched.blocks.num_used_device_blocks(),
+            2 * step,
+            "step {step}"
+        );
+    }
+    while !d.is_idle() {
+        d.step().unwrap();
+    }
+    d.check_drained().unwrap();
+    assert!(matches!(d.outcomes[&0], Outcome::Finished(_)));
+}
+
+#[test]
+fn partly_computed_prompts_never_hold_the_pool_so_that_none_finishes() {
+    // Three 120-token prompts (30 blocks each) in a 40-block pool, 8 tokens a step: each is
+    // admitted with its first chunk, and as the oldest grows it preempts the newer ones,
+    // in every mode; all finish with what they produce alone.
+    for mode in MODES {
+        let mut d = driver(40, 4, 64, mode, |c| c.max_num_batched_tokens = 8);
+        for id in 0..3 {
+            d.add(id, req(120, GroupShape::Samples(1), 4, id));
+        }
+        d.step().unwrap();
+        assert_eq!(
+            d.sched.num_running(),
+            1,
+            "{mode:?}: the first chunk takes the step's budget"
+        );
+        let mut steps = 0;
+        while !d.is_idle() {
+            d.step().unwrap();
+            steps += 1;
+            assert!(steps < 2000, "{mode:?}: no progress");
+        }
+        d.check_drained().unwrap();
+        for id in 0..3 {
+            let want = alone(&req(120, GroupShape::Samples(1), 4, id));
+            assert_eq!(d.outcomes[&id], want, "{mode:?}: request {id}");
+        }
+    }
+}

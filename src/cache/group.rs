@@ -11,7 +11,7 @@ use super::manager::{status, AllocStatus, BlockManager, Hit};
 use super::prefix::BlockHash;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-/// One prompt's blocks, its leading prefix-cache hits, and how many blocks were looked up.
+/// One prompt's slots, its leading prefix-cache hits, and how many blocks were looked up.
 type PromptMatch = (usize, Vec<(Hit, BlockHash)>, usize);
 
 /// The prefix-cache matches of every prompt of a group, and what admitting them costs.
@@ -32,6 +32,17 @@ impl BlockManager {
         if prompts.is_empty() || prompts.iter().any(|p| p.is_empty()) {
             return AllocStatus::Never;
         }
+        let whole: Vec<(&[u32], usize)> = prompts.iter().map(|p| (*p, p.len())).collect();
+        let found = self.lookup_group(&whole);
+        status(self.admission(found.worst, found.needed))
+    }
+
+    /// Whether a group of new sequences can be admitted now with slots for only the first
+    /// `slots` tokens of each prompt (see [`BlockManager::allocate_group_slots`]).
+    pub fn can_allocate_group_slots(&self, prompts: &[(&[u32], usize)]) -> AllocStatus {
+        if prompts.is_empty() || prompts.iter().any(|p| p.0.is_empty()) {
+            return AllocStatus::Never;
+        }
         let found = self.lookup_group(prompts);
         status(self.admission(found.worst, found.needed))
     }
@@ -41,7 +52,8 @@ impl BlockManager {
         if prompts.iter().any(|p| p.is_empty()) {
             return 0;
         }
-        self.lookup_group(prompts).worst
+        let whole: Vec<(&[u32], usize)> = prompts.iter().map(|p| (*p, p.len())).collect();
+        self.lookup_group(&whole).worst
     }
 
     /// Gives each `(seq, prompt)` a block table, all or none: every cache hit of every
@@ -49,11 +61,24 @@ impl BlockManager {
     /// evict a block another prompt of the group was counted as hitting. Returns each
     /// sequence's number of cached leading tokens, which the engine skips.
     pub fn allocate_group(&mut self, seqs: &[(SeqId, &[u32])]) -> Result<Vec<usize>, CacheError> {
+        let whole: Vec<(SeqId, &[u32], usize)> =
+            seqs.iter().map(|&(id, p)| (id, p, p.len())).collect();
+        self.allocate_group_slots(&whole)
+    }
+
+    /// [`BlockManager::allocate_group`], with slots for only the first `slots` tokens of
+    /// each prompt (and at least its cache hits and one more token, at most the prompt):
+    /// blocks for the rest are taken as the prompt is computed, chunk by chunk
+    /// ([`BlockManager::grow_to`]).
+    pub fn allocate_group_slots(
+        &mut self,
+        seqs: &[(SeqId, &[u32], usize)],
+    ) -> Result<Vec<usize>, CacheError> {
         if seqs.is_empty() {
             return Err(CacheError::EmptyGroup);
         }
         let mut seen = HashSet::new();
-        for &(id, prompt) in seqs {
+        for &(id, prompt, _) in seqs {
             if prompt.is_empty() {
                 return Err(CacheError::EmptyPrompt);
             }
@@ -64,7 +89,7 @@ impl BlockManager {
                 return Err(CacheError::DuplicateSequence(id));
             }
         }
-        let prompts: Vec<&[u32]> = seqs.iter().map(|&(_, p)| p).collect();
+        let prompts: Vec<(&[u32], usize)> = seqs.iter().map(|&(_, p, n)| (p, n)).collect();
         let found = self.lookup_group(&prompts);
         self.admission(found.worst, found.needed)?;
 
@@ -83,7 +108,8 @@ impl BlockManager {
         // A host block hit by several prompts of the group comes up once, shared.
         let mut promoted: HashMap<HostBlockId, DeviceBlockId> = HashMap::new();
         let mut cached = Vec::with_capacity(seqs.len());
-        for (&(id, prompt), (blocks, hits, lookups)) in seqs.iter().zip(found.prompts) {
+        for (&(id, prompt, _), (slots, hits, lookups)) in seqs.iter().zip(found.prompts) {
+            let blocks = blocks_for(slots, bs);
             let mut table = Vec::with_capacity(blocks);
             for (i, &(hit, hash)) in hits.iter().enumerate() {
                 let block = match hit {
@@ -120,7 +146,7 @@ impl BlockManager {
             self.seqs.insert(
                 id,
                 super::block_table::Sequence {
-                    num_tokens: prompt.len(),
+                    num_tokens: slots,
                     blocks: Blocks::Device(table),
                     hashes: hits.iter().map(|&(_, h)| h).collect(),
                     num_computed: num_cached,
@@ -206,14 +232,18 @@ impl BlockManager {
             .saturating_sub(self.num_pinned_blocks())
     }
 
-    pub(super) fn lookup_group(&self, prompts: &[&[u32]]) -> GroupLookup {
+    /// The hits and costs of admitting `prompts`, each with slots for its first tokens
+    /// (clamped to its cache hits plus one token at least, and to the prompt at most).
+    pub(super) fn lookup_group(&self, prompts: &[(&[u32], usize)]) -> GroupLookup {
         let mut device_hits: HashSet<DeviceBlockId> = HashSet::new();
         let mut host_hits: HashSet<HostBlockId> = HashSet::new();
         let mut fresh = 0;
         let mut per_prompt = Vec::with_capacity(prompts.len());
-        for prompt in prompts {
+        let bs = self.config.block_size;
+        for &(prompt, slots) in prompts {
             let (hits, lookups) = self.prefix_hits(prompt);
-            let blocks = blocks_for(prompt.len(), self.config.block_size);
+            let slots = slots.clamp(hits.len() * bs + 1, prompt.len());
+            let blocks = blocks_for(slots, bs);
             fresh += blocks - hits.len();
             for &(hit, _) in &hits {
                 match hit {
@@ -221,7 +251,7 @@ impl BlockManager {
                     Hit::Host(h) => host_hits.insert(h),
                 };
             }
-            per_prompt.push((blocks, hits, lookups));
+            per_prompt.push((slots, hits, lookups));
         }
         // A hit on an evictable block takes it out of the evictor, which costs one available
         // block just as a fresh one does; only hits on blocks in use are free. A host-tier

@@ -8,7 +8,7 @@
 //! `x` first checks exactly what `can_x` checks, then mutates. So a failed operation leaves
 //! the manager unchanged, and `can_x` says yes exactly when `x` would succeed.
 
-use super::block_table::{Blocks, Sequence};
+use super::block_table::{blocks_for, Blocks, Sequence};
 use super::config::CacheConfig;
 use super::device::{DevicePool, HostPool};
 use super::error::CacheError;
@@ -194,6 +194,43 @@ impl BlockManager {
             copy,
             new_block,
         })
+    }
+
+    /// Exactly how many blocks growing each `(seq, target)` to `target` slots takes (none
+    /// for a sequence that has them): the first new slot as in
+    /// [`BlockManager::blocks_needed_to_append`] (with its copy-on-write), then a block per
+    /// block boundary crossed.
+    pub fn blocks_needed_to_grow(&self, seqs: &[(SeqId, usize)]) -> Result<usize, CacheError> {
+        let bs = self.config.block_size;
+        let mut first = Vec::with_capacity(seqs.len());
+        let mut more = 0;
+        for &(id, target) in seqs {
+            let n = self.seq(id)?.num_tokens;
+            if target > n {
+                first.push(id);
+                more += blocks_for(target, bs) - blocks_for(n + 1, bs);
+            }
+        }
+        Ok(self.blocks_needed_to_append(&first)? + more)
+    }
+
+    /// Whether every `(seq, target)` can grow to `target` slots now.
+    pub fn can_grow(&self, seqs: &[(SeqId, usize)]) -> bool {
+        matches!(self.blocks_needed_to_grow(seqs), Ok(n) if n <= self.device.available())
+    }
+
+    /// Gives `seq` slots up to `target` tokens (a prompt's next chunk); nothing if it has
+    /// them. Checked as a whole first, so a failure changes nothing.
+    pub fn grow_to(&mut self, seq: SeqId, target: usize) -> Result<(), CacheError> {
+        let needed = self.blocks_needed_to_grow(&[(seq, target)])?;
+        let available = self.device.available();
+        if needed > available {
+            return Err(CacheError::OutOfBlocks { needed, available });
+        }
+        while self.seq(seq)?.num_tokens < target {
+            self.append_slot(seq)?;
+        }
+        Ok(())
     }
 
     /// Records that the KV of the first `computed.len()` tokens of `seq`, which are

@@ -363,10 +363,19 @@ impl Driver {
                     seq.proposed.len()
                 ));
             }
-            let slots = seq.tokens.len() + s.proposed;
+            // Slots cover what is computed this step; a sequence that samples has slots for
+            // all its tokens (and its proposals); a prompt's later chunks have none yet.
             let bm = &self.sched.blocks;
-            if bm.num_tokens(s.id).ok() != Some(slots) {
-                return Err(format!("{}: tokens without slots", s.id));
+            let slots = bm.num_tokens(s.id).map_err(|e| e.to_string())?;
+            let exact = s.sample && slots != seq.tokens.len() + s.proposed;
+            if slots < s.start + s.len || slots > seq.tokens.len() + s.proposed || exact {
+                return Err(format!(
+                    "{}: {slots} slots for {}+{} of {} tokens",
+                    s.id,
+                    s.start,
+                    s.len,
+                    seq.tokens.len()
+                ));
             }
             let table = bm.block_table(s.id).map_err(|e| e.to_string())?;
             let holes = bm.released_blocks(s.id).map_err(|e| e.to_string())?;

@@ -42,7 +42,11 @@ impl<D, R> Scheduler<D, R> {
             Queue::Running | Queue::Swapped => {
                 let ids = g.live_ids();
                 let appending = appending(&self.blocks, g);
-                self.blocks.group_blocks_after_append(&ids, &appending)?
+                // A prompt still being computed takes blocks for the rest of it, and then
+                // for its first generated tokens.
+                let tail = self.tail_blocks(g);
+                let growth = if tail > 0 { self.first_growth(g) } else { 0 };
+                self.blocks.group_blocks_after_append(&ids, &appending)? + tail + growth
             }
         };
         let capacity = self.blocks.group_capacity();
@@ -65,6 +69,20 @@ impl<D, R> Scheduler<D, R> {
              beam width",
             cfg.num_device_blocks, cfg.block_size, cfg.watermark_blocks
         )))
+    }
+
+    /// Blocks the live sequences of `g` still take for the tokens they have beyond their
+    /// slots and their next one (a prompt computed chunk by chunk).
+    pub(super) fn tail_blocks(&self, g: &SequenceGroup<D, R>) -> usize {
+        let bs = self.blocks.block_size();
+        g.live()
+            .map(|s| {
+                let slots = self.blocks.num_tokens(s.id).unwrap_or(0);
+                let len = s.tokens.len();
+                len.div_ceil(bs)
+                    .saturating_sub((slots + 1).min(len).div_ceil(bs))
+            })
+            .sum()
     }
 
     /// Blocks a waiting group takes beyond its prompts for its next generated token. A

@@ -10,12 +10,18 @@
 //!      oldest first, get the slots their new tokens need. When the pool is short, the
 //!      newest running group is preempted (swap or recompute, see `preempt.rs`) until the
 //!      group at hand fits, possibly preempting that group itself.
-//!   2. **Running prefills** get chunks of their prompts from what is left of the budget.
+//!   2. **Running prefills** get chunks of their prompts from what is left of the budget,
+//!      and the blocks for each chunk as it is scheduled (preempting newer groups as a
+//!      decode does, when the pool is short).
 //!   3. If nothing was preempted this step, **swapped groups** come back, oldest first,
 //!      while they fit.
 //!   4. If nothing was preempted and nothing is left in host memory, **waiting groups** are
 //!      admitted first come, first served, while blocks (above the watermark), sequence
-//!      slots and the budget allow.
+//!      slots and the budget allow. An admitted prompt gets blocks for its prefix-cache hits
+//!      and its first chunk only, not for the whole prompt; whether the whole prompt can
+//!      ever fit is checked first (`limits.rs`), so a partly computed prompt never waits for
+//!      blocks it cannot have, and since the oldest running group can always preempt the
+//!      newer ones, partly computed prompts cannot hold the pool so that none finishes.
 //!   5. **Proposed tokens** (speculative decoding) of decoding sequences take what is left:
 //!      budget, rows, and blocks above the watermark.
 //! - [`Scheduler::commit`] (`commit.rs`) takes what the forward pass computed and what
@@ -257,14 +263,15 @@ impl<D, R> Scheduler<D, R> {
         if g.is_decoding(&self.blocks) && g.live().count() > pass.budget {
             return Ok(false);
         }
-        let ids = appending(&self.blocks, g);
-        if !self.blocks.can_append_slots(&ids) {
+        // Slots for this step's tokens: a decode's newest token, or a prompt's next chunk.
+        let targets = growth(&self.blocks, g, pass.budget);
+        if !self.blocks.can_grow(&targets) {
             if let Some(reason) = self.never_runs(g, Queue::Running)? {
                 self.fail(id, reason, pass);
                 return Ok(false);
             }
         }
-        while !self.blocks.can_append_slots(&ids) {
+        while !self.blocks.can_grow(&targets) {
             let victim = self.pick_victim(id, &pass.served)?;
             if victim == id && !pass.served.is_empty() && !self.recoverable_running(id)? {
                 // Preempting it would doom it; older groups are progressing and will make
@@ -278,8 +285,8 @@ impl<D, R> Scheduler<D, R> {
                 return Ok(false);
             }
         }
-        for seq in ids {
-            self.blocks.append_slot(seq)?;
+        for (seq, target) in targets {
+            self.blocks.grow_to(seq, target)?;
         }
         Ok(true)
     }
@@ -295,12 +302,12 @@ impl<D, R> Scheduler<D, R> {
             if !self.fits_swap_in(g, pass)? {
                 break;
             }
-            let appending = appending(&self.blocks, g);
             let live: Vec<(SeqId, &[u32])> =
                 g.live().map(|s| (s.id, s.tokens.as_slice())).collect();
             self.blocks.swap_in(&live)?;
-            for seq in appending {
-                self.blocks.append_slot(seq)?;
+            // Back with slots for all its tokens (a prompt swapped out half computed too).
+            for &(seq, tokens) in &live {
+                self.blocks.grow_to(seq, tokens.len())?;
             }
             self.running.extend(self.swapped.pop_front());
             self.serve(id, pass);
@@ -313,7 +320,7 @@ impl<D, R> Scheduler<D, R> {
     fn fits_swap_in(&self, g: &SequenceGroup<D, R>, pass: &Pass<D, R>) -> Result<bool, CacheError> {
         let ids = g.live_ids();
         let append_ids = appending(&self.blocks, g);
-        let need = self.blocks.group_blocks_after_append(&ids, &append_ids)?;
+        let need = self.blocks.group_blocks_after_append(&ids, &append_ids)? + self.tail_blocks(g);
         let usable = self
             .blocks
             .num_available_device_blocks()
@@ -336,13 +343,31 @@ impl<D, R> Scheduler<D, R> {
             if pass.budget == 0 || self.running_slots() + g.slots() > self.config.max_num_seqs {
                 break;
             }
+            // Blocks for the cached prefix and this step's chunk only: the rest are taken
+            // chunk by chunk as the prompt is computed (`grow`).
+            let bs = self.blocks.block_size();
             let live: Vec<(SeqId, &[u32])> =
                 g.live().map(|s| (s.id, s.tokens.as_slice())).collect();
-            let prompts: Vec<&[u32]> = live.iter().map(|l| l.1).collect();
-            if self.blocks.can_allocate_group(&prompts) != AllocStatus::Now {
+            let cached: Vec<usize> = live
+                .iter()
+                .map(|l| self.blocks.cached_prefix_blocks(l.1) * bs)
+                .collect();
+            let remaining: Vec<usize> = live
+                .iter()
+                .zip(&cached)
+                .map(|(l, c)| l.1.len() - c)
+                .collect();
+            let lens = plan_lens(&remaining, pass.budget);
+            let with_slots: Vec<(SeqId, &[u32], usize)> = live
+                .iter()
+                .zip(cached.iter().zip(&lens))
+                .map(|(&(id, t), (c, l))| (id, t, c + l))
+                .collect();
+            let prompts: Vec<(&[u32], usize)> = with_slots.iter().map(|w| (w.1, w.2)).collect();
+            if self.blocks.can_allocate_group_slots(&prompts) != AllocStatus::Now {
                 break;
             }
-            let cached = self.blocks.allocate_group(&live)?;
+            let cached = self.blocks.allocate_group_slots(&with_slots)?;
             debug_assert_eq!(cached.len(), live.len());
             let Some(g) = self.waiting.pop_front() else {
                 break;
@@ -454,6 +479,49 @@ impl<D, R> Scheduler<D, R> {
     }
 }
 
+/// Slot targets for this step's tokens of `g`'s live sequences within `budget`, as
+/// [`take_tokens`] will schedule them: computed tokens plus the planned chunk, for those
+/// that do not have the slots yet.
+fn growth<D, R>(
+    blocks: &BlockManager,
+    g: &SequenceGroup<D, R>,
+    budget: usize,
+) -> Vec<(SeqId, usize)> {
+    let live: Vec<&crate::engine::sequence::Sequence<D>> =
+        g.seqs.iter().filter(|s| !s.is_finished()).collect();
+    let remaining: Vec<usize> = live.iter().map(|s| s.pending(blocks)).collect();
+    let lens = plan_lens(&remaining, budget);
+    live.iter()
+        .zip(lens)
+        .filter(|(_, len)| *len > 0)
+        .map(|(s, len)| (s.id, s.num_computed(blocks) + len))
+        .filter(|&(id, target)| blocks.num_tokens(id).is_ok_and(|n| n < target))
+        .collect()
+}
+
+/// How many of its remaining tokens each live sequence of a group computes this step,
+/// as a gang within `budget`: if every sequence's remaining tokens fit, all of them;
+/// otherwise a lone sequence takes a chunk, and several take chunks that stop short of
+/// their last token, so their samples still land in one step.
+fn plan_lens(remaining: &[usize], budget: usize) -> Vec<usize> {
+    let total: usize = remaining.iter().sum();
+    let all = total <= budget;
+    let mut left = budget;
+    remaining
+        .iter()
+        .map(|&r| {
+            let cap = if all || remaining.len() == 1 {
+                r
+            } else {
+                r.saturating_sub(1)
+            };
+            let len = cap.min(left);
+            left -= len;
+            len
+        })
+        .collect()
+}
+
 /// Live sequences of `g` whose newest token has no slot yet.
 fn appending<D, R>(blocks: &BlockManager, g: &SequenceGroup<D, R>) -> Vec<SeqId> {
     g.live()
@@ -462,10 +530,8 @@ fn appending<D, R>(blocks: &BlockManager, g: &SequenceGroup<D, R>) -> Vec<SeqId>
         .collect()
 }
 
-/// Schedules the uncomputed tokens of `g`'s live sequences within `budget`, as a gang: if
-/// every sequence's remaining tokens fit, all of them run and all sample; otherwise a lone
-/// sequence takes a chunk, and several take chunks that stop short of their last token, so
-/// their samples still land in one step.
+/// Schedules the uncomputed tokens of `g`'s live sequences within `budget`, as a gang
+/// ([`plan_lens`]); the slots for them were given by admission, `grow` or a swap-in.
 fn take_tokens<D, R>(
     blocks: &BlockManager,
     g: &SequenceGroup<D, R>,
@@ -479,15 +545,9 @@ fn take_tokens<D, R>(
         .filter(|(_, s)| !s.is_finished())
         .map(|(i, s)| (i, s.pending(blocks)))
         .collect();
-    let total: usize = live.iter().map(|l| l.1).sum();
-    let all = total <= *budget;
-    for &(i, remaining) in &live {
-        let cap = if all || live.len() == 1 {
-            remaining
-        } else {
-            remaining - 1
-        };
-        let len = cap.min(*budget);
+    let remaining: Vec<usize> = live.iter().map(|l| l.1).collect();
+    let lens = plan_lens(&remaining, *budget);
+    for (&(i, remaining), len) in live.iter().zip(lens) {
         if len == 0 {
             continue;
         }
