@@ -1,4 +1,5 @@
-//! Admission (watermark, capacity), failure atomicity, input errors and statistics.
+//! Admission (watermark, capacity, slots for a first chunk and growth), failure atomicity,
+//! input errors and statistics.
 
 use super::{manager, tokens, A, B, C};
 use crate::cache::{AllocStatus, BlockManager, CacheConfig, CacheError, SeqId};
@@ -135,5 +136,52 @@ fn stats_count_blocks_tokens_and_sharing() {
         (s.device.used, s.stored_tokens, s.swapped_out_blocks),
         (3, 11, 3)
     );
+    m.check_invariants().unwrap();
+}
+
+#[test]
+fn a_prompt_can_be_admitted_with_slots_for_its_first_chunk_and_grow() {
+    let mut m = manager(4, 5, 0);
+    let p = tokens(0, 18); // five blocks in all
+    let cached = m.allocate_group_slots(&[(A, &p, 6)]).unwrap();
+    assert_eq!(cached, vec![0]);
+    assert_eq!(m.num_tokens(A), Ok(6));
+    assert_eq!(m.block_table(A).unwrap().len(), 2);
+    assert_eq!(m.blocks_needed_to_grow(&[(A, 6)]), Ok(0));
+    assert_eq!(m.blocks_needed_to_grow(&[(A, 13)]), Ok(2));
+    m.grow_to(A, 13).unwrap();
+    assert_eq!(m.block_table(A).unwrap().len(), 4);
+    m.check_invariants().unwrap();
+    // Another sequence takes the last block: growing A to the end fails, changing nothing.
+    m.allocate(B, &[1]).unwrap();
+    assert!(!m.can_grow(&[(A, 18)]));
+    let before = m.clone();
+    assert!(matches!(
+        m.grow_to(A, 18),
+        Err(CacheError::OutOfBlocks {
+            needed: 1,
+            available: 0
+        })
+    ));
+    assert_eq!(m, before);
+    m.free(B).unwrap();
+    m.grow_to(A, 18).unwrap();
+    assert_eq!(m.num_tokens(A), Ok(18));
+    m.check_invariants().unwrap();
+}
+
+#[test]
+fn slots_at_admission_cover_the_cache_hits_and_one_more_token() {
+    let mut m = super::prefix_manager(4, 8);
+    let p = tokens(0, 13);
+    m.allocate(A, &p).unwrap();
+    m.mark_computed(A, &p).unwrap();
+    m.free(A).unwrap();
+    // Asked for no slots, B still gets its 12 cached tokens and the next one.
+    assert_eq!(m.allocate_group_slots(&[(B, &p, 0)]), Ok(vec![12]));
+    assert_eq!(m.num_tokens(B), Ok(13));
+    // And never more than its prompt.
+    assert_eq!(m.allocate_group_slots(&[(C, &[7, 7], 9)]), Ok(vec![0]));
+    assert_eq!(m.num_tokens(C), Ok(2));
     m.check_invariants().unwrap();
 }
