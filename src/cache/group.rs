@@ -93,16 +93,7 @@ impl BlockManager {
         let found = self.lookup_group(&prompts);
         self.admission(found.worst, found.needed)?;
 
-        // Claim every hit before taking any fresh block: device hits are retained, and
-        // host-tier hits are held by the plan until their copy up has read them.
-        for (_, hits, _) in &found.prompts {
-            for &(hit, _) in hits {
-                match hit {
-                    Hit::Device(block) => self.device.retain(block),
-                    Hit::Host(block) => self.plan.hold_host(&mut self.host, block),
-                }
-            }
-        }
+        self.claim_hits(&found);
         let caching = self.device.cache().is_some();
         let bs = self.config.block_size;
         // A host block hit by several prompts of the group comes up once, shared.
@@ -110,25 +101,7 @@ impl BlockManager {
         let mut cached = Vec::with_capacity(seqs.len());
         for (&(id, prompt, _), (slots, hits, lookups)) in seqs.iter().zip(found.prompts) {
             let blocks = blocks_for(slots, bs);
-            let mut table = Vec::with_capacity(blocks);
-            for (i, &(hit, hash)) in hits.iter().enumerate() {
-                let block = match hit {
-                    Hit::Device(block) => block,
-                    Hit::Host(h) => match promoted.get(&h) {
-                        Some(&d) => {
-                            self.device.retain(d);
-                            d
-                        }
-                        None => {
-                            let parent = i.checked_sub(1).map(|p| hits[p].1);
-                            let d = self.promote(h, hash, parent, &prompt[i * bs..(i + 1) * bs]);
-                            promoted.insert(h, d);
-                            d
-                        }
-                    },
-                };
-                table.push(block);
-            }
+            let mut table = self.hit_table(prompt, &hits, &mut promoted);
             while table.len() < blocks {
                 table.push(
                     self.device
@@ -159,6 +132,51 @@ impl BlockManager {
         // The plan's hold on each promoted host block (the tables never point at it)
         // outlives this call; the block stays in the host tier, named.
         Ok(cached)
+    }
+
+    /// Claims every hit of an admitted group before any fresh block is taken: device hits
+    /// are retained, and host-tier hits are held by the plan until their copy up has read
+    /// them.
+    fn claim_hits(&mut self, found: &GroupLookup) {
+        for (_, hits, _) in &found.prompts {
+            for &(hit, _) in hits {
+                match hit {
+                    Hit::Device(block) => self.device.retain(block),
+                    Hit::Host(block) => self.plan.hold_host(&mut self.host, block),
+                }
+            }
+        }
+    }
+
+    /// The leading table entries of `prompt` for its claimed hits: device blocks as they
+    /// are, host-tier blocks copied up (once per group: `promoted`).
+    fn hit_table(
+        &mut self,
+        prompt: &[u32],
+        hits: &[(Hit, BlockHash)],
+        promoted: &mut HashMap<HostBlockId, DeviceBlockId>,
+    ) -> Vec<DeviceBlockId> {
+        let bs = self.config.block_size;
+        let mut table = Vec::with_capacity(hits.len());
+        for (i, &(hit, hash)) in hits.iter().enumerate() {
+            let block = match hit {
+                Hit::Device(block) => block,
+                Hit::Host(h) => match promoted.get(&h) {
+                    Some(&d) => {
+                        self.device.retain(d);
+                        d
+                    }
+                    None => {
+                        let parent = i.checked_sub(1).map(|p| hits[p].1);
+                        let d = self.promote(h, hash, parent, &prompt[i * bs..(i + 1) * bs]);
+                        promoted.insert(h, d);
+                        d
+                    }
+                },
+            };
+            table.push(block);
+        }
+        table
     }
 
     /// Distinct blocks the group `seqs` holds (on the device or in the host pool), plus

@@ -261,6 +261,35 @@ pub(crate) fn kv_layout(c: &crate::model::ModelConfig, config: &EngineConfig) ->
     Ok(layout)
 }
 
+/// The prefix cache's lower tiers `config` asks for: the disk tier, if any, and the host
+/// tier's blocks (by default none without a disk tier, half the host pool with one).
+fn tiers(
+    model_dir: &Path,
+    c: &crate::model::ModelConfig,
+    max_model_len: usize,
+    config: &EngineConfig,
+    pool: &KvPool,
+    cpu_blocks: usize,
+) -> Result<(Option<DiskTier>, usize)> {
+    let disk = match &config.kv_cache_dir {
+        Some(dir) => Some(open_disk(model_dir, dir, c, max_model_len, config, pool)?),
+        None => None,
+    };
+    let host_tier = match config.host_tier_blocks {
+        Some(n) => n,
+        None if disk.is_some() => cpu_blocks / 2,
+        None => 0,
+    };
+    if disk.is_some() && (host_tier == 0 || !config.enable_prefix_caching) {
+        return Err(EngineError::Config(
+            "the disk tier of the prefix cache needs prefix caching and a host tier of at \
+             least one block (host blocks: --num-cpu-blocks, --kv-cache-host-blocks)"
+                .into(),
+        ));
+    }
+    Ok((disk, host_tier))
+}
+
 /// The disk tier for this model, context, weight format and pool.
 fn open_disk(
     model_dir: &Path,
@@ -342,29 +371,7 @@ impl Engine {
             config.max_sampled_rows(),
         )?;
         let watermark = (gpu_blocks / 100).min(gpu_blocks.saturating_sub(needed));
-        let disk = match &config.kv_cache_dir {
-            Some(dir) => Some(open_disk(
-                model_dir,
-                dir,
-                &c,
-                max_model_len,
-                &config,
-                &pool,
-            )?),
-            None => None,
-        };
-        let host_tier = match config.host_tier_blocks {
-            Some(n) => n,
-            None if disk.is_some() => cpu_blocks / 2,
-            None => 0,
-        };
-        if disk.is_some() && (host_tier == 0 || !config.enable_prefix_caching) {
-            return Err(EngineError::Config(
-                "the disk tier of the prefix cache needs prefix caching and a host tier of at \
-                 least one block (host blocks: --num-cpu-blocks, --kv-cache-host-blocks)"
-                    .into(),
-            ));
-        }
+        let (disk, host_tier) = tiers(model_dir, &c, max_model_len, &config, &pool, cpu_blocks)?;
         let cache_cfg = CacheConfig::new(config.block_size, gpu_blocks, cpu_blocks)
             .with_watermark_blocks(watermark)
             .with_prefix_caching(config.enable_prefix_caching)
