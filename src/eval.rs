@@ -149,6 +149,7 @@ impl Scorer {
                 tokens: &tokens[start..end],
                 rows: &rows,
                 argmax: false,
+                group_tables: &[],
             };
             record_step(
                 &mut b,

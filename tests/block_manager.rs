@@ -18,11 +18,15 @@
 //!
 //! Half of the runs model a sliding-window attention: after each step every sequence
 //! releases the blocks its window has left, and every position inside the window must
-//! still read back its value through the table with holes.
+//! still read back its value through the table with holes. Half of those keep KV cache
+//! groups instead, as a model that mixes windowed and global layers does: a global group
+//! and two windowed ones, every sequence with a table in each. Each group's K/V values
+//! differ (a per-group salt), so a block read through the wrong group's table, or shared
+//! across groups, reads back a wrong value; global tables never have holes.
 
 use pagellm::cache::{
     AllocStatus, BlockManager, BlockOps, CacheConfig, CacheError, DeviceBlockId, HostBlockId,
-    Location, PinId, SeqId,
+    KvGroups, Location, PinId, SeqId,
 };
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -189,7 +193,14 @@ struct Sim {
     swapped_out: u64,
     swapped_in: u64,
     window: Option<usize>,
+    /// KV cache groups: `[None, window, window]`, or `None` for one table per sequence.
+    groups: Option<Vec<Option<usize>>>,
     pins: Vec<PinId>,
+}
+
+/// What distinguishes group `g`'s K/V values from another group's at the same position.
+fn salt(g: usize) -> u64 {
+    (g as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 fn fail(msg: String) -> TestCaseError {
@@ -197,9 +208,22 @@ fn fail(msg: String) -> TestCaseError {
 }
 
 impl Sim {
-    fn new(config: CacheConfig, stems: Vec<Vec<u32>>, window: Option<usize>) -> Self {
+    fn new(
+        config: CacheConfig,
+        stems: Vec<Vec<u32>>,
+        window: Option<usize>,
+        grouped: bool,
+    ) -> Self {
+        let groups = window
+            .filter(|_| grouped)
+            .map(|w| vec![None, Some(w), Some(w)]);
+        let m = BlockManager::new(config).unwrap();
+        let m = match &groups {
+            Some(g) => m.with_groups(KvGroups::new(g.clone(), 4 * STEM_LEN)),
+            None => m,
+        };
         Sim {
-            m: BlockManager::new(config).unwrap(),
+            m,
             bs: config.block_size,
             stems,
             seqs: BTreeMap::new(),
@@ -210,8 +234,36 @@ impl Sim {
             swapped_out: 0,
             swapped_in: 0,
             window,
+            groups,
             pins: Vec::new(),
         }
+    }
+
+    fn num_groups(&self) -> usize {
+        self.groups.as_ref().map_or(1, Vec::len)
+    }
+
+    /// The window of group `g` (every group's without groups).
+    fn window_of(&self, g: usize) -> Option<usize> {
+        match &self.groups {
+            Some(gs) => gs[g],
+            None => self.window,
+        }
+    }
+
+    /// The forward pass writing positions `from..` of `seq` in every group.
+    fn write_kv(&mut self, seq: u64, from: usize) -> Result<(), TestCaseError> {
+        let kv = kv_values(&self.seqs[&seq].tokens);
+        for g in 0..self.num_groups() {
+            for (p, &value) in kv.iter().enumerate().skip(from) {
+                let slot = self
+                    .m
+                    .slot_in(SeqId(seq), g, p)
+                    .map_err(|e| fail(e.to_string()))?;
+                self.device_mem[slot / self.bs][slot % self.bs] = Some(value ^ salt(g));
+            }
+        }
+        Ok(())
     }
 
     /// A live sequence, preferably at `place`, or (one time in eight, or when none lives)
@@ -398,7 +450,9 @@ impl Sim {
             (Some(s), Ok(out)) => {
                 s.tokens.push(token);
                 prop_assert_eq!(self.m.slot(id, s.tokens.len() - 1), Ok(out.slot));
-                self.copies += out.copy.is_some() as u64;
+                // A copy-on-write happens in every KV cache group at once: sharing is made (fork,
+                // prefix hit) and written (the last block) alike in all of them.
+                self.copies += out.copy.is_some() as u64 * self.num_groups() as u64;
             }
             (Some(_), Err(_)) => {}
         }
@@ -451,10 +505,20 @@ impl Sim {
         Ok(r)
     }
 
-    fn swap_out(&mut self, group: &[SeqId]) -> Result<Result<(), CacheError>, TestCaseError> {
-        let tables: Option<Vec<Vec<DeviceBlockId>>> = group
+    /// Each sequence of `group` in each KV cache group.
+    fn kv_seqs(&self, group: &[SeqId]) -> Vec<(SeqId, usize)> {
+        let n = self.num_groups();
+        group
             .iter()
-            .map(|&s| self.m.block_table(s).ok().map(<[_]>::to_vec))
+            .flat_map(|&s| (0..n).map(move |g| (s, g)))
+            .collect()
+    }
+
+    fn swap_out(&mut self, group: &[SeqId]) -> Result<Result<(), CacheError>, TestCaseError> {
+        let kv = self.kv_seqs(group);
+        let tables: Option<Vec<Vec<DeviceBlockId>>> = kv
+            .iter()
+            .map(|&(s, g)| self.m.block_table_in(s, g).ok().map(<[_]>::to_vec))
             .collect();
         let can = self.m.can_swap_out(group);
         let r = self.m.swap_out(group);
@@ -469,10 +533,10 @@ impl Sim {
         prop_assert_eq!(map.len(), pairs.len());
         prop_assert_eq!(map.keys().copied().collect::<HashSet<_>>(), distinct);
         let mut entries: HashMap<HostBlockId, u32> = HashMap::new();
-        for (&seq, table) in group.iter().zip(&tables) {
+        for (&(seq, g), table) in kv.iter().zip(&tables) {
             let host = self
                 .m
-                .host_block_table(seq)
+                .host_block_table_in(seq, g)
                 .map_err(|e| fail(e.to_string()))?;
             let expected: Vec<HostBlockId> = table.iter().map(|d| map[d]).collect();
             prop_assert_eq!(host, &expected[..], "sharing not preserved on the host");
@@ -488,9 +552,10 @@ impl Sim {
     }
 
     fn swap_in(&mut self, group: &[SeqId]) -> Result<Result<(), CacheError>, TestCaseError> {
-        let tables: Option<Vec<Vec<HostBlockId>>> = group
+        let kv = self.kv_seqs(group);
+        let tables: Option<Vec<Vec<HostBlockId>>> = kv
             .iter()
-            .map(|&s| self.m.host_block_table(s).ok().map(<[_]>::to_vec))
+            .map(|&(s, g)| self.m.host_block_table_in(s, g).ok().map(<[_]>::to_vec))
             .collect();
         let status = self.m.can_swap_in(group);
         // Unknown sequences go in with no tokens: the manager refuses them by id first.
@@ -514,8 +579,11 @@ impl Sim {
         prop_assert_eq!(map.keys().copied().collect::<HashSet<_>>(), distinct);
         prop_assert_eq!(map.values().collect::<HashSet<_>>().len(), pairs.len());
         let mut entries: HashMap<DeviceBlockId, u32> = HashMap::new();
-        for (&seq, table) in group.iter().zip(&tables) {
-            let device = self.m.block_table(seq).map_err(|e| fail(e.to_string()))?;
+        for (&(seq, g), table) in kv.iter().zip(&tables) {
+            let device = self
+                .m
+                .block_table_in(seq, g)
+                .map_err(|e| fail(e.to_string()))?;
             let expected: Vec<DeviceBlockId> = table.iter().map(|h| map[h]).collect();
             prop_assert_eq!(device, &expected[..], "sharing not preserved on the device");
             for &d in device {
@@ -554,16 +622,9 @@ impl Sim {
         let len = self.seqs[&seq].tokens.len();
         self.execute_plan()?;
         // The forward pass writes every new slot, the rejected ones too.
-        let kv = kv_values(&self.seqs[&seq].tokens);
-        for (p, &value) in kv.iter().enumerate().skip(start) {
-            let slot = self
-                .m
-                .slot(SeqId(seq), p)
-                .map_err(|e| fail(e.to_string()))?;
-            self.device_mem[slot / self.bs][slot % self.bs] = Some(value);
-        }
+        self.write_kv(seq, start)?;
         let keep = start + accept.min(len - start);
-        let dropped = len.div_ceil(self.bs) - keep.div_ceil(self.bs);
+        let dropped = (len.div_ceil(self.bs) - keep.div_ceil(self.bs)) * self.num_groups();
         prop_assert_eq!(self.m.truncate(SeqId(seq), keep), Ok(dropped));
         let s = self.seqs.get_mut(&seq).unwrap();
         s.tokens.truncate(keep);
@@ -616,17 +677,35 @@ impl Sim {
             if !self.on_device(id) {
                 continue;
             }
+            self.write_kv(id, self.seqs[&id].computed)?;
             let s = self.seqs.get_mut(&id).unwrap();
-            let kv = kv_values(&s.tokens);
-            for (p, &value) in kv.iter().enumerate().skip(s.computed) {
-                let slot = self.m.slot(SeqId(id), p).map_err(|e| fail(e.to_string()))?;
-                self.device_mem[slot / bs][slot % bs] = Some(value);
-            }
             s.computed = s.tokens.len();
             self.m
                 .mark_computed(SeqId(id), &s.tokens)
                 .map_err(|e| fail(e.to_string()))?;
-            if let Some(w) = self.window {
+            if let Some(gs) = &self.groups {
+                let before: Vec<usize> = (0..gs.len())
+                    .map(|g| self.m.released_blocks_in(SeqId(id), g).unwrap())
+                    .collect();
+                let n = self
+                    .m
+                    .release_group_windows(SeqId(id))
+                    .map_err(|e| fail(e.to_string()))?;
+                let mut released = 0;
+                for (g, w) in gs.iter().enumerate() {
+                    let after = self.m.released_blocks_in(SeqId(id), g).unwrap();
+                    released += after - before[g];
+                    let want = match w {
+                        None => 0,
+                        Some(w) => ((s.computed + 1).saturating_sub(*w) / bs)
+                            .min(s.tokens.len().div_ceil(bs) - 1)
+                            .max(before[g]),
+                    };
+                    prop_assert_eq!(after, want, "{} holes in group {}", SeqId(id), g);
+                }
+                prop_assert_eq!(released, n);
+                self.m.check_invariants().map_err(fail)?;
+            } else if let Some(w) = self.window {
                 let before = self.m.released_blocks(SeqId(id)).unwrap();
                 let n = self
                     .m
@@ -647,23 +726,30 @@ impl Sim {
 
     /// Every computed token reads back its own value, on the device or on the host.
     fn check_memory(&self) -> Result<(), TestCaseError> {
+        for g in 0..self.num_groups() {
+            self.check_group_memory(g)?;
+        }
+        Ok(())
+    }
+
+    fn check_group_memory(&self, g: usize) -> Result<(), TestCaseError> {
         let bs = self.bs;
         for (&id, s) in &self.seqs {
-            let kv = kv_values(&s.tokens);
+            let kv: Vec<u64> = kv_values(&s.tokens).iter().map(|v| v ^ salt(g)).collect();
             let seq = SeqId(id);
             let (mem, table): (&Vec<Vec<Option<u64>>>, Vec<usize>) = match self.m.location(seq) {
                 Ok(Location::Device) => {
                     prop_assert_eq!(self.m.num_computed_tokens(seq), Ok(s.computed));
-                    let t = self.m.block_table(seq).unwrap();
+                    let t = self.m.block_table_in(seq, g).unwrap();
                     (&self.device_mem, t.iter().map(|b| b.0 as usize).collect())
                 }
                 _ => {
-                    let t = self.m.host_block_table(seq).unwrap();
+                    let t = self.m.host_block_table_in(seq, g).unwrap();
                     (&self.host_mem, t.iter().map(|b| b.0 as usize).collect())
                 }
             };
-            let holes = self.m.released_blocks(seq).unwrap();
-            if let Some(w) = self.window {
+            let holes = self.m.released_blocks_in(seq, g).unwrap();
+            if let Some(w) = self.window_of(g) {
                 let seen_from = (s.computed + 1).saturating_sub(w);
                 prop_assert!(
                     holes * bs <= seen_from,
@@ -738,8 +824,9 @@ proptest! {
         stems in proptest::collection::vec(proptest::collection::vec(0..VOCAB, STEM_LEN), 3),
         ops in proptest::collection::vec(op(), 1..200),
         window in proptest::option::of(1usize..12),
+        grouped in any::<bool>(),
     ) {
-        let mut sim = Sim::new(config, stems, window);
+        let mut sim = Sim::new(config, stems, window, grouped);
         for op in &ops {
             sim.apply(op)?;
         }

@@ -15,6 +15,9 @@ pub enum CacheError {
     #[error("{0} already has a block table")]
     SequenceExists(SeqId),
 
+    #[error("{0}: a block manager with several KV cache groups takes ids below 2^56")]
+    SequenceIdTooLarge(SeqId),
+
     #[error("{0} is named more than once in one request")]
     DuplicateSequence(SeqId),
 

@@ -6,16 +6,27 @@
 
 use super::block_table::{blocks_for, Blocks};
 use super::error::CacheError;
+use super::groups::{group_of, kv_id};
 use super::ids::{DeviceBlockId, HostBlockId, SeqId};
 use super::manager::{status, AllocStatus, BlockManager, Hit};
 use super::prefix::BlockHash;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-/// One prompt's slots, its leading prefix-cache hits, and how many blocks were looked up.
-type PromptMatch = (usize, Vec<(Hit, BlockHash)>, usize);
+/// One prompt's lookup in one KV cache group.
+pub(super) struct PromptMatch {
+    /// Slots the prompt is admitted with.
+    pub slots: usize,
+    /// Its leading prefix-cache hits (as many in every group).
+    pub hits: Vec<(Hit, BlockHash)>,
+    /// Leading hits left as holes: a windowed group's first query cannot see them.
+    pub skipped: usize,
+    /// Blocks looked up.
+    pub lookups: usize,
+}
 
 /// The prefix-cache matches of every prompt of a group, and what admitting them costs.
 pub(super) struct GroupLookup {
+    /// Prompt by prompt, and for each prompt KV cache group by group.
     pub prompts: Vec<PromptMatch>,
     /// Distinct blocks the group's tables will point at, pinned ones not counted.
     pub worst: usize,
@@ -48,12 +59,29 @@ impl BlockManager {
     }
 
     /// Blocks the group `prompts` would occupy if admitted now (cache hits counted once).
+    /// With KV cache groups, the blocks of the groups without a window only: a windowed
+    /// group never holds a whole prompt ([`Self::windowed_need`] bounds its share).
     pub fn blocks_to_allocate_group(&self, prompts: &[&[u32]]) -> usize {
         if prompts.iter().any(|p| p.is_empty()) {
             return 0;
         }
         let whole: Vec<(&[u32], usize)> = prompts.iter().map(|p| (*p, p.len())).collect();
-        self.lookup_group(&whole).worst
+        self.lookup_group_capped(&whole, true).worst
+    }
+
+    /// The most blocks sequences of these lengths ever hold together in the windowed KV
+    /// cache groups: each its length's blocks, but no more than a window and a step's
+    /// chunk in each windowed group (0 without windowed groups).
+    pub fn windowed_need(&self, lens: &[usize]) -> usize {
+        let bs = self.config.block_size;
+        (0..self.groups.len())
+            .filter_map(|g| self.groups.held_blocks_cap(g, bs))
+            .map(|cap| {
+                lens.iter()
+                    .map(|&n| blocks_for(n, bs).min(cap))
+                    .sum::<usize>()
+            })
+            .sum()
     }
 
     /// Gives each `(seq, prompt)` a block table, all or none: every cache hit of every
@@ -82,6 +110,7 @@ impl BlockManager {
             if prompt.is_empty() {
                 return Err(CacheError::EmptyPrompt);
             }
+            self.check_new_id(id)?;
             if self.seqs.contains_key(&id) {
                 return Err(CacheError::SequenceExists(id));
             }
@@ -99,17 +128,26 @@ impl BlockManager {
         // A host block hit by several prompts of the group comes up once, shared.
         let mut promoted: HashMap<HostBlockId, DeviceBlockId> = HashMap::new();
         let mut cached = Vec::with_capacity(seqs.len());
-        for (&(id, prompt, _), (slots, hits, lookups)) in seqs.iter().zip(found.prompts) {
+        let groups = self.groups.len();
+        let entries = seqs.iter().flat_map(|s| (0..groups).map(move |g| (s, g)));
+        for ((&(seq, prompt, _), g), m) in entries.zip(found.prompts) {
+            let PromptMatch {
+                slots,
+                hits,
+                skipped,
+                lookups,
+            } = m;
+            let id = kv_id(seq, g);
             let blocks = blocks_for(slots, bs);
-            let mut table = self.hit_table(prompt, &hits, &mut promoted);
-            while table.len() < blocks {
+            let mut table = self.hit_table(g, prompt, &hits, skipped, &mut promoted);
+            while skipped + table.len() < blocks {
                 table.push(
                     self.device
                         .allocate()
                         .expect("admission counted the blocks"),
                 );
             }
-            if caching {
+            if caching && g == 0 {
                 let host_hits = hits.iter().filter(|h| matches!(h.0, Hit::Host(_))).count();
                 self.counters.prefix_hits += hits.len() as u64;
                 self.counters.host_tier_hits += host_hits as u64;
@@ -124,10 +162,12 @@ impl BlockManager {
                     hashes: hits.iter().map(|&(_, h)| h).collect(),
                     num_computed: num_cached,
                     num_cached,
-                    released: 0,
+                    released: skipped,
                 },
             );
-            cached.push(num_cached);
+            if g == 0 {
+                cached.push(num_cached);
+            }
         }
         // The plan's hold on each promoted host block (the tables never point at it)
         // outlives this call; the block stays in the host tier, named.
@@ -138,8 +178,8 @@ impl BlockManager {
     /// are retained, and host-tier hits are held by the plan until their copy up has read
     /// them.
     fn claim_hits(&mut self, found: &GroupLookup) {
-        for (_, hits, _) in &found.prompts {
-            for &(hit, _) in hits {
+        for m in &found.prompts {
+            for &(hit, _) in &m.hits[m.skipped..] {
                 match hit {
                     Hit::Device(block) => self.device.retain(block),
                     Hit::Host(block) => self.plan.hold_host(&mut self.host, block),
@@ -148,17 +188,20 @@ impl BlockManager {
         }
     }
 
-    /// The leading table entries of `prompt` for its claimed hits: device blocks as they
-    /// are, host-tier blocks copied up (once per group: `promoted`).
+    /// The leading live table entries of `prompt` in KV cache group `g` for its claimed
+    /// hits (those after the `skipped` holes): device blocks as they are, host-tier blocks
+    /// copied up (once per group: `promoted`).
     fn hit_table(
         &mut self,
+        g: usize,
         prompt: &[u32],
         hits: &[(Hit, BlockHash)],
+        skipped: usize,
         promoted: &mut HashMap<HostBlockId, DeviceBlockId>,
     ) -> Vec<DeviceBlockId> {
         let bs = self.config.block_size;
-        let mut table = Vec::with_capacity(hits.len());
-        for (i, &(hit, hash)) in hits.iter().enumerate() {
+        let mut table = Vec::with_capacity(hits.len() - skipped);
+        for (i, &(hit, hash)) in hits.iter().enumerate().skip(skipped) {
             let block = match hit {
                 Hit::Device(block) => block,
                 Hit::Host(h) => match promoted.get(&h) {
@@ -167,7 +210,10 @@ impl BlockManager {
                         d
                     }
                     None => {
-                        let parent = i.checked_sub(1).map(|p| hits[p].1);
+                        let parent = match i {
+                            0 => self.groups.root(g),
+                            _ => Some(hits[i - 1].1),
+                        };
                         let d = self.promote(h, hash, parent, &prompt[i * bs..(i + 1) * bs]);
                         promoted.insert(h, d);
                         d
@@ -188,10 +234,38 @@ impl BlockManager {
         seqs: &[SeqId],
         appending: &[SeqId],
     ) -> Result<usize, CacheError> {
-        self.check_group(seqs)?;
+        self.blocks_after_append_in(seqs, appending, |_| true)
+    }
+
+    /// [`Self::group_blocks_after_append`] in the KV cache groups without a window (all
+    /// of them without groups; a windowed group's share is [`Self::windowed_need`]).
+    pub fn global_blocks_after_append(
+        &self,
+        seqs: &[SeqId],
+        appending: &[SeqId],
+    ) -> Result<usize, CacheError> {
+        let windowless = |g: usize| self.groups.window(g).is_none();
+        self.blocks_after_append_in(seqs, appending, windowless)
+    }
+
+    fn blocks_after_append_in(
+        &self,
+        seqs: &[SeqId],
+        appending: &[SeqId],
+        keep: impl Fn(usize) -> bool,
+    ) -> Result<usize, CacheError> {
+        self.check_group(&self.expand(seqs))?;
+        let only = |ids: &[SeqId]| -> Vec<SeqId> {
+            let all = self.expand(ids);
+            all.iter()
+                .copied()
+                .filter(|&id| keep(group_of(id)))
+                .collect()
+        };
+        let (seqs, appending) = (only(seqs), only(appending));
         let mut device: HashSet<DeviceBlockId> = HashSet::new();
         let mut host: HashSet<HostBlockId> = HashSet::new();
-        for &id in seqs {
+        for &id in seqs.iter() {
             match &self.seq(id)?.blocks {
                 Blocks::Device(t) => device.extend(t.iter().copied()),
                 Blocks::Host(t) => host.extend(t.iter().copied()),
@@ -199,13 +273,17 @@ impl BlockManager {
         }
         // Pinned blocks are not the group's to count: the capacity leaves them out too.
         let device = device.iter().filter(|&&b| self.pin_refs(b) == 0).count();
-        Ok(device + host.len() + self.append_need_anywhere(appending)?)
+        Ok(device + host.len() + self.append_need_anywhere_kv(&appending)?)
     }
 
     /// Blocks needed to append one token to each of `seqs`, wherever their blocks are (a
     /// swapped-out group is counted as it will be once back on the device, where a host
     /// block shared by `r` of its sequences becomes one device block shared by `r`).
     pub fn append_need_anywhere(&self, seqs: &[SeqId]) -> Result<usize, CacheError> {
+        self.append_need_anywhere_kv(&self.expand(seqs))
+    }
+
+    fn append_need_anywhere_kv(&self, seqs: &[SeqId]) -> Result<usize, CacheError> {
         let bs = self.config.block_size;
         let mut seen = HashSet::new();
         let mut needed = 0;
@@ -252,24 +330,47 @@ impl BlockManager {
 
     /// The hits and costs of admitting `prompts`, each with slots for its first tokens
     /// (clamped to its cache hits plus one token at least, and to the prompt at most).
+    /// With several KV cache groups each prompt is looked up in every group, and its hits
+    /// are cut to the fewest any group has.
     pub(super) fn lookup_group(&self, prompts: &[(&[u32], usize)]) -> GroupLookup {
+        self.lookup_group_capped(prompts, false)
+    }
+
+    /// [`Self::lookup_group`]; with `global_only`, the costs leave out the windowed KV
+    /// cache groups (the whole prompt's worst case, not an allocation).
+    fn lookup_group_capped(&self, prompts: &[(&[u32], usize)], global_only: bool) -> GroupLookup {
         let mut device_hits: HashSet<DeviceBlockId> = HashSet::new();
         let mut host_hits: HashSet<HostBlockId> = HashSet::new();
         let mut fresh = 0;
-        let mut per_prompt = Vec::with_capacity(prompts.len());
+        let groups = self.groups.len();
+        let mut per_prompt = Vec::with_capacity(prompts.len() * groups);
         let bs = self.config.block_size;
         for &(prompt, slots) in prompts {
-            let (hits, lookups) = self.prefix_hits(prompt);
-            let slots = slots.clamp(hits.len() * bs + 1, prompt.len());
-            let blocks = blocks_for(slots, bs);
-            fresh += blocks - hits.len();
-            for &(hit, _) in &hits {
-                match hit {
-                    Hit::Device(b) => device_hits.insert(b),
-                    Hit::Host(h) => host_hits.insert(h),
-                };
+            let mut found: Vec<_> = (0..groups)
+                .map(|g| self.prefix_hits_in(g, prompt))
+                .collect();
+            let common = found.iter().map(|f| f.0.len()).min().unwrap_or(0);
+            for (g, (mut hits, lookups)) in found.drain(..).enumerate() {
+                hits.truncate(common);
+                let slots = slots.clamp(hits.len() * bs + 1, prompt.len());
+                let skipped = self.groups.skipped_hits(g, hits.len(), bs);
+                if global_only && self.groups.held_blocks_cap(g, bs).is_some() {
+                    continue;
+                }
+                fresh += blocks_for(slots, bs) - hits.len();
+                for &(hit, _) in &hits[skipped..] {
+                    match hit {
+                        Hit::Device(b) => device_hits.insert(b),
+                        Hit::Host(h) => host_hits.insert(h),
+                    };
+                }
+                per_prompt.push(PromptMatch {
+                    slots,
+                    hits,
+                    skipped,
+                    lookups,
+                });
             }
-            per_prompt.push((slots, hits, lookups));
         }
         // A hit on an evictable block takes it out of the evictor, which costs one available
         // block just as a fresh one does; only hits on blocks in use are free. A host-tier

@@ -36,7 +36,36 @@ impl BlockManager {
     fn check_sequences(&self) -> Result<(), String> {
         let bs = self.config.block_size;
         let caching = self.device.cache().is_some();
-        for (id, s) in &self.seqs {
+        let engine_seqs = self.sequences().count();
+        if self.seqs.len() != engine_seqs * self.groups.len() {
+            return Err(format!(
+                "{} KV sequences for {engine_seqs} sequences in {} KV cache groups",
+                self.seqs.len(),
+                self.groups.len()
+            ));
+        }
+        for (&id, s) in &self.seqs {
+            // A sequence is in every KV cache group, at the same place and progress.
+            let g = super::groups::group_of(id);
+            if g >= self.groups.len() {
+                return Err(format!("{id}: KV cache group {g} of {}", self.groups.len()));
+            }
+            let first = self
+                .seq(super::groups::engine_id(id))
+                .map_err(|e| e.to_string())?;
+            let progress = |s: &super::block_table::Sequence| {
+                (s.num_tokens, s.num_computed, s.num_cached, s.location())
+            };
+            if progress(first) != progress(s) {
+                return Err(format!(
+                    "{id}: KV cache group {g} at {:?}, group 0 at {:?}",
+                    progress(s),
+                    progress(first)
+                ));
+            }
+            if self.groups.len() > 1 && self.groups.window(g).is_none() && s.released > 0 {
+                return Err(format!("{id}: holes in a KV cache group without a window"));
+            }
             let n = s.num_tokens;
             if n == 0 {
                 return Err(format!("{id} has no tokens"));
@@ -85,7 +114,7 @@ impl BlockManager {
         let mut first: HashMap<DeviceBlockId, &[u32]> = HashMap::new();
         let mut first_host: HashMap<HostBlockId, &[u32]> = HashMap::new();
         for (&id, s) in &self.seqs {
-            let Some(all) = tokens(id) else {
+            let Some(all) = tokens(super::groups::engine_id(id)) else {
                 continue;
             };
             if all.len() < s.num_tokens {
@@ -97,7 +126,7 @@ impl BlockManager {
             }
             let block =
                 |i: usize| &all[(i * bs).min(s.num_tokens)..((i + 1) * bs).min(s.num_tokens)];
-            let mut parent = None;
+            let mut parent = self.groups.root(super::groups::group_of(id));
             for (i, &h) in s.hashes.iter().enumerate() {
                 if hash_block(parent, block(i)) != h {
                     return Err(format!("{id}: block {i}'s name is not its chained hash"));

@@ -12,11 +12,13 @@ use super::block_table::{blocks_for, Blocks, Sequence};
 use super::config::CacheConfig;
 use super::device::{DevicePool, HostPool};
 use super::error::CacheError;
+use super::groups::{engine_id, group_of, kv_id, KvGroups};
 use super::ids::{DeviceBlockId, HostBlockId, SeqId};
 use super::ops::BlockOps;
 use super::pins::Pins;
 use super::plan::PendingPlan;
 use super::prefix::{hash_block, BlockHash};
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 
 /// Whether a sequence group can be admitted (allocated, or swapped in).
@@ -70,6 +72,8 @@ pub struct BlockManager {
     pub(super) to_save: Vec<(DeviceBlockId, BlockHash)>,
     /// Pinned prefixes (`pins.rs`).
     pub(super) pins: Pins,
+    /// KV cache groups (`groups.rs`): one block table per group for every sequence.
+    pub(super) groups: KvGroups,
 }
 
 impl BlockManager {
@@ -89,7 +93,48 @@ impl BlockManager {
             counters: Counters::default(),
             to_save: Vec::new(),
             pins: Pins::default(),
+            groups: KvGroups::default(),
         })
+    }
+
+    /// The same (empty) manager keeping one block table per KV cache group for every
+    /// sequence (see `groups.rs`).
+    pub fn with_groups(mut self, groups: KvGroups) -> Self {
+        self.groups = groups;
+        self
+    }
+
+    pub fn groups(&self) -> &KvGroups {
+        &self.groups
+    }
+
+    /// Blocks a sequence whose tables cover `from` tokens takes to cover `to`, over all
+    /// KV cache groups; a windowed group counts at most what a sequence ever holds in it
+    /// (see [`KvGroups::blocks_between`]). Without groups: the blocks between the two.
+    pub fn blocks_between(&self, from: usize, to: usize) -> usize {
+        self.groups
+            .blocks_between(from, to.max(from), self.config.block_size)
+    }
+
+    /// The KV sequences of engine sequence `seq`, one per group.
+    pub(super) fn kv_ids(&self, seq: SeqId) -> impl Iterator<Item = SeqId> {
+        (0..self.groups.len()).map(move |g| kv_id(seq, g))
+    }
+
+    /// The KV sequences of `seqs`, sequence by sequence.
+    pub(super) fn expand<'a>(&self, seqs: &'a [SeqId]) -> Cow<'a, [SeqId]> {
+        match self.groups.len() {
+            1 => Cow::Borrowed(seqs),
+            _ => Cow::Owned(seqs.iter().flat_map(|&s| self.kv_ids(s)).collect()),
+        }
+    }
+
+    /// A new sequence id must leave room for the group index in its top byte.
+    pub(super) fn check_new_id(&self, seq: SeqId) -> Result<(), CacheError> {
+        if self.groups.len() > 1 && engine_id(seq) != seq {
+            return Err(CacheError::SequenceIdTooLarge(seq));
+        }
+        Ok(())
     }
 
     pub fn config(&self) -> &CacheConfig {
@@ -128,6 +173,11 @@ impl BlockManager {
     /// `r` sequences of which `k` append, `min(k, r - 1)` copies (the last writer to
     /// arrive has the block to itself).
     pub fn blocks_needed_to_append(&self, seqs: &[SeqId]) -> Result<usize, CacheError> {
+        self.append_need_kv(&self.expand(seqs))
+    }
+
+    /// [`Self::blocks_needed_to_append`] of KV sequences.
+    pub(super) fn append_need_kv(&self, seqs: &[SeqId]) -> Result<usize, CacheError> {
         let bs = self.config.block_size;
         let mut seen = HashSet::new();
         let mut needed = 0;
@@ -152,8 +202,24 @@ impl BlockManager {
     /// Gives `seq` a slot for one more token. Opens a new block only when the last one is
     /// full; writing into a partly filled block that other sequences share first copies it
     /// (copy-on-write), recorded in the step's plan.
+    /// With several KV cache groups every group's table takes the slot; the outcome is
+    /// group 0's.
     pub fn append_slot(&mut self, seq: SeqId) -> Result<AppendOutcome, CacheError> {
         let needed = self.blocks_needed_to_append(&[seq])?;
+        let available = self.device.available();
+        if needed > available {
+            return Err(CacheError::OutOfBlocks { needed, available });
+        }
+        let mut first = None;
+        for id in self.kv_ids(seq) {
+            let outcome = self.append_slot_kv(id)?;
+            first.get_or_insert(outcome);
+        }
+        first.ok_or(CacheError::UnknownSequence(seq))
+    }
+
+    fn append_slot_kv(&mut self, seq: SeqId) -> Result<AppendOutcome, CacheError> {
+        let needed = self.append_need_kv(&[seq])?;
         let available = self.device.available();
         if needed > available {
             return Err(CacheError::OutOfBlocks { needed, available });
@@ -204,14 +270,16 @@ impl BlockManager {
         let bs = self.config.block_size;
         let mut first = Vec::with_capacity(seqs.len());
         let mut more = 0;
-        for &(id, target) in seqs {
-            let n = self.seq(id)?.num_tokens;
-            if target > n {
-                first.push(id);
-                more += blocks_for(target, bs) - blocks_for(n + 1, bs);
+        for &(seq, target) in seqs {
+            for id in self.kv_ids(seq) {
+                let n = self.seq(id)?.num_tokens;
+                if target > n {
+                    first.push(id);
+                    more += blocks_for(target, bs) - blocks_for(n + 1, bs);
+                }
             }
         }
-        Ok(self.blocks_needed_to_append(&first)? + more)
+        Ok(self.append_need_kv(&first)? + more)
     }
 
     /// Whether every `(seq, target)` can grow to `target` slots now.
@@ -238,12 +306,21 @@ impl BlockManager {
     /// count than before changes nothing). With prefix caching on, this names the newly
     /// completed full blocks, hashed from `computed`, so later prompts can reuse them.
     pub fn mark_computed(&mut self, seq: SeqId, computed: &[u32]) -> Result<(), CacheError> {
+        self.seq(seq)?;
+        for id in self.kv_ids(seq) {
+            self.mark_computed_kv(id, computed)?;
+        }
+        Ok(())
+    }
+
+    fn mark_computed_kv(&mut self, seq: SeqId, computed: &[u32]) -> Result<(), CacheError> {
         let bs = self.config.block_size;
         let write_through = self.config.tier_write_through;
         let BlockManager {
             device,
             seqs,
             to_save,
+            groups,
             ..
         } = self;
         let s = seqs.get_mut(&seq).ok_or(CacheError::UnknownSequence(seq))?;
@@ -262,7 +339,7 @@ impl BlockManager {
             // Blocks named before are below the old count; the new ones lie in `computed`.
             while s.hashes.len() < computed.len() / bs {
                 let i = s.hashes.len();
-                let parent = s.hashes.last().copied();
+                let parent = groups.parent(group_of(seq), &s.hashes, i);
                 let tokens = &computed[i * bs..(i + 1) * bs];
                 let hash = hash_block(parent, tokens);
                 // Blocks are released only once computed, so an unnamed one is live.
@@ -289,6 +366,28 @@ impl BlockManager {
         seq: SeqId,
         window: usize,
     ) -> Result<usize, CacheError> {
+        self.seq(seq)?;
+        let mut n = 0;
+        for id in self.kv_ids(seq) {
+            n += self.release_kv(id, window)?;
+        }
+        Ok(n)
+    }
+
+    /// Releases, in each windowed KV cache group, the blocks of `seq` that left the
+    /// group's window (as [`Self::release_out_of_window`]); global groups keep theirs.
+    pub fn release_group_windows(&mut self, seq: SeqId) -> Result<usize, CacheError> {
+        self.seq(seq)?;
+        let mut n = 0;
+        for g in 0..self.groups.len() {
+            if let Some(w) = self.groups.window(g) {
+                n += self.release_kv(kv_id(seq, g), w)?;
+            }
+        }
+        Ok(n)
+    }
+
+    pub(super) fn release_kv(&mut self, seq: SeqId, window: usize) -> Result<usize, CacheError> {
         let bs = self.config.block_size;
         let BlockManager {
             device,
@@ -332,6 +431,23 @@ impl BlockManager {
     /// pending plan; [`CacheError::CutsSharedBlock`] when the new end falls inside a block
     /// other sequences share.
     pub fn truncate(&mut self, seq: SeqId, num_tokens: usize) -> Result<usize, CacheError> {
+        self.seq(seq)?;
+        let mut keep = Vec::with_capacity(self.groups.len());
+        for id in self.kv_ids(seq) {
+            keep.push((id, self.truncate_check(id, num_tokens)?));
+        }
+        let mut dropped = 0;
+        for (id, live) in keep {
+            if let Some(live) = live {
+                dropped += self.truncate_kv(id, num_tokens, live)?;
+            }
+        }
+        Ok(dropped)
+    }
+
+    /// What [`Self::truncate`] checks for one KV sequence: `None` when it has exactly
+    /// `num_tokens` slots, else the live blocks it keeps.
+    fn truncate_check(&self, seq: SeqId, num_tokens: usize) -> Result<Option<usize>, CacheError> {
         let bs = self.config.block_size;
         let s = self.seq(seq)?;
         let Blocks::Device(table) = &s.blocks else {
@@ -348,7 +464,7 @@ impl BlockManager {
             });
         }
         if num_tokens == s.num_tokens {
-            return Ok(0);
+            return Ok(None);
         }
         let live = keep - s.released;
         if table[live..].iter().any(|&b| self.plan.writes(b)) {
@@ -362,6 +478,15 @@ impl BlockManager {
         if !num_tokens.is_multiple_of(bs) && self.table_refs(last) > 1 {
             return Err(CacheError::CutsSharedBlock { seq, block: last });
         }
+        Ok(Some(live))
+    }
+
+    fn truncate_kv(
+        &mut self,
+        seq: SeqId,
+        num_tokens: usize,
+        live: usize,
+    ) -> Result<usize, CacheError> {
         let BlockManager { device, seqs, .. } = self;
         let s = seqs.get_mut(&seq).ok_or(CacheError::UnknownSequence(seq))?;
         let Blocks::Device(table) = &mut s.blocks else {
@@ -378,10 +503,19 @@ impl BlockManager {
     /// Makes `child` a copy of `parent` that shares all its blocks (on the device or in
     /// the host pool); nothing is allocated until one of them writes a shared block.
     pub fn fork(&mut self, parent: SeqId, child: SeqId) -> Result<(), CacheError> {
-        let s = self.seq(parent)?.clone();
+        self.seq(parent)?;
+        self.check_new_id(child)?;
         if self.seqs.contains_key(&child) {
             return Err(CacheError::SequenceExists(child));
         }
+        for g in 0..self.groups.len() {
+            self.fork_kv(kv_id(parent, g), kv_id(child, g))?;
+        }
+        Ok(())
+    }
+
+    fn fork_kv(&mut self, parent: SeqId, child: SeqId) -> Result<(), CacheError> {
+        let s = self.seq(parent)?.clone();
         match &s.blocks {
             Blocks::Device(t) => t.iter().for_each(|&b| self.device.retain(b)),
             Blocks::Host(t) => t.iter().for_each(|&h| self.host.retain(h)),
@@ -393,6 +527,14 @@ impl BlockManager {
     /// Drops `seq` (finished, aborted, or preempted for recomputation) and its references;
     /// blocks nobody else uses become free, or evictable if they are cached.
     pub fn free(&mut self, seq: SeqId) -> Result<(), CacheError> {
+        self.seq(seq)?;
+        for id in self.kv_ids(seq) {
+            self.free_kv(id)?;
+        }
+        Ok(())
+    }
+
+    fn free_kv(&mut self, seq: SeqId) -> Result<(), CacheError> {
         let s = self
             .seqs
             .remove(&seq)
@@ -483,7 +625,12 @@ impl BlockManager {
 
     /// The leading full blocks of `prompt` found in the prefix cache, on the device or in
     /// the host tier, and how many were looked up.
-    pub(super) fn prefix_hits(&self, prompt: &[u32]) -> (Vec<(Hit, BlockHash)>, usize) {
+    /// (In KV cache group `g`: names chained from its root.)
+    pub(super) fn prefix_hits_in(
+        &self,
+        g: usize,
+        prompt: &[u32],
+    ) -> (Vec<(Hit, BlockHash)>, usize) {
         let bs = self.config.block_size;
         let mut hits = Vec::new();
         let mut lookups = 0;
@@ -492,7 +639,7 @@ impl BlockManager {
             // The last prompt token is always computed again, because the step samples
             // from its logits; so a fully cached prompt still computes its last block.
             lookups = (prompt.len() - 1) / bs;
-            let mut parent = None;
+            let mut parent = self.groups.root(g);
             for tokens in prompt.chunks_exact(bs).take(lookups) {
                 let hit = match cache.lookup(parent, tokens) {
                     Some((block, hash)) => (Hit::Device(block), hash),

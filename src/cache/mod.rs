@@ -13,7 +13,7 @@
 //! `prefix` (content names and the LRU evictor), `device` (the device pool: allocator plus
 //! prefix cache), `block_table` (per-sequence state), `ops` and `plan` (the step's plan and
 //! what keeps it valid), `manager` (allocate, append, fork, free), `group` (a sequence
-//! group as a whole), `swap`, `tier` (the host tier of the prefix cache), `pins` (pinned and forgotten
+//! group as a whole), `groups` (KV cache groups: a block table per group of layers), `swap`, `tier` (the host tier of the prefix cache), `pins` (pinned and forgotten
 //! prefixes), `queries`,
 //! `stats`, `invariants`.
 
@@ -23,6 +23,7 @@ mod config;
 mod device;
 mod error;
 mod group;
+mod groups;
 mod ids;
 mod invariants;
 mod manager;
@@ -41,6 +42,7 @@ mod tests;
 pub use block_table::Location;
 pub use config::CacheConfig;
 pub use error::CacheError;
+pub use groups::{KvGroups, LayerGroups, MAX_GROUPED_SEQ_ID};
 pub use ids::{DeviceBlockId, HostBlockId, SeqId};
 pub use manager::{AllocStatus, AppendOutcome, BlockManager};
 pub use ops::BlockOps;

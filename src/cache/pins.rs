@@ -26,17 +26,27 @@ impl BlockManager {
     /// prefix once it has been computed). Returns the pin and how many tokens it holds.
     pub fn pin_prefix(&mut self, tokens: &[u32]) -> Result<(PinId, usize), CacheError> {
         let bs = self.config.block_size;
-        let mut blocks = Vec::new();
+        // Each KV cache group's chain, cut to the fewest blocks any group has.
+        let mut chains = Vec::new();
         if let Some(cache) = self.device.cache() {
-            let mut parent = None;
-            for chunk in tokens.chunks_exact(bs) {
-                let Some((block, hash)) = cache.lookup(parent, chunk) else {
-                    break;
-                };
-                blocks.push(block);
-                parent = Some(hash);
+            for g in 0..self.groups.len() {
+                let mut chain = Vec::new();
+                let mut parent = self.groups.root(g);
+                for chunk in tokens.chunks_exact(bs) {
+                    let Some((block, hash)) = cache.lookup(parent, chunk) else {
+                        break;
+                    };
+                    chain.push(block);
+                    parent = Some(hash);
+                }
+                chains.push(chain);
             }
         }
+        let common = chains.iter().map(Vec::len).min().unwrap_or(0);
+        let blocks: Vec<DeviceBlockId> = chains
+            .iter()
+            .flat_map(|c| c[..common].iter().copied())
+            .collect();
         if blocks.is_empty() {
             return Err(CacheError::NothingToPin);
         }
@@ -58,7 +68,7 @@ impl BlockManager {
         }
         let id = PinId(self.pins.next);
         self.pins.next += 1;
-        let held = blocks.len() * bs;
+        let held = common * bs;
         self.pins.held.insert(id, blocks);
         Ok((id, held))
     }
@@ -99,11 +109,13 @@ impl BlockManager {
     pub fn forget_prefix(&mut self, tokens: &[u32]) -> Vec<(BlockHash, Option<BlockHash>)> {
         let bs = self.config.block_size;
         let mut chain = Vec::new();
-        let mut parent = None;
-        for chunk in tokens.chunks_exact(bs) {
-            let hash = hash_block(parent, chunk);
-            chain.push((hash, parent));
-            parent = Some(hash);
+        for g in 0..self.groups.len() {
+            let mut parent = self.groups.root(g);
+            for chunk in tokens.chunks_exact(bs) {
+                let hash = hash_block(parent, chunk);
+                chain.push((hash, parent));
+                parent = Some(hash);
+            }
         }
         for &(hash, _) in &chain {
             self.device.forget_name(hash);

@@ -3,6 +3,7 @@
 
 use super::block_table::Location;
 use super::error::CacheError;
+use super::groups::{group_of, kv_id};
 use super::ids::{BlockId, DeviceBlockId, HostBlockId, SeqId};
 use super::manager::BlockManager;
 
@@ -11,9 +12,10 @@ impl BlockManager {
         self.seqs.contains_key(&seq)
     }
 
-    /// All sequences with a block table, in id order.
+    /// All sequences with a block table, in id order (engine sequences: with several KV
+    /// cache groups, one per sequence, not one per group).
     pub fn sequences(&self) -> impl Iterator<Item = SeqId> + '_ {
-        self.seqs.keys().copied()
+        self.seqs.keys().copied().filter(|&id| group_of(id) == 0)
     }
 
     pub fn location(&self, seq: SeqId) -> Result<Location, CacheError> {
@@ -49,6 +51,26 @@ impl BlockManager {
     /// Leading logical blocks of `seq` released by [`Self::release_out_of_window`] (holes).
     pub fn released_blocks(&self, seq: SeqId) -> Result<usize, CacheError> {
         Ok(self.seq(seq)?.released)
+    }
+
+    /// [`Self::block_table`] of `seq` in KV cache group `g` (group 0's is `block_table`).
+    pub fn block_table_in(&self, seq: SeqId, g: usize) -> Result<&[DeviceBlockId], CacheError> {
+        self.block_table(kv_id(seq, g))
+    }
+
+    /// [`Self::host_block_table`] of `seq` in KV cache group `g`.
+    pub fn host_block_table_in(&self, seq: SeqId, g: usize) -> Result<&[HostBlockId], CacheError> {
+        self.host_block_table(kv_id(seq, g))
+    }
+
+    /// [`Self::slot`] of `seq` in KV cache group `g`.
+    pub fn slot_in(&self, seq: SeqId, g: usize, position: usize) -> Result<usize, CacheError> {
+        self.slot(kv_id(seq, g), position)
+    }
+
+    /// [`Self::released_blocks`] of `seq` in KV cache group `g`.
+    pub fn released_blocks_in(&self, seq: SeqId, g: usize) -> Result<usize, CacheError> {
+        self.released_blocks(kv_id(seq, g))
     }
 
     /// The host block table of a swapped-out `seq` (live blocks, as [`Self::block_table`]).

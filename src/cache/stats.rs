@@ -75,17 +75,19 @@ impl BlockManager {
         let bs = self.config.block_size;
         let mut filled = vec![0usize; self.device.num_blocks()];
         let (mut device_sequences, mut swapped_sequences, mut logical_tokens) = (0, 0, 0);
-        for s in self.seqs.values() {
+        for (&id, s) in &self.seqs {
+            // Sequences and their tokens are counted once, in KV cache group 0.
+            let first = super::groups::group_of(id) == 0;
             match &s.blocks {
                 Blocks::Device(table) => {
-                    device_sequences += 1;
-                    logical_tokens += s.num_tokens;
+                    device_sequences += first as usize;
+                    logical_tokens += if first { s.num_tokens } else { 0 };
                     for (j, b) in table.iter().enumerate() {
                         let f = &mut filled[b.index()];
                         *f = (*f).max(s.block_len(s.released + j, bs));
                     }
                 }
-                Blocks::Host(_) => swapped_sequences += 1,
+                Blocks::Host(_) => swapped_sequences += first as usize,
             }
         }
         let (dev_total, dev_free, dev_cached) = (

@@ -9,6 +9,7 @@
 
 use super::block_table::Blocks;
 use super::error::CacheError;
+use super::groups::{group_of, kv_id};
 use super::ids::{DeviceBlockId, HostBlockId, SeqId};
 use super::manager::{status, AllocStatus, BlockManager};
 use super::prefix::hash_block;
@@ -19,7 +20,7 @@ impl BlockManager {
     /// Whether the group's blocks fit the host pool now. No means: recompute the group
     /// instead (or preempt a different one).
     pub fn can_swap_out(&self, seqs: &[SeqId]) -> bool {
-        matches!(self.swap_out_need(seqs), Ok(n) if n <= self.host.available())
+        matches!(self.swap_out_need(&self.expand(seqs)), Ok(n) if n <= self.host.available())
     }
 
     /// Moves every device block of the group to the host pool and frees the device blocks
@@ -28,6 +29,8 @@ impl BlockManager {
         &mut self,
         seqs: &[SeqId],
     ) -> Result<Vec<(DeviceBlockId, HostBlockId)>, CacheError> {
+        let group = seqs;
+        let seqs = &*self.expand(group).into_owned();
         let needed = self.swap_out_need(seqs)?;
         // Host-tier blocks count as room: the tier yields to swapping.
         let free = self.host.available();
@@ -70,14 +73,14 @@ impl BlockManager {
             s.blocks = Blocks::Host(host_table);
         }
         counters.swapped_out_blocks += moved.len() as u64;
-        tracing::debug!(group = ?seqs, blocks = moved.len(), "swapped out");
+        tracing::debug!(?group, blocks = moved.len(), "swapped out");
         Ok(moved)
     }
 
     /// Whether the group can come back to the device now, leaving the watermark free.
     /// `Never` also answers a group that is malformed or not swapped out.
     pub fn can_swap_in(&self, seqs: &[SeqId]) -> AllocStatus {
-        match self.swap_in_need(seqs) {
+        match self.swap_in_need(&self.expand(seqs)) {
             Ok(n) => status(self.admission(n, n)),
             Err(_) => AllocStatus::Never,
         }
@@ -91,9 +94,14 @@ impl BlockManager {
         &mut self,
         group: &[(SeqId, &[u32])],
     ) -> Result<Vec<(HostBlockId, DeviceBlockId)>, CacheError> {
+        let groups = self.groups.len();
+        let group: Vec<(SeqId, &[u32])> = group
+            .iter()
+            .flat_map(|&(s, t)| (0..groups).map(move |g| (kv_id(s, g), t)))
+            .collect();
         let seqs: Vec<SeqId> = group.iter().map(|g| g.0).collect();
         let needed = self.swap_in_need(&seqs)?;
-        for &(seq, tokens) in group {
+        for &(seq, tokens) in &group {
             self.check_tokens(seq, tokens)?;
         }
         self.admission(needed, needed)?;
@@ -104,11 +112,12 @@ impl BlockManager {
             seqs: all,
             plan,
             counters,
+            groups,
             ..
         } = self;
         let mut to_device: HashMap<HostBlockId, DeviceBlockId> = HashMap::new();
         let mut moved = Vec::with_capacity(needed);
-        for &(id, tokens) in group {
+        for &(id, tokens) in &group {
             let s = all.get_mut(&id).ok_or(CacheError::UnknownSequence(id))?;
             let Blocks::Host(table) = &s.blocks else {
                 return Err(CacheError::NotSwapped(id));
@@ -140,7 +149,7 @@ impl BlockManager {
                     let Some(j) = s.live_index(i) else {
                         continue; // a hole
                     };
-                    let parent = i.checked_sub(1).map(|p| s.hashes[p]);
+                    let parent = groups.parent(group_of(id), &s.hashes, i);
                     let tokens = &tokens[i * bs..(i + 1) * bs];
                     cache.register(device_table[j], hash, parent, tokens);
                 }
@@ -163,7 +172,7 @@ impl BlockManager {
             });
         }
         let bs = self.config.block_size;
-        let mut parent = None;
+        let mut parent = self.groups.root(group_of(seq));
         for (i, &hash) in s.hashes.iter().enumerate() {
             if hash_block(parent, &tokens[i * bs..(i + 1) * bs]) != hash {
                 return Err(CacheError::TokensMismatch(seq));

@@ -179,7 +179,10 @@ impl BlockManager {
         if prompt.is_empty() {
             return 0;
         }
-        self.prefix_hits(prompt).0.len()
+        (0..self.groups.len())
+            .map(|g| self.prefix_hits_in(g, prompt).0.len())
+            .min()
+            .unwrap_or(0)
     }
 
     /// Whether blocks are waiting to be written through to the host tier (see

@@ -16,7 +16,7 @@ use super::request::{completion, Prompt, RequestHandle, RequestSide, SeqOutput, 
 use super::scheduler::{PreemptionCosts, Scheduler, SchedulerStats};
 use super::sequence::{GroupShape, Sequence, SequenceGroup};
 use crate::cache::{BlockManager, BlockOps, CacheConfig, CacheError, CacheStats};
-use crate::cache::{DeviceBlockId, HostBlockId};
+use crate::cache::{DeviceBlockId, HostBlockId, KvGroups, LayerGroups};
 use crate::cache_engine::CacheEngine;
 use crate::constrain::{Compiler, Constraint, ConstraintError};
 use crate::disk_tier::{DiskStats, DiskTier};
@@ -261,6 +261,29 @@ pub(crate) fn kv_layout(c: &crate::model::ModelConfig, config: &EngineConfig) ->
     Ok(layout)
 }
 
+/// How the model's layers share KV blocks: with `free_out_of_window_blocks`, a model whose
+/// layers all slide by one window gives back blocks that left it (one group with that
+/// window), and a model that mixes windowed and global layers keeps a block table per group
+/// of layers ([`LayerGroups::plan`]); otherwise one group keeps every block.
+fn kv_groups(
+    c: &crate::model::ModelConfig,
+    config: &EngineConfig,
+    max_model_len: usize,
+) -> (LayerGroups, KvGroups) {
+    let chunk = config.max_num_batched_tokens;
+    let single = LayerGroups::single(c.num_layers);
+    if !config.free_out_of_window_blocks {
+        return (single, KvGroups::default());
+    }
+    if let Some(w) = c.recipe.common_window() {
+        return (single, KvGroups::new(vec![Some(w)], chunk));
+    }
+    let windows: Vec<Option<usize>> = c.recipe.layers.iter().map(|l| l.window).collect();
+    let plan = LayerGroups::plan(&windows, max_model_len);
+    let groups = KvGroups::new(plan.windows.clone(), chunk);
+    (plan, groups)
+}
+
 /// The prefix cache's lower tiers `config` asks for: the disk tier, if any, and the host
 /// tier's blocks (by default none without a disk tier, half the host pool with one).
 fn tiers(
@@ -337,17 +360,24 @@ impl Engine {
             ctx.enable_profiling();
         }
         let max_model_len = context_length(&c, &config)?;
-        let layout = kv_layout(&c, &config)?;
+        let (layer_groups, kv_groups) = kv_groups(&c, &config, max_model_len);
+        let layout = KvLayout {
+            num_layers: layer_groups.slabs,
+            ..kv_layout(&c, &config)?
+        };
         let gpu_blocks = config
             .num_gpu_blocks
             .unwrap_or((config.kv_cache_bytes / layout.block_bytes_all_layers()) as usize);
-        let needed = max_model_len.div_ceil(config.block_size);
+        // What one sequence holds at most: every block of its context, except in windowed
+        // groups, which hold their window and a step's chunk.
+        let needed = kv_groups.blocks_between(0, max_model_len, config.block_size);
         if gpu_blocks < needed {
             return Err(EngineError::Config(format!(
                 "a KV pool of {gpu_blocks} blocks cannot hold one sequence of {max_model_len} tokens \
-                 ({needed} blocks of {}); give more blocks (--num-gpu-blocks) or a smaller \
-                 --max-model-len",
-                config.block_size
+                 ({needed} blocks of {} tokens over {} KV cache group(s)); give more blocks \
+                 (--num-gpu-blocks) or a smaller --max-model-len",
+                config.block_size,
+                kv_groups.len()
             )));
         }
         let cpu_blocks = config
@@ -355,11 +385,13 @@ impl Engine {
             .unwrap_or((config.swap_space_bytes / layout.block_bytes_all_layers()) as usize);
         let model =
             GpuModel::upload_as(&ctx, &files, max_model_len, config.weight_dtype, progress)?;
-        let pool = KvPool::new(&ctx, layout, PoolSize::Blocks(gpu_blocks))?.with_rotation(
-            config
-                .kv_rotation
-                .unwrap_or(KvRotation::default_for(config.kv_dtype)),
-        );
+        let pool = KvPool::new(&ctx, layout, PoolSize::Blocks(gpu_blocks))?
+            .with_rotation(
+                config
+                    .kv_rotation
+                    .unwrap_or(KvRotation::default_for(config.kv_dtype)),
+            )
+            .with_layer_slots(layer_groups.layer_slots)?;
         if let Some(spec) = config.speculative {
             NgramIndex::new(spec.ngram_min, spec.ngram_max)
                 .map_err(|e| EngineError::Config(format!("speculative decoding: {e}")))?;
@@ -377,13 +409,8 @@ impl Engine {
             .with_prefix_caching(config.enable_prefix_caching)
             .with_host_tier(host_tier)
             .with_tier_write_through(disk.is_some());
-        // With a sliding window in every layer, blocks that left it go back to the pool.
-        let window = c
-            .recipe
-            .common_window()
-            .filter(|_| config.free_out_of_window_blocks);
-        let mut scheduler =
-            Scheduler::new(config.clone(), BlockManager::new(cache_cfg)?).with_window(window);
+        let blocks = BlockManager::new(cache_cfg)?.with_groups(kv_groups);
+        let mut scheduler = Scheduler::new(config.clone(), blocks);
         scheduler.costs = PreemptionCosts::new(layout.block_bytes_all_layers());
         let mut engine = Engine {
             cache: CacheEngine::new(pool, cpu_blocks),

@@ -47,6 +47,7 @@ impl Engine {
             tokens: &flat.tokens,
             rows: &flat.rows,
             argmax: true,
+            group_tables: &flat.group_tables,
         };
         let io = &mut self.step_buffers;
         record_step(
@@ -100,12 +101,14 @@ impl Engine {
     /// verifies), back to back, the rows that sample, and each sequence's block table (released blocks, which left every layer's
     /// window, are holes the kernels never read).
     fn flat_batch(&self, sched: &SchedulerOutput<SeqOutput, RequestSide>) -> Result<Flat> {
+        let blocks = &self.scheduler.blocks;
+        let groups = blocks.groups().len();
         let mut flat = Flat {
             tokens: Vec::new(),
             rows: Vec::new(),
             tables: Vec::with_capacity(sched.scheduled.len()),
+            group_tables: vec![Vec::with_capacity(sched.scheduled.len()); groups - 1],
         };
-        let blocks = &self.scheduler.blocks;
         for s in &sched.scheduled {
             let seq = self.scheduled_seq(s)?;
             let own = seq.tokens.get(s.start..s.start + s.own_len());
@@ -120,11 +123,16 @@ impl Engine {
             flat.tokens.extend_from_slice(proposed);
             let end = flat.tokens.len() as u32;
             flat.rows.extend((end - s.rows() as u32)..end);
-            let holes = blocks.released_blocks(s.id)?;
-            let table: Vec<u32> = std::iter::repeat_n(NO_BLOCK, holes)
-                .chain(blocks.block_table(s.id)?.iter().map(|b| b.0))
-                .collect();
-            flat.tables.push(table);
+            let table = |g: usize| -> Result<Vec<u32>> {
+                let holes = blocks.released_blocks_in(s.id, g)?;
+                Ok(std::iter::repeat_n(NO_BLOCK, holes)
+                    .chain(blocks.block_table_in(s.id, g)?.iter().map(|b| b.0))
+                    .collect())
+            };
+            flat.tables.push(table(0)?);
+            for g in 1..groups {
+                flat.group_tables[g - 1].push(table(g)?);
+            }
         }
         Ok(flat)
     }
@@ -135,6 +143,8 @@ struct Flat {
     tokens: Vec<u32>,
     rows: Vec<u32>,
     tables: Vec<Vec<u32>>,
+    /// KV cache groups 1..: per group, each sequence's table.
+    group_tables: Vec<Vec<Vec<u32>>>,
 }
 
 impl Engine {

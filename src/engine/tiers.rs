@@ -28,7 +28,8 @@ use super::output::RequestId;
 #[derive(Debug)]
 pub(super) struct DiskChain {
     tokens: Vec<u32>,
-    names: Vec<BlockHash>,
+    /// Per KV cache group, the names of the leading blocks.
+    names: Vec<Vec<BlockHash>>,
 }
 use crate::cache::PinId;
 use crate::cache::{hash_block, BlockHash, BlockOps};
@@ -179,13 +180,19 @@ impl Engine {
         let bs = self.scheduler.blocks.block_size();
         // As the prefix lookup: the last token is always computed again.
         let lookups = s.tokens.len().saturating_sub(1) / bs;
-        let mut names = Vec::with_capacity(lookups);
-        let mut parent = None;
-        for tokens in s.tokens.chunks_exact(bs).take(lookups) {
-            let hash = hash_block(parent, tokens);
-            names.push(hash);
-            parent = Some(hash);
-        }
+        let groups = self.scheduler.blocks.groups();
+        let names = (0..groups.len())
+            .map(|g| {
+                let mut names = Vec::with_capacity(lookups);
+                let mut parent = groups.root(g);
+                for tokens in s.tokens.chunks_exact(bs).take(lookups) {
+                    let hash = hash_block(parent, tokens);
+                    names.push(hash);
+                    parent = Some(hash);
+                }
+                names
+            })
+            .collect();
         let chain = DiskChain {
             tokens: s.tokens.clone(),
             names,
@@ -194,9 +201,10 @@ impl Engine {
         true
     }
 
-    /// Walks request `id`'s chain: blocks on the device cost nothing, blocks in the host
-    /// tier count against `most`, and missing ones are read from disk into the host tier
-    /// while they are found and `most` allows. Returns how much of `most` it used.
+    /// Walks request `id`'s chain, block by block and at each block KV cache group by
+    /// group: blocks on the device cost nothing, blocks in the host tier count against
+    /// `most`, and missing ones are read from disk into the host tier while they are found
+    /// and `most` allows. Returns how much of `most` it used.
     fn load_chain(&mut self, id: RequestId, most: usize) -> usize {
         let (Some(disk), Some(chain)) = (self.disk.as_mut(), self.disk_chains.get(&id)) else {
             return 0;
@@ -204,8 +212,12 @@ impl Engine {
         let blocks = &mut self.scheduler.blocks;
         let bs = blocks.block_size();
         let (mut used, mut read) = (0, 0);
-        for (i, &hash) in chain.names.iter().enumerate() {
-            let parent = i.checked_sub(1).map(|p| chain.names[p]);
+        let depth = chain.names.first().map_or(0, Vec::len);
+        let steps = (0..depth).flat_map(|i| (0..chain.names.len()).map(move |g| (i, g)));
+        for (i, g) in steps {
+            let names = &chain.names[g];
+            let hash = names[i];
+            let parent = blocks.groups().parent(g, names, i);
             let tokens = &chain.tokens[i * bs..(i + 1) * bs];
             if blocks.has_device_name(hash) {
                 continue;
@@ -271,7 +283,7 @@ impl Engine {
         let max_model_len = self.max_model_len();
         let blocks = &mut self.scheduler.blocks;
         let (pin, held) = blocks.pin_prefix(prefix)?;
-        let needed = max_model_len.div_ceil(blocks.block_size());
+        let needed = blocks.blocks_between(0, max_model_len);
         if blocks.group_capacity() < needed {
             blocks.unpin(pin)?;
             return Err(EngineError::InvalidRequest(format!(

@@ -54,17 +54,23 @@ pub struct MetadataShape {
     pub max_blocks_per_seq: usize,
     /// The most query tokens any one sequence has.
     pub longest_query: usize,
+    /// KV cache groups, each with block tables and a slot mapping of its own (0 counts as
+    /// 1).
+    pub num_groups: usize,
 }
 
 /// A flat batch's metadata on the GPU: one buffer, each array a section of it, in the order
-/// token_pos, block_tables, slot_mapping, positions, then extra u32 arrays (the engine adds
-/// the step's token ids and sampled rows).
-#[derive(Debug)]
+/// token_pos, block_tables, slot_mapping, positions, then the block tables and slot
+/// mapping of each further KV cache group, then extra u32 arrays (the engine adds the
+/// step's token ids and sampled rows). [`Self::for_group`] gives a group's view.
+#[derive(Clone, Debug)]
 pub struct AttentionBuffers {
     pub num_tokens: usize,
     pub max_blocks_per_seq: usize,
     /// The most query tokens any one sequence has (the tiled kernel's work needs 8).
     pub longest_query: usize,
+    /// KV cache groups (at least 1).
+    num_groups: usize,
     buffer: wgpu::Buffer,
     /// (offset, size) in bytes: token_pos, block_tables, slot_mapping, positions, extras.
     sections: Vec<(u64, u64)>,
@@ -78,6 +84,7 @@ impl AttentionBuffers {
             num_tokens: shape.num_tokens,
             max_blocks_per_seq: shape.max_blocks_per_seq,
             longest_query: shape.longest_query,
+            num_groups: shape.num_groups.max(1),
             buffer,
             sections,
         })
@@ -113,6 +120,7 @@ impl AttentionBuffers {
         bufs.num_tokens = shape.num_tokens;
         bufs.max_blocks_per_seq = shape.max_blocks_per_seq;
         bufs.longest_query = shape.longest_query;
+        bufs.num_groups = shape.num_groups.max(1);
         // One write from the first section to the end of the last one's bytes (the gaps
         // between sections are written with zeros).
         let end = parts
@@ -150,6 +158,7 @@ impl AttentionBuffers {
             num_tokens: 0,
             max_blocks_per_seq: 0,
             longest_query: 0,
+            num_groups: 1,
             buffer,
             sections,
         })
@@ -186,7 +195,22 @@ impl AttentionBuffers {
 
     /// The `i`-th extra array (see the type's docs).
     pub fn extra(&self, i: usize) -> Option<Bind<'_>> {
-        (4 + i < self.sections.len()).then(|| self.section(4 + i))
+        let at = 4 + 2 * (self.num_groups - 1) + i;
+        (at < self.sections.len()).then(|| self.section(at))
+    }
+
+    /// The same metadata as KV cache group `g` sees it: its block tables and slot mapping
+    /// in place of group 0's (`None` past the last group).
+    pub fn for_group(&self, g: usize) -> Option<AttentionBuffers> {
+        if g >= self.num_groups || self.sections.len() < 2 + 2 * self.num_groups {
+            return None;
+        }
+        let mut view = self.clone();
+        if g > 0 {
+            view.sections[1] = self.sections[4 + 2 * (g - 1)];
+            view.sections[2] = self.sections[5 + 2 * (g - 1)];
+        }
+        Some(view)
     }
 }
 

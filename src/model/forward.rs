@@ -206,7 +206,22 @@ impl Pass<'_> {
         let bias = l.qkv_bias.as_ref();
         self.normed(batch, "q k v", &l.input_norm, &l.qkv, bias, qkv)?;
         let (q, k) = self.qk_norms(batch, l)?;
-        let meta = self.input.meta;
+        // The layer's KV cache group: whose block tables and slots it uses, and which slab
+        // of their blocks holds its K/V.
+        let (group, slab) = self.pool.layer_slot(i);
+        let grouped;
+        let meta = match group {
+            0 => self.input.meta,
+            g => {
+                grouped = self.input.meta.for_group(g).ok_or_else(|| {
+                    GpuError::invalid(
+                        "forward",
+                        format!("layer {i}: no metadata for KV cache group {g}"),
+                    )
+                })?;
+                &grouped
+            }
+        };
         let (heads, kv_heads) = (c.num_heads, c.num_kv_heads);
         let table = &self.model.ropes[l.rope];
         rope::rope(batch, table, meta.positions(), q, k, t, heads, kv_heads)?;
@@ -214,7 +229,7 @@ impl Pass<'_> {
             rotate_qk(batch, q, k, t * heads, t * kv_heads, c.head_dim)?;
         }
         let slots = meta.slot_mapping();
-        reshape_and_cache::reshape_and_cache(batch, self.pool, i, k, &ws.v, slots, t)?;
+        reshape_and_cache::reshape_and_cache(batch, self.pool, slab, k, &ws.v, slots, t)?;
         let rc = &c.recipe;
         let opts = AttentionOptions {
             scale: rc.attn_scale,
@@ -223,7 +238,7 @@ impl Pass<'_> {
         };
         let call = Attention {
             pool: self.pool,
-            layer: i,
+            layer: slab,
             meta,
             q,
             out: &ws.attn,

@@ -38,6 +38,9 @@ pub struct AttentionMetadata {
     pub slot_mapping: Vec<i32>,
     /// `[num_tokens]` position of each token (for RoPE).
     pub positions: Vec<u32>,
+    /// KV cache groups 1.. (group 0's are the fields above): each group's block tables
+    /// and slot mapping, laid out alike.
+    pub groups: Vec<(Vec<u32>, Vec<i32>)>,
 }
 
 impl AttentionMetadata {
@@ -47,6 +50,44 @@ impl AttentionMetadata {
     /// when a sequence's query is longer than its context, or its table is too short for
     /// its context.
     pub fn build(seqs: &[SeqSlice<'_>], block_size: usize) -> Result<Self> {
+        Self::build_grouped(seqs, &[], block_size)
+    }
+
+    /// [`Self::build`] with the block tables of further KV cache groups: `groups[g][i]` is
+    /// sequence `i`'s table in group `g + 1` (holes are [`NO_BLOCK`], as in group 0's).
+    pub fn build_grouped(
+        seqs: &[SeqSlice<'_>],
+        groups: &[Vec<Vec<u32>>],
+        block_size: usize,
+    ) -> Result<Self> {
+        let mut m = Self::build_one(seqs, block_size)?;
+        for (g, tables) in groups.iter().enumerate() {
+            if tables.len() != seqs.len() {
+                return Err(GpuError::invalid(
+                    "step metadata",
+                    format!(
+                        "KV cache group {}: {} block tables for {} sequences",
+                        g + 1,
+                        tables.len(),
+                        seqs.len()
+                    ),
+                ));
+            }
+            let slices: Vec<SeqSlice> = seqs
+                .iter()
+                .zip(tables)
+                .map(|(s, t)| SeqSlice {
+                    block_table: t,
+                    ..*s
+                })
+                .collect();
+            let other = Self::build_one(&slices, block_size)?;
+            m.groups.push((other.block_tables, other.slot_mapping));
+        }
+        Ok(m)
+    }
+
+    fn build_one(seqs: &[SeqSlice<'_>], block_size: usize) -> Result<Self> {
         const K: &str = "step metadata";
         let max_blocks = seqs
             .iter()
@@ -118,6 +159,7 @@ impl AttentionMetadata {
             num_tokens: self.num_tokens,
             max_blocks_per_seq: self.max_blocks_per_seq,
             longest_query: self.longest_query(),
+            num_groups: 1 + self.groups.len(),
         }
     }
 
@@ -129,6 +171,10 @@ impl AttentionMetadata {
             bytemuck::cast_slice(&self.slot_mapping),
             bytemuck::cast_slice(&self.positions),
         ];
+        for (tables, slots) in &self.groups {
+            parts.push(bytemuck::cast_slice(tables));
+            parts.push(bytemuck::cast_slice(slots));
+        }
         parts.extend(extra.iter().map(|e| bytemuck::cast_slice::<u32, u8>(e)));
         parts
     }
@@ -167,6 +213,9 @@ pub struct FlatBatch<'a> {
     pub rows: &'a [u32],
     /// Also reduce the logits to their arg-max.
     pub argmax: bool,
+    /// Block tables of KV cache groups 1.. (see [`AttentionMetadata::build_grouped`]);
+    /// empty without groups.
+    pub group_tables: &'a [Vec<Vec<u32>>],
 }
 
 /// Records the step's upload into `kept` (allocated, or grown, as needed) and its forward
@@ -179,7 +228,8 @@ pub fn record_step(
     kept: &mut Option<AttentionBuffers>,
     step: &FlatBatch,
 ) -> Result<()> {
-    let meta = AttentionMetadata::build(step.seqs, pool.layout.block_size)?;
+    let meta =
+        AttentionMetadata::build_grouped(step.seqs, step.group_tables, pool.layout.block_size)?;
     meta.write_into(batch, kept, &[step.tokens, step.rows])?;
     let missing = || GpuError::invalid("step metadata", "an extra array is missing");
     let bufs = kept.as_ref().ok_or_else(missing)?;

@@ -218,6 +218,10 @@ pub struct KvPool {
     rotation: KvRotation,
     /// Arenas indexed `[shard * num_groups + group]`.
     arenas: Vec<wgpu::Buffer>,
+    /// Per model layer: (KV cache group, slab). Without groups, `(0, layer)`: every layer
+    /// has a slab of its own in every block. With groups a block holds `layout.num_layers`
+    /// slabs, and each group's layers take them in turn (see [`crate::cache::LayerGroups`]).
+    layer_slots: Vec<(usize, usize)>,
     /// Scratch for the per-shard attention partials of a sharded pool, kept across calls
     /// (grown when a call needs more) so that steps bind the same buffer.
     partials: std::sync::Mutex<Option<wgpu::Buffer>>,
@@ -279,6 +283,7 @@ impl KvPool {
             rotation: KvRotation::None,
             arenas: Vec::with_capacity(num_shards * num_groups),
             partials: std::sync::Mutex::new(None),
+            layer_slots: (0..layout.num_layers).map(|l| (0, l)).collect(),
         };
         for s in 0..num_shards {
             for g in 0..num_groups {
@@ -316,6 +321,37 @@ impl KvPool {
 
     pub fn rotation(&self) -> KvRotation {
         self.rotation
+    }
+
+    /// The same pool with the model's layers mapped onto KV cache groups: layer `l` keeps
+    /// its K/V in slab `layer_slots[l].1` of the blocks of group `layer_slots[l].0`. Every
+    /// slab must exist (`< layout.num_layers`), and no two layers may share a (group, slab).
+    pub fn with_layer_slots(mut self, layer_slots: Vec<(usize, usize)>) -> Result<Self> {
+        let mut seen = std::collections::HashSet::new();
+        for (l, &(g, slab)) in layer_slots.iter().enumerate() {
+            if slab >= self.layout.num_layers || !seen.insert((g, slab)) {
+                return Err(GpuError::invalid(
+                    "kv pool",
+                    format!(
+                        "layer {l} mapped to group {g} slab {slab} of {} (or twice)",
+                        self.layout.num_layers
+                    ),
+                ));
+            }
+        }
+        self.layer_slots = layer_slots;
+        Ok(self)
+    }
+
+    /// (KV cache group, slab) of model layer `layer`: which block tables it reads, and
+    /// which slab of their blocks holds its K/V (the `layer` the kernels take).
+    pub fn layer_slot(&self, layer: usize) -> (usize, usize) {
+        self.layer_slots.get(layer).copied().unwrap_or((0, layer))
+    }
+
+    /// KV cache groups the layers are spread over.
+    pub fn num_kv_groups(&self) -> usize {
+        self.layer_slots.iter().map(|s| s.0 + 1).max().unwrap_or(1)
     }
 
     pub fn num_shards(&self) -> usize {

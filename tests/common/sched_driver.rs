@@ -8,7 +8,7 @@
 
 #![allow(dead_code)]
 
-use pagellm::cache::{BlockManager, CacheConfig, SeqId};
+use pagellm::cache::{BlockManager, CacheConfig, KvGroups, SeqId};
 use pagellm::engine::scheduler::{
     BeamChild, Fork, NextToken, Queue, SampleOutcome, Sampled, Scheduler, SchedulerOutput,
 };
@@ -61,6 +61,8 @@ pub struct Driver {
     pub tokens_computed: u64,
     /// The sliding window every layer has, if any (blocks that left it are released).
     window: Option<usize>,
+    /// The windows of the block manager's KV cache groups, if it has groups.
+    groups: Option<Vec<Option<usize>>>,
     /// Consecutive steps in which nothing was computed and no block moved.
     idle: u32,
     /// Speculative decoding (with `config.speculative` set): the percentage of proposed
@@ -101,6 +103,7 @@ impl Driver {
         let blocks = BlockManager::new(cache).expect("valid cache configuration");
         Driver {
             sched: Scheduler::new(config, blocks).with_window(window),
+            groups: None,
             outcomes: BTreeMap::new(),
             steps: 0,
             tokens_computed: 0,
@@ -109,6 +112,25 @@ impl Driver {
             proposal_accuracy: 70,
             proposals_accepted: 0,
         }
+    }
+
+    /// A driver whose block manager keeps KV cache groups with these windows (as the
+    /// engine does for a model that mixes windowed and global layers, or, with one
+    /// windowed group, for a model whose layers all slide).
+    pub fn with_groups(
+        config: EngineConfig,
+        cache: CacheConfig,
+        windows: Vec<Option<usize>>,
+    ) -> Self {
+        let chunk = config.max_num_batched_tokens;
+        let groups = KvGroups::new(windows.clone(), chunk);
+        let blocks = BlockManager::new(cache)
+            .expect("valid cache configuration")
+            .with_groups(groups);
+        let mut d = Self::new(config, cache);
+        d.sched = Scheduler::new(d.sched.config.clone(), blocks);
+        d.groups = Some(windows);
+        d
     }
 
     pub fn add(&mut self, id: RequestId, req: Req) {
@@ -146,10 +168,12 @@ impl Driver {
         self.steps += 1;
         self.propose();
         let oldest = self.oldest_running_decode();
+        let preemptions = self.sched.stats.preemptions;
         let mut out = self
             .sched
             .schedule()
             .map_err(|e| format!("step {}: schedule failed: {e}", self.steps))?;
+        let failed_any = !out.failed.is_empty();
         for f in std::mem::take(&mut out.failed) {
             let id = f.group.request_id;
             if f.reason.is_empty() {
@@ -181,7 +205,9 @@ impl Driver {
                 ));
             }
         }
-        self.check_step(&out)
+        // Blocks freed by a preemption or a failure in this step.
+        let preempted = self.sched.stats.preemptions > preemptions || failed_any;
+        self.check_step(&out, preempted)
             .map_err(|e| format!("step {}: {e}", self.steps))?;
         self.sched
             .blocks
@@ -311,7 +337,11 @@ impl Driver {
         self.sched.blocks.check_invariants()
     }
 
-    fn check_step(&mut self, out: &SchedulerOutput<Score, Side>) -> Result<(), String> {
+    fn check_step(
+        &mut self,
+        out: &SchedulerOutput<Score, Side>,
+        preempted: bool,
+    ) -> Result<(), String> {
         let cfg = &self.sched.config;
         let mut seen = HashSet::new();
         let mut tokens = 0;
@@ -377,21 +407,28 @@ impl Driver {
                     seq.tokens.len()
                 ));
             }
-            let table = bm.block_table(s.id).map_err(|e| e.to_string())?;
-            let holes = bm.released_blocks(s.id).map_err(|e| e.to_string())?;
-            if holes + table.len() != slots.div_ceil(bm.block_size()) {
-                return Err(format!("{}: block table does not cover its tokens", s.id));
-            }
-            // Only blocks every future query's window has left may be released.
-            let unseen = match self.window {
-                Some(w) => (seq.num_computed(bm) + 1).saturating_sub(w),
-                None => 0,
-            };
-            if holes * bm.block_size() > unseen {
-                return Err(format!(
-                    "{}: {holes} blocks released, but position {unseen} on is still seen",
-                    s.id
-                ));
+            let windows = self.groups.clone().unwrap_or_else(|| vec![self.window]);
+            for (g, window) in windows.into_iter().enumerate() {
+                let table = bm.block_table_in(s.id, g).map_err(|e| e.to_string())?;
+                let holes = bm.released_blocks_in(s.id, g).map_err(|e| e.to_string())?;
+                if holes + table.len() != slots.div_ceil(bm.block_size()) {
+                    return Err(format!(
+                        "{}: block table of KV cache group {g} does not cover its tokens",
+                        s.id
+                    ));
+                }
+                // Only blocks every future query's window has left may be released.
+                let unseen = match window {
+                    Some(w) => (seq.num_computed(bm) + 1).saturating_sub(w),
+                    None => 0,
+                };
+                if holes * bm.block_size() > unseen {
+                    return Err(format!(
+                        "{}: {holes} blocks released in KV cache group {g}, but position \
+                         {unseen} on is still seen",
+                        s.id
+                    ));
+                }
             }
             tokens += s.len;
             rows += s.rows();
@@ -447,8 +484,10 @@ impl Driver {
                 ));
             }
             // Decode first: a running decode is left out only when the budget is spent, or
-            // when it waits for blocks it cannot have now.
-            if g.is_decoding(&self.sched.blocks) && got.is_none() && cfg.decode_first {
+            // when it waits for blocks it cannot have now (in a step that preempted or failed
+            // a group, that group may have made room after it was passed over).
+            if g.is_decoding(&self.sched.blocks) && got.is_none() && cfg.decode_first && !preempted
+            {
                 let k = live.len();
                 let bm = &self.sched.blocks;
                 let appending: Vec<SeqId> = g

@@ -187,6 +187,7 @@ impl<D, R> Scheduler<D, R> {
             if let Some(w) = self.window {
                 blocks.release_out_of_window(s.id, w)?;
             }
+            blocks.release_group_windows(s.id)?;
         }
         Ok(mismatched.into_iter().map(|(id, _)| id).collect())
     }

@@ -305,9 +305,10 @@ impl<D, R> Scheduler<D, R> {
             let live: Vec<(SeqId, &[u32])> =
                 g.live().map(|s| (s.id, s.tokens.as_slice())).collect();
             self.blocks.swap_in(&live)?;
-            // Back with slots for all its tokens (a prompt swapped out half computed too).
-            for &(seq, tokens) in &live {
-                self.blocks.grow_to(seq, tokens.len())?;
+            // Back with slots for this step's tokens: its newest, or a prompt swapped out
+            // half computed its next chunk, as `serve` schedules them.
+            for (seq, target) in growth(&self.blocks, g, pass.budget) {
+                self.blocks.grow_to(seq, target)?;
             }
             self.running.extend(self.swapped.pop_front());
             self.serve(id, pass);
@@ -320,7 +321,8 @@ impl<D, R> Scheduler<D, R> {
     fn fits_swap_in(&self, g: &SequenceGroup<D, R>, pass: &Pass<D, R>) -> Result<bool, CacheError> {
         let ids = g.live_ids();
         let append_ids = appending(&self.blocks, g);
-        let need = self.blocks.group_blocks_after_append(&ids, &append_ids)? + self.tail_blocks(g);
+        let need = self.blocks.group_blocks_after_append(&ids, &append_ids)?
+            + self.chunk_blocks(g, pass.budget);
         let usable = self
             .blocks
             .num_available_device_blocks()
@@ -330,6 +332,22 @@ impl<D, R> Scheduler<D, R> {
             && pass.budget > 0
             && self.running_slots() + g.slots() <= self.config.max_num_seqs
             && !(g.is_decoding(&self.blocks) && g.live().count() > pass.budget))
+    }
+
+    /// Blocks a swapped-in group takes beyond its next token for this step's chunks (a
+    /// prompt swapped out half computed), in every KV cache group.
+    fn chunk_blocks(&self, g: &SequenceGroup<D, R>, budget: usize) -> usize {
+        let bs = self.blocks.block_size();
+        let per_group: usize = growth(&self.blocks, g, budget)
+            .into_iter()
+            .map(|(seq, target)| {
+                let slots = self.blocks.num_tokens(seq).unwrap_or(0);
+                target
+                    .div_ceil(bs)
+                    .saturating_sub((slots + 1).min(target).div_ceil(bs))
+            })
+            .sum();
+        per_group * self.blocks.groups().len()
     }
 
     /// Phase 4: admission, first come first served.

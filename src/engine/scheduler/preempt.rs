@@ -102,9 +102,8 @@ impl<D, R> Scheduler<D, R> {
 
     fn victim(&self, g: &SequenceGroup<D, R>) -> Result<Victim, CacheError> {
         let ids = g.live_ids();
-        let bs = self.blocks.block_size();
         // Recomputed sequences no longer share blocks, at any length up to their last.
-        let unshared = g.live().count() * g.max_len.div_ceil(bs);
+        let unshared = g.live().count() * self.blocks.blocks_between(0, g.max_len);
         Ok(Victim {
             blocks: self.blocks.group_blocks_after_append(&ids, &[])?,
             tokens: g.live().map(|s| s.num_computed(&self.blocks)).sum(),
