@@ -474,7 +474,7 @@ impl ChatApp {
                 format!(
                     "{} ({} B/token)",
                     st.kv_layout.dtype,
-                    st.kv_layout.bytes_per_token()
+                    st.kv_bytes_per_token()
                 ),
             );
             row(

@@ -470,12 +470,26 @@ fn print_stats(engine: &Engine) {
     eprintln!(
         "KV cache:               {}, {:.0} bytes/token, {} blocks hold {} tokens in {:.1} MiB, rotation {}",
         s.kv_layout.dtype,
-        s.kv_layout.bytes_per_token(),
+        s.kv_bytes_per_token(),
         s.kv_blocks,
         s.kv_pool_tokens(),
         s.kv_pool_bytes as f64 / (1 << 20) as f64,
         s.kv_rotation
     );
+    if s.kv_groups.len() > 1 || s.kv_groups[0].is_some() {
+        let groups: Vec<String> = s
+            .kv_groups
+            .iter()
+            .map(|w| w.map_or("global".into(), |w| format!("window {w}")))
+            .collect();
+        eprintln!(
+            "KV cache groups:        {} of {} layer(s) per block: {}; {} blocks released by windows",
+            groups.len(),
+            s.kv_layout.num_layers,
+            groups.join(", "),
+            c.window_released_blocks
+        );
+    }
     eprintln!("steps:                  {}", s.scheduler.steps);
     eprintln!(
         "preemptions:            {} (swap {}, recompute {})",

@@ -82,6 +82,11 @@ pub struct EngineStats {
     pub kv_rotation: KvRotation,
     pub kv_blocks: usize,
     pub kv_pool_bytes: u64,
+    /// The window of each KV cache group (one group, `[None]`, keeps every block; a model
+    /// whose layers all slide has one windowed group; one that mixes windowed and global
+    /// layers has a global group first, then windowed ones). A block of the pool holds
+    /// `kv_layout.num_layers` layers of one group.
+    pub kv_groups: Vec<Option<usize>>,
     /// Host time recording and submitting forward steps (not waiting for the adapter).
     pub host: HostTime,
     /// The disk tier of the prefix cache, if there is one.
@@ -104,9 +109,16 @@ impl EngineStats {
         self.cache.swapped_in_blocks
     }
 
-    /// Tokens the device pool holds when full.
+    /// Tokens the device pool holds when full, with every KV cache group holding every
+    /// token (windowed groups let longer sequences hold more).
     pub fn kv_pool_tokens(&self) -> usize {
-        self.kv_blocks * self.kv_layout.block_size
+        self.kv_blocks * self.kv_layout.block_size / self.kv_groups.len().max(1)
+    }
+
+    /// Bytes of cache one token takes in every KV cache group, K and V, scales included:
+    /// every layer's K/V (and, with groups, the unused slabs of a group with fewer layers).
+    pub fn kv_bytes_per_token(&self) -> f64 {
+        self.kv_layout.bytes_per_token() * self.kv_groups.len().max(1) as f64
     }
 }
 
@@ -633,6 +645,7 @@ impl Engine {
             kv_rotation: self.cache.device.rotation(),
             kv_blocks: self.cache.device.num_blocks,
             kv_pool_bytes: self.cache.device.total_bytes(),
+            kv_groups: self.scheduler.blocks.groups().windows().to_vec(),
             host: self.host,
             disk: self.disk.as_ref().map(DiskTier::stats),
         }

@@ -147,7 +147,7 @@ impl Metrics {
 
     /// Updates the engine figures from `s`.
     pub fn observe_engine(&self, s: &EngineStats) {
-        self.kv_bytes_per_token.set(s.kv_layout.bytes_per_token());
+        self.kv_bytes_per_token.set(s.kv_bytes_per_token());
         self.kv_capacity_tokens.set(s.kv_pool_tokens() as i64);
         self.running.set(s.num_running as i64);
         self.waiting.set(s.num_waiting as i64);
