@@ -49,7 +49,7 @@
 //! `cargo bench --bench kv_memory -- --quick` for a smaller run.
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use pagellm::cache::{AllocStatus, BlockManager, CacheConfig, SeqId};
+use pagellm::cache::{AllocStatus, BlockManager, CacheConfig, KvGroups, LayerGroups, SeqId};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, LogNormal};
@@ -974,20 +974,100 @@ fn window_section(serving: &[Request], quick: bool) -> Result<()> {
         );
     }
     println!();
-    // Gemma 3 1B: 26 layers, sliding window 512, one global layer in six (layers 5, 11, 17,
-    // 23). pagellm's pool keeps all layers of a block together, so a block is released only
-    // when no layer reads it; per-layer block tables would release the local layers' share.
-    let (layers, global, window) = (26usize, 4usize, 512usize);
+    interleaved_section(bs, quick)
+}
+
+/// One sequence of a model whose layers have `windows`, on a block manager with KV cache
+/// groups as the engine plans them (`grouped`) or with one table for all layers: a prompt of
+/// `context - 256` tokens computed in chunks of `chunk` (slots taken chunk by chunk), then
+/// decoded to `context` tokens, each windowed group releasing what left its window after
+/// every step. Returns (groups, layers per block, peak device blocks).
+fn interleaved_sequence(
+    windows: &[Option<usize>],
+    bs: usize,
+    context: usize,
+    chunk: usize,
+    grouped: bool,
+) -> Result<(usize, usize, usize)> {
+    let plan = match grouped {
+        true => LayerGroups::plan(windows, context),
+        false => LayerGroups::single(windows.len()),
+    };
+    let groups = plan.num_groups();
+    let pool = groups * context.div_ceil(bs) + 1;
+    let mut bm = BlockManager::new(CacheConfig::new(bs, pool, 0).with_watermark_blocks(0))?
+        .with_groups(KvGroups::new(plan.windows.clone(), chunk));
+    let mut rng = ChaCha8Rng::seed_from_u64(SEED);
+    let id = SeqId(0);
+    let mut tokens = random_tokens(&mut rng, context - 256);
+    bm.allocate_group_slots(&[(id, &tokens, chunk)])?;
+    let mut peak = bm.stats().device.used;
+    let mut computed = 0;
+    let mut steps = 0;
+    while tokens.len() < context || computed < tokens.len() {
+        // The step computes the next chunk (or the newest token), then releases.
+        computed = (computed + chunk).min(tokens.len());
+        bm.mark_computed(id, &tokens[..computed])?;
+        bm.release_group_windows(id)?;
+        bm.take_ops();
+        steps += 1;
+        if steps % INVARIANT_EVERY == 0 {
+            check(&bm, "interleaved sequence")?;
+        }
+        if computed == tokens.len() {
+            if tokens.len() == context {
+                break;
+            }
+            tokens.push(rng.random_range(0..VOCAB));
+        }
+        bm.grow_to(id, (computed + chunk).min(tokens.len()))?;
+        peak = peak.max(bm.stats().device.used);
+    }
+    check(&bm, "interleaved sequence, end")?;
+    bm.free(id)?;
+    ensure!(bm.stats().device.used == 0, "blocks leaked");
+    Ok((groups, plan.slabs, peak))
+}
+
+/// Models that mix windowed and global layers: the peak device KV of one long sequence
+/// with KV cache groups against one block table for all layers, measured on the block
+/// manager.
+fn interleaved_section(bs: usize, quick: bool) -> Result<()> {
+    // Gemma 3 1B: 26 layers, window 512, every sixth layer global (5, 11, 17, 23), one KV
+    // head of 256. Gemma 2 2B: 26 layers alternating window 4096 and global, 4 KV heads of
+    // 256.
+    let gemma3: Vec<Option<usize>> = (0..26).map(|i| ((i + 1) % 6 != 0).then_some(512)).collect();
+    let gemma2: Vec<Option<usize>> = (0..26).map(|i| (i % 2 == 0).then_some(4096)).collect();
+    let chunk = 512; // the engine's default max_num_batched_tokens
+    let cases: Vec<(&str, &[Option<usize>], usize, usize)> = match quick {
+        true => vec![("Gemma 3 1B", &gemma3, 256, 8192)],
+        false => vec![
+            ("Gemma 3 1B", &gemma3, 256, 8192),
+            ("Gemma 3 1B", &gemma3, 256, 32768),
+            ("Gemma 2 2B", &gemma2, 4 * 256, 8192),
+        ],
+    };
     println!(
-        "Interleaved layers (Gemma 3 1B: {layers} layers, {global} global, window {window}): no block can be released while a global layer still reads it, so pagellm keeps every block. Per-layer block tables would keep, per token position, only the global layers' K/V once it leaves the window; the share of layer-blocks they would hold at a context of n tokens is (global * n + local * min(n, window + {bs})) / (layers * n):"
+        "Interleaved layers: one sequence whose prompt (the context less 256 tokens) is computed in chunks of {chunk} tokens, taking blocks chunk by chunk, then decoded to the context, block size {bs}, f16; after every step each windowed KV cache group releases the blocks its window has left. One table: a block holds every layer, and no block can be released while a global layer reads it. Groups: `LayerGroups::plan` (layers classed by window, groups of equal size), every group's blocks in the one pool. Peak device KV of the sequence:"
     );
     println!();
-    println!("| context | kept with per-layer freeing | saved |");
-    println!("|---:|---:|---:|");
-    for n in [1024usize, 4096, 32768] {
-        let local = layers - global;
-        let kept = (global * n + local * n.min(window + bs)) as f64 / (layers * n) as f64;
-        println!("| {n} | {:.1}% | {:.1}x |", 100.0 * kept, 1.0 / kept);
+    println!("| model | context | groups x layers per block | peak blocks, one table | peak blocks, groups | peak MiB, one table | peak MiB, groups | groups / one table |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    for (name, windows, kv_width, context) in cases {
+        // Bytes of one layer's K and V for one block.
+        let layer_block = (2 * kv_width * bs * 2) as f64;
+        let (_, one_layers, one) = interleaved_sequence(windows, bs, context, chunk, false)?;
+        let (groups, slabs, grouped) = interleaved_sequence(windows, bs, context, chunk, true)?;
+        let mib = |blocks: usize, layers: usize| {
+            blocks as f64 * layers as f64 * layer_block / (1 << 20) as f64
+        };
+        let ratio = mib(grouped, slabs) / mib(one, one_layers);
+        println!(
+            "| {name} | {context} | {groups} x {slabs} | {one} | {grouped} | {:.1} | {:.1} | {ratio:.3} (1/{:.1}) |",
+            mib(one, one_layers),
+            mib(grouped, slabs),
+            1.0 / ratio
+        );
     }
     Ok(())
 }

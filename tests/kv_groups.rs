@@ -14,7 +14,11 @@ use common::{contexts, golden};
 use pagellm::engine::{EngineConfig, PreemptionMode};
 use pagellm::sampling::SamplingParams;
 
-const FIXTURES: [&str; 3] = ["gemma2-softcap-window", "gemma3-local-rope", "qwen3-qknorm-window"];
+const FIXTURES: [&str; 3] = [
+    "gemma2-softcap-window",
+    "gemma3-local-rope",
+    "qwen3-qknorm-window",
+];
 const BLOCK: usize = 4;
 const WINDOW: usize = 8;
 
@@ -82,7 +86,11 @@ fn grouped_tables_give_the_outputs_of_one_table() {
             // blocks once it has run.
             let mut e = engine(ctx, &dir, config(true, 400, None));
             let st = e.stats();
-            assert_eq!(st.kv_groups, vec![None, Some(WINDOW), Some(WINDOW)], "{name}");
+            assert_eq!(
+                st.kv_groups,
+                vec![None, Some(WINDOW), Some(WINDOW)],
+                "{name}"
+            );
             assert_eq!(st.kv_layout.num_layers, 1, "{name}: one layer per group");
             let w = workload();
             let first = run(&mut e, &w[..1]);
@@ -91,8 +99,15 @@ fn grouped_tables_give_the_outputs_of_one_table() {
             assert_same(&format!("{name} grouped"), &got, &want);
             let c = e.stats().cache;
             assert!(c.prefix_hits >= 9, "{name}: {} prefix hits", c.prefix_hits);
-            assert!(c.window_released_blocks > 0, "{name}: no block left a window");
-            assert_eq!((c.device.used, c.host.used), (0, 0), "{name}: blocks leaked");
+            assert!(
+                c.window_released_blocks > 0,
+                "{name}: no block left a window"
+            );
+            assert_eq!(
+                (c.device.used, c.host.used),
+                (0, 0),
+                "{name}: blocks leaked"
+            );
 
             // Grouped under a pool too small for the workload at once, in every preemption
             // mode.
@@ -102,7 +117,10 @@ fn grouped_tables_give_the_outputs_of_one_table() {
                 let what = format!("{name} grouped, {mode:?} preemption");
                 assert_same(&what, &got, &want);
                 let st = e.stats();
-                assert!(st.scheduler.preemptions > 0, "{what}: nothing was preempted");
+                assert!(
+                    st.scheduler.preemptions > 0,
+                    "{what}: nothing was preempted"
+                );
                 assert_eq!((st.cache.device.used, st.cache.host.used), (0, 0), "{what}");
             }
         }
@@ -136,7 +154,10 @@ fn a_long_generation_holds_the_global_blocks_and_a_window_per_windowed_group() {
                 blocks as u64 * s.kv_layout.block_bytes_all_layers()
             };
             let (bytes_a, bytes_b) = (bytes(&a, total), bytes(&b, peak));
-            assert_eq!(3 * b.kv_layout.block_bytes_all_layers(), a.kv_layout.block_bytes_all_layers());
+            assert_eq!(
+                3 * b.kv_layout.block_bytes_all_layers(),
+                a.kv_layout.block_bytes_all_layers()
+            );
             assert!(
                 (bytes_b as f64) < 0.6 * bytes_a as f64,
                 "{name}: {bytes_b} bytes grouped, {bytes_a} in one table"

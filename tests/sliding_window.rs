@@ -331,3 +331,44 @@ fn longrope_long_factors_beyond_the_original_context_equal_transformers() {
         }
     }
 }
+
+/// When every layer slides, the pool needs to hold one sequence's window and one step's
+/// chunk, not its whole context: a 10-block pool (40 tokens) runs a 120-token generation
+/// of a 128-token context, with the tokens of an ample pool that keeps every block; a pool
+/// below that (8 + 16 tokens span at most 7 blocks of 4) is refused, naming the numbers.
+#[test]
+fn a_pool_smaller_than_the_context_serves_a_windowed_model() {
+    let dir = golden::fixture_dir(FIXTURE);
+    let cfg = |blocks, free| EngineConfig {
+        block_size: 4,
+        num_gpu_blocks: Some(blocks),
+        max_model_len: Some(128),
+        max_num_batched_tokens: 16,
+        free_out_of_window_blocks: free,
+        ..EngineConfig::default()
+    };
+    let work = [(prompt(40, 8), greedy(80))];
+    for ctx in contexts() {
+        let want = run(&mut engine(ctx, &dir, cfg(64, false)), &work);
+        let mut e = engine(ctx, &dir, cfg(10, true));
+        let got = run(&mut e, &work);
+        same(
+            &format!("10 blocks on {}", common::backend(ctx)),
+            &got,
+            &want,
+        );
+        let s = e.stats();
+        assert_eq!(s.kv_groups, vec![Some(8)]);
+        assert!(s.scheduler.peak_blocks_used <= 7, "{:?}", s.scheduler);
+        match Engine::with_context(arc(ctx), &dir, cfg(6, true), |_, _| {}) {
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(
+                    msg.contains("6 blocks") && msg.contains("7 blocks"),
+                    "{msg}"
+                );
+            }
+            Ok(_) => panic!("a 6-block pool was accepted"),
+        }
+    }
+}

@@ -58,30 +58,23 @@ impl BlockManager {
         status(self.admission(found.worst, found.needed))
     }
 
-    /// Blocks the group `prompts` would occupy if admitted now (cache hits counted once).
-    /// With KV cache groups, the blocks of the groups without a window only: a windowed
-    /// group never holds a whole prompt ([`Self::windowed_need`] bounds its share).
+    /// Blocks the group `prompts` would occupy if admitted now (cache hits counted once),
+    /// over all KV cache groups.
     pub fn blocks_to_allocate_group(&self, prompts: &[&[u32]]) -> usize {
+        self.allocate_cost(prompts, None)
+    }
+
+    /// [`Self::blocks_to_allocate_group`] in KV cache group `g` alone.
+    pub fn blocks_to_allocate_group_in(&self, prompts: &[&[u32]], g: usize) -> usize {
+        self.allocate_cost(prompts, Some(g))
+    }
+
+    fn allocate_cost(&self, prompts: &[&[u32]], only: Option<usize>) -> usize {
         if prompts.iter().any(|p| p.is_empty()) {
             return 0;
         }
         let whole: Vec<(&[u32], usize)> = prompts.iter().map(|p| (*p, p.len())).collect();
-        self.lookup_group_capped(&whole, true).worst
-    }
-
-    /// The most blocks sequences of these lengths ever hold together in the windowed KV
-    /// cache groups: each its length's blocks, but no more than a window and a step's
-    /// chunk in each windowed group (0 without windowed groups).
-    pub fn windowed_need(&self, lens: &[usize]) -> usize {
-        let bs = self.config.block_size;
-        (0..self.groups.len())
-            .filter_map(|g| self.groups.held_blocks_cap(g, bs))
-            .map(|cap| {
-                lens.iter()
-                    .map(|&n| blocks_for(n, bs).min(cap))
-                    .sum::<usize>()
-            })
-            .sum()
+        self.lookup_group_in(&whole, only).worst
     }
 
     /// Gives each `(seq, prompt)` a block table, all or none: every cache hit of every
@@ -237,15 +230,14 @@ impl BlockManager {
         self.blocks_after_append_in(seqs, appending, |_| true)
     }
 
-    /// [`Self::group_blocks_after_append`] in the KV cache groups without a window (all
-    /// of them without groups; a windowed group's share is [`Self::windowed_need`]).
-    pub fn global_blocks_after_append(
+    /// [`Self::group_blocks_after_append`] in KV cache group `g` alone.
+    pub fn group_blocks_after_append_in(
         &self,
         seqs: &[SeqId],
         appending: &[SeqId],
+        g: usize,
     ) -> Result<usize, CacheError> {
-        let windowless = |g: usize| self.groups.window(g).is_none();
-        self.blocks_after_append_in(seqs, appending, windowless)
+        self.blocks_after_append_in(seqs, appending, |x| x == g)
     }
 
     fn blocks_after_append_in(
@@ -333,12 +325,12 @@ impl BlockManager {
     /// With several KV cache groups each prompt is looked up in every group, and its hits
     /// are cut to the fewest any group has.
     pub(super) fn lookup_group(&self, prompts: &[(&[u32], usize)]) -> GroupLookup {
-        self.lookup_group_capped(prompts, false)
+        self.lookup_group_in(prompts, None)
     }
 
-    /// [`Self::lookup_group`]; with `global_only`, the costs leave out the windowed KV
-    /// cache groups (the whole prompt's worst case, not an allocation).
-    fn lookup_group_capped(&self, prompts: &[(&[u32], usize)], global_only: bool) -> GroupLookup {
+    /// [`Self::lookup_group`]; with `only`, the costs count KV cache group `only` alone
+    /// (a question, not an allocation: the entries of other groups are left out).
+    fn lookup_group_in(&self, prompts: &[(&[u32], usize)], only: Option<usize>) -> GroupLookup {
         let mut device_hits: HashSet<DeviceBlockId> = HashSet::new();
         let mut host_hits: HashSet<HostBlockId> = HashSet::new();
         let mut fresh = 0;
@@ -354,7 +346,7 @@ impl BlockManager {
                 hits.truncate(common);
                 let slots = slots.clamp(hits.len() * bs + 1, prompt.len());
                 let skipped = self.groups.skipped_hits(g, hits.len(), bs);
-                if global_only && self.groups.held_blocks_cap(g, bs).is_some() {
+                if only.is_some_and(|o| o != g) {
                     continue;
                 }
                 fresh += blocks_for(slots, bs) - hits.len();

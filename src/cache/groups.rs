@@ -85,11 +85,6 @@ impl KvGroups {
         false
     }
 
-    /// Groups without a window.
-    pub fn num_global(&self) -> usize {
-        self.windows.iter().filter(|w| w.is_none()).count()
-    }
-
     pub fn window(&self, g: usize) -> Option<usize> {
         self.windows.get(g).copied().flatten()
     }

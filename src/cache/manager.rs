@@ -116,6 +116,12 @@ impl BlockManager {
             .blocks_between(from, to.max(from), self.config.block_size)
     }
 
+    /// The most blocks one sequence ever holds at once in KV cache group `g`: `None` for a
+    /// group without a window (all of its tokens' blocks).
+    pub fn held_blocks_cap(&self, g: usize) -> Option<usize> {
+        self.groups.held_blocks_cap(g, self.config.block_size)
+    }
+
     /// The KV sequences of engine sequence `seq`, one per group.
     pub(super) fn kv_ids(&self, seq: SeqId) -> impl Iterator<Item = SeqId> {
         (0..self.groups.len()).map(move |g| kv_id(seq, g))

@@ -34,34 +34,35 @@ impl<D, R> Scheduler<D, R> {
                 c.max_num_batched_tokens
             )));
         }
-        // Windowless KV cache groups hold every block of a sequence; windowed ones at most
-        // a window and a step's chunk per sequence, whatever its length.
-        let global = self.blocks.groups().num_global();
-        let lens: Vec<usize> = g.live().map(|s| s.tokens.len() + 1).collect();
-        let windowed = self.blocks.windowed_need(&lens);
-        let need = match queue {
-            Queue::Waiting => {
-                let prompts: Vec<&[u32]> = g.live().map(|s| s.tokens.as_slice()).collect();
-                self.blocks.blocks_to_allocate_group(&prompts)
-                    + self.first_growth_per_group(g) * global
-                    + windowed
-            }
-            Queue::Running | Queue::Swapped => {
-                let ids = g.live_ids();
-                let appending = appending(&self.blocks, g);
-                // A prompt still being computed takes blocks for the rest of it, and then
-                // for its first generated tokens.
-                let tail = self.tail_blocks_per_group(g);
-                let growth = if tail > 0 {
-                    self.first_growth_per_group(g)
-                } else {
-                    0
-                };
-                self.blocks.global_blocks_after_append(&ids, &appending)?
-                    + (tail + growth) * global
-                    + windowed
-            }
-        };
+        // Group by group: what the sequences hold and still take at their length; in a
+        // windowed group, no more than a window and a step's chunk per sequence (as many
+        // as the group will have once forked).
+        let seqs = g.live().count().max(width);
+        let mut need = 0;
+        for kv in 0..self.blocks.groups().len() {
+            let exact = match queue {
+                Queue::Waiting => {
+                    let prompts: Vec<&[u32]> = g.live().map(|s| s.tokens.as_slice()).collect();
+                    self.blocks.blocks_to_allocate_group_in(&prompts, kv) + self.first_growth(g)
+                }
+                Queue::Running | Queue::Swapped => {
+                    let ids = g.live_ids();
+                    let appending = appending(&self.blocks, g);
+                    // A prompt still being computed takes blocks for the rest of it, and
+                    // then for its first generated tokens.
+                    let tail = self.tail_blocks(g);
+                    let growth = if tail > 0 { self.first_growth(g) } else { 0 };
+                    self.blocks
+                        .group_blocks_after_append_in(&ids, &appending, kv)?
+                        + tail
+                        + growth
+                }
+            };
+            need += match self.blocks.held_blocks_cap(kv) {
+                Some(cap) => exact.min(seqs * cap),
+                None => exact,
+            };
+        }
         let capacity = self.blocks.group_capacity();
         if need <= capacity {
             return Ok(None);
@@ -84,10 +85,9 @@ impl<D, R> Scheduler<D, R> {
         )))
     }
 
-    /// Blocks the live sequences of `g` still take, in one windowless KV cache group, for
-    /// the tokens they have beyond their slots and their next one (a prompt computed chunk
-    /// by chunk).
-    fn tail_blocks_per_group(&self, g: &SequenceGroup<D, R>) -> usize {
+    /// Blocks the live sequences of `g` still take, in one KV cache group, for the tokens
+    /// they have beyond their slots and their next one (a prompt computed chunk by chunk).
+    pub(super) fn tail_blocks(&self, g: &SequenceGroup<D, R>) -> usize {
         let bs = self.blocks.block_size();
         g.live()
             .map(|s| {
@@ -104,7 +104,7 @@ impl<D, R> Scheduler<D, R> {
     /// becomes `width` sequences that each write their own token: a new block each when
     /// the sequence fills its last block, else copies of that shared block for all writers
     /// but the last. Otherwise each sequence whose last block is full takes a new one.
-    fn first_growth_per_group(&self, g: &SequenceGroup<D, R>) -> usize {
+    fn first_growth(&self, g: &SequenceGroup<D, R>) -> usize {
         let bs = self.blocks.block_size();
         let width = g.shape.width();
         let live: Vec<usize> = g.live().map(|s| s.tokens.len()).collect();
