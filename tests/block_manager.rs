@@ -1,7 +1,8 @@
-//! Property tests of the block manager: long random runs of allocate / append / fork /
-//! free / swap out / swap in / step / speculate (slots proposed, computed, and the rejected
-//! ones given back) / truncate / pin / unpin / forget a prefix against small, often nearly
-//! full pools.
+//! Property tests of the block manager: long random runs of allocate (a whole prompt, or
+//! slots for its first chunk only, the rest taken by later growth, as the engine computes a
+//! long prompt) / grow / append / fork / free / swap out / swap in / step / speculate (slots
+//! proposed, computed, and the rejected ones given back) / truncate / pin / unpin / forget
+//! a prefix against small, often nearly full pools.
 //!
 //! After every operation the manager's own invariants must hold, a failed operation must
 //! leave it unchanged, and each `can_*` must agree with the operation it guards. At every
@@ -42,12 +43,20 @@ struct Pick(u16);
 
 #[derive(Clone, Debug)]
 enum Op {
-    /// Prompt: the first `len` tokens of stem `stem`, its last token replaced by `last`.
+    /// Prompt: the first `len` tokens of stem `stem`, its last token replaced by `last`;
+    /// with `chunk`, slots for that many tokens only (`allocate_group_slots`).
     Allocate {
         seq: Pick,
         stem: usize,
         len: usize,
         last: Option<u32>,
+        chunk: Option<usize>,
+    },
+    /// Slots for `by` more prompt tokens of a prompt admitted in part (`grow_to`); on a
+    /// whole sequence, nothing to do.
+    Grow {
+        seq: Pick,
+        by: usize,
     },
     Append {
         seq: Pick,
@@ -114,8 +123,21 @@ fn op() -> impl Strategy<Value = Op> {
     let pick = || any::<u16>().prop_map(Pick);
     let picks = || proptest::collection::vec(pick(), 0..4);
     prop_oneof![
-        4 => (pick(), 0..3usize, 1..=STEM_LEN, proptest::option::of(0..VOCAB + 1))
-            .prop_map(|(seq, stem, len, last)| Op::Allocate { seq, stem, len, last }),
+        4 => (
+            pick(),
+            0..3usize,
+            1..=STEM_LEN,
+            proptest::option::of(0..VOCAB + 1),
+            proptest::option::of(0..STEM_LEN),
+        )
+            .prop_map(|(seq, stem, len, last, chunk)| Op::Allocate {
+                seq,
+                stem,
+                len,
+                last,
+                chunk
+            }),
+        3 => (pick(), 1..12usize).prop_map(|(seq, by)| Op::Grow { seq, by }),
         4 => (pick(), 0..VOCAB).prop_map(|(seq, token)| Op::Append { seq, token }),
         4 => (0..VOCAB).prop_map(|token| Op::AppendAll { token }),
         3 => (pick(), pick()).prop_map(|(parent, child)| Op::Fork { parent, child }),
@@ -177,6 +199,8 @@ fn kv_values(tokens: &[u32]) -> Vec<u64> {
 
 struct SimSeq {
     tokens: Vec<u32>,
+    /// Tokens with a slot: all of them, or the leading part of a prompt admitted in part.
+    slots: usize,
     computed: usize,
     family: u64,
 }
@@ -251,9 +275,11 @@ impl Sim {
         }
     }
 
-    /// The forward pass writing positions `from..` of `seq` in every group.
+    /// The forward pass writing positions `from..` of `seq` (up to its slots) in every
+    /// group.
     fn write_kv(&mut self, seq: u64, from: usize) -> Result<(), TestCaseError> {
-        let kv = kv_values(&self.seqs[&seq].tokens);
+        let s = &self.seqs[&seq];
+        let kv = kv_values(&s.tokens[..s.slots]);
         for g in 0..self.num_groups() {
             for (p, &value) in kv.iter().enumerate().skip(from) {
                 let slot = self
@@ -314,7 +340,9 @@ impl Sim {
                 stem,
                 len,
                 last,
-            } => self.allocate(self.unused(*seq), *stem, *len, *last)?,
+                chunk,
+            } => self.allocate(self.unused(*seq), *stem, *len, *last, *chunk)?,
+            Op::Grow { seq, by } => self.grow(self.live(*seq, device), *by)?,
             Op::Append { seq, token } => self.append(self.live(*seq, device), *token)?,
             Op::AppendAll { token } => self.append_all(*token)?,
             Op::Fork { parent, child } => {
@@ -376,7 +404,7 @@ impl Sim {
         }
         prop_assert_eq!(self.m.sequences().count(), self.seqs.len());
         for (&id, s) in &self.seqs {
-            prop_assert_eq!(self.m.num_tokens(SeqId(id)), Ok(s.tokens.len()));
+            prop_assert_eq!(self.m.num_tokens(SeqId(id)), Ok(s.slots));
             prop_assert_eq!(self.m.num_computed_tokens(SeqId(id)), Ok(s.computed));
         }
         let seqs = &self.seqs;
@@ -401,13 +429,21 @@ impl Sim {
         stem: usize,
         len: usize,
         last: Option<u32>,
+        chunk: Option<usize>,
     ) -> Result<Result<(), CacheError>, TestCaseError> {
         let mut prompt = self.stems[stem][..len].to_vec();
         if let Some(t) = last {
             prompt[len - 1] = t;
         }
-        let status = self.m.can_allocate(&prompt);
-        let r = self.m.allocate(SeqId(seq), &prompt);
+        let slots = chunk.unwrap_or(len);
+        let status = self.m.can_allocate_group_slots(&[(&prompt, slots)]);
+        let r = match chunk {
+            None => self.m.allocate(SeqId(seq), &prompt),
+            Some(c) => self
+                .m
+                .allocate_group_slots(&[(SeqId(seq), &prompt, c)])
+                .map(|v| v[0]),
+        };
         if self.seqs.contains_key(&seq) {
             prop_assert_eq!(r, Err(CacheError::SequenceExists(SeqId(seq))));
             return Ok(Err(CacheError::SequenceExists(SeqId(seq))));
@@ -426,12 +462,16 @@ impl Sim {
             prop_assert!(cached < prompt.len() && cached % self.bs == 0);
             prop_assert!(cached == 0 || self.m.config().enable_prefix_caching);
             prop_assert!(self.m.num_available_device_blocks() >= self.m.watermark_blocks());
+            // Slots for the chunk, but at least the cache hits and one token, at most all.
+            let slots = slots.clamp(cached + 1, prompt.len());
+            prop_assert_eq!(self.m.num_tokens(SeqId(seq)), Ok(slots));
             let family = self.next_family;
             self.next_family += 1;
             self.seqs.insert(
                 seq,
                 SimSeq {
                     tokens: prompt,
+                    slots,
                     computed: cached,
                     family,
                 },
@@ -440,6 +480,7 @@ impl Sim {
         Ok(r.map(|_| ()))
     }
 
+    /// One more slot: for a new token, or (a prompt admitted in part) its next prompt token.
     fn append(&mut self, seq: u64, token: u32) -> Result<Result<(), CacheError>, TestCaseError> {
         let id = SeqId(seq);
         let can = self.m.can_append_slot(id);
@@ -448,8 +489,11 @@ impl Sim {
         match (self.seqs.get_mut(&seq), &r) {
             (None, _) => prop_assert_eq!(&r, &Err(CacheError::UnknownSequence(id))),
             (Some(s), Ok(out)) => {
-                s.tokens.push(token);
-                prop_assert_eq!(self.m.slot(id, s.tokens.len() - 1), Ok(out.slot));
+                if s.slots == s.tokens.len() {
+                    s.tokens.push(token);
+                }
+                s.slots += 1;
+                prop_assert_eq!(self.m.slot(id, s.slots - 1), Ok(out.slot));
                 // A copy-on-write happens in every KV cache group at once: sharing is made (fork,
                 // prefix hit) and written (the last block) alike in all of them.
                 self.copies += out.copy.is_some() as u64 * self.num_groups() as u64;
@@ -486,6 +530,30 @@ impl Sim {
         Ok(Ok(()))
     }
 
+    /// Slots for `by` more tokens of a prompt admitted in part, all or none.
+    fn grow(&mut self, seq: u64, by: usize) -> Result<Result<(), CacheError>, TestCaseError> {
+        let id = SeqId(seq);
+        let target = self
+            .seqs
+            .get(&seq)
+            .map_or(by, |s| (s.slots + by).min(s.tokens.len()));
+        let needed = self.m.blocks_needed_to_grow(&[(id, target)]);
+        let can = self.m.can_grow(&[(id, target)]);
+        let available = self.m.num_available_device_blocks();
+        let copies = self.m.pending_ops().copies.len();
+        let r = self.m.grow_to(id, target);
+        prop_assert_eq!(can, r.is_ok(), "can_grow disagrees: {:?}", r);
+        // The first new slot may land in a block the sequence shares (copy-on-write), as
+        // an append's would; the plan's copies are checked against memory at the step.
+        self.copies += (self.m.pending_ops().copies.len() - copies) as u64;
+        if let Ok(()) = r {
+            let s = self.seqs.get_mut(&seq).unwrap();
+            prop_assert_eq!(Ok(available - self.m.num_available_device_blocks()), needed);
+            s.slots = s.slots.max(target);
+        }
+        Ok(r)
+    }
+
     fn fork(&mut self, parent: u64, child: u64) -> Result<Result<(), CacheError>, TestCaseError> {
         let r = self.m.fork(SeqId(parent), SeqId(child));
         let expected = match (self.seqs.get(&parent), self.seqs.contains_key(&child)) {
@@ -494,6 +562,7 @@ impl Sim {
             (Some(p), false) => {
                 let copy = SimSeq {
                     tokens: p.tokens.clone(),
+                    slots: p.slots,
                     computed: p.computed,
                     family: p.family,
                 };
@@ -613,6 +682,9 @@ impl Sim {
             prop_assert!(self.m == before);
             return Ok(Ok(()));
         }
+        if self.seqs[&seq].slots < self.seqs[&seq].tokens.len() {
+            return Ok(Ok(())); // a prompt still being computed proposes nothing
+        }
         let start = self.seqs[&seq].tokens.len();
         for &t in proposed {
             if self.append(seq, t)?.is_err() {
@@ -628,6 +700,7 @@ impl Sim {
         prop_assert_eq!(self.m.truncate(SeqId(seq), keep), Ok(dropped));
         let s = self.seqs.get_mut(&seq).unwrap();
         s.tokens.truncate(keep);
+        s.slots = keep;
         s.computed = keep;
         self.m
             .mark_computed(SeqId(seq), &s.tokens)
@@ -640,8 +713,13 @@ impl Sim {
         match (self.seqs.get_mut(&seq), &r) {
             (None, _) => prop_assert_eq!(&r, &Err(CacheError::UnknownSequence(SeqId(seq)))),
             (Some(s), Ok(_)) => {
-                prop_assert!(s.computed <= keep && keep <= s.tokens.len());
-                s.tokens.truncate(keep);
+                prop_assert!(s.computed <= keep && keep <= s.slots);
+                // Generated tokens go with their slots; a prompt admitted in part keeps its
+                // tokens and gives back slots only.
+                if s.slots == s.tokens.len() {
+                    s.tokens.truncate(keep);
+                }
+                s.slots = keep;
             }
             (Some(_), Err(_)) => {}
         }
@@ -679,9 +757,9 @@ impl Sim {
             }
             self.write_kv(id, self.seqs[&id].computed)?;
             let s = self.seqs.get_mut(&id).unwrap();
-            s.computed = s.tokens.len();
+            s.computed = s.slots;
             self.m
-                .mark_computed(SeqId(id), &s.tokens)
+                .mark_computed(SeqId(id), &s.tokens[..s.slots])
                 .map_err(|e| fail(e.to_string()))?;
             if let Some(gs) = &self.groups {
                 let before: Vec<usize> = (0..gs.len())
@@ -698,7 +776,7 @@ impl Sim {
                     let want = match w {
                         None => 0,
                         Some(w) => ((s.computed + 1).saturating_sub(*w) / bs)
-                            .min(s.tokens.len().div_ceil(bs) - 1)
+                            .min(s.slots.div_ceil(bs) - 1)
                             .max(before[g]),
                     };
                     prop_assert_eq!(after, want, "{} holes in group {}", SeqId(id), g);
@@ -715,7 +793,7 @@ impl Sim {
                 prop_assert_eq!(after, before + n);
                 // Exactly the blocks wholly before the window are holes (never the last).
                 let want = ((s.computed + 1).saturating_sub(w) / bs)
-                    .min(s.tokens.len().div_ceil(bs) - 1)
+                    .min(s.slots.div_ceil(bs) - 1)
                     .max(before);
                 prop_assert_eq!(after, want, "{} holes", SeqId(id));
                 self.m.check_invariants().map_err(fail)?;

@@ -2,6 +2,7 @@
 
 mod admission;
 mod group;
+mod kv_groups;
 mod pins;
 mod prefix;
 mod sharing;
