@@ -165,3 +165,42 @@ fn a_long_generation_holds_the_global_blocks_and_a_window_per_windowed_group() {
         }
     }
 }
+
+/// The tiered prefix cache with groups: a restarted engine reads a prompt's blocks of every
+/// group from the disk tier (each group's records under its own names), copies them up,
+/// and gives the outputs of a cold run.
+#[test]
+fn a_restarted_grouped_engine_reads_every_group_from_disk() {
+    for ctx in contexts() {
+        let dir = golden::fixture_dir("gemma3-local-rope");
+        let tmp = tempfile::TempDir::new().unwrap();
+        let work = [
+            (prompt(41, 1), greedy(8)),
+            (prompt(41, 1), sampled(2, 3, 6)),
+        ];
+        let with_disk = || EngineConfig {
+            kv_cache_dir: Some(tmp.path().to_path_buf()),
+            ..config(true, 200, None)
+        };
+        let want = run(&mut engine(ctx, &dir, config(false, 200, None)), &work);
+        {
+            let mut first = engine(ctx, &dir, with_disk());
+            assert_same("writing", &run(&mut first, &work[..1]), &want[..1]);
+            let d = first.stats().disk.unwrap();
+            // Ten full prompt blocks and two generated ones, in each of three groups.
+            assert!(d.writes >= 30, "{d:?}");
+        }
+        let mut second = engine(ctx, &dir, with_disk());
+        let got: Vec<_> = work
+            .iter()
+            .flat_map(|w| run(&mut second, std::slice::from_ref(w)))
+            .collect();
+        assert_same("after a restart", &got, &want);
+        let s = second.stats();
+        let d = s.disk.unwrap();
+        assert!(d.hits >= 30, "{d:?}");
+        assert_eq!(d.corrupt, 0);
+        // Every group's ten prompt blocks came up (hits count once per sequence).
+        assert!(s.cache.prefix_hits >= 10, "{:?}", s.cache);
+    }
+}
