@@ -6,24 +6,13 @@
 //! `max_model_len` lets a small pool serve; a failed step fails every pending request.
 
 mod common;
-use common::outputs::{assert_same, engine, greedy, prompt, run, sampled};
+use common::outputs::{assert_same, beams, engine, greedy, prompt, run, sampled};
 use common::{arc, contexts, golden};
 use pagellm::engine::{
     Engine, EngineConfig, EngineError, PreemptionMode, Prompt, RequestEvent, RequestOutput,
 };
 use pagellm::pool::KvDtype;
 use pagellm::sampling::SamplingParams;
-
-fn beams(width: usize, max_tokens: usize) -> SamplingParams {
-    SamplingParams {
-        n: 2,
-        beam_width: Some(width),
-        temperature: 0.0,
-        max_tokens,
-        ignore_eos: true,
-        ..SamplingParams::default()
-    }
-}
 
 /// The mixed workload: n = 4 samples, a 4-beam search, greedy requests with and without
 /// logprobs, and a prompt long enough to be chunked.

@@ -9,7 +9,7 @@
 //! worth per windowed group, checked against the hand-computed bound.
 
 mod common;
-use common::outputs::{assert_same, engine, greedy, prompt, run, sampled};
+use common::outputs::{assert_same, beams, engine, greedy, prompt, run, sampled};
 use common::{contexts, golden};
 use pagellm::engine::{EngineConfig, PreemptionMode};
 use pagellm::sampling::SamplingParams;
@@ -21,17 +21,6 @@ const FIXTURES: [&str; 3] = [
 ];
 const BLOCK: usize = 4;
 const WINDOW: usize = 8;
-
-fn beams(width: usize, max_tokens: usize) -> SamplingParams {
-    SamplingParams {
-        n: 2,
-        beam_width: Some(width),
-        temperature: 0.0,
-        max_tokens,
-        ignore_eos: true,
-        ..SamplingParams::default()
-    }
-}
 
 /// Blocks of 4, a 128-token context, steps of at most 16 tokens (so prompts are chunked and
 /// a windowed group holds at most a window and a chunk); `grouped` off keeps one table.

@@ -34,13 +34,15 @@ pub struct CacheStats {
     pub cow_copies: u64,
     pub swapped_out_blocks: u64,
     pub swapped_in_blocks: u64,
-    /// Prompt blocks found in the prefix cache.
+    /// Prompt blocks found in the prefix cache (with KV cache groups, once per position
+    /// of a prompt, found in every group).
     pub prefix_hits: u64,
-    /// Prompt blocks looked up and not found.
+    /// Prompt blocks looked up and not found (counted as `prefix_hits`).
     pub prefix_misses: u64,
     /// Cached blocks reclaimed for new data.
     pub evictions: u64,
-    /// Block-table entries released because their tokens left the sliding window.
+    /// Block-table entries released because their tokens left the sliding window (in
+    /// every windowed KV cache group).
     pub window_released_blocks: u64,
     /// The host tier of the prefix cache.
     pub host_tier: super::tier::TierStats,

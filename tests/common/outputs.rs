@@ -39,6 +39,18 @@ pub fn sampled(n: usize, seed: u64, max_tokens: usize) -> SamplingParams {
     }
 }
 
+/// A beam search of `width` beams returning the best 2, ignoring EOS.
+pub fn beams(width: usize, max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        n: 2,
+        beam_width: Some(width),
+        temperature: 0.0,
+        max_tokens,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    }
+}
+
 pub fn run(e: &mut Engine, work: &[(Vec<u32>, SamplingParams)]) -> Vec<RequestOutput> {
     let hs: Vec<_> = work
         .iter()
