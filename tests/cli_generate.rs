@@ -563,3 +563,41 @@ fn a_second_run_reads_the_prompt_from_the_disk_tier() {
     let (ok, _, stderr) = generate(&orphan);
     assert!(!ok && stderr.contains("--kv-cache-dir"), "{stderr}");
 }
+
+#[test]
+fn stats_show_the_kv_cache_groups_of_a_model_mixing_windowed_and_global_layers() {
+    if skip() {
+        return;
+    }
+    let dir = golden::fixture_dir("gemma3-local-rope")
+        .to_string_lossy()
+        .into_owned();
+    let (ok, _, stderr) = generate(&[
+        "--model",
+        &dir,
+        "--prompt",
+        "The quick brown fox jumps over the lazy dog again and again",
+        "--max-tokens",
+        "40",
+        "--ignore-eos",
+        "--block-size",
+        "4",
+        "--stats",
+    ]);
+    assert!(ok, "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("KV cache groups:"))
+        .unwrap_or_else(|| panic!("no groups line: {stderr}"));
+    assert!(
+        line.contains("3 of 1 layer(s) per block: global, window 8, window 8"),
+        "{line}"
+    );
+    let released: u64 = line
+        .split(';')
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(released > 0, "{line}");
+}
