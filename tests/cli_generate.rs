@@ -310,7 +310,19 @@ fn an_installed_binary_without_its_model_says_where_it_looked() {
             "perplexity" => cmd.args(["--file", "/dev/null"]),
             _ => cmd.args(["--port", "0"]),
         };
-        let out = cmd.output().unwrap();
+        // A test spawning a process while the copy was still open for writing hands the
+        // child that file descriptor, and until the child execs, running the copy fails
+        // with "text file busy"; it passes within moments.
+        let mut tries = 0;
+        let out = loop {
+            match cmd.output() {
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 100 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                r => break r.unwrap(),
+            }
+        };
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{sub}: {err}");
         assert!(
