@@ -487,11 +487,27 @@ fn speculative_decoding_keeps_the_output_and_reports_its_acceptance() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no accepted count in {line}"));
     assert!(accepted > 0, "{line}");
+    // A draft model (here the model itself, so its greedy proposals are the target's
+    // arg-max): the same text, and proposals accepted.
+    let mut drafted = base.to_vec();
+    let with_draft = format!("draft:{dir}");
+    drafted.extend(["--speculative", &with_draft, "--stats"]);
+    let (ok, text, stderr) = generate(&drafted);
+    assert!(ok, "{stderr}");
+    assert_eq!(text, plain, "draft speculation changed the output");
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("speculative decoding:"))
+        .unwrap_or_else(|| panic!("no speculation statistics in {stderr}"));
+    assert!(!line.contains(" 0 accepted"), "{line}");
     // What cannot run is a clear error.
     let mut draft = base.to_vec();
     draft.extend(["--speculative", "draft:/some/model"]);
     let (ok, _, stderr) = generate(&draft);
-    assert!(!ok && stderr.contains("not implemented"), "{stderr}");
+    assert!(
+        !ok && stderr.contains("draft model /some/model"),
+        "{stderr}"
+    );
     let mut orphan = base.to_vec();
     orphan.extend(["--num-speculative-tokens", "3"]);
     let (ok, _, stderr) = generate(&orphan);

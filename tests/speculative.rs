@@ -276,3 +276,80 @@ fn constrained_requests_speculate_and_keep_their_outputs() {
         assert_speculated("constrained", &e);
     }
 }
+
+/// A draft model proposes instead of the n-gram lookup. With the target itself as its draft
+/// every greedy proposal is the target's arg-max, so nearly all are accepted; with another
+/// model of the same vocabulary most are rejected, and the draft gives back their cache
+/// entries and follows the target's tokens. Either way every output field equals plain
+/// decoding's, alone, batched, and under forced swap and recompute preemption (the draft
+/// recomputes what it lost); a draft of another vocabulary is refused.
+#[test]
+fn a_draft_model_keeps_every_output_field() {
+    for ctx in contexts() {
+        let dir = golden::fixture_dir("llama-gqa");
+        let other = golden::fixture_dir("llama-odd-heads");
+        let work = workload();
+        let base = EngineConfig {
+            max_model_len: Some(64),
+            ..EngineConfig::default()
+        };
+        let want = run_alone(&mut engine(ctx, &dir, base.clone()), &work);
+        let drafted = |draft: &Path, cfg: EngineConfig| EngineConfig {
+            draft_model: Some(draft.to_path_buf()),
+            ..speculating(cfg, 3)
+        };
+        // Itself as the draft: the greedy requests' proposals are the target's own
+        // arg-max, so every one is accepted (the kernels give a row the same result in
+        // any batch); sampled and penalised requests accept what their sampler agrees on.
+        let mut e = engine(ctx, &dir, drafted(&dir, base.clone()));
+        assert_same("self-draft greedy", &run(&mut e, &work[..2]), &want[..2]);
+        let s = e.stats();
+        let sc = s.scheduler;
+        assert!(
+            sc.spec_proposed > 0 && sc.spec_accepted == sc.spec_proposed,
+            "self-draft: {sc:?}"
+        );
+        // The draft keeps its cache between steps: it computes each prompt once and each
+        // token after it about once, not the whole context every step (54 prompt tokens,
+        // 60 generated, proposals computed at most once more each).
+        let d = s.draft.expect("a draft model");
+        assert!(d.tokens <= 54 + 60 + sc.spec_proposed, "{d:?} {sc:?}");
+        assert_eq!(d.dropped, 0);
+        assert_same("self-draft batched", &run(&mut e, &work), &want);
+        assert_speculated("self-draft", &e);
+        // Another model as the draft: the random fixtures never agree, so every proposal
+        // is rejected and given back.
+        let mut e = engine(ctx, &dir, drafted(&other, base.clone()));
+        assert_same("other draft alone", &run_alone(&mut e, &work), &want);
+        assert_same("other draft batched", &run(&mut e, &work), &want);
+        let s = e.stats();
+        assert!(s.scheduler.spec_proposed > 0, "{:?}", s.scheduler);
+        assert_eq!((s.cache.device.used, s.cache.host.used), (0, 0));
+        // Under pressure, proposals both accepted and rejected.
+        for mode in [PreemptionMode::Swap, PreemptionMode::Recompute] {
+            let small = EngineConfig {
+                num_gpu_blocks: Some(28),
+                num_cpu_blocks: Some(64),
+                max_num_batched_tokens: 24,
+                block_size: 4,
+                preemption_mode: Some(mode),
+                ..base.clone()
+            };
+            let mut e = engine(ctx, &dir, drafted(&dir, small));
+            let what = format!("self-draft, {mode:?}");
+            assert_same(&what, &run(&mut e, &work), &want);
+            assert!(
+                e.stats().scheduler.preemptions > 0,
+                "{what}: nothing preempted"
+            );
+            assert_speculated(&what, &e);
+        }
+        // A draft with another vocabulary is a clear error.
+        let wrong = drafted(&golden::fixture_dir("llama-bias-mha"), base.clone());
+        let err = Engine::with_context(common::arc(ctx), &dir, wrong, |_, _| {})
+            .err()
+            .expect("a draft of another vocabulary was accepted")
+            .to_string();
+        assert!(err.contains("vocabulary") && err.contains("520"), "{err}");
+    }
+}

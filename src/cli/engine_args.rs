@@ -58,15 +58,20 @@ pub enum SpeculativeArg {
     /// Prompt lookup: the tokens that followed the latest earlier match of the newest
     /// n-gram in the sequence's own prompt and output.
     Ngram,
+    /// A draft model (a model folder with the target's vocabulary) decoding ahead.
+    Draft(std::path::PathBuf),
 }
 
 fn parse_speculative(s: &str) -> Result<SpeculativeArg, String> {
     match s {
         "ngram" => Ok(SpeculativeArg::Ngram),
-        d if d.starts_with("draft:") => {
-            Err("draft-model speculation is not implemented yet; `ngram` (prompt lookup) is".into())
-        }
-        other => Err(format!("unknown method `{other}`; expected `ngram`")),
+        d if d.starts_with("draft:") => match &d["draft:".len()..] {
+            "" => Err("`draft:` needs the draft model's folder, as in `draft:models/small`".into()),
+            dir => Ok(SpeculativeArg::Draft(dir.into())),
+        },
+        other => Err(format!(
+            "unknown method `{other}`; expected `ngram` or `draft:DIR`"
+        )),
     }
 }
 
@@ -175,15 +180,16 @@ impl EngineArgs {
             profile: self.profile,
             free_out_of_window_blocks: !self.keep_out_of_window_blocks,
             weight_dtype: self.weight_dtype,
-            speculative: self
-                .speculative
-                .as_ref()
-                .map(|SpeculativeArg::Ngram| SpeculativeConfig {
-                    num_tokens: self.num_speculative_tokens.into(),
-                    ngram_min: self.ngram_min,
-                    ngram_max: self.ngram_max,
-                    ..SpeculativeConfig::default()
-                }),
+            speculative: self.speculative.as_ref().map(|_| SpeculativeConfig {
+                num_tokens: self.num_speculative_tokens.into(),
+                ngram_min: self.ngram_min,
+                ngram_max: self.ngram_max,
+                ..SpeculativeConfig::default()
+            }),
+            draft_model: match &self.speculative {
+                Some(SpeculativeArg::Draft(dir)) => Some(dir.clone()),
+                _ => None,
+            },
             host_tier_blocks: self.kv_cache_host_blocks,
             kv_cache_dir: self.kv_cache_dir.clone(),
             kv_cache_disk_bytes: self.kv_cache_disk_bytes,

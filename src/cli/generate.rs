@@ -519,6 +519,12 @@ fn print_stats(engine: &Engine) {
         s.scheduler.partial_prefills
     );
     print_speculation(&s.scheduler);
+    if let Some(d) = s.draft {
+        eprintln!(
+            "draft model:            {} passes, {} tokens computed, {} sequences dropped for room",
+            d.passes, d.tokens, d.dropped
+        );
+    }
     eprintln!(
         "failed / abandoned:     {} / {}",
         s.scheduler.failed_requests, s.abandoned_requests

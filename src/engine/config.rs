@@ -103,9 +103,13 @@ pub struct EngineConfig {
     /// float one to widen a GGUF model's blocks (`pagellm::model::convert`). `None`
     /// (the default) keeps what is on disk.
     pub weight_dtype: Option<WeightDtype>,
-    /// Speculative decoding by n-gram lookup; `None` (the default) decodes one token per
-    /// sequence and step.
+    /// Speculative decoding by n-gram lookup (or by `draft_model`); `None` (the default)
+    /// decodes one token per sequence and step.
     pub speculative: Option<SpeculativeConfig>,
+    /// A draft model (a folder, as the target's) that proposes instead of the n-gram
+    /// lookup: a smaller model with the target's vocabulary (`super::draft`). Needs
+    /// `speculative`, whose `num_tokens` and adaptive `k` apply.
+    pub draft_model: Option<std::path::PathBuf>,
     /// Most host blocks the host tier of the prefix cache may hold: prefix blocks the
     /// device pool evicts are copied there and copied back up on a later hit instead of
     /// being recomputed. It shares the host pool with swapping, which comes first. `None`:
@@ -160,6 +164,7 @@ impl Default for EngineConfig {
             host_tier_blocks: None,
             kv_cache_dir: None,
             kv_cache_disk_bytes: 4 << 30,
+            draft_model: None,
         }
     }
 }

@@ -16,7 +16,7 @@ use super::request::{completion, Prompt, RequestHandle, RequestSide, SeqOutput, 
 use super::scheduler::{PreemptionCosts, Scheduler, SchedulerStats};
 use super::sequence::{GroupShape, Sequence, SequenceGroup};
 use crate::cache::{BlockManager, BlockOps, CacheConfig, CacheError, CacheStats};
-use crate::cache::{DeviceBlockId, HostBlockId, KvGroups, LayerGroups};
+use crate::cache::{DeviceBlockId, HostBlockId, KvGroups, LayerGroups, SeqId};
 use crate::cache_engine::CacheEngine;
 use crate::constrain::{Compiler, Constraint, ConstraintError};
 use crate::disk_tier::{DiskStats, DiskTier};
@@ -87,6 +87,8 @@ pub struct EngineStats {
     /// layers has a global group first, then windowed ones). A block of the pool holds
     /// `kv_layout.num_layers` layers of one group.
     pub kv_groups: Vec<Option<usize>>,
+    /// The draft model's work, if one proposes for speculative decoding.
+    pub draft: Option<super::DraftStats>,
     /// Host time recording and submitting forward steps (not waiting for the adapter).
     pub host: HostTime,
     /// The disk tier of the prefix cache, if there is one.
@@ -152,6 +154,8 @@ pub struct Engine {
     pub(super) tier_scratch: Vec<u8>,
     /// The block names of the waiting requests next in line, for disk lookups.
     pub(super) disk_chains: std::collections::HashMap<RequestId, super::tiers::DiskChain>,
+    /// The draft model proposing for speculative decoding, if one is configured.
+    pub(super) draft: Option<super::draft::DraftModel>,
 }
 
 /// Buffers kept across steps (see `step_batch.rs`).
@@ -421,6 +425,22 @@ impl Engine {
             .with_prefix_caching(config.enable_prefix_caching)
             .with_host_tier(host_tier)
             .with_tier_write_through(disk.is_some());
+        let draft = match (&config.draft_model, config.speculative) {
+            (None, _) => None,
+            (Some(dir), Some(_)) => Some(super::draft::DraftModel::open(
+                ctx.clone(),
+                dir,
+                &c,
+                &config,
+                max_model_len,
+                gpu_blocks,
+            )?),
+            (Some(_), None) => {
+                return Err(EngineError::Config(
+                    "a draft model proposes for speculative decoding: set `speculative` too".into(),
+                ))
+            }
+        };
         let blocks = BlockManager::new(cache_cfg)?.with_groups(kv_groups);
         let mut scheduler = Scheduler::new(config.clone(), blocks);
         scheduler.costs = PreemptionCosts::new(layout.block_bytes_all_layers());
@@ -444,6 +464,7 @@ impl Engine {
             disk,
             tier_scratch: Vec::new(),
             disk_chains: Default::default(),
+            draft,
         };
         engine.calibrate_swap()?;
         Ok(engine)
@@ -646,6 +667,7 @@ impl Engine {
             kv_blocks: self.cache.device.num_blocks,
             kv_pool_bytes: self.cache.device.total_bytes(),
             kv_groups: self.scheduler.blocks.groups().windows().to_vec(),
+            draft: self.draft.as_ref().map(|d| d.stats),
             host: self.host,
             disk: self.disk.as_ref().map(DiskTier::stats),
         }
@@ -735,6 +757,9 @@ impl Engine {
             .iter()
             .map(|g| g.seqs.iter().map(|s| s.num_computed(blocks)).collect())
             .collect();
+        let drafting = self.draft.is_some();
+        // With a draft model: each decoding sequence's adapted k, proposals made below.
+        let mut wanted: Vec<(SeqId, Vec<u32>, usize)> = Vec::new();
         for (g, computed) in self.scheduler.running_mut().iter_mut().zip(computed) {
             for (seq, computed) in g.seqs.iter_mut().zip(computed) {
                 let decoding = !seq.is_finished() && computed + 1 == seq.tokens.len();
@@ -744,10 +769,55 @@ impl Engine {
                             Some(costs) => spec.k.set_costs(costs, prior),
                             None => spec.k.set_row_cost(prior),
                         }
-                        spec.propose(&seq.tokens)
+                        if drafting {
+                            wanted.push((seq.id, seq.tokens.clone(), spec.k.next_k()));
+                            Vec::new()
+                        } else {
+                            spec.propose(&seq.tokens)
+                        }
                     }
                     _ => Vec::new(),
                 };
+            }
+        }
+        if drafting {
+            self.draft_proposals(wanted);
+        }
+    }
+
+    /// The draft model's proposals for `wanted` (`(sequence, tokens, k)`), set on the
+    /// running sequences; the draft forgets every sequence no longer running. A draft that
+    /// fails proposes nothing this step (a warning): speculation is an optimization, and
+    /// the step goes on without it.
+    fn draft_proposals(&mut self, wanted: Vec<(SeqId, Vec<u32>, usize)>) {
+        let Some(draft) = self.draft.as_mut() else {
+            return;
+        };
+        let live: std::collections::HashSet<SeqId> = self
+            .scheduler
+            .running()
+            .iter()
+            .flat_map(|g| g.live_ids())
+            .collect();
+        draft.retain(&live);
+        let reqs: Vec<(SeqId, &[u32], usize)> = wanted
+            .iter()
+            .map(|(id, t, k)| (*id, t.as_slice(), *k))
+            .collect();
+        let proposals = match draft.propose(&reqs) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(error = %e, "the draft model failed; no proposals this step");
+                return;
+            }
+        };
+        let by_id: std::collections::HashMap<SeqId, Vec<u32>> =
+            wanted.iter().map(|w| w.0).zip(proposals).collect();
+        for g in self.scheduler.running_mut().iter_mut() {
+            for seq in g.seqs.iter_mut() {
+                if let Some(p) = by_id.get(&seq.id) {
+                    seq.proposed = p.clone();
+                }
             }
         }
     }

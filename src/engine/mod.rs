@@ -5,6 +5,7 @@
 mod advance;
 pub mod config;
 mod core;
+mod draft;
 pub mod output;
 pub mod request;
 pub mod scheduler;
@@ -15,6 +16,7 @@ mod tiers;
 pub(crate) use self::core::{kv_layout, open_model};
 pub use self::core::{Engine, EngineError, EngineStats, HostTime};
 pub use config::{EngineConfig, PreemptionMode, SpeculativeConfig, MAX_SPECULATIVE_ROWS};
+pub use draft::DraftStats;
 pub use output::{
     CompletionOutput, FinishReason, RequestEvent, RequestId, RequestOutput, TokenLogprob,
 };
