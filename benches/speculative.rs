@@ -19,7 +19,9 @@
 //! usual, e.g. `PAGELLM_BACKEND=gl`). Diagnostics: `-- --focus` runs only the
 //! non-repetitive workload at one sequence, 12 rounds, and prints each engine's step-time
 //! distribution per round; `-- --only N` gives all four engines configuration `N` (0 plain,
-//! 1 adaptive, 2 always), an A/A run of one configuration.
+//! 1 adaptive, 2 always), an A/A run of one configuration. `-- --draft DIR` has the two
+//! speculating engines propose with the draft model in DIR instead of the n-gram lookup
+//! (its time counts in their steps).
 
 #[path = "common/mod.rs"]
 mod common;
@@ -118,6 +120,7 @@ fn run(ctx: &Arc<GpuContext>, k: usize, work: &[(Vec<u32>, SamplingParams)]) -> 
             row_cost,
             ..SpeculativeConfig::default()
         }),
+        draft_model: draft_dir(),
         ..EngineConfig::default()
     };
     let configs = [
@@ -186,6 +189,13 @@ fn run(ctx: &Arc<GpuContext>, k: usize, work: &[(Vec<u32>, SamplingParams)]) -> 
     }
 }
 
+/// The draft model given by `--draft DIR`, if any.
+fn draft_dir() -> Option<PathBuf> {
+    let args: Vec<String> = std::env::args().collect();
+    let i = args.iter().position(|a| a == "--draft")?;
+    args.get(i + 1).map(PathBuf::from)
+}
+
 /// The number after `flag` on the command line.
 fn flag_value(flag: &str) -> Option<usize> {
     let args: Vec<String> = std::env::args().collect();
@@ -206,7 +216,13 @@ fn main() {
         3
     };
     let ctx = Arc::new(GpuContext::from_env().expect("GPU context"));
-    println!("# Speculative decoding (prompt lookup, k = {k})");
+    match draft_dir() {
+        Some(d) => println!(
+            "# Speculative decoding (draft model {}, k = {k})",
+            d.display()
+        ),
+        None => println!("# Speculative decoding (prompt lookup, k = {k})"),
+    }
     println!();
     println!("adapter: {}", ctx.describe());
     println!();

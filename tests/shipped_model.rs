@@ -1,5 +1,6 @@
-//! The model that ships in models/fortunes-llama: it loads, and pagellm's greedy tokens
-//! equal what transformers produced for it when it was trained (expected.json, written by
+//! The model that ships in models/fortunes-llama, and its 2-layer draft in
+//! models/fortunes-draft: each loads, and pagellm's greedy tokens equal what transformers
+//! produced for it when it was trained (expected.json, written by
 //! tools/train_tiny_model.py from the saved folder computed in float32).
 
 mod common;
@@ -15,6 +16,11 @@ fn shipped_model_matches_transformers_greedy_tokens() {
     greedy_tokens_with(KvDtype::F32);
 }
 
+#[test]
+fn shipped_draft_model_matches_transformers_greedy_tokens() {
+    greedy_tokens_of("models/fortunes-draft", KvDtype::F32);
+}
+
 /// A trained model's decisions have margins (expected.json's `min_top2_logit_gap`) that an
 /// 8-bit cache does not cross, and on this model neither does a 4-bit one.
 #[test]
@@ -24,10 +30,14 @@ fn shipped_model_greedy_tokens_with_quantized_caches() {
 }
 
 fn greedy_tokens_with(kv_dtype: KvDtype) {
+    greedy_tokens_of("models/fortunes-llama", kv_dtype);
+}
+
+fn greedy_tokens_of(model: &str, kv_dtype: KvDtype) {
     let Some(&ctx) = contexts().first() else {
         return;
     };
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/fortunes-llama");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(model);
     let expected: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
     let cfg = EngineConfig {

@@ -511,6 +511,10 @@ def main() -> None:
     ap.add_argument("--verify-only", action="store_true",
                     help="skip training: check the folder at --out, rewrite expected.json "
                          "and print sample generations")
+    ap.add_argument("--tokenizer", default=None,
+                    help="use this tokenizer.json instead of training one (a draft model for "
+                         "speculative decoding must share the target's: "
+                         "--tokenizer models/fortunes-llama/tokenizer.json)")
     ap.add_argument("--sample-tokens", type=int, default=60,
                     help="new tokens per sample generation in the model README")
     args = ap.parse_args()
@@ -555,7 +559,14 @@ def main() -> None:
 
     # 2. tokenizer ---------------------------------------------------------
     t = time.time()
-    tok_raw = train_tokenizer(train_docs, args.vocab_size)
+    if args.tokenizer:
+        from tokenizers import Tokenizer
+
+        tok_raw = Tokenizer.from_file(args.tokenizer)
+        for i, tok_name in enumerate(SPECIAL_TOKENS):
+            assert tok_raw.token_to_id(tok_name) == i, f"{tok_name} should have id {i}"
+    else:
+        tok_raw = train_tokenizer(train_docs, args.vocab_size)
     vocab = tok_raw.get_vocab_size()
     sample_doc = train_docs[0]
     assert tok_raw.decode(tok_raw.encode(sample_doc, add_special_tokens=False).ids) == sample_doc
