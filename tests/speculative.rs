@@ -1,4 +1,4 @@
-//! Speculative decoding by prompt lookup on the GPU: every output field (tokens, text,
+//! Speculative decoding by prompt lookup (and with a draft model) on the GPU: every output field (tokens, text,
 //! finish reason, logprobs, cumulative logprob) is the same with speculation as without,
 //! for greedy and seeded requests, parallel samples, beams beside them, alone and batched,
 //! under forced preemption in every mode, with stop strings and token limits that fall on
@@ -281,8 +281,9 @@ fn constrained_requests_speculate_and_keep_their_outputs() {
 /// every greedy proposal is the target's arg-max, so nearly all are accepted; with another
 /// model of the same vocabulary most are rejected, and the draft gives back their cache
 /// entries and follows the target's tokens. Either way every output field equals plain
-/// decoding's, alone, batched, and under forced swap and recompute preemption (the draft
-/// recomputes what it lost); a draft of another vocabulary is refused.
+/// decoding's, alone, batched, under forced swap and recompute preemption (the draft
+/// recomputes what it lost, and its own pool runs short), and with an int8 cache; a draft
+/// of another vocabulary is refused.
 #[test]
 fn a_draft_model_keeps_every_output_field() {
     for ctx in contexts() {
@@ -338,12 +339,26 @@ fn a_draft_model_keeps_every_output_field() {
             let mut e = engine(ctx, &dir, drafted(&dir, small));
             let what = format!("self-draft, {mode:?}");
             assert_same(&what, &run(&mut e, &work), &want);
+            let s = e.stats();
+            assert!(s.scheduler.preemptions > 0, "{what}: nothing preempted");
+            // The draft's pool has the target's 28 blocks; sequences it cannot hold beside
+            // the others propose nothing that step, and nothing else changes.
+            let d = s.draft.expect("a draft model");
             assert!(
-                e.stats().scheduler.preemptions > 0,
-                "{what}: nothing preempted"
+                d.dropped > 0,
+                "{what}: the draft pool never ran short: {d:?}"
             );
             assert_speculated(&what, &e);
         }
+        // A quantized cache, in the draft too: the outputs of plain decoding with it.
+        let int8 = EngineConfig {
+            kv_dtype: KvDtype::Int8,
+            ..base.clone()
+        };
+        let want8 = run(&mut engine(ctx, &dir, int8.clone()), &work);
+        let mut e = engine(ctx, &dir, drafted(&dir, int8));
+        assert_same("self-draft, int8 cache", &run(&mut e, &work), &want8);
+        assert_speculated("self-draft, int8 cache", &e);
         // A draft with another vocabulary is a clear error.
         let wrong = drafted(&golden::fixture_dir("llama-bias-mha"), base.clone());
         let err = Engine::with_context(common::arc(ctx), &dir, wrong, |_, _| {})
