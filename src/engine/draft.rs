@@ -198,13 +198,10 @@ impl DraftModel {
                 if out[i].is_empty() || out[i].len() >= k {
                     continue;
                 }
-                let &last = out[i].last().expect("checked");
                 let len = tokens.len() + out[i].len();
                 if self.blocks.grow_to(id, len).is_err() {
                     continue; // the pool is short: this sequence proposes what it has
                 }
-                let seen = self.seqs.get_mut(&id).expect("prepared");
-                seen.push(last);
                 pass.push((i, len - 1, len));
             }
             if pass.is_empty() {
@@ -212,6 +209,9 @@ impl DraftModel {
             }
             let next = self.forward_proposals(reqs, &out, &pass)?;
             for ((i, _, _), token) in pass.iter().zip(next) {
+                // The proposal that went in is computed now; the new one is not yet.
+                let last = *out[*i].last().expect("a proposal");
+                self.seqs.get_mut(&reqs[*i].0).expect("prepared").push(last);
                 out[*i].push(token);
             }
         }
