@@ -11,14 +11,14 @@
 //! later run over the same tokens: mean and 99th-percentile KL(base || this), and how often
 //! both put the same token first.
 
-use crate::engine::{kv_layout, open_model};
+use crate::engine::{kv_layout, kv_pool, open_model};
 use crate::engine::{EngineConfig, EngineError};
 use crate::gpu::{Batch, GpuContext, Readback};
 use crate::kernels::paged_attention::AttentionBuffers;
 use crate::model::forward::Workspace;
 use crate::model::gpu::GpuModel;
 use crate::model::step::{record_step, FlatBatch, SeqSlice};
-use crate::pool::{KvPool, KvRotation, PoolSize};
+use crate::pool::KvPool;
 use crate::tokenizer::Tokenizer;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::Path;
@@ -78,11 +78,7 @@ impl Scorer {
         let layout = kv_layout(&c, config)?;
         let model = GpuModel::upload_as(&ctx, &files, context, config.weight_dtype, progress)?;
         let blocks = context.div_ceil(config.block_size);
-        let pool = KvPool::new(&ctx, layout, PoolSize::Blocks(blocks))?.with_rotation(
-            config
-                .kv_rotation
-                .unwrap_or(KvRotation::default_for(config.kv_dtype)),
-        );
+        let pool = kv_pool(&ctx, layout, blocks, config)?;
         let ws = Workspace::new(&ctx, &c, chunk, chunk)?;
         Ok(Scorer {
             ctx,

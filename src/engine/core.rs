@@ -263,6 +263,20 @@ fn context_length(c: &crate::model::ModelConfig, config: &EngineConfig) -> Resul
 }
 
 /// The KV pool layout `config` asks of model `c`, validated.
+/// A KV pool of `blocks` blocks of `layout`, storing rows rotated as `config` asks (by
+/// default: as its KV dtype wants).
+pub(crate) fn kv_pool(
+    ctx: &GpuContext,
+    layout: KvLayout,
+    blocks: usize,
+    config: &EngineConfig,
+) -> Result<KvPool> {
+    let rotation = config
+        .kv_rotation
+        .unwrap_or(KvRotation::default_for(config.kv_dtype));
+    Ok(KvPool::new(ctx, layout, PoolSize::Blocks(blocks))?.with_rotation(rotation))
+}
+
 pub(crate) fn kv_layout(c: &crate::model::ModelConfig, config: &EngineConfig) -> Result<KvLayout> {
     let layout = KvLayout {
         num_layers: c.num_layers,
@@ -401,12 +415,7 @@ impl Engine {
             .unwrap_or((config.swap_space_bytes / layout.block_bytes_all_layers()) as usize);
         let model =
             GpuModel::upload_as(&ctx, &files, max_model_len, config.weight_dtype, progress)?;
-        let pool = KvPool::new(&ctx, layout, PoolSize::Blocks(gpu_blocks))?
-            .with_rotation(
-                config
-                    .kv_rotation
-                    .unwrap_or(KvRotation::default_for(config.kv_dtype)),
-            )
+        let pool = kv_pool(&ctx, layout, gpu_blocks, &config)?
             .with_layer_slots(layer_groups.layer_slots)?;
         if let Some(spec) = config.speculative {
             NgramIndex::new(spec.ngram_min, spec.ngram_max)

@@ -17,7 +17,7 @@
 //! sampling each row with the sequence's own sampler (`advance.rs`); so greedy and seeded
 //! outputs are those of plain decoding, token for token, whatever the draft proposes.
 
-use super::core::{kv_layout, open_model, EngineError, Result};
+use super::core::{kv_layout, kv_pool, open_model, EngineError, Result};
 use super::EngineConfig;
 use crate::cache::{BlockManager, CacheConfig, SeqId};
 use crate::gpu::{Batch, GpuContext, Readback};
@@ -27,7 +27,7 @@ use crate::model::forward::Workspace;
 use crate::model::gpu::GpuModel;
 use crate::model::step::{record_step, FlatBatch, SeqSlice};
 use crate::model::ModelConfig;
-use crate::pool::{KvPool, KvRotation, PoolSize};
+use crate::pool::KvPool;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
@@ -99,10 +99,7 @@ impl DraftModel {
         }
         let layout = kv_layout(&c, config)?;
         let model = GpuModel::upload_as(&ctx, &files, max_model_len, None, |_, _| {})?;
-        let rotation = config
-            .kv_rotation
-            .unwrap_or(KvRotation::default_for(config.kv_dtype));
-        let pool = KvPool::new(&ctx, layout, PoolSize::Blocks(blocks))?.with_rotation(rotation);
+        let pool = kv_pool(&ctx, layout, blocks, config)?;
         let max_tokens = config.max_num_batched_tokens.max(1);
         let max_rows = config.max_num_seqs.max(1);
         let ws = Workspace::new(&ctx, &c, max_tokens, max_rows)?;

@@ -13,7 +13,7 @@ pub mod sequence;
 mod step_batch;
 mod tiers;
 
-pub(crate) use self::core::{kv_layout, open_model};
+pub(crate) use self::core::{kv_layout, kv_pool, open_model};
 pub use self::core::{Engine, EngineError, EngineStats, HostTime};
 pub use config::{EngineConfig, PreemptionMode, SpeculativeConfig, MAX_SPECULATIVE_ROWS};
 pub use draft::DraftStats;
