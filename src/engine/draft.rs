@@ -56,6 +56,8 @@ pub struct DraftModel {
     seqs: HashMap<SeqId, Vec<u32>>,
     /// Most tokens and rows one pass computes.
     max_tokens: usize,
+    /// Positions the draft computes (its rope tables' length): no proposal goes past it.
+    max_model_len: usize,
     max_rows: usize,
     pub stats: DraftStats,
 }
@@ -115,6 +117,7 @@ impl DraftModel {
             seqs: HashMap::new(),
             max_tokens,
             max_rows,
+            max_model_len,
             stats: DraftStats::default(),
         })
     }
@@ -146,7 +149,7 @@ impl DraftModel {
         // Bring each sequence's cache in line with its tokens, with slots for all of them.
         let mut active: Vec<usize> = Vec::new();
         for (i, &(id, tokens, k)) in reqs.iter().enumerate() {
-            if k == 0 || tokens.is_empty() {
+            if k == 0 || tokens.is_empty() || tokens.len() > self.max_model_len {
                 continue;
             }
             if self.prepare(id, tokens) {
@@ -196,7 +199,7 @@ impl DraftModel {
                     continue;
                 }
                 let len = tokens.len() + out[i].len();
-                if self.blocks.grow_to(id, len).is_err() {
+                if len > self.max_model_len || self.blocks.grow_to(id, len).is_err() {
                     continue; // the pool is short: this sequence proposes what it has
                 }
                 pass.push((i, len - 1, len));
