@@ -318,6 +318,14 @@ fn a_draft_model_keeps_every_output_field() {
         assert_eq!(d.dropped, 0);
         assert_same("self-draft batched", &run(&mut e, &work), &want);
         assert_speculated("self-draft", &e);
+        // A request that fills the 64-token context: no proposal goes past it.
+        let full = [(repetitive(40, 7), greedy(24))];
+        let plain_full = run(&mut engine(ctx, &dir, base.clone()), &full);
+        assert_same(
+            "self-draft to the context",
+            &run(&mut e, &full),
+            &plain_full,
+        );
         // Another model as the draft: the random fixtures never agree, so every proposal
         // is rejected and given back.
         let mut e = engine(ctx, &dir, drafted(&other, base.clone()));
