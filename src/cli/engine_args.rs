@@ -131,7 +131,8 @@ pub struct EngineArgs {
     /// latest earlier occurrence in the sequence's prompt and output, and each step verifies
     /// them at once. Outputs are exactly those without it (greedy and seeded); faster where
     /// the output repeats its context (editing, quoting, code), and each request turns it off
-    /// where its proposals are rarely accepted.
+    /// where its proposals are rarely accepted. `draft:DIR` proposes with the draft model
+    /// in DIR instead (a smaller model with the same vocabulary, decoding greedily ahead).
     #[arg(long, value_name = "METHOD", value_parser = parse_speculative)]
     pub speculative: Option<SpeculativeArg>,
     /// Most tokens proposed per sequence and step.
