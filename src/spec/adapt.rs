@@ -129,12 +129,6 @@ impl AdaptiveK {
             self.probe_every = PROBE_EVERY;
             return k;
         }
-        // A probe proposes one token: when even a proposal sure to be accepted would not
-        // pay for its row (a draft model as slow as the target, say), it is pure cost.
-        if 2.0 / self.cost[1] < MARGIN {
-            self.idle = 0;
-            return 0;
-        }
         self.idle += 1;
         if self.idle >= self.probe_every {
             self.idle = 0;
@@ -426,25 +420,8 @@ mod tests {
     }
 
     #[test]
-    fn no_probe_where_a_sure_proposal_would_not_pay() {
-        // Measured: one proposal costs 1.2 steps more than none (a draft model's pass as
-        // dear as the target's step); two tokens for 2.2 steps never pay, so no probe.
-        let mut k = AdaptiveK::new(4, 0.15);
-        k.set_costs(&[1.0, 2.2, 2.4], 0.15);
-        for _ in 0..60 {
-            k.record(1, 0);
-        }
-        assert!((0..1000).all(|_| k.next_k() == 0));
-        // Cheaper again (the adapter warmed up, the batch grew): probes resume.
-        k.set_costs(&[1.0, 1.3], 0.15);
-        assert!((0..PROBE_EVERY).any(|_| k.next_k() == 1));
-    }
-
-    #[test]
     fn failed_probes_back_off_and_an_accepted_one_resets() {
-        // A row costing 0.9 steps: a probe pays if accepted (2 / 1.9 > 1.05), so it is
-        // made, but rejections keep speculation off.
-        let mut k = AdaptiveK::new(2, 0.9);
+        let mut k = AdaptiveK::new(2, 1.0);
         let mut gaps = Vec::new();
         let mut since = 0;
         for _ in 0..(16 + 32 + 64) {
