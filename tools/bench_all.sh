@@ -147,4 +147,12 @@ echo "prefix tiers ..." >&2
     echo
     bench engine --tiers "${extra[@]}" 2>>"$log"
 } >> "$out"
+# Speculative decoding with the shipped 2-layer draft model instead of the n-gram lookup.
+echo "speculative --draft ..." >&2
+{
+    echo
+    echo "## cargo bench --bench speculative -- --draft models/fortunes-draft ${extra[*]:-}"
+    echo
+    bench speculative --draft models/fortunes-draft "${extra[@]}" 2>>"$log"
+} >> "$out"
 echo "report written to $out (stderr of the benches in $log)" >&2
