@@ -157,7 +157,7 @@ fn a_long_generation_holds_the_global_blocks_and_a_window_per_windowed_group() {
 
 /// The tiered prefix cache with groups: a restarted engine reads a prompt's blocks of every
 /// group from the disk tier (each group's records under its own names), copies them up,
-/// and gives the outputs of a cold run.
+/// and gives the outputs of a cold run; forgetting the prompt deletes every group's records.
 #[test]
 fn a_restarted_grouped_engine_reads_every_group_from_disk() {
     for ctx in contexts() {
@@ -191,5 +191,12 @@ fn a_restarted_grouped_engine_reads_every_group_from_disk() {
         assert_eq!(d.corrupt, 0);
         // Every group's ten prompt blocks came up (hits count once per sequence).
         assert!(s.cache.prefix_hits >= 10, "{:?}", s.cache);
+        // Forgetting the prompt deletes every group's records: 3 groups x 10 blocks.
+        let gone = second.forget_prefix(&work[0].0);
+        assert!(gone >= 30, "{gone} records deleted");
+        drop(second);
+        let mut third = engine(ctx, &dir, with_disk());
+        assert_same("forgotten", &run(&mut third, &work[..1]), &want[..1]);
+        assert_eq!(third.stats().disk.unwrap().hits, 0);
     }
 }

@@ -349,8 +349,9 @@ fn a_draft_model_keeps_every_output_field() {
             assert_same(&what, &run(&mut e, &work), &want);
             let s = e.stats();
             assert!(s.scheduler.preemptions > 0, "{what}: nothing preempted");
-            // The draft's pool has the target's 28 blocks; sequences it cannot hold beside
-            // the others propose nothing that step, and nothing else changes.
+            // The draft's pool has the bytes of the target's 28 blocks (the same model: 28
+            // blocks); sequences it cannot hold beside the others propose nothing that step,
+            // and nothing else changes.
             let d = s.draft.expect("a draft model");
             assert!(
                 d.dropped > 0,

@@ -63,10 +63,11 @@ impl Default for KvGroups {
 }
 
 impl KvGroups {
-    /// Groups with these windows (at least one group; at most 255), for steps of at most
-    /// `chunk_tokens` tokens per sequence.
+    /// Groups with these windows, for steps of at most `chunk_tokens` tokens per sequence.
+    /// No windows, or more than 255 groups (the group index has one byte of a sequence
+    /// id), give one group without a window.
     pub fn new(windows: Vec<Option<usize>>, chunk_tokens: usize) -> Self {
-        let windows = if windows.is_empty() {
+        let windows = if windows.is_empty() || windows.len() > 255 {
             vec![None]
         } else {
             windows

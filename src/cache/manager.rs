@@ -366,7 +366,9 @@ impl BlockManager {
     /// and sees `window` positions up to itself). The last block is always kept. Their
     /// table entries become holes; a block another sequence still uses stays allocated
     /// for it, and a cached one stays in the prefix cache as evictable. Returns how many
-    /// blocks this sequence let go. A swapped-out sequence releases nothing.
+    /// blocks this sequence let go. A swapped-out sequence releases nothing. With several
+    /// KV cache groups only the windowed groups release (see
+    /// [`Self::release_group_windows`]).
     pub fn release_out_of_window(
         &mut self,
         seq: SeqId,
@@ -374,8 +376,11 @@ impl BlockManager {
     ) -> Result<usize, CacheError> {
         self.seq(seq)?;
         let mut n = 0;
-        for id in self.kv_ids(seq) {
-            n += self.release_kv(id, window)?;
+        for g in 0..self.groups.len() {
+            // With several KV cache groups, a global group keeps every block.
+            if self.groups.len() == 1 || self.groups.window(g).is_some() {
+                n += self.release_kv(kv_id(seq, g), window)?;
+            }
         }
         Ok(n)
     }

@@ -105,7 +105,8 @@ impl BlockManager {
     /// Forgets the cached blocks of every full block of `tokens` on the device and in the
     /// host tier, so no later prompt reuses them; returns how many names were dropped.
     /// Pins and requests keep the blocks they hold. The names of the chain are returned
-    /// too, for a lower tier to drop (`hash`, `parent`, block tokens).
+    /// too, for a lower tier to drop (`hash`, `parent`): with KV cache groups one chain per
+    /// group, back to back, each over the full blocks of `tokens`.
     pub fn forget_prefix(&mut self, tokens: &[u32]) -> Vec<(BlockHash, Option<BlockHash>)> {
         let bs = self.config.block_size;
         let mut chain = Vec::new();

@@ -442,7 +442,7 @@ impl Engine {
                 &c,
                 &config,
                 max_model_len,
-                gpu_blocks,
+                gpu_blocks as u64 * layout.block_bytes_all_layers(),
             )?),
             (Some(_), None) => {
                 return Err(EngineError::Config(

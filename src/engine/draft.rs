@@ -1,7 +1,8 @@
 //! A draft model for speculative decoding: a smaller model with the target's vocabulary
 //! proposes the next tokens of each speculating sequence by decoding greedily ahead of it.
 //!
-//! The draft keeps its own paged KV cache: its own pool and its own [`BlockManager`] (one
+//! The draft keeps its own paged KV cache: its own pool (within the bytes of the target's)
+//! and its own [`BlockManager`] (one
 //! table per engine sequence, no prefix caching, no sharing), so its memory is managed by
 //! the same code as the target's. What it holds for a sequence is a record of the tokens
 //! whose K/V it computed. Before proposing, that record is compared with the sequence's
@@ -71,16 +72,17 @@ impl Drop for DraftModel {
 
 impl DraftModel {
     /// Loads the draft in `dir` for a target with config `target` and context
-    /// `max_model_len`. The draft's pool has as many blocks as the target's (`blocks`), in
-    /// the engine's block size and KV dtype. Refused when the vocabularies differ or the
-    /// draft's context is shorter than the target's.
+    /// `max_model_len`, in the engine's block size and KV dtype. Its pool holds every
+    /// running sequence at the full context, but takes no more bytes than the target's pool
+    /// (`pool_bytes`). Refused when the vocabularies differ or the draft's context is
+    /// shorter than the target's.
     pub fn open(
         ctx: Arc<GpuContext>,
         dir: &Path,
         target: &ModelConfig,
         config: &EngineConfig,
         max_model_len: usize,
-        blocks: usize,
+        pool_bytes: u64,
     ) -> Result<Self> {
         let what = |e: String| EngineError::Config(format!("draft model {}: {e}", dir.display()));
         let (files, _tokenizer) = open_model(dir).map_err(|e| what(e.to_string()))?;
@@ -100,10 +102,20 @@ impl DraftModel {
             )));
         }
         let layout = kv_layout(&c, config)?;
+        let per_seq = max_model_len.div_ceil(config.block_size) + 1;
+        let affordable = (pool_bytes / layout.block_bytes_all_layers()) as usize;
+        let blocks = (config.max_num_seqs.max(1) * per_seq).min(affordable);
+        if blocks < per_seq {
+            return Err(what(format!(
+                "a pool of {blocks} blocks (the target pool's bytes) cannot hold one sequence \
+                 of {max_model_len} tokens; give more KV memory or a smaller --max-model-len"
+            )));
+        }
         let model = GpuModel::upload_as(&ctx, &files, max_model_len, None, |_, _| {})?;
         let pool = kv_pool(&ctx, layout, blocks, config)?;
         let max_tokens = config.max_num_batched_tokens.max(1);
-        let max_rows = config.max_num_seqs.max(1);
+        // A pass has a row per sequence it computes and at least a token per row.
+        let max_rows = config.max_num_seqs.max(1).min(max_tokens);
         let ws = Workspace::new(&ctx, &c, max_tokens, max_rows)?;
         let cache = CacheConfig::new(config.block_size, blocks, 0).with_watermark_blocks(0);
         Ok(DraftModel {
@@ -195,7 +207,8 @@ impl DraftModel {
             let mut pass = Vec::new();
             for &i in &active {
                 let (id, tokens, k) = reqs[i];
-                if out[i].is_empty() || out[i].len() >= k {
+                // One token each, as many sequences as one pass holds; the rest next pass.
+                if out[i].is_empty() || out[i].len() >= k || pass.len() == self.max_rows {
                     continue;
                 }
                 let len = tokens.len() + out[i].len();

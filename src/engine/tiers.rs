@@ -309,9 +309,10 @@ impl Engine {
             return 0;
         };
         let bs = self.scheduler.blocks.block_size();
+        // One chain per KV cache group, back to back, each over the prefix's full blocks.
         chain
             .iter()
-            .zip(prefix.chunks_exact(bs))
+            .zip(prefix.chunks_exact(bs).cycle())
             .filter(|((_, parent), tokens)| disk.remove(disk.key(parent.map(key_of), tokens)))
             .count()
     }

@@ -38,6 +38,14 @@ fn every_group_gets_its_own_blocks_and_windowed_ones_release() {
     assert_eq!(m.released_blocks_in(A, 2).unwrap(), 3);
     assert_eq!(m.num_used_device_blocks(), 9);
     m.check_invariants().unwrap();
+    // A window given by the caller releases in the windowed groups only, never in the
+    // global one.
+    let mut other = grouped(30, 0, false);
+    other.allocate(A, &p).unwrap();
+    other.mark_computed(A, &p).unwrap();
+    assert_eq!(other.release_out_of_window(A, 3).unwrap(), 6);
+    assert_eq!(other.released_blocks_in(A, 0).unwrap(), 0);
+    other.check_invariants().unwrap();
     // A token takes a slot in every group: a new block in each (9 is odd: block 4 has room).
     m.append_slot(A).unwrap();
     assert_eq!(m.num_used_device_blocks(), 9);
