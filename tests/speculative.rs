@@ -375,5 +375,15 @@ fn a_draft_model_keeps_every_output_field() {
             .expect("a draft of another vocabulary was accepted")
             .to_string();
         assert!(err.contains("vocabulary") && err.contains("520"), "{err}");
+        // A draft without speculation turned on is a configuration error.
+        let orphan = EngineConfig {
+            draft_model: Some(dir.clone()),
+            ..base.clone()
+        };
+        let err = Engine::with_context(common::arc(ctx), &dir, orphan, |_, _| {})
+            .err()
+            .expect("a draft without speculation was accepted")
+            .to_string();
+        assert!(err.contains("speculative"), "{err}");
     }
 }

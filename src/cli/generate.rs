@@ -7,7 +7,7 @@ use super::engine_args::EngineArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use pagellm::constrain::StructuredOutput;
-use pagellm::engine::{Engine, Prompt, RequestEvent, RequestHandle, RequestOutput};
+use pagellm::engine::{Engine, EngineStats, Prompt, RequestEvent, RequestHandle, RequestOutput};
 use pagellm::sampling::SamplingParams;
 use serde::Deserialize;
 use serde_json::json;
@@ -450,8 +450,10 @@ fn print_text(i: usize, prompt: &str, out: &RequestOutput, many: bool) {
     }
 }
 
-/// The speculative-decoding line of `--stats`, when any proposal was verified.
-fn print_speculation(sc: &pagellm::engine::scheduler::SchedulerStats) {
+/// The speculative-decoding lines of `--stats`: proposals, when any was verified, and the
+/// draft model's work, when one proposes.
+fn print_speculation(s: &EngineStats) {
+    let sc = &s.scheduler;
     if sc.spec_drafts > 0 {
         eprintln!(
             "speculative decoding:   {} proposed, {} accepted ({:.1}%), {:.2} accepted per draft",
@@ -461,70 +463,21 @@ fn print_speculation(sc: &pagellm::engine::scheduler::SchedulerStats) {
             sc.spec_accepted as f64 / sc.spec_drafts as f64
         );
     }
-}
-
-fn print_stats(engine: &Engine) {
-    let s = engine.stats();
-    let c = &s.cache;
-    eprintln!("--- statistics ---");
-    eprintln!(
-        "KV cache:               {}, {:.0} bytes/token, {} blocks hold {} tokens in {:.1} MiB, rotation {}",
-        s.kv_layout.dtype,
-        s.kv_bytes_per_token(),
-        s.kv_blocks,
-        s.kv_pool_tokens(),
-        s.kv_pool_bytes as f64 / (1 << 20) as f64,
-        s.kv_rotation
-    );
-    if s.kv_groups.len() > 1 || s.kv_groups[0].is_some() {
-        let groups: Vec<String> = s
-            .kv_groups
-            .iter()
-            .map(|w| w.map_or("global".into(), |w| format!("window {w}")))
-            .collect();
-        eprintln!(
-            "KV cache groups:        {} of {} layer(s) per block: {}; {} blocks released by windows",
-            groups.len(),
-            s.kv_layout.num_layers,
-            groups.join(", "),
-            c.window_released_blocks
-        );
-    }
-    eprintln!("steps:                  {}", s.scheduler.steps);
-    eprintln!(
-        "preemptions:            {} (swap {}, recompute {})",
-        s.scheduler.preemptions, s.scheduler.preempted_by_swap, s.scheduler.preempted_by_recompute
-    );
-    if let Some(e) = s.scheduler.last_estimate {
-        eprintln!(
-            "chosen by cost:         {} (last estimate: swap {:.2} ms, recompute {:.2} ms)",
-            s.scheduler.chosen_by_cost,
-            e.swap_s * 1e3,
-            e.recompute_s * 1e3
-        );
-    }
-    let rate = |v: Option<f64>, unit: &str, scale: f64| {
-        v.map_or("not measured".to_string(), |v| {
-            format!("{:.1} {unit}", v / scale)
-        })
-    };
-    eprintln!(
-        "measured:               swap {}, prefill {}",
-        rate(s.costs.swap_bytes_per_s, "MiB/s", (1 << 20) as f64),
-        rate(s.costs.prefill_tokens_per_s, "tokens/s", 1.0)
-    );
-    eprintln!("recomputed tokens:      {}", s.scheduler.recomputed_tokens);
-    eprintln!(
-        "chunked prefills:       {} partial chunks",
-        s.scheduler.partial_prefills
-    );
-    print_speculation(&s.scheduler);
     if let Some(d) = s.draft {
         eprintln!(
             "draft model:            {} passes, {} tokens computed, {} sequences dropped for room",
             d.passes, d.tokens, d.dropped
         );
     }
+}
+
+fn print_stats(engine: &Engine) {
+    let s = engine.stats();
+    let c = &s.cache;
+    eprintln!("--- statistics ---");
+    print_kv_cache(&s);
+    print_scheduling(&s);
+    print_speculation(&s);
     eprintln!(
         "failed / abandoned:     {} / {}",
         s.scheduler.failed_requests, s.abandoned_requests
@@ -557,8 +510,67 @@ fn print_stats(engine: &Engine) {
     );
 }
 
+/// The pool: its format, size and KV cache groups.
+fn print_kv_cache(s: &EngineStats) {
+    eprintln!(
+        "KV cache:               {}, {:.0} bytes/token, {} blocks hold {} tokens in {:.1} MiB, rotation {}",
+        s.kv_layout.dtype,
+        s.kv_bytes_per_token(),
+        s.kv_blocks,
+        s.kv_pool_tokens(),
+        s.kv_pool_bytes as f64 / (1 << 20) as f64,
+        s.kv_rotation
+    );
+    if s.kv_groups.len() > 1 || s.kv_groups[0].is_some() {
+        let groups: Vec<String> = s
+            .kv_groups
+            .iter()
+            .map(|w| w.map_or("global".into(), |w| format!("window {w}")))
+            .collect();
+        eprintln!(
+            "KV cache groups:        {} of {} layer(s) per block: {}; {} blocks released by windows",
+            groups.len(),
+            s.kv_layout.num_layers,
+            groups.join(", "),
+            s.cache.window_released_blocks
+        );
+    }
+}
+
+/// Steps, preemptions and what automatic preemption measured.
+fn print_scheduling(s: &EngineStats) {
+    eprintln!("steps:                  {}", s.scheduler.steps);
+    eprintln!(
+        "preemptions:            {} (swap {}, recompute {})",
+        s.scheduler.preemptions, s.scheduler.preempted_by_swap, s.scheduler.preempted_by_recompute
+    );
+    if let Some(e) = s.scheduler.last_estimate {
+        eprintln!(
+            "chosen by cost:         {} (last estimate: swap {:.2} ms, recompute {:.2} ms)",
+            s.scheduler.chosen_by_cost,
+            e.swap_s * 1e3,
+            e.recompute_s * 1e3
+        );
+    }
+    let rate = |v: Option<f64>, unit: &str, scale: f64| {
+        v.map_or("not measured".to_string(), |v| {
+            format!("{:.1} {unit}", v / scale)
+        })
+    };
+    eprintln!(
+        "measured:               swap {}, prefill {}",
+        rate(s.costs.swap_bytes_per_s, "MiB/s", (1 << 20) as f64),
+        rate(s.costs.prefill_tokens_per_s, "tokens/s", 1.0)
+    );
+    eprintln!("recomputed tokens:      {}", s.scheduler.recomputed_tokens);
+    eprintln!(
+        "chunked prefills:       {} partial chunks",
+        s.scheduler.partial_prefills
+    );
+}
+
 /// The prefix cache's lower tiers: host blocks and disk records, hits and evictions.
-fn print_tiers(s: &pagellm::engine::EngineStats) {
+fn print_tiers(s: &EngineStats) {
     let t = &s.cache.host_tier;
     if t.budget > 0 {
         eprintln!(

@@ -291,6 +291,60 @@ pub(crate) fn kv_layout(c: &crate::model::ModelConfig, config: &EngineConfig) ->
     Ok(layout)
 }
 
+/// The KV pools' shape and sizes for a model and configuration, checked to hold one
+/// sequence at its peak.
+struct PoolPlan {
+    layer_groups: LayerGroups,
+    kv_groups: KvGroups,
+    /// One block: `layer_groups.slabs` layers.
+    layout: KvLayout,
+    gpu_blocks: usize,
+    cpu_blocks: usize,
+    /// Blocks one sequence holds at most.
+    needed: usize,
+}
+
+impl PoolPlan {
+    fn new(
+        c: &crate::model::ModelConfig,
+        config: &EngineConfig,
+        max_model_len: usize,
+    ) -> Result<Self> {
+        let (layer_groups, kv_groups) = kv_groups(c, config, max_model_len);
+        let layout = KvLayout {
+            num_layers: layer_groups.slabs,
+            ..kv_layout(c, config)?
+        };
+        let blocks_in = |bytes: u64| (bytes / layout.block_bytes_all_layers()) as usize;
+        let gpu_blocks = config
+            .num_gpu_blocks
+            .unwrap_or(blocks_in(config.kv_cache_bytes));
+        // What one sequence holds at most: every block of its context, except in windowed
+        // groups, which hold their window and a step's chunk.
+        let needed = kv_groups.blocks_between(0, max_model_len, config.block_size);
+        if gpu_blocks < needed {
+            return Err(EngineError::Config(format!(
+                "a KV pool of {gpu_blocks} blocks cannot hold one sequence of {max_model_len} tokens \
+                 ({needed} blocks of {} tokens over {} KV cache group(s)); give more blocks \
+                 (--num-gpu-blocks) or a smaller --max-model-len",
+                config.block_size,
+                kv_groups.len()
+            )));
+        }
+        let cpu_blocks = config
+            .num_cpu_blocks
+            .unwrap_or(blocks_in(config.swap_space_bytes));
+        Ok(PoolPlan {
+            layer_groups,
+            kv_groups,
+            layout,
+            gpu_blocks,
+            cpu_blocks,
+            needed,
+        })
+    }
+}
+
 /// How the model's layers share KV blocks: with `free_out_of_window_blocks`, a model whose
 /// layers all slide by one window gives back blocks that left it (one group with that
 /// window), and a model that mixes windowed and global layers keeps a block table per group
@@ -389,30 +443,20 @@ impl Engine {
         if config.profile {
             ctx.enable_profiling();
         }
-        let max_model_len = context_length(&c, &config)?;
-        let (layer_groups, kv_groups) = kv_groups(&c, &config, max_model_len);
-        let layout = KvLayout {
-            num_layers: layer_groups.slabs,
-            ..kv_layout(&c, &config)?
-        };
-        let gpu_blocks = config
-            .num_gpu_blocks
-            .unwrap_or((config.kv_cache_bytes / layout.block_bytes_all_layers()) as usize);
-        // What one sequence holds at most: every block of its context, except in windowed
-        // groups, which hold their window and a step's chunk.
-        let needed = kv_groups.blocks_between(0, max_model_len, config.block_size);
-        if gpu_blocks < needed {
-            return Err(EngineError::Config(format!(
-                "a KV pool of {gpu_blocks} blocks cannot hold one sequence of {max_model_len} tokens \
-                 ({needed} blocks of {} tokens over {} KV cache group(s)); give more blocks \
-                 (--num-gpu-blocks) or a smaller --max-model-len",
-                config.block_size,
-                kv_groups.len()
-            )));
+        if config.draft_model.is_some() && config.speculative.is_none() {
+            return Err(EngineError::Config(
+                "a draft model proposes for speculative decoding: set `speculative` too".into(),
+            ));
         }
-        let cpu_blocks = config
-            .num_cpu_blocks
-            .unwrap_or((config.swap_space_bytes / layout.block_bytes_all_layers()) as usize);
+        let max_model_len = context_length(&c, &config)?;
+        let PoolPlan {
+            layer_groups,
+            kv_groups,
+            layout,
+            gpu_blocks,
+            cpu_blocks,
+            needed,
+        } = PoolPlan::new(&c, &config, max_model_len)?;
         let model =
             GpuModel::upload_as(&ctx, &files, max_model_len, config.weight_dtype, progress)?;
         let pool = kv_pool(&ctx, layout, gpu_blocks, &config)?
@@ -434,9 +478,8 @@ impl Engine {
             .with_prefix_caching(config.enable_prefix_caching)
             .with_host_tier(host_tier)
             .with_tier_write_through(disk.is_some());
-        let draft = match (&config.draft_model, config.speculative) {
-            (None, _) => None,
-            (Some(dir), Some(_)) => Some(super::draft::DraftModel::open(
+        let draft = match &config.draft_model {
+            Some(dir) => Some(super::draft::DraftModel::open(
                 ctx.clone(),
                 dir,
                 &c,
@@ -444,11 +487,7 @@ impl Engine {
                 max_model_len,
                 gpu_blocks as u64 * layout.block_bytes_all_layers(),
             )?),
-            (Some(_), None) => {
-                return Err(EngineError::Config(
-                    "a draft model proposes for speculative decoding: set `speculative` too".into(),
-                ))
-            }
+            None => None,
         };
         let blocks = BlockManager::new(cache_cfg)?.with_groups(kv_groups);
         let mut scheduler = Scheduler::new(config.clone(), blocks);
