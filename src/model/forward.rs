@@ -168,11 +168,20 @@ pub fn forward(
             ),
         ));
     }
+    // Each further KV cache group's view of the metadata, made once for every layer.
+    let groups = (1..pool.num_kv_groups())
+        .map(|g| {
+            input.meta.for_group(g).ok_or_else(|| {
+                GpuError::invalid("forward", format!("no metadata for KV cache group {g}"))
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
     let pass = Pass {
         model,
         pool,
         ws,
         input,
+        groups: &groups,
         t,
         eps: c.rms_norm_eps,
     };
@@ -192,6 +201,8 @@ struct Pass<'a> {
     pool: &'a KvPool,
     ws: &'a Workspace,
     input: &'a StepInput<'a>,
+    /// The metadata as KV cache groups 1.. see it.
+    groups: &'a [AttentionBuffers],
     t: usize,
     eps: f32,
 }
@@ -209,18 +220,11 @@ impl Pass<'_> {
         // The layer's KV cache group: whose block tables and slots it uses, and which slab
         // of their blocks holds its K/V.
         let (group, slab) = self.pool.layer_slot(i);
-        let grouped;
         let meta = match group {
             0 => self.input.meta,
-            g => {
-                grouped = self.input.meta.for_group(g).ok_or_else(|| {
-                    GpuError::invalid(
-                        "forward",
-                        format!("layer {i}: no metadata for KV cache group {g}"),
-                    )
-                })?;
-                &grouped
-            }
+            g => self.groups.get(g - 1).ok_or_else(|| {
+                GpuError::invalid("forward", format!("layer {i}: no KV cache group {g}"))
+            })?,
         };
         let (heads, kv_heads) = (c.num_heads, c.num_kv_heads);
         let table = &self.model.ropes[l.rope];
