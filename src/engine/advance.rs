@@ -95,6 +95,12 @@ impl Engine {
             } else {
                 rs.samples(g, &seq_rows)
             };
+            if let Ok(SampleOutcome::Tokens { tokens, .. }) = &outcome {
+                // Each sampled sequence's token, in the order of its rows.
+                for (t, r) in tokens.iter().zip(&seq_rows) {
+                    self.spec_rate.record(r.proposed, t.accepted);
+                }
+            }
             sampled.push(Sampled {
                 request_id: id,
                 outcome: outcome.unwrap_or_else(|e| SampleOutcome::Failed(e.to_string())),

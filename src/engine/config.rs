@@ -29,9 +29,11 @@ pub struct SpeculativeConfig {
     /// What proposals cost a sequence, which the adaptive `k` weighs against the
     /// acceptance rate. `None` (the default): measured as the engine runs, as the mean
     /// decode step time at each row count (`crate::spec::StepCostFit`), with
-    /// [`DEFAULT_ROW_COST`] per extra row for counts not timed yet. `Some(c)` fixes it at
-    /// `c` a row relative to a sequence's share of a step; 0 makes every request speculate
-    /// whatever its acceptance rate (tests use it to run every path).
+    /// [`DEFAULT_ROW_COST`] per extra row for counts not timed yet, and each new request's
+    /// acceptance rate starts from the engine's recent one. `Some(c)` fixes it at `c` a
+    /// row relative to a sequence's share of a step, and each request starts at one half;
+    /// 0 makes every request speculate while its acceptance rate stays above 5% (tests use
+    /// it to run every path).
     pub row_cost: Option<f64>,
 }
 

@@ -27,11 +27,15 @@ use crate::model::gpu::GpuModel;
 use crate::model::{ModelError, ModelFiles};
 use crate::pool::{KvLayout, KvPool, KvRotation, PoolSize};
 use crate::sampling::{BeamSearch, BeamSearchConfig, SamplingError};
-use crate::spec::{AdaptiveK, NgramIndex, StepCostFit};
+use crate::spec::{AcceptanceRate, AdaptiveK, NgramIndex, StepCostFit};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
+
+/// Weight the engine's acceptance rate keeps at each verified step: a memory of about a
+/// hundred steps of proposals, across requests.
+const ENGINE_RATE_DECAY: f64 = 0.99;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -148,6 +152,8 @@ pub struct Engine {
     pub(super) step_buffers: StepBuffers,
     /// Decode step time against rows, for the cost of a proposed token's row.
     step_costs: StepCostFit,
+    /// The acceptance rate of recent requests' proposals: where a new request's starts.
+    pub(super) spec_rate: AcceptanceRate,
     /// The disk tier of the prefix cache (`tiers.rs`), with a block's worth of bytes to
     /// read records into.
     pub(super) disk: Option<DiskTier>,
@@ -509,6 +515,7 @@ impl Engine {
             host: HostTime::default(),
             step_buffers: StepBuffers::default(),
             step_costs: StepCostFit::default(),
+            spec_rate: AcceptanceRate::starting_at(0.5, ENGINE_RATE_DECAY),
             disk,
             tier_scratch: Vec::new(),
             disk_chains: Default::default(),
@@ -637,9 +644,15 @@ impl Engine {
             out.spec = Some(SpecState {
                 index: NgramIndex::new(spec.ngram_min, spec.ngram_max)
                     .map_err(|e| EngineError::Config(e.to_string()))?,
-                k: AdaptiveK::new(
+                // A measured cost starts from the engine's recent acceptance rate; a fixed
+                // one (tests, forced speculation) from one half, as each request did before.
+                k: AdaptiveK::starting_at(
                     spec.num_tokens,
                     spec.row_cost.unwrap_or(super::config::DEFAULT_ROW_COST),
+                    match spec.row_cost {
+                        None => self.spec_rate.rate(),
+                        Some(_) => 0.5,
+                    },
                 ),
             });
         }
@@ -749,6 +762,7 @@ impl Engine {
 
     fn try_step(&mut self) -> Result<usize> {
         let start = Instant::now();
+        let compiled = self.ctx.pipelines_compiled();
         self.propose();
         self.load_waiting_from_disk();
         let mut sched = self.scheduler.schedule()?;
@@ -772,10 +786,18 @@ impl Engine {
             self.scheduler
                 .costs
                 .record_prefill(rows, start.elapsed().as_secs_f64());
-        } else if self.config.speculative.is_some() {
+        } else if self.config.speculative.is_some() && !self.paid_set_up(compiled) {
             self.step_costs.record(rows, start.elapsed().as_secs_f64());
         }
         Ok(sched.scheduled.iter().map(|s| s.len).sum())
+    }
+
+    /// Whether the step just run paid a one-time cost (compiled a pipeline, which the
+    /// context had compiled `compiled` of before it, or made bind groups): the first step
+    /// of each new row count does, and its time says nothing about what the row count
+    /// costs.
+    fn paid_set_up(&self, compiled: u64) -> bool {
+        self.ctx.pipelines_compiled() != compiled || self.host.last_bind_groups_created > 0
     }
 
     /// Speculative decoding: every decoding sequence that speculates proposes the tokens

@@ -11,6 +11,7 @@
 use super::GpuContext;
 use crate::error::{GpuError, Result};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A WGSL kernel: the file under `shaders/` and its source. The entry point carries the
@@ -53,6 +54,8 @@ struct Module {
 pub(crate) struct PipelineCache {
     map: Mutex<HashMap<Key, Arc<CompiledKernel>>>,
     modules: Mutex<HashMap<&'static str, Arc<Module>>>,
+    /// Pipelines compiled so far (a step that compiled one paid a one-time cost).
+    compiled: AtomicU64,
 }
 
 /// The group-0 bindings the entry point `entry` of `source` uses, as layout entries (see
@@ -176,10 +179,17 @@ impl GpuContext {
         if let Ok(mut m) = self.pipelines.map.lock() {
             m.insert(key, pipeline.clone());
         }
+        self.pipelines.compiled.fetch_add(1, Ordering::Relaxed);
         if let Some(p) = self.profiler() {
             p.compile(started.elapsed());
         }
         Ok(pipeline)
+    }
+
+    /// Pipelines this context has compiled so far: a step that compiled one paid a one-time
+    /// cost, which a timing of its row count should not count.
+    pub fn pipelines_compiled(&self) -> u64 {
+        self.pipelines.compiled.load(Ordering::Relaxed)
     }
 
     fn module(&self, kernel: KernelSource) -> Result<Arc<Module>> {

@@ -20,9 +20,8 @@ pub struct AdaptiveK {
     /// [`MAX_PROBE_EVERY`], and starts over when a probe is accepted.
     probe_every: usize,
     probing: bool,
-    /// Decayed counts of accepted proposals and of rejections.
-    accepted: f64,
-    rejected: f64,
+    /// The request's own acceptance rate.
+    rate: AcceptanceRate,
     /// Steps since the last proposal while switched off.
     idle: usize,
 }
@@ -42,13 +41,20 @@ impl AdaptiveK {
     /// counts start at one acceptance and one rejection (a rate of one half), which lets a
     /// cheap adapter start speculating and a costly one start measuring.
     pub fn new(max_k: usize, row_cost: f64) -> Self {
+        Self::starting_at(max_k, row_cost, 0.5)
+    }
+
+    /// [`AdaptiveK::new`] with the counts starting at `rate` (weighing two proposals, as
+    /// one acceptance and one rejection do): the engine passes the rate its recent requests
+    /// had, so in a workload that never repeats itself a new request starts switched off
+    /// and probing rather than paying for a few rejected proposals first.
+    pub fn starting_at(max_k: usize, row_cost: f64, rate: f64) -> Self {
         let mut k = AdaptiveK {
             max_k,
             cost: Vec::new(),
             probe_every: PROBE_EVERY,
             probing: false,
-            accepted: 1.0,
-            rejected: 1.0,
+            rate: AcceptanceRate::starting_at(rate, DECAY),
             idle: 0,
         };
         k.set_row_cost(row_cost);
@@ -57,7 +63,7 @@ impl AdaptiveK {
 
     /// The estimated acceptance rate of one proposal.
     pub fn rate(&self) -> f64 {
-        self.accepted / (self.accepted + self.rejected)
+        self.rate.rate()
     }
 
     /// Expected tokens per cost of one-row steps, for `k` proposals at acceptance `a`.
@@ -129,6 +135,15 @@ impl AdaptiveK {
             self.probe_every = PROBE_EVERY;
             return k;
         }
+        // A probe proposes one token: where even a proposal sure to be accepted would not
+        // pay for its row (many sequences on a CPU adapter, where one more row adds a pass),
+        // it is pure cost. Costs are measured and re-measured (a row count not seen for a
+        // while is guessed optimistically again, see `StepCostFit`), so this holds only
+        // while it is true.
+        if 2.0 / self.cost[1] < MARGIN {
+            self.idle = 0;
+            return 0;
+        }
         self.idle += 1;
         if self.idle >= self.probe_every {
             self.idle = 0;
@@ -153,8 +168,51 @@ impl AdaptiveK {
                 _ => PROBE_EVERY,
             };
         }
-        self.accepted = self.accepted * DECAY + accepted as f64;
-        self.rejected = self.rejected * DECAY + f64::from(u8::from(accepted < proposed));
+        self.rate.record(proposed, accepted);
+    }
+}
+
+/// A decaying estimate of the rate at which proposals are accepted, given the ones before
+/// them were: decayed counts of accepted proposals and of rejections (at most one per
+/// verified step, since the first rejection ends it).
+#[derive(Clone, Copy, Debug)]
+pub struct AcceptanceRate {
+    accepted: f64,
+    rejected: f64,
+    /// Weight the counts keep at each record.
+    decay: f64,
+}
+
+impl AcceptanceRate {
+    /// Counts weighing two proposals at `rate` (clamped to 0..=1; a NaN counts as one
+    /// half), kept at `decay` (0..1) a record.
+    pub fn starting_at(rate: f64, decay: f64) -> Self {
+        let rate = if rate.is_nan() {
+            0.5
+        } else {
+            rate.clamp(0.0, 1.0)
+        };
+        AcceptanceRate {
+            accepted: 2.0 * rate,
+            rejected: 2.0 * (1.0 - rate),
+            decay: decay.clamp(0.0, 1.0),
+        }
+    }
+
+    /// The estimate: accepted over accepted plus rejections.
+    pub fn rate(&self) -> f64 {
+        self.accepted / (self.accepted + self.rejected)
+    }
+
+    /// Records a verified step: `accepted` of `proposed` proposals kept. A step without
+    /// proposals records nothing.
+    pub fn record(&mut self, proposed: usize, accepted: usize) {
+        if proposed == 0 {
+            return;
+        }
+        let accepted = accepted.min(proposed);
+        self.accepted = self.accepted * self.decay + accepted as f64;
+        self.rejected = self.rejected * self.decay + f64::from(u8::from(accepted < proposed));
     }
 }
 
@@ -177,8 +235,11 @@ pub struct StepCostFit {
     y: f64,
     xx: f64,
     xy: f64,
-    /// Per row count: steps seen (capped) and their running mean time.
-    by_rows: Vec<(u32, f64)>,
+    /// Per row count: steps seen (capped), their running mean time, and the step of the
+    /// latest.
+    by_rows: Vec<(u32, f64, u64)>,
+    /// Steps recorded.
+    steps: u64,
 }
 
 /// Weight kept by the sums at each step: a memory of about 50 steps.
@@ -189,6 +250,10 @@ const MIN_ROW_VARIANCE: f64 = 0.2;
 const ROWS_MEMORY: u32 = 16;
 /// Row counts tabulated (more fall back on the line).
 const MAX_TABLE_ROWS: usize = 1024;
+/// A row count not seen for this many steps is timed again: its mean is forgotten, so a
+/// cost measured under other conditions (a loaded machine, a noisy step) cannot keep
+/// proposals and probes off for good.
+const STALE_STEPS: u64 = 512;
 
 impl StepCostFit {
     /// Records a decode step of `rows` query rows that took `seconds`.
@@ -202,13 +267,19 @@ impl StepCostFit {
         self.y = self.y * FIT_DECAY + seconds;
         self.xx = self.xx * FIT_DECAY + x * x;
         self.xy = self.xy * FIT_DECAY + x * seconds;
+        self.steps += 1;
         if rows < MAX_TABLE_ROWS {
             if self.by_rows.len() <= rows {
-                self.by_rows.resize(rows + 1, (0, 0.0));
+                self.by_rows.resize(rows + 1, (0, 0.0, 0));
             }
-            let (n, mean) = &mut self.by_rows[rows];
+            let steps = self.steps;
+            let (n, mean, seen) = &mut self.by_rows[rows];
+            if steps - *seen > STALE_STEPS {
+                *n = 0;
+            }
             *n = (*n + 1).min(ROWS_MEMORY);
             *mean += (seconds - *mean) / f64::from(*n);
+            *seen = steps;
         }
     }
 
@@ -228,14 +299,28 @@ impl StepCostFit {
         Some((fixed, per_row))
     }
 
-    /// The expected time of a step of `rows` rows: the mean of those seen (two at least),
-    /// else the line's.
+    /// The expected time of a step of `rows` rows: the mean of those seen (two at least,
+    /// the latest within [`STALE_STEPS`]), else the line's, else (the line needs row counts
+    /// that varied lately) a straight line between the nearest row counts timed below and
+    /// above.
     pub fn time(&self, rows: usize) -> Option<f64> {
+        if let Some(t) = self.timed(rows) {
+            return Some(t);
+        }
+        if let Some((fixed, per_row)) = self.fit() {
+            return Some(fixed + per_row * rows as f64);
+        }
+        let below = (1..rows).rev().find_map(|r| Some((r, self.timed(r)?)))?;
+        let above = (rows + 1..self.by_rows.len()).find_map(|r| Some((r, self.timed(r)?)))?;
+        let w = (rows - below.0) as f64 / (above.0 - below.0) as f64;
+        Some(below.1 + w * (above.1 - below.1))
+    }
+
+    /// The mean time of `rows`-row steps, if seen twice at least and lately.
+    fn timed(&self, rows: usize) -> Option<f64> {
         match self.by_rows.get(rows) {
-            Some(&(n, mean)) if n >= 2 => Some(mean),
-            _ => self
-                .fit()
-                .map(|(fixed, per_row)| fixed + per_row * rows as f64),
+            Some(&(n, mean, seen)) if n >= 2 && self.steps - seen <= STALE_STEPS => Some(mean),
+            _ => None,
         }
     }
 
@@ -254,16 +339,30 @@ impl StepCostFit {
     /// a step of `seqs` sequences (1 for `k = 0`; never less, since rows never make a step
     /// faster); `None` before the plain step's time is known. Unknown entries are NaN
     /// (left to [`AdaptiveK::set_costs`]).
+    ///
+    /// The cost is the larger of two views. Alone: the step grows by this sequence's `k`
+    /// rows, `1 + (t(s + k) - t(s)) / (t(s) / s)`. Together: every sequence of the step
+    /// proposes as many, and the step of `s (1 + k)` rows costs each its share,
+    /// `t(s (1 + k)) / t(s)`. The views differ where costs are not linear in rows: on a
+    /// CPU adapter one extra row of a 16-row step adds a small remainder pass, so each
+    /// sequence alone would find a proposal cheap, while all of them proposing double the
+    /// step. Taking the larger keeps a batch from speculating its way into a slower step.
     pub fn relative_costs(&self, seqs: usize, max_k: usize) -> Option<Vec<f64>> {
         let seqs = seqs.max(1);
         let base = self.time(seqs).filter(|&t| t > 0.0)?;
         let share = base / seqs as f64;
+        let alone = |k: usize| {
+            self.time(seqs + k)
+                .map(|t| 1.0 + (t - base).max(0.0) / share)
+        };
+        let together = |k: usize| self.time(seqs * (1 + k)).map(|t| (t / base).max(1.0));
         Some(
             (0..=max_k)
-                .map(|k| match self.time(seqs + k) {
+                .map(|k| match (alone(k), together(k)) {
                     _ if k == 0 => 1.0,
-                    Some(t) => 1.0 + (t - base).max(0.0) / share,
-                    None => f64::NAN,
+                    (Some(a), Some(b)) => a.max(b),
+                    (Some(c), None) | (None, Some(c)) => c,
+                    (None, None) => f64::NAN,
                 })
                 .collect(),
         )
@@ -421,7 +520,9 @@ mod tests {
 
     #[test]
     fn failed_probes_back_off_and_an_accepted_one_resets() {
-        let mut k = AdaptiveK::new(2, 1.0);
+        // A row costing 0.9 steps: a probe pays if accepted (2 / 1.9 > 1.05), so it is
+        // made, but rejections keep speculation off.
+        let mut k = AdaptiveK::new(2, 0.9);
         let mut gaps = Vec::new();
         let mut since = 0;
         for _ in 0..(16 + 32 + 64) {
@@ -451,5 +552,115 @@ mod tests {
             }
         }
         assert_eq!(since, 16);
+    }
+
+    #[test]
+    fn no_probe_where_a_sure_proposal_would_not_pay() {
+        // Measured: one proposal costs a sequence 3 of its shares (one more row of a
+        // 16-row step on a CPU adapter); two tokens for 3 never pay, so no probe.
+        let mut k = AdaptiveK::new(4, 0.15);
+        k.set_costs(&[1.0, 3.0, 3.2], 0.15);
+        for _ in 0..60 {
+            k.record(1, 0);
+        }
+        assert!((0..1000).all(|_| k.next_k() == 0));
+        // Cheaper again (the batch shrank, or the entry went stale and is guessed): probes
+        // resume.
+        k.set_costs(&[1.0, 1.3], 0.15);
+        assert!((0..PROBE_EVERY).any(|_| k.next_k() == 1));
+    }
+
+    #[test]
+    fn a_new_request_starts_from_the_rate_it_is_given() {
+        // From the engine's recent rate of 2%: off from the first step, probing at 16.
+        let mut k = AdaptiveK::starting_at(4, 0.05, 0.02);
+        assert!(k.rate() < 0.03);
+        let first = (1..=100).find(|_| k.next_k() > 0);
+        assert_eq!(first, Some(PROBE_EVERY));
+        // From 90%: speculating at once, fully on cheap rows.
+        let mut k = AdaptiveK::starting_at(4, 0.05, 0.9);
+        assert_eq!(k.next_k(), 4);
+        // The start weighs two proposals: two accepted steps of four bring 2% up past 2/3.
+        let mut k = AdaptiveK::starting_at(4, 0.05, 0.02);
+        k.record(4, 4);
+        k.record(4, 4);
+        assert!(k.rate() > 2.0 / 3.0, "{}", k.rate());
+        // Nonsense rates are clamped, a NaN is one half.
+        assert_eq!(AcceptanceRate::starting_at(3.0, 0.9).rate(), 1.0);
+        assert_eq!(AcceptanceRate::starting_at(f64::NAN, 0.9).rate(), 0.5);
+        let mut r = AcceptanceRate::starting_at(0.0, 0.5);
+        r.record(2, 1);
+        // Counts halved to 0 and 1, then 1 acceptance and 1 rejection: 1 / 3.
+        assert!((r.rate() - 1.0 / 3.0).abs() < 1e-12, "{}", r.rate());
+    }
+
+    #[test]
+    fn a_batch_proposing_together_pays_for_the_whole_step() {
+        // A CPU adapter: rows cost 0.5 ms each in passes of 8, plus 4 ms a step; a pass of
+        // 1-7 remainder rows costs as much as a whole one.
+        let t = |rows: usize| 0.004 + 0.004 * rows.div_ceil(8) as f64;
+        let mut f = StepCostFit::default();
+        for _ in 0..4 {
+            for rows in [16, 17, 32, 48, 80] {
+                f.record(rows, t(rows));
+            }
+        }
+        let c = f.relative_costs(16, 4).unwrap();
+        // Alone, one more row adds a pass, 4 of a 12 ms step's 0.75 ms shares: 1 + 5.33;
+        // together, 32 rows take 20 ms against 12: 1.67. The larger counts.
+        assert!(
+            (c[1] - (1.0 + 0.004 / (0.012 / 16.0))).abs() < 1e-9,
+            "{c:?}"
+        );
+        // Four proposals each: alone 21 rows were never timed (the line answers), together
+        // 80 rows take 44 ms, 3.67 steps.
+        assert!(c[4] >= 44.0 / 12.0 - 1e-9, "{c:?}");
+        // One sequence: both views are the same.
+        let mut g = StepCostFit::default();
+        for _ in 0..4 {
+            g.record(1, 0.004);
+            g.record(2, 0.006);
+        }
+        assert_eq!(g.relative_costs(1, 1).unwrap(), vec![1.0, 1.5]);
+    }
+
+    #[test]
+    fn a_row_count_not_seen_for_long_is_timed_again() {
+        let mut f = StepCostFit::default();
+        // Two-row steps timed once under load, then only one-row steps for a long while.
+        for _ in 0..2 {
+            f.record(2, 0.050);
+        }
+        for _ in 0..STALE_STEPS {
+            f.record(1, 0.004);
+        }
+        assert_eq!(f.time(2), Some(0.050));
+        f.record(1, 0.004);
+        // Stale: no mean, and the line has forgotten its slope (only one-row steps now).
+        assert_eq!(f.time(2), None);
+        let c = f.relative_costs(1, 1).unwrap();
+        assert!(c[1].is_nan(), "left to the optimistic guess: {c:?}");
+        // Timed again, the old mean does not come back.
+        f.record(2, 0.006);
+        f.record(2, 0.006);
+        assert!((f.time(2).unwrap() - 0.006).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_row_count_between_two_timed_ones_is_interpolated() {
+        let mut f = StepCostFit::default();
+        // 1 and 16 rows timed long ago, then only 16-row steps: the line has no slope left.
+        for _ in 0..3 {
+            f.record(1, 0.004);
+        }
+        for _ in 0..300 {
+            f.record(16, 0.012);
+        }
+        assert_eq!(f.fit(), None);
+        // 12 rows: between 4 ms and 12 ms, 11/15 of the way.
+        let t = f.time(12).unwrap();
+        assert!((t - (0.004 + 0.008 * 11.0 / 15.0)).abs() < 1e-12, "{t}");
+        // Beyond the largest timed count there is nothing to go by.
+        assert_eq!(f.time(17), None);
     }
 }

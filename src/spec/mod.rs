@@ -21,7 +21,7 @@ pub mod adapt;
 pub mod ngram;
 
 pub use accept::{accept_greedy, accept_sampled, Accepted, Proposal};
-pub use adapt::{AdaptiveK, StepCostFit};
+pub use adapt::{AcceptanceRate, AdaptiveK, StepCostFit};
 pub use ngram::NgramIndex;
 
 /// A speculation setting that cannot work.
