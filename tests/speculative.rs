@@ -316,6 +316,31 @@ fn a_draft_model_keeps_every_output_field() {
         let d = s.draft.expect("a draft model");
         assert!(d.tokens <= 54 + 60 + sc.spec_proposed, "{d:?} {sc:?}");
         assert_eq!(d.dropped, 0);
+        // Sampled requests (n = 3 after their fork, and n = 1, with top-p, logprobs and a
+        // penalty and bias added): the draft draws each proposal with a copy of the
+        // sequence's sampler, the random number the target's draws for that row, from the
+        // same logits, so every proposal is accepted too; arg-max proposals would match
+        // only where the sample happens to be the arg-max.
+        let mut biased = work[5].1.clone();
+        biased.presence_penalty = 0.4;
+        biased.logit_bias = vec![(7, 1.5), (11, -2.0)];
+        let sampled_work = [
+            work[2].clone(),
+            work[5].clone(),
+            (work[5].0.clone(), biased),
+        ];
+        let want_sampled = run(&mut engine(ctx, &dir, base.clone()), &sampled_work);
+        let mut e = engine(ctx, &dir, drafted(&dir, base.clone()));
+        assert_same(
+            "self-draft sampled",
+            &run(&mut e, &sampled_work),
+            &want_sampled,
+        );
+        let sc = e.stats().scheduler;
+        assert!(
+            sc.spec_proposed > 40 && sc.spec_accepted == sc.spec_proposed,
+            "self-draft sampled: {sc:?}"
+        );
         assert_same("self-draft batched", &run(&mut e, &work), &want);
         assert_speculated("self-draft", &e);
         // A request that fills the 64-token context: no proposal goes past it.

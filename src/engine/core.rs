@@ -11,6 +11,7 @@
 //! waits forever and no step loops.
 
 use super::config::EngineConfig;
+use super::draft::{DraftRequest, DraftSampling};
 use super::output::{FinishReason, RequestEvent, RequestId};
 use super::request::{completion, Prompt, RequestHandle, RequestSide, SeqOutput, SpecState};
 use super::scheduler::{PreemptionCosts, Scheduler, SchedulerStats};
@@ -829,8 +830,9 @@ impl Engine {
             .collect();
         let drafting = self.draft.is_some();
         // With a draft model: each decoding sequence's adapted k, proposals made below.
-        let mut wanted: Vec<(SeqId, Vec<u32>, usize)> = Vec::new();
+        let mut wanted: Vec<DraftRequest> = Vec::new();
         for (g, computed) in self.scheduler.running_mut().iter_mut().zip(computed) {
+            let samples = !g.data.params.is_greedy();
             for (seq, computed) in g.seqs.iter_mut().zip(computed) {
                 let decoding = !seq.is_finished() && computed + 1 == seq.tokens.len();
                 seq.proposed = match seq.data.spec.as_mut() {
@@ -840,7 +842,15 @@ impl Engine {
                             None => spec.k.set_row_cost(prior),
                         }
                         if drafting {
-                            wanted.push((seq.id, seq.tokens.clone(), spec.k.next_k()));
+                            wanted.push(DraftRequest {
+                                seq: seq.id,
+                                tokens: seq.tokens.clone(),
+                                k: spec.k.next_k(),
+                                sampling: samples.then(|| DraftSampling {
+                                    sampler: seq.data.sampler.clone(),
+                                    prompt_len: seq.prompt_len,
+                                }),
+                            });
                             Vec::new()
                         } else {
                             spec.propose(&seq.tokens)
@@ -859,7 +869,7 @@ impl Engine {
     /// running sequences; the draft forgets every sequence no longer running. A draft that
     /// fails proposes nothing this step (a warning): speculation is an optimization, and
     /// the step goes on without it.
-    fn draft_proposals(&mut self, wanted: Vec<(SeqId, Vec<u32>, usize)>) {
+    fn draft_proposals(&mut self, mut wanted: Vec<DraftRequest>) {
         let Some(draft) = self.draft.as_mut() else {
             return;
         };
@@ -870,11 +880,7 @@ impl Engine {
             .flat_map(|g| g.live_ids())
             .collect();
         draft.retain(&live);
-        let reqs: Vec<(SeqId, &[u32], usize)> = wanted
-            .iter()
-            .map(|(id, t, k)| (*id, t.as_slice(), *k))
-            .collect();
-        let proposals = match draft.propose(&reqs) {
+        let proposals = match draft.propose(&mut wanted) {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(error = %e, "the draft model failed; no proposals this step");
@@ -882,7 +888,7 @@ impl Engine {
             }
         };
         let by_id: std::collections::HashMap<SeqId, Vec<u32>> =
-            wanted.iter().map(|w| w.0).zip(proposals).collect();
+            wanted.iter().map(|w| w.seq).zip(proposals).collect();
         for g in self.scheduler.running_mut().iter_mut() {
             for seq in g.seqs.iter_mut() {
                 if let Some(p) = by_id.get(&seq.id) {

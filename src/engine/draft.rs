@@ -14,9 +14,17 @@
 //! recomputation without being told: a sequence it lost track of (preempted, or its table
 //! freed when the draft pool ran short) is simply computed again from its tokens.
 //!
-//! Proposals are the draft's arg-max, a point mass, and the engine verifies them by
-//! sampling each row with the sequence's own sampler (`advance.rs`); so greedy and seeded
-//! outputs are those of plain decoding, token for token, whatever the draft proposes.
+//! The engine verifies proposals by sampling each row with the sequence's own sampler and
+//! keeping a proposal while the sample equals it (`advance.rs`); so greedy and seeded
+//! outputs are those of plain decoding, token for token, whatever the draft proposes. A
+//! greedy request's proposals are the draft's arg-max. A request that samples gets
+//! proposals drawn from the draft's own distribution by a copy of the sequence's sampler
+//! (its parameters, penalties and logit bias, and its random number generator as it
+//! stands): proposal j uses the very uniform number the target's sampler will draw for row
+//! j, so the two picks coincide wherever both distributions put that number on the same
+//! token (sampling coupled through a shared random number). That accepts far more than
+//! the draft's arg-max, which a sampled row matches only as often as the target's
+//! probability of it, and the outputs stay the target's own samples.
 
 use super::core::{kv_layout, kv_pool, open_model, EngineError, Result};
 use super::EngineConfig;
@@ -29,6 +37,7 @@ use crate::model::gpu::GpuModel;
 use crate::model::step::{record_step, FlatBatch, SeqSlice};
 use crate::model::ModelConfig;
 use crate::pool::KvPool;
+use crate::sampling::Sampler;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
@@ -44,6 +53,24 @@ pub struct DraftStats {
     pub dropped: u64,
 }
 
+/// One speculating sequence's request for proposals.
+pub struct DraftRequest {
+    pub seq: SeqId,
+    /// Its tokens (prompt and output).
+    pub tokens: Vec<u32>,
+    /// At most this many proposals.
+    pub k: usize,
+    /// For a request that samples: how it samples (greedy requests take the arg-max).
+    pub sampling: Option<DraftSampling>,
+}
+
+/// A copy of a sampling sequence's sampler as it stands, and where its prompt ends (for
+/// the penalties): the draft's proposals draw the random numbers the target's sampler will.
+pub struct DraftSampling {
+    pub sampler: Sampler,
+    pub prompt_len: usize,
+}
+
 /// A loaded draft model with its KV cache.
 pub struct DraftModel {
     ctx: Arc<GpuContext>,
@@ -53,6 +80,8 @@ pub struct DraftModel {
     blocks: BlockManager,
     meta: Option<AttentionBuffers>,
     argmax: Readback,
+    logits: Readback,
+    vocab: usize,
     /// Per engine sequence: the tokens whose K/V the draft cache holds, in order.
     seqs: HashMap<SeqId, Vec<u32>>,
     /// Most tokens and rows one pass computes.
@@ -126,6 +155,8 @@ impl DraftModel {
             blocks: BlockManager::new(cache)?,
             meta: None,
             argmax: Readback::default(),
+            logits: Readback::default(),
+            vocab: c.vocab_size,
             seqs: HashMap::new(),
             max_tokens,
             max_rows,
@@ -154,14 +185,16 @@ impl DraftModel {
         }
     }
 
-    /// Up to `k` proposals after `tokens` for each `(seq, tokens, k)`: the draft's greedy
-    /// continuation. A sequence the draft cannot hold proposes nothing.
-    pub fn propose(&mut self, reqs: &[(SeqId, &[u32], usize)]) -> Result<Vec<Vec<u32>>> {
+    /// Up to `k` proposals after `tokens` for each request: the draft's continuation, greedy
+    /// or drawn as the request samples (see the module docs). A sequence the draft cannot
+    /// hold proposes nothing.
+    pub fn propose(&mut self, reqs: &mut [DraftRequest]) -> Result<Vec<Vec<u32>>> {
         let mut out = vec![Vec::new(); reqs.len()];
         // Bring each sequence's cache in line with its tokens, with slots for all of them.
         let mut active: Vec<usize> = Vec::new();
-        for (i, &(id, tokens, k)) in reqs.iter().enumerate() {
-            if k == 0 || tokens.is_empty() || tokens.len() > self.max_model_len {
+        for (i, r) in reqs.iter().enumerate() {
+            let (id, tokens) = (r.seq, r.tokens.as_slice());
+            if r.k == 0 || tokens.is_empty() || tokens.len() > self.max_model_len {
                 continue;
             }
             if self.prepare(id, tokens) {
@@ -175,7 +208,7 @@ impl DraftModel {
         // of at most `max_tokens` tokens; a sequence's last token gives its first proposal.
         let mut pending: Vec<(usize, usize)> = active
             .iter()
-            .map(|&i| (i, self.seqs[&reqs[i].0].len()))
+            .map(|&i| (i, self.seqs[&reqs[i].seq].len()))
             .collect();
         while !pending.is_empty() {
             let mut pass: Vec<(usize, usize, usize)> = Vec::new(); // (req, start, end)
@@ -184,34 +217,42 @@ impl DraftModel {
                 if budget == 0 || pass.len() == self.max_rows {
                     break;
                 }
-                let len = reqs[p.0].1.len();
+                let len = reqs[p.0].tokens.len();
                 let end = (p.1 + budget).min(len);
                 pass.push((p.0, p.1, end));
                 budget -= end - p.1;
                 p.1 = end;
             }
-            let next = self.forward(reqs, &pass)?;
+            let tokens: Vec<u32> = pass
+                .iter()
+                .flat_map(|&(i, s, e)| reqs[i].tokens[s..e].iter().copied())
+                .collect();
+            // Only a sequence's last row proposes; the others' picks are not drawn.
+            let last: Vec<bool> = pass
+                .iter()
+                .map(|&(i, _, e)| e == reqs[i].tokens.len())
+                .collect();
+            let next = self.run(reqs, &out, &pass, &tokens, &last)?;
             for ((i, _, end), token) in pass.iter().zip(next) {
-                if *end == reqs[*i].1.len() {
+                if *end == reqs[*i].tokens.len() {
                     out[*i].push(token);
                 }
             }
-            pending.retain(|&(i, done)| done < reqs[i].1.len());
+            pending.retain(|&(i, done)| done < reqs[i].tokens.len());
         }
         for &i in &active {
-            let (id, tokens, _) = reqs[i];
-            self.seqs.insert(id, tokens.to_vec());
+            self.seqs.insert(reqs[i].seq, reqs[i].tokens.clone());
         }
         // Each further proposal: the last one goes in, one token per sequence.
         loop {
             let mut pass = Vec::new();
             for &i in &active {
-                let (id, tokens, k) = reqs[i];
+                let (id, k) = (reqs[i].seq, reqs[i].k);
                 // One token each, as many sequences as one pass holds; the rest next pass.
                 if out[i].is_empty() || out[i].len() >= k || pass.len() == self.max_rows {
                     continue;
                 }
-                let len = tokens.len() + out[i].len();
+                let len = reqs[i].tokens.len() + out[i].len();
                 if len > self.max_model_len || self.blocks.grow_to(id, len).is_err() {
                     continue; // the pool is short: this sequence proposes what it has
                 }
@@ -220,11 +261,18 @@ impl DraftModel {
             if pass.is_empty() {
                 break;
             }
-            let next = self.forward_proposals(reqs, &out, &pass)?;
+            let tokens: Vec<u32> = pass
+                .iter()
+                .map(|&(i, _, _)| *out[i].last().expect("a proposal"))
+                .collect();
+            let next = self.run(reqs, &out, &pass, &tokens, &vec![true; pass.len()])?;
             for ((i, _, _), token) in pass.iter().zip(next) {
                 // The proposal that went in is computed now; the new one is not yet.
                 let last = *out[*i].last().expect("a proposal");
-                self.seqs.get_mut(&reqs[*i].0).expect("prepared").push(last);
+                self.seqs
+                    .get_mut(&reqs[*i].seq)
+                    .expect("prepared")
+                    .push(last);
                 out[*i].push(token);
             }
         }
@@ -262,43 +310,21 @@ impl DraftModel {
         }
     }
 
-    /// One pass over `pass` (`(request, start, end)`: the tokens `start..end` of each
-    /// request's tokens); returns the arg-max after each one's last token.
-    fn forward(
-        &mut self,
-        reqs: &[(SeqId, &[u32], usize)],
-        pass: &[(usize, usize, usize)],
-    ) -> Result<Vec<u32>> {
-        let tokens: Vec<u32> = pass
-            .iter()
-            .flat_map(|&(i, s, e)| reqs[i].1[s..e].iter().copied())
-            .collect();
-        self.run(reqs, pass, &tokens)
-    }
-
-    /// One pass computing each sequence's newest proposal (at `start`).
-    fn forward_proposals(
-        &mut self,
-        reqs: &[(SeqId, &[u32], usize)],
-        out: &[Vec<u32>],
-        pass: &[(usize, usize, usize)],
-    ) -> Result<Vec<u32>> {
-        let tokens: Vec<u32> = pass
-            .iter()
-            .map(|&(i, _, _)| *out[i].last().expect("a proposal"))
-            .collect();
-        self.run(reqs, pass, &tokens)
-    }
-
+    /// One pass over `pass` (`(request, start, end)`: positions `start..end` of each
+    /// request, whose tokens are `tokens`, in order); returns each one's pick after its
+    /// last token: the arg-max, or where `propose[row]` and the request samples, a draw of
+    /// its sampler copy (`out`: the proposals so far, for the penalties).
     fn run(
         &mut self,
-        reqs: &[(SeqId, &[u32], usize)],
+        reqs: &mut [DraftRequest],
+        out: &[Vec<u32>],
         pass: &[(usize, usize, usize)],
         tokens: &[u32],
+        propose: &[bool],
     ) -> Result<Vec<u32>> {
         let mut tables = Vec::with_capacity(pass.len());
         for &(i, _, _) in pass {
-            let id = reqs[i].0;
+            let id = reqs[i].seq;
             let t: Vec<u32> = self.blocks.block_table(id)?.iter().map(|b| b.0).collect();
             tables.push(t);
         }
@@ -337,11 +363,49 @@ impl DraftModel {
         let pending = self
             .argmax
             .read_later(&mut batch, &self.ws.argmax, 0, (n * 8) as u64)?;
+        let sampled = |r: usize| propose[r] && reqs[pass[r].0].sampling.is_some();
+        let logits = match (0..n).any(sampled) {
+            true => {
+                let bytes = (n * self.vocab * 4) as u64;
+                Some(
+                    self.logits
+                        .read_later(&mut batch, &self.ws.logits, 0, bytes)?,
+                )
+            }
+            false => None,
+        };
         batch.submit()?;
         let bytes = self.ctx.complete_read(pending)?;
-        let (ids, _) = argmax_logprobs(&bytemuck::pod_collect_to_vec(&bytes), n);
+        let (mut ids, _) = argmax_logprobs(&bytemuck::pod_collect_to_vec(&bytes), n);
         self.stats.passes += 1;
         self.stats.tokens += tokens.len() as u64;
+        if let Some(pending) = logits {
+            let all: Vec<f32> = bytemuck::pod_collect_to_vec(&self.ctx.complete_read(pending)?);
+            for (r, &(i, _, _)) in pass.iter().enumerate() {
+                if !propose[r] {
+                    continue;
+                }
+                if let Some(s) = reqs[i].sampling.as_mut() {
+                    let row = &all[r * self.vocab..(r + 1) * self.vocab];
+                    ids[r] = draw(s, row, &reqs[i].tokens, &out[i])?;
+                }
+            }
+        }
         Ok(ids)
     }
+}
+
+/// The next proposal of a sampling sequence with `tokens` and `proposed` so far, from the
+/// draft's logits `row`: the request's logit bias, then its sampler (penalties, filters
+/// and one draw of its random numbers), as `advance.rs` samples the target's row.
+fn draw(s: &mut DraftSampling, row: &[f32], tokens: &[u32], proposed: &[u32]) -> Result<u32> {
+    let mut logits = row.to_vec();
+    for &(id, bias) in &s.sampler.params().logit_bias {
+        if let Some(x) = logits.get_mut(id as usize) {
+            *x += bias;
+        }
+    }
+    let history = [tokens, proposed].concat();
+    let (prompt, output) = history.split_at(s.prompt_len.min(history.len()));
+    Ok(s.sampler.sample_after(&logits, prompt, output)?.token)
 }
