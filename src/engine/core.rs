@@ -787,18 +787,20 @@ impl Engine {
             self.scheduler
                 .costs
                 .record_prefill(rows, start.elapsed().as_secs_f64());
-        } else if self.config.speculative.is_some() && !self.paid_set_up(compiled) {
+        } else if self.config.speculative.is_some() && !self.compiled_since(compiled) {
             self.step_costs.record(rows, start.elapsed().as_secs_f64());
         }
         Ok(sched.scheduled.iter().map(|s| s.len).sum())
     }
 
-    /// Whether the step just run paid a one-time cost (compiled a pipeline, which the
-    /// context had compiled `compiled` of before it, or made bind groups): the first step
-    /// of each new row count does, and its time says nothing about what the row count
-    /// costs.
-    fn paid_set_up(&self, compiled: u64) -> bool {
-        self.ctx.pipelines_compiled() != compiled || self.host.last_bind_groups_created > 0
+    /// Whether the step just run compiled a pipeline (the context had compiled `before` of
+    /// them before it): the first step of each kernel variant does, once per process, and
+    /// that step's time (tens of milliseconds on a CPU adapter) says nothing about what its
+    /// row count costs. Bind groups made for a row count are left in: the cache drops those
+    /// unused for a few steps, so a row count seen only now and then pays for them each
+    /// time, and that is part of what it costs.
+    fn compiled_since(&self, before: u64) -> bool {
+        self.ctx.pipelines_compiled() != before
     }
 
     /// Speculative decoding: every decoding sequence that speculates proposes the tokens

@@ -35,6 +35,8 @@ const PROBE_EVERY: usize = 16;
 /// ...backing off to one in this many while probes keep failing (a probe's extra row is
 /// not free: on lavapipe a two-row step costs about 1.5 one-row steps).
 const MAX_PROBE_EVERY: usize = 256;
+/// No probes where speculation would not pay even at this acceptance rate.
+const PROBE_RATE: f64 = 0.8;
 
 impl AdaptiveK {
     /// At most `max_k` proposals; `row_cost` as in the module docs (clamped to 0..=1). The
@@ -74,7 +76,11 @@ impl AdaptiveK {
 
     /// The best `k` for the current estimate, or 0 when none pays.
     pub fn best(&self) -> usize {
-        let a = self.rate();
+        self.best_at(self.rate())
+    }
+
+    /// The best `k` at acceptance rate `a`, or 0 when none pays.
+    fn best_at(&self, a: f64) -> usize {
         let mut tokens = 1.0;
         let mut best = (0, 1.0);
         for k in 1..=self.max_k {
@@ -135,12 +141,12 @@ impl AdaptiveK {
             self.probe_every = PROBE_EVERY;
             return k;
         }
-        // A probe proposes one token: where even a proposal sure to be accepted would not
-        // pay for its row (many sequences on a CPU adapter, where one more row adds a pass),
-        // it is pure cost. Costs are measured and re-measured (a row count not seen for a
-        // while is guessed optimistically again, see `StepCostFit`), so this holds only
-        // while it is true.
-        if 2.0 / self.cost[1] < MARGIN {
+        // A probe measures whether speculation would pay again: where it would not pay even
+        // at a high acceptance rate (many sequences on a CPU adapter, where rows cost their
+        // share of the step), a probe is pure cost. Costs are measured and re-measured (a
+        // row count not seen for a while is guessed optimistically again, see
+        // `StepCostFit`), so this holds only while it is true.
+        if self.best_at(PROBE_RATE) == 0 {
             self.idle = 0;
             return 0;
         }
@@ -299,8 +305,9 @@ impl StepCostFit {
         Some((fixed, per_row))
     }
 
-    /// The expected time of a step of `rows` rows: the mean of those seen (two at least,
-    /// the latest within [`STALE_STEPS`]), else the line's, else (the line needs row counts
+    /// The expected time of a step of `rows` rows: the mean of those seen (the latest
+    /// within [`STALE_STEPS`]; steps that compiled a pipeline are not recorded, so one
+    /// step is enough), else the line's, else (the line needs row counts
     /// that varied lately) a straight line between the nearest row counts timed below and
     /// above.
     pub fn time(&self, rows: usize) -> Option<f64> {
@@ -316,10 +323,10 @@ impl StepCostFit {
         Some(below.1 + w * (above.1 - below.1))
     }
 
-    /// The mean time of `rows`-row steps, if seen twice at least and lately.
+    /// The mean time of `rows`-row steps, if seen lately.
     fn timed(&self, rows: usize) -> Option<f64> {
         match self.by_rows.get(rows) {
-            Some(&(n, mean, seen)) if n >= 2 && self.steps - seen <= STALE_STEPS => Some(mean),
+            Some(&(n, mean, seen)) if n >= 1 && self.steps - seen <= STALE_STEPS => Some(mean),
             _ => None,
         }
     }
@@ -520,9 +527,9 @@ mod tests {
 
     #[test]
     fn failed_probes_back_off_and_an_accepted_one_resets() {
-        // A row costing 0.9 steps: a probe pays if accepted (2 / 1.9 > 1.05), so it is
-        // made, but rejections keep speculation off.
-        let mut k = AdaptiveK::new(2, 0.9);
+        // A row costing half a step: speculation would pay at a high acceptance rate (1.8 /
+        // 1.5 at 80%), so probes are made, but rejections keep it off.
+        let mut k = AdaptiveK::new(2, 0.5);
         let mut gaps = Vec::new();
         let mut since = 0;
         for _ in 0..(16 + 32 + 64) {
@@ -556,10 +563,12 @@ mod tests {
 
     #[test]
     fn no_probe_where_a_sure_proposal_would_not_pay() {
-        // Measured: one proposal costs a sequence 3 of its shares (one more row of a
-        // 16-row step on a CPU adapter); two tokens for 3 never pay, so no probe.
+        // Measured: one proposal costs a sequence 1.9 of its shares (16 sequences on a CPU
+        // adapter, where a step of 32 rows takes 1.9 of one of 16), four 4.5; even at an
+        // 80% acceptance rate (1.8 tokens for 1.9, 3.36 for 4.5) that never pays, so no
+        // probe.
         let mut k = AdaptiveK::new(4, 0.15);
-        k.set_costs(&[1.0, 3.0, 3.2], 0.15);
+        k.set_costs(&[1.0, 1.9, 2.8, 3.7, 4.5], 0.15);
         for _ in 0..60 {
             k.record(1, 0);
         }
