@@ -204,8 +204,21 @@ impl DraftModel {
                 self.stats.dropped += 1;
             }
         }
-        // Catch up: every token the draft has not computed, sequences packed into passes
-        // of at most `max_tokens` tokens; a sequence's last token gives its first proposal.
+        self.catch_up(reqs, &active, &mut out)?;
+        self.propose_further(reqs, &active, &mut out)?;
+        self.blocks.take_ops();
+        Ok(out)
+    }
+
+    /// Computes every token of the `active` requests the draft has not computed, sequences
+    /// packed into passes of at most `max_tokens` tokens; a sequence's last token gives its
+    /// first proposal, pushed to its `out`.
+    fn catch_up(
+        &mut self,
+        reqs: &mut [DraftRequest],
+        active: &[usize],
+        out: &mut [Vec<u32>],
+    ) -> Result<()> {
         let mut pending: Vec<(usize, usize)> = active
             .iter()
             .map(|&i| (i, self.seqs[&reqs[i].seq].len()))
@@ -232,7 +245,7 @@ impl DraftModel {
                 .iter()
                 .map(|&(i, _, e)| e == reqs[i].tokens.len())
                 .collect();
-            let next = self.run(reqs, &out, &pass, &tokens, &last)?;
+            let next = self.run(reqs, out, &pass, &tokens, &last)?;
             for ((i, _, end), token) in pass.iter().zip(next) {
                 if *end == reqs[*i].tokens.len() {
                     out[*i].push(token);
@@ -240,13 +253,23 @@ impl DraftModel {
             }
             pending.retain(|&(i, done)| done < reqs[i].tokens.len());
         }
-        for &i in &active {
+        for &i in active {
             self.seqs.insert(reqs[i].seq, reqs[i].tokens.clone());
         }
-        // Each further proposal: the last one goes in, one token per sequence.
+        Ok(())
+    }
+
+    /// Each further proposal of the `active` requests: the last one goes in, one token per
+    /// sequence and pass, until each has its `k` (or the pool or the context runs out).
+    fn propose_further(
+        &mut self,
+        reqs: &mut [DraftRequest],
+        active: &[usize],
+        out: &mut [Vec<u32>],
+    ) -> Result<()> {
         loop {
             let mut pass = Vec::new();
-            for &i in &active {
+            for &i in active {
                 let (id, k) = (reqs[i].seq, reqs[i].k);
                 // One token each, as many sequences as one pass holds; the rest next pass.
                 if out[i].is_empty() || out[i].len() >= k || pass.len() == self.max_rows {
@@ -259,13 +282,13 @@ impl DraftModel {
                 pass.push((i, len - 1, len));
             }
             if pass.is_empty() {
-                break;
+                return Ok(());
             }
             let tokens: Vec<u32> = pass
                 .iter()
                 .map(|&(i, _, _)| *out[i].last().expect("a proposal"))
                 .collect();
-            let next = self.run(reqs, &out, &pass, &tokens, &vec![true; pass.len()])?;
+            let next = self.run(reqs, out, &pass, &tokens, &vec![true; pass.len()])?;
             for ((i, _, _), token) in pass.iter().zip(next) {
                 // The proposal that went in is computed now; the new one is not yet.
                 let last = *out[*i].last().expect("a proposal");
@@ -276,8 +299,6 @@ impl DraftModel {
                 out[*i].push(token);
             }
         }
-        self.blocks.take_ops();
-        Ok(out)
     }
 
     /// Makes the draft's table of `id` hold exactly the common prefix of what it computed
