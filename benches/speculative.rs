@@ -3,7 +3,7 @@
 //! Four engines on the shipped model hold the same requests and step in turn, in an order
 //! drawn anew each round of steps (`common::alternate_steps_shuffled`), so drift and the
 //! after-effects of one engine's heavy step hit all alike: plain decoding, `--speculative
-//! ngram` as shipped (k = 4 unless `-- --k N`, adapted per request to its acceptance rate and
+//! ngram` as shipped (k = 7 unless `-- --k N`, adapted per request to its acceptance rate and
 //! the measured cost of a row), the same with the row cost fixed at 0 (it proposes k
 //! whenever its acceptance rate is above 5%), and plain decoding again, whose ratio to the
 //! first shows the run's noise. The engines are made once per workload and kept across its
@@ -224,7 +224,7 @@ fn flag_value(flag: &str) -> Option<usize> {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
-    let k = flag_value("--k").unwrap_or(4);
+    let k = flag_value("--k").unwrap_or(SpeculativeConfig::default().num_tokens);
     let only1 = args.iter().any(|a| a == "--focus");
     let focus = match args.iter().any(|a| a == "--repetitive") {
         true => "repetitive",

@@ -135,8 +135,9 @@ pub struct EngineArgs {
     /// in DIR instead (a smaller model with the same vocabulary, decoding greedily ahead).
     #[arg(long, value_name = "METHOD", value_parser = parse_speculative)]
     pub speculative: Option<SpeculativeArg>,
-    /// Most tokens proposed per sequence and step.
-    #[arg(long, value_name = "K", default_value_t = 4, requires = "speculative",
+    /// Most tokens proposed per sequence and step (the adaptive k proposes fewer where
+    /// fewer pay).
+    #[arg(long, value_name = "K", default_value_t = 7, requires = "speculative",
           value_parser = clap::value_parser!(u16).range(1..=16))]
     pub num_speculative_tokens: u16,
     /// Shortest n-gram prompt lookup matches.

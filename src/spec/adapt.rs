@@ -35,7 +35,7 @@ const PROBE_EVERY: usize = 16;
 /// ...backing off to one in this many while probes keep failing (a probe's extra row is
 /// not free: on lavapipe a two-row step costs about 1.5 one-row steps).
 const MAX_PROBE_EVERY: usize = 256;
-/// No probes where speculation would not pay even at this acceptance rate.
+/// No probes where one proposal would not pay even at this acceptance rate.
 const PROBE_RATE: f64 = 0.8;
 
 impl AdaptiveK {
@@ -141,12 +141,15 @@ impl AdaptiveK {
             self.probe_every = PROBE_EVERY;
             return k;
         }
-        // A probe measures whether speculation would pay again: where it would not pay even
-        // at a high acceptance rate (many sequences on a CPU adapter, where rows cost their
-        // share of the step), a probe is pure cost. Costs are measured and re-measured (a
-        // row count not seen for a while is guessed optimistically again, see
-        // `StepCostFit`), so this holds only while it is true.
-        if self.best_at(PROBE_RATE) == 0 {
+        // A probe proposes one token to measure whether speculation would pay again: where
+        // that one token would not pay for its row even at a high acceptance rate (many
+        // sequences on a CPU adapter, where rows cost their share of the step; a draft
+        // model that must first catch up on every token it skipped), the probe is pure
+        // cost. Judged on the measured cost of one proposal only: larger k not timed yet
+        // are guessed optimistically, which would let every probe through. Costs are
+        // re-measured (a row count not seen for a while is guessed optimistically again,
+        // see `StepCostFit`), so this holds only while it is true.
+        if (1.0 + PROBE_RATE) / self.cost[1] < MARGIN {
             self.idle = 0;
             return 0;
         }
@@ -564,11 +567,11 @@ mod tests {
     #[test]
     fn no_probe_where_a_sure_proposal_would_not_pay() {
         // Measured: one proposal costs a sequence 1.9 of its shares (16 sequences on a CPU
-        // adapter, where a step of 32 rows takes 1.9 of one of 16), four 4.5; even at an
-        // 80% acceptance rate (1.8 tokens for 1.9, 3.36 for 4.5) that never pays, so no
-        // probe.
+        // adapter, where a step of 32 rows takes 1.9 of one of 16); even at an 80%
+        // acceptance rate (1.8 tokens for 1.9) a probe would not pay, so none is made,
+        // whatever the untimed larger k are guessed at.
         let mut k = AdaptiveK::new(4, 0.15);
-        k.set_costs(&[1.0, 1.9, 2.8, 3.7, 4.5], 0.15);
+        k.set_costs(&[1.0, 1.9], 0.15);
         for _ in 0..60 {
             k.record(1, 0);
         }
