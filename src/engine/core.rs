@@ -243,6 +243,21 @@ pub(crate) fn open_model(model_dir: &Path) -> Result<(ModelFiles, Tokenizer)> {
     Ok((files, tokenizer))
 }
 
+/// Speculation settings that cannot work, refused before any weights are uploaded: a
+/// draft model without `speculative`, impossible n-gram sizes.
+fn check_speculation(config: &EngineConfig) -> Result<()> {
+    if config.draft_model.is_some() && config.speculative.is_none() {
+        return Err(EngineError::Config(
+            "a draft model proposes for speculative decoding: set `speculative` too".into(),
+        ));
+    }
+    if let Some(spec) = config.speculative {
+        NgramIndex::new(spec.ngram_min, spec.ngram_max)
+            .map_err(|e| EngineError::Config(format!("speculative decoding: {e}")))?;
+    }
+    Ok(())
+}
+
 /// The context the engine serves: `config.max_model_len`, checked against the model's, or
 /// the model's default; the other sizes are checked to be positive.
 fn context_length(c: &crate::model::ModelConfig, config: &EngineConfig) -> Result<usize> {
@@ -450,11 +465,7 @@ impl Engine {
         if config.profile {
             ctx.enable_profiling();
         }
-        if config.draft_model.is_some() && config.speculative.is_none() {
-            return Err(EngineError::Config(
-                "a draft model proposes for speculative decoding: set `speculative` too".into(),
-            ));
-        }
+        check_speculation(&config)?;
         let max_model_len = context_length(&c, &config)?;
         let PoolPlan {
             layer_groups,
@@ -468,10 +479,6 @@ impl Engine {
             GpuModel::upload_as(&ctx, &files, max_model_len, config.weight_dtype, progress)?;
         let pool = kv_pool(&ctx, layout, gpu_blocks, &config)?
             .with_layer_slots(layer_groups.layer_slots)?;
-        if let Some(spec) = config.speculative {
-            NgramIndex::new(spec.ngram_min, spec.ngram_max)
-                .map_err(|e| EngineError::Config(format!("speculative decoding: {e}")))?;
-        }
         let ws = Workspace::new(
             &ctx,
             &c,
@@ -591,30 +598,7 @@ impl Engine {
         prompt: Prompt,
         params: crate::sampling::SamplingParams,
     ) -> Result<RequestHandle> {
-        let vocab = self.model.config.vocab_size;
-        params.validate(vocab)?;
-        let ids = match prompt {
-            Prompt::Text(t) => self.tokenizer.encode(&t)?,
-            Prompt::Tokens(ids) => ids,
-        };
-        if ids.is_empty() {
-            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
-        }
-        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
-            return Err(EngineError::InvalidRequest(format!(
-                "token id {bad} is outside the vocabulary of {vocab}"
-            )));
-        }
-        if ids.len().saturating_add(params.max_tokens) > self.max_model_len {
-            return Err(EngineError::InvalidRequest(format!(
-                "the prompt has {} tokens and max_tokens is {}, together more than the context \
-                 of {} tokens; shorten the prompt, lower max_tokens, or raise --max-model-len \
-                 (up to the model's own context)",
-                ids.len(),
-                params.max_tokens,
-                self.max_model_len
-            )));
-        }
+        let ids = self.prompt_ids(prompt, &params)?;
         let beam = BeamSearchConfig::from_params(&params, self.tokenizer.eos_token_ids())
             .map(BeamSearch::new);
         let shape = match &beam {
@@ -641,21 +625,8 @@ impl Engine {
         self.next_request += 1;
         let (tx, rx) = flume::unbounded();
         let mut out = SeqOutput::new(&ids, &params, 0, constraint);
-        if let (Some(spec), None) = (self.config.speculative, &beam) {
-            out.spec = Some(SpecState {
-                index: NgramIndex::new(spec.ngram_min, spec.ngram_max)
-                    .map_err(|e| EngineError::Config(e.to_string()))?,
-                // A measured cost starts from the engine's recent acceptance rate; a fixed
-                // one (tests, forced speculation) from one half, as each request did before.
-                k: AdaptiveK::starting_at(
-                    spec.num_tokens,
-                    spec.row_cost.unwrap_or(super::config::DEFAULT_ROW_COST),
-                    match spec.row_cost {
-                        None => self.spec_rate.rate(),
-                        Some(_) => 0.5,
-                    },
-                ),
-            });
+        if beam.is_none() {
+            out.spec = self.spec_state()?;
         }
         let first = Sequence::new(self.scheduler.new_seq_id(), 0, &ids, out);
         let max_len = ids.len().saturating_add(params.max_tokens);
@@ -668,6 +639,61 @@ impl Engine {
         self.scheduler
             .add(SequenceGroup::new(id, shape, max_len, first, side));
         Ok(RequestHandle { id, events: rx })
+    }
+
+    /// A request's prompt as token ids, checked: parameters valid for the vocabulary, ids
+    /// inside it, not empty, and room for the prompt and `max_tokens` in the context.
+    fn prompt_ids(
+        &self,
+        prompt: Prompt,
+        params: &crate::sampling::SamplingParams,
+    ) -> Result<Vec<u32>> {
+        let vocab = self.model.config.vocab_size;
+        params.validate(vocab)?;
+        let ids = match prompt {
+            Prompt::Text(t) => self.tokenizer.encode(&t)?,
+            Prompt::Tokens(ids) => ids,
+        };
+        if ids.is_empty() {
+            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
+        }
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(EngineError::InvalidRequest(format!(
+                "token id {bad} is outside the vocabulary of {vocab}"
+            )));
+        }
+        if ids.len().saturating_add(params.max_tokens) > self.max_model_len {
+            return Err(EngineError::InvalidRequest(format!(
+                "the prompt has {} tokens and max_tokens is {}, together more than the context \
+                 of {} tokens; shorten the prompt, lower max_tokens, or raise --max-model-len \
+                 (up to the model's own context)",
+                ids.len(),
+                params.max_tokens,
+                self.max_model_len
+            )));
+        }
+        Ok(ids)
+    }
+
+    /// A new (non-beam) request's speculation state, when speculation is on. A measured row
+    /// cost starts its acceptance rate from the engine's recent one; a fixed one (tests,
+    /// forced speculation) from one half, as each request did before.
+    fn spec_state(&self) -> Result<Option<SpecState>> {
+        let Some(spec) = self.config.speculative else {
+            return Ok(None);
+        };
+        Ok(Some(SpecState {
+            index: NgramIndex::new(spec.ngram_min, spec.ngram_max)
+                .map_err(|e| EngineError::Config(e.to_string()))?,
+            k: AdaptiveK::starting_at(
+                spec.num_tokens,
+                spec.row_cost.unwrap_or(super::config::DEFAULT_ROW_COST),
+                match spec.row_cost {
+                    None => self.spec_rate.rate(),
+                    Some(_) => 0.5,
+                },
+            ),
+        }))
     }
 
     /// The constraint of a request's first sequence, compiled from its structured output.
