@@ -31,6 +31,7 @@ pub mod error;
 pub mod eval;
 pub mod gguf;
 pub mod gpu;
+pub mod handle;
 pub mod kernels;
 pub mod model;
 pub mod nn;
@@ -41,5 +42,13 @@ pub mod server;
 pub mod spec;
 pub mod tokenizer;
 
-pub use error::{GpuError, Result};
+pub use engine::{
+    CompletionOutput, Engine, EngineConfig, EngineError as Error, EngineStats, FinishReason,
+    Prompt, Request, RequestEvent as Event, RequestId, RequestOutput as Output,
+};
+pub use error::GpuError;
 pub use gpu::GpuContext;
+pub use handle::{
+    EngineBuilder, EngineHandle, EngineState, ModelInfo, Notice, RequestStream, StatsSnapshot,
+};
+pub use sampling::SamplingParams;

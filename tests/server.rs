@@ -959,3 +959,53 @@ fn a_restarted_server_reads_a_prompt_from_the_disk_tier_and_counts_it_per_tier()
     assert!(tier(&server, "hits_total", "host") > 0.0);
     assert_eq!(tier(&server, "evictions_total", "disk"), 0.0);
 }
+
+#[test]
+fn cache_salts_keep_prefixes_apart_and_never_change_the_text() {
+    if skip() {
+        return;
+    }
+    let dir = fixture();
+    let prompt = "the quick brown fox jumps over the lazy dog while the cat sat on the mat and \
+                  the bird sang in the tree by the river under the sky";
+    let server = Server::start(&["--model", &dir, "--block-size", "4"]);
+    let url = server.url("/v1/completions");
+    // Sends the prompt under `salt` and returns its text and the prompt blocks it hit
+    // (statistics are published when the engine idles: wait for its lookups to count).
+    let run = |salt: Option<&str>| {
+        let queries = server.metric("pagellm_prefix_cache_queries_total");
+        let hits = server.metric("pagellm_prefix_cache_hits_total");
+        let mut body = json!({
+            "prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": true,
+        });
+        if let Some(s) = salt {
+            body["cache_salt"] = json!(s);
+        }
+        let (status, v, _) = post(&url, &body.to_string(), &[]);
+        assert_eq!(status, 200, "{v}");
+        let start = Instant::now();
+        while server.metric("pagellm_prefix_cache_queries_total") == queries {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "no lookups counted"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let text = v["choices"][0]["text"].as_str().unwrap().to_string();
+        (
+            text,
+            server.metric("pagellm_prefix_cache_hits_total") - hits,
+        )
+    };
+    let (text, hits) = run(Some("alice"));
+    assert_eq!(hits, 0.0);
+    for (salt, hit) in [(Some("bob"), false), (None, false), (Some("alice"), true)] {
+        let (t, hits) = run(salt);
+        assert_eq!(t, text, "{salt:?}");
+        assert_eq!(hits > 0.0, hit, "{salt:?}: {hits} hits");
+    }
+    let body = json!({"prompt": prompt, "max_tokens": 2, "cache_salt": ""});
+    let (status, v, _) = post(&url, &body.to_string(), &[]);
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["param"], "cache_salt", "{v}");
+}

@@ -157,7 +157,7 @@ fn constrained_greedy_tokens_are_the_same_alone_batched_and_preempted() {
     let h = e.add_request(prompt(), greedy_schema()).unwrap();
     e.run_to_completion().unwrap();
     let alone = h.wait().unwrap().outputs[0].token_ids.clone();
-    assert!(serde_json::from_str::<Value>(&e.tokenizer.decode(&alone, true).unwrap()).is_ok());
+    assert!(serde_json::from_str::<Value>(&e.tokenizer().decode(&alone, true).unwrap()).is_ok());
     // Batched with sampled, unconstrained and other constrained requests, in a pool small
     // enough to preempt (each mode), and in a roomy one.
     let modes = [
@@ -213,7 +213,7 @@ fn logprobs_are_reported_after_masking() {
     };
     let mut e = engine(ctx, EngineConfig::default());
     let spec = StructuredOutput::Choice(vec!["sun".into(), "moon".into(), "stars".into()]);
-    let prompt = e.tokenizer.encode("The sky holds the").unwrap();
+    let prompt = e.tokenizer().encode("The sky holds the").unwrap();
     let p = SamplingParams {
         max_tokens: 8,
         logprobs: Some(3),
@@ -232,7 +232,7 @@ fn logprobs_are_reported_after_masking() {
         .forward(&prompt)
         .pop()
         .unwrap();
-    let compiler = Compiler::new(e.tokenizer.clone(), logits.len()).unwrap();
+    let compiler = Compiler::new(e.tokenizer().clone(), logits.len()).unwrap();
     let mut c = compiler.compile(&spec).unwrap();
     let mut masked = logits.clone();
     c.apply(&mut masked).unwrap();

@@ -9,6 +9,7 @@ use crate::worker::{Command, ModelInfo, Snapshot, Update, Wake, Worker};
 use eframe::egui::{self, Color32, RichText};
 use pagellm::engine::{EngineConfig, FinishReason, RequestEvent};
 use pagellm::gpu::GpuContext;
+use pagellm::handle::RequestStream;
 use pagellm::sampling::SamplingParams;
 use pagellm::tokenizer::ChatMessage;
 use std::collections::VecDeque;
@@ -56,7 +57,7 @@ pub struct Conversation {
 
 pub enum Live {
     Queued,
-    Streaming(flume::Receiver<RequestEvent>),
+    Streaming(RequestStream),
 }
 
 pub struct Settings {
@@ -282,15 +283,15 @@ impl ChatApp {
             let mut new_tokens = 0;
             loop {
                 match rx.try_recv() {
-                    Ok(RequestEvent::Token { index: 0, text, .. }) => {
+                    Some(RequestEvent::Token { index: 0, text, .. }) => {
                         new_tokens += 1;
                         if let Some(t) = c.turns.last_mut() {
                             t.text.push_str(&text);
                             t.tokens += 1;
                         }
                     }
-                    Ok(RequestEvent::Token { .. }) => {}
-                    Ok(RequestEvent::Finished(out)) => {
+                    Some(RequestEvent::Token { .. }) => {}
+                    Some(RequestEvent::Finished(out)) => {
                         let first = out.outputs.first();
                         // The final text is authoritative: it includes what streaming held
                         // back (an incomplete character at an abort).
@@ -301,15 +302,15 @@ impl ChatApp {
                         ended = Some((finish_note(first.map(|o| o.finish_reason)), false));
                         break;
                     }
-                    Ok(RequestEvent::Failed(msg)) => {
+                    Some(RequestEvent::Failed(msg)) => {
                         ended = Some((format!("failed: {msg}"), true));
                         break;
                     }
-                    Err(flume::TryRecvError::Empty) => break,
-                    Err(flume::TryRecvError::Disconnected) => {
+                    None if rx.is_ended() => {
                         ended = Some(("failed: the engine dropped the request".into(), true));
                         break;
                     }
+                    None => break,
                 }
             }
             if new_tokens > 0 {
@@ -327,9 +328,7 @@ impl ChatApp {
         {
             self.streamed.pop_front();
         }
-        if let Ok(s) = self.worker.snapshot.lock() {
-            self.snapshot.clone_from(&s);
-        }
+        self.snapshot = self.worker.snapshot();
     }
 
     fn apply(&mut self, u: Update) {

@@ -3,9 +3,10 @@
 //! eframe opens the window and its device (with the limits and features pagellm asks for,
 //! `GpuContext::device_descriptor`); the app hands that adapter, device and queue to
 //! `GpuContext::from_existing`, so egui's renderer and the model share one device. The
-//! engine lives on a worker thread (`worker.rs`); the UI sends it commands and drains each
-//! conversation's token stream every frame without waiting (`app.rs`). Several
-//! conversations stream at once, batched by the engine; each has a Stop button.
+//! engine runs on the library's `EngineHandle` (`worker.rs` adapts it to the UI); the UI
+//! submits replies and drains each conversation's token stream every frame without waiting
+//! (`app.rs`). Several conversations stream at once, batched by the engine; each has a Stop
+//! button.
 //!
 //! Run: `cargo run --release --example chat` (add `-- --help` for the options). Without a
 //! display, the scripted check runs under Xvfb:

@@ -1,22 +1,23 @@
-//! The engine thread. It alone owns the [`Engine`]: it loads models (reporting upload
-//! progress), queues and aborts requests, and steps the engine while anything is pending.
-//! The UI talks to it only through [`Command`]s, [`Update`]s and each request's own event
-//! channel, and reads the latest statistics from a mutex the thread holds only to swap a
-//! value in, so the UI code never waits for a step or for a result from the GPU. (Its frames
-//! still share the device's one queue with the steps: a frame's GPU work runs after the
-//! step work submitted before it. On GL, pagellm waits in short slices so that the
-//! backend's context lock is not held for a whole step; see `GpuContext::from_existing`.)
+//! The UI's side of the engine: an [`EngineHandle`] on the application's own device. The
+//! handle's thread owns the engine, loads models (reporting upload progress) and steps
+//! while anything is pending; this file turns the UI's commands into submissions and
+//! aborts, and the handle's notices into [`Update`]s and repaint requests, so the UI code
+//! never waits for a step or for a result from the GPU. (Its frames still share the
+//! device's one queue with the steps: a frame's GPU work runs after the step work submitted
+//! before it. On GL, pagellm waits in short slices so that the backend's context lock is not
+//! held for a whole step; see `GpuContext::from_existing`.)
 
-use pagellm::engine::{Engine, EngineConfig, EngineStats, Prompt, RequestEvent};
+use pagellm::engine::{EngineConfig, EngineStats, Prompt, Request};
 use pagellm::gpu::GpuContext;
+use pagellm::handle::{EngineBuilder, EngineHandle, Notice, RequestStream};
 use pagellm::sampling::SamplingParams;
 use pagellm::tokenizer::{ChatMessage, ChatTemplate};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// What the UI asks of the engine thread. Conversations are named by the UI's own ids.
+/// What the UI asks of the engine. Conversations are named by the UI's own ids.
 pub enum Command {
     /// Drop the current model (aborting what it runs) and load the one in `dir`.
     Load { dir: PathBuf, config: EngineConfig },
@@ -41,7 +42,7 @@ pub enum Wake {
     Tokens,
 }
 
-/// What the engine thread tells the UI, in order.
+/// What the engine tells the UI, in order.
 pub enum Update {
     Loading {
         done: u64,
@@ -52,7 +53,7 @@ pub enum Update {
     /// A reply started: its tokens and its end arrive on `events`.
     Started {
         conv: u64,
-        events: flume::Receiver<RequestEvent>,
+        events: RequestStream,
     },
     /// The engine refused the request (a prompt too long, bad settings...).
     Refused {
@@ -75,7 +76,7 @@ pub struct ModelInfo {
     pub load_seconds: f64,
 }
 
-/// The engine's state after its latest step, for the live panel.
+/// The engine's state after a recent step, for the live panel.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
     pub stats: EngineStats,
@@ -85,114 +86,68 @@ pub struct Snapshot {
     pub last_step: Duration,
 }
 
+type WakeFn = Arc<dyn Fn(Wake) + Send + Sync>;
+
 pub struct Worker {
-    /// Dropped first on drop: a closed channel ends the thread.
-    commands: Option<flume::Sender<Command>>,
+    ctx: Arc<GpuContext>,
+    engine: Option<EngineHandle>,
+    /// The loaded model's chat template (set on the engine thread once it has loaded).
+    template: Arc<Mutex<Option<ChatTemplate>>>,
+    /// The engine's request id of each conversation's latest reply.
+    requests: HashMap<u64, u64>,
+    tx: flume::Sender<Update>,
     pub updates: flume::Receiver<Update>,
-    pub snapshot: Arc<Mutex<Option<Snapshot>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    wake: WakeFn,
 }
 
 impl Worker {
-    /// Starts the engine thread on `ctx` (the application's own device). `wake(Wake)` is
-    /// called whenever there is something new for the UI (an egui repaint request).
+    /// The engine's side on `ctx` (the application's own device). `wake(Wake)` is called
+    /// whenever there is something new for the UI (an egui repaint request).
     pub fn spawn(
         ctx: Arc<GpuContext>,
-        wake: impl Fn(Wake) + Send + 'static,
+        wake: impl Fn(Wake) + Send + Sync + 'static,
     ) -> std::io::Result<Self> {
-        let (commands, rx) = flume::unbounded();
         let (tx, updates) = flume::unbounded();
-        let snapshot = Arc::new(Mutex::new(None));
-        let shared = snapshot.clone();
-        let thread = std::thread::Builder::new()
-            .name("pagellm-engine".into())
-            .spawn(move || {
-                Thread {
-                    ctx,
-                    engine: None,
-                    template: None,
-                    requests: HashMap::new(),
-                    rx,
-                    tx,
-                    stats: Publisher {
-                        snapshot: shared,
-                        recent: Vec::new(),
-                    },
-                    wake: Box::new(wake),
-                }
-                .run()
-            })?;
         Ok(Worker {
-            commands: Some(commands),
+            ctx,
+            engine: None,
+            template: Arc::new(Mutex::new(None)),
+            requests: HashMap::new(),
+            tx,
             updates,
-            snapshot,
-            thread: Some(thread),
+            wake: Arc::new(wake),
         })
     }
 
-    /// Queues a command; false when the engine thread is gone (it panicked).
-    pub fn send(&self, cmd: Command) -> bool {
-        self.commands.as_ref().is_some_and(|c| c.send(cmd).is_ok())
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        // Closing the command channel ends the thread after it aborts what is pending.
-        self.commands = None;
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-struct Thread {
-    ctx: Arc<GpuContext>,
-    engine: Option<Engine>,
-    template: Option<ChatTemplate>,
-    /// The engine's request id of each conversation's latest reply.
-    requests: HashMap<u64, u64>,
-    rx: flume::Receiver<Command>,
-    tx: flume::Sender<Update>,
-    stats: Publisher,
-    wake: Box<dyn Fn(Wake) + Send>,
-}
-
-/// Publishes the engine's statistics after each step.
-struct Publisher {
-    snapshot: Arc<Mutex<Option<Snapshot>>>,
-    /// (end of step, tokens computed) of the last second of steps.
-    recent: Vec<(Instant, usize)>,
-}
-
-impl Thread {
-    fn run(mut self) {
-        loop {
-            let busy = self.engine.as_ref().is_some_and(Engine::has_unfinished);
-            // Idle: sleep until a command comes. Busy: take what has come, then step.
-            let first = if busy {
-                match self.rx.try_recv() {
-                    Ok(c) => Some(c),
-                    Err(flume::TryRecvError::Empty) => None,
-                    Err(flume::TryRecvError::Disconnected) => break,
-                }
-            } else {
-                match self.rx.recv() {
-                    Ok(c) => Some(c),
-                    Err(_) => break,
-                }
-            };
-            if let Some(c) = first {
-                self.handle(c);
-                while let Ok(c) = self.rx.try_recv() {
-                    self.handle(c);
+    /// Carries out a command; false when the engine is gone (its thread panicked).
+    pub fn send(&mut self, cmd: Command) -> bool {
+        match cmd {
+            Command::Load { dir, config } => self.load(dir, config),
+            Command::Send {
+                conv,
+                messages,
+                params,
+            } => self.start(conv, &messages, params),
+            Command::Abort { conv } => {
+                if let (Some(engine), Some(id)) = (&self.engine, self.requests.remove(&conv)) {
+                    engine.abort(id);
                 }
             }
-            self.step();
         }
-        if let Some(e) = self.engine.as_mut() {
-            e.abort_all();
-        }
+        !matches!(
+            self.engine.as_ref().map(EngineHandle::state),
+            Some(pagellm::handle::EngineState::Failed(why)) if why.contains("panicked")
+        )
+    }
+
+    /// The latest statistics the engine published.
+    pub fn snapshot(&self) -> Option<Snapshot> {
+        let s = self.engine.as_ref()?.stats()?;
+        Some(Snapshot {
+            stats: s.engine,
+            computed_per_s: s.computed_per_s,
+            last_step: s.last_step,
+        })
     }
 
     fn say(&self, u: Update) {
@@ -200,162 +155,104 @@ impl Thread {
         (self.wake)(Wake::Now);
     }
 
-    fn handle(&mut self, cmd: Command) {
-        match cmd {
-            Command::Load { dir, config } => self.load(dir, config),
-            Command::Send {
-                conv,
-                messages,
-                params,
-            } => {
-                let Some(engine) = self.engine.as_mut() else {
-                    return self.say(Update::Refused {
-                        conv,
-                        reason: "no model is loaded".into(),
-                    });
-                };
-                let prompt = match prompt_of(engine, self.template.as_ref(), &messages) {
-                    Ok(p) => p,
-                    Err(reason) => return self.say(Update::Refused { conv, reason }),
-                };
-                match engine.add_request(prompt, params) {
-                    Ok(h) => {
-                        self.requests.insert(conv, h.id);
-                        self.say(Update::Started {
-                            conv,
-                            events: h.events,
-                        });
-                    }
-                    Err(e) => self.say(Update::Refused {
-                        conv,
-                        reason: e.to_string(),
-                    }),
-                }
-            }
-            Command::Abort { conv } => {
-                if let (Some(engine), Some(id)) =
-                    (self.engine.as_mut(), self.requests.remove(&conv))
-                {
-                    engine.abort(id);
-                }
-            }
-        }
-    }
-
+    /// Drops the current engine (aborting what it runs, freeing its memory) and starts one
+    /// on the model in `dir`; progress and the outcome arrive as updates.
     fn load(&mut self, dir: PathBuf, config: EngineConfig) {
-        if let Some(mut old) = self.engine.take() {
-            old.abort_all();
-        }
+        self.engine = None;
         self.requests.clear();
-        self.template = None;
-        self.stats.clear();
-        let t = Instant::now();
-        let mut last_percent = u64::MAX;
-        let tx = self.tx.clone();
-        let wake = &self.wake;
-        let opened = Engine::with_context(self.ctx.clone(), &dir, config, |done, total| {
-            let percent = done * 100 / total.max(1);
-            if percent != last_percent {
-                last_percent = percent;
-                let _ = tx.send(Update::Loading { done, total });
+        if let Ok(mut t) = self.template.lock() {
+            *t = None;
+        }
+        let (tx, wake, template) = (self.tx.clone(), self.wake.clone(), self.template.clone());
+        let model_dir = dir.clone();
+        let spawned = EngineBuilder::new(dir.clone())
+            .config(config)
+            .context(self.ctx.clone())
+            .on_notice(move |n| {
+                let update = match n {
+                    Notice::Loading { done, total } => Update::Loading { done, total },
+                    Notice::Ready(info) => loaded(&model_dir, &template, &info),
+                    Notice::LoadFailed(why) => Update::LoadFailed(why),
+                    Notice::Stepped { error: None, .. } => return wake(Wake::Tokens),
+                    Notice::Stepped { error: Some(e), .. } => Update::StepFailed(e),
+                };
+                let _ = tx.send(update);
                 wake(Wake::Now);
-            }
-        });
-        match opened {
-            Ok(engine) => {
-                // A missing template is normal (base models); a broken one is worth saying.
-                let template = match pagellm::model::open_chat_template(&dir) {
-                    Ok(t) => Some(t),
-                    Err(pagellm::tokenizer::ChatTemplateError::Missing { .. }) => None,
-                    Err(e) => {
-                        self.say(Update::LoadFailed(format!("{}: {e}", dir.display())));
-                        return;
-                    }
-                };
-                let info = ModelInfo {
-                    dir,
-                    max_model_len: engine.max_model_len(),
-                    chat_template: template.is_some(),
-                    load_seconds: t.elapsed().as_secs_f64(),
-                };
-                self.template = template;
-                self.stats.publish(&engine, Duration::ZERO);
-                self.engine = Some(engine);
-                self.say(Update::Loaded(info));
-            }
+            })
+            .spawn();
+        match spawned {
+            Ok(engine) => self.engine = Some(engine),
             Err(e) => self.say(Update::LoadFailed(format!("{}: {e}", dir.display()))),
         }
     }
 
-    fn step(&mut self) {
-        let Some(engine) = self.engine.as_mut() else {
-            return;
+    /// Submits a conversation's reply; it starts or is refused at once.
+    fn start(&mut self, conv: u64, messages: &[ChatMessage], params: SamplingParams) {
+        let Some(engine) = self.engine.as_ref() else {
+            return self.say(Update::Refused {
+                conv,
+                reason: "no model is loaded".into(),
+            });
         };
-        if !engine.has_unfinished() {
-            return;
-        }
-        let t = Instant::now();
-        let result = engine.step();
-        let took = t.elapsed();
-        match result {
-            Ok(n) => self.stats.recent.push((Instant::now(), n)),
-            Err(e) => {
-                let _ = self.tx.send(Update::StepFailed(e.to_string()));
+        let prompt = match self.template.lock() {
+            Ok(t) => prompt_of(engine, t.as_ref(), messages),
+            Err(_) => Err("the chat template is unavailable".into()),
+        };
+        let submitted = prompt.and_then(|p| {
+            engine
+                .submit(Request::new(p).with_params(params))
+                .map_err(|e| e.to_string())
+        });
+        match submitted {
+            Ok(events) => {
+                self.requests.insert(conv, events.id());
+                self.say(Update::Started { conv, events });
             }
+            Err(reason) => self.say(Update::Refused { conv, reason }),
         }
-        self.stats.publish(engine, took);
-        (self.wake)(Wake::Tokens);
     }
 }
 
-impl Publisher {
-    fn clear(&mut self) {
-        self.recent.clear();
-        if let Ok(mut s) = self.snapshot.lock() {
-            *s = None;
-        }
+/// The update for a model the engine has loaded: its chat template read (a missing one is
+/// normal for base models; a broken one is a failure to load).
+fn loaded(
+    dir: &std::path::Path,
+    template: &Mutex<Option<ChatTemplate>>,
+    info: &pagellm::handle::ModelInfo,
+) -> Update {
+    let found = match pagellm::model::open_chat_template(dir) {
+        Ok(t) => Some(t),
+        Err(pagellm::tokenizer::ChatTemplateError::Missing { .. }) => None,
+        Err(e) => return Update::LoadFailed(format!("{}: {e}", dir.display())),
+    };
+    let chat_template = found.is_some();
+    if let Ok(mut t) = template.lock() {
+        *t = found;
     }
-
-    fn publish(&mut self, engine: &Engine, last_step: Duration) {
-        let now = Instant::now();
-        self.recent
-            .retain(|(t, _)| now.duration_since(*t) < Duration::from_secs(1));
-        let computed: usize = self.recent.iter().map(|(_, n)| n).sum();
-        let span = self
-            .recent
-            .first()
-            .map_or(0.0, |(t, _)| now.duration_since(*t).as_secs_f64())
-            .max(last_step.as_secs_f64());
-        let snap = Snapshot {
-            stats: engine.stats(),
-            computed_per_s: if span > 0.0 {
-                computed as f64 / span
-            } else {
-                0.0
-            },
-            last_step,
-        };
-        if let Ok(mut s) = self.snapshot.lock() {
-            *s = Some(snap);
-        }
-    }
+    Update::Loaded(ModelInfo {
+        dir: dir.to_path_buf(),
+        max_model_len: info.max_model_len,
+        chat_template,
+        load_seconds: info.load_seconds,
+    })
 }
 
 /// The prompt of a conversation: the chat template's rendering where the model has one,
 /// else the turns joined into one text for the model to continue.
 fn prompt_of(
-    engine: &Engine,
+    engine: &EngineHandle,
     template: Option<&ChatTemplate>,
     messages: &[ChatMessage],
 ) -> Result<Prompt, String> {
     match template {
         Some(t) => {
             let text = t.render(messages, true).map_err(|e| e.to_string())?;
+            let tokenizer = engine
+                .intake()
+                .ok_or("the model is still loading")?
+                .tokenizer();
             // The template writes the special tokens itself.
-            let ids = engine
-                .tokenizer
-                .encode_plain(&text)
-                .map_err(|e| e.to_string())?;
+            let ids = tokenizer.encode_plain(&text).map_err(|e| e.to_string())?;
             Ok(Prompt::Tokens(ids))
         }
         None => Ok(Prompt::Text(

@@ -41,6 +41,9 @@ pub(crate) struct Sequence {
     /// Names of the leading full blocks whose KV is computed, chained (prefix caching only):
     /// `hashes.len() == num_computed / block_size` when prefix caching is on, else empty.
     pub hashes: Vec<BlockHash>,
+    /// The name the chain of `hashes` starts from: its KV cache group's root for the
+    /// request's extra keys ([`super::KvGroups::root`]).
+    pub root: Option<BlockHash>,
     /// Leading tokens whose KV is in the cache.
     pub num_computed: usize,
     /// Leading tokens found in the prefix cache when the sequence was allocated.
@@ -66,6 +69,14 @@ impl Sequence {
         match &self.blocks {
             Blocks::Host(t) => Some(t),
             Blocks::Device(_) => None,
+        }
+    }
+
+    /// The parent name of logical block `i` (which must be named or next to be).
+    pub fn parent(&self, i: usize) -> Option<BlockHash> {
+        match i {
+            0 => self.root,
+            _ => Some(self.hashes[i - 1]),
         }
     }
 

@@ -9,7 +9,7 @@ use super::error::CacheError;
 use super::groups::{group_of, kv_id};
 use super::ids::{DeviceBlockId, HostBlockId, SeqId};
 use super::manager::{status, AllocStatus, BlockManager, Hit};
-use super::prefix::BlockHash;
+use super::prefix::{BlockHash, ExtraKeys};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// One prompt's lookup in one KV cache group.
@@ -44,37 +44,57 @@ impl BlockManager {
             return AllocStatus::Never;
         }
         let whole: Vec<(&[u32], usize)> = prompts.iter().map(|p| (*p, p.len())).collect();
-        let found = self.lookup_group(&whole);
+        let found = self.lookup_group(ExtraKeys::NONE, &whole);
         status(self.admission(found.worst, found.needed))
     }
 
     /// Whether a group of new sequences can be admitted now with slots for only the first
     /// `slots` tokens of each prompt (see [`BlockManager::allocate_group_slots`]).
     pub fn can_allocate_group_slots(&self, prompts: &[(&[u32], usize)]) -> AllocStatus {
+        self.can_allocate_group_slots_keyed(ExtraKeys::NONE, prompts)
+    }
+
+    /// [`Self::can_allocate_group_slots`] for a request with extra keys `keys` (its cache
+    /// salt): only blocks cached under the same keys are hits.
+    pub fn can_allocate_group_slots_keyed(
+        &self,
+        keys: ExtraKeys,
+        prompts: &[(&[u32], usize)],
+    ) -> AllocStatus {
         if prompts.is_empty() || prompts.iter().any(|p| p.0.is_empty()) {
             return AllocStatus::Never;
         }
-        let found = self.lookup_group(prompts);
+        let found = self.lookup_group(keys, prompts);
         status(self.admission(found.worst, found.needed))
     }
 
     /// Blocks the group `prompts` would occupy if admitted now (cache hits counted once),
     /// over all KV cache groups.
     pub fn blocks_to_allocate_group(&self, prompts: &[&[u32]]) -> usize {
-        self.allocate_cost(prompts, None)
+        self.allocate_cost(ExtraKeys::NONE, prompts, None)
     }
 
     /// [`Self::blocks_to_allocate_group`] in KV cache group `g` alone.
     pub fn blocks_to_allocate_group_in(&self, prompts: &[&[u32]], g: usize) -> usize {
-        self.allocate_cost(prompts, Some(g))
+        self.allocate_cost(ExtraKeys::NONE, prompts, Some(g))
     }
 
-    fn allocate_cost(&self, prompts: &[&[u32]], only: Option<usize>) -> usize {
+    /// [`Self::blocks_to_allocate_group_in`] for a request with extra keys `keys`.
+    pub fn blocks_to_allocate_group_keyed(
+        &self,
+        keys: ExtraKeys,
+        prompts: &[&[u32]],
+        g: usize,
+    ) -> usize {
+        self.allocate_cost(keys, prompts, Some(g))
+    }
+
+    fn allocate_cost(&self, keys: ExtraKeys, prompts: &[&[u32]], only: Option<usize>) -> usize {
         if prompts.iter().any(|p| p.is_empty()) {
             return 0;
         }
         let whole: Vec<(&[u32], usize)> = prompts.iter().map(|p| (*p, p.len())).collect();
-        self.lookup_group_in(&whole, only).worst
+        self.lookup_group_in(keys, &whole, only).worst
     }
 
     /// Gives each `(seq, prompt)` a block table, all or none: every cache hit of every
@@ -95,6 +115,16 @@ impl BlockManager {
         &mut self,
         seqs: &[(SeqId, &[u32], usize)],
     ) -> Result<Vec<usize>, CacheError> {
+        self.allocate_group_slots_keyed(ExtraKeys::NONE, seqs)
+    }
+
+    /// [`Self::allocate_group_slots`] for a request with extra keys `keys`: its hits are
+    /// blocks cached under the same keys, and the blocks it computes are named under them.
+    pub fn allocate_group_slots_keyed(
+        &mut self,
+        keys: ExtraKeys,
+        seqs: &[(SeqId, &[u32], usize)],
+    ) -> Result<Vec<usize>, CacheError> {
         if seqs.is_empty() {
             return Err(CacheError::EmptyGroup);
         }
@@ -112,7 +142,7 @@ impl BlockManager {
             }
         }
         let prompts: Vec<(&[u32], usize)> = seqs.iter().map(|&(_, p, n)| (p, n)).collect();
-        let found = self.lookup_group(&prompts);
+        let found = self.lookup_group(keys, &prompts);
         self.admission(found.worst, found.needed)?;
 
         self.claim_hits(&found);
@@ -132,7 +162,8 @@ impl BlockManager {
             } = m;
             let id = kv_id(seq, g);
             let blocks = blocks_for(slots, bs);
-            let mut table = self.hit_table(g, prompt, &hits, skipped, &mut promoted);
+            let root = self.groups.root(g, keys);
+            let mut table = self.hit_table(root, prompt, &hits, skipped, &mut promoted);
             while skipped + table.len() < blocks {
                 table.push(
                     self.device
@@ -153,6 +184,7 @@ impl BlockManager {
                     num_tokens: slots,
                     blocks: Blocks::Device(table),
                     hashes: hits.iter().map(|&(_, h)| h).collect(),
+                    root,
                     num_computed: num_cached,
                     num_cached,
                     released: skipped,
@@ -186,7 +218,7 @@ impl BlockManager {
     /// copied up (once per group: `promoted`).
     fn hit_table(
         &mut self,
-        g: usize,
+        root: Option<BlockHash>,
         prompt: &[u32],
         hits: &[(Hit, BlockHash)],
         skipped: usize,
@@ -204,7 +236,7 @@ impl BlockManager {
                     }
                     None => {
                         let parent = match i {
-                            0 => self.groups.root(g),
+                            0 => root,
                             _ => Some(hits[i - 1].1),
                         };
                         let d = self.promote(h, hash, parent, &prompt[i * bs..(i + 1) * bs]);
@@ -324,13 +356,18 @@ impl BlockManager {
     /// (clamped to its cache hits plus one token at least, and to the prompt at most).
     /// With several KV cache groups each prompt is looked up in every group, and its hits
     /// are cut to the fewest any group has.
-    pub(super) fn lookup_group(&self, prompts: &[(&[u32], usize)]) -> GroupLookup {
-        self.lookup_group_in(prompts, None)
+    pub(super) fn lookup_group(&self, keys: ExtraKeys, prompts: &[(&[u32], usize)]) -> GroupLookup {
+        self.lookup_group_in(keys, prompts, None)
     }
 
     /// [`Self::lookup_group`]; with `only`, the costs count KV cache group `only` alone
     /// (a question, not an allocation: the entries of other groups are left out).
-    fn lookup_group_in(&self, prompts: &[(&[u32], usize)], only: Option<usize>) -> GroupLookup {
+    fn lookup_group_in(
+        &self,
+        keys: ExtraKeys,
+        prompts: &[(&[u32], usize)],
+        only: Option<usize>,
+    ) -> GroupLookup {
         let mut device_hits: HashSet<DeviceBlockId> = HashSet::new();
         let mut host_hits: HashSet<HostBlockId> = HashSet::new();
         let mut fresh = 0;
@@ -339,7 +376,7 @@ impl BlockManager {
         let bs = self.config.block_size;
         for &(prompt, slots) in prompts {
             let mut found: Vec<_> = (0..groups)
-                .map(|g| self.prefix_hits_in(g, prompt))
+                .map(|g| self.prefix_hits_in(self.groups.root(g, keys), prompt))
                 .collect();
             let common = found.iter().map(|f| f.0.len()).min().unwrap_or(0);
             for (g, (mut hits, lookups)) in found.drain(..).enumerate() {

@@ -21,7 +21,7 @@
 
 use super::block_table::blocks_for;
 use super::ids::SeqId;
-use super::prefix::{hash_block, BlockHash};
+use super::prefix::{hash_block, BlockHash, ExtraKeys};
 
 /// Bits of a [`SeqId`] below the group index of a KV sequence.
 const GROUP_SHIFT: u32 = 56;
@@ -94,17 +94,14 @@ impl KvGroups {
         &self.windows
     }
 
-    /// The name a chain of block names starts from in group `g`: none for group 0 (so
-    /// names are the same as without groups), a fixed per-group value otherwise.
-    pub fn root(&self, g: usize) -> Option<BlockHash> {
-        (g > 0).then(|| hash_block(None, &[0x6b76_6772, g as u32]))
-    }
-
-    /// The parent name of block `i` of a chain in group `g` whose names are `hashes`.
-    pub(crate) fn parent(&self, g: usize, hashes: &[BlockHash], i: usize) -> Option<BlockHash> {
-        match i {
-            0 => self.root(g),
-            _ => Some(hashes[i - 1]),
+    /// The name a chain of block names starts from in group `g` for a request with extra
+    /// keys `keys`: without keys none for group 0 (so names are the same as without groups)
+    /// and a fixed per-group value otherwise; with keys a value of both.
+    pub fn root(&self, g: usize, keys: ExtraKeys) -> Option<BlockHash> {
+        const TAG: u32 = 0x6b76_6772;
+        match keys.digest() {
+            None => (g > 0).then(|| hash_block(None, &[TAG, g as u32])),
+            Some(k) => Some(hash_block(Some(k), &[TAG, g as u32])),
         }
     }
 
@@ -262,8 +259,13 @@ mod tests {
         let k = kv_id(s, 3);
         assert_eq!((group_of(k), engine_id(k)), (3, s));
         let g = KvGroups::new(vec![None, Some(32)], 16);
-        assert_eq!(g.root(0), None);
-        assert!(g.root(1).is_some() && g.root(1) != g.root(2));
+        let none = ExtraKeys::NONE;
+        assert_eq!(g.root(0, none), None);
+        assert!(g.root(1, none).is_some() && g.root(1, none) != g.root(2, none));
+        // A salt moves every group's root, and two salts apart.
+        let (a, b) = (ExtraKeys::with_salt("a"), ExtraKeys::with_salt("b"));
+        assert!(g.root(0, a).is_some() && g.root(0, a) != g.root(0, b));
+        assert!(g.root(1, a) != g.root(1, none) && g.root(1, a) != g.root(2, a));
         // Window 32 and chunks of 16 at block size 16: 47 positions, 4 blocks at most (a
         // window starting at the last slot of a block reaches into the third one after).
         assert_eq!(g.held_blocks_cap(1, 16), Some(4));

@@ -126,7 +126,7 @@ impl BlockManager {
             }
             let block =
                 |i: usize| &all[(i * bs).min(s.num_tokens)..((i + 1) * bs).min(s.num_tokens)];
-            let mut parent = self.groups.root(super::groups::group_of(id));
+            let mut parent = s.root;
             for (i, &h) in s.hashes.iter().enumerate() {
                 if hash_block(parent, block(i)) != h {
                     return Err(format!("{id}: block {i}'s name is not its chained hash"));

@@ -12,7 +12,7 @@ use super::block_table::{blocks_for, Blocks, Sequence};
 use super::config::CacheConfig;
 use super::device::{DevicePool, HostPool};
 use super::error::CacheError;
-use super::groups::{engine_id, group_of, kv_id, KvGroups};
+use super::groups::{engine_id, kv_id, KvGroups};
 use super::ids::{DeviceBlockId, HostBlockId, SeqId};
 use super::ops::BlockOps;
 use super::pins::Pins;
@@ -326,7 +326,6 @@ impl BlockManager {
             device,
             seqs,
             to_save,
-            groups,
             ..
         } = self;
         let s = seqs.get_mut(&seq).ok_or(CacheError::UnknownSequence(seq))?;
@@ -345,7 +344,7 @@ impl BlockManager {
             // Blocks named before are below the old count; the new ones lie in `computed`.
             while s.hashes.len() < computed.len() / bs {
                 let i = s.hashes.len();
-                let parent = groups.parent(group_of(seq), &s.hashes, i);
+                let parent = s.parent(i);
                 let tokens = &computed[i * bs..(i + 1) * bs];
                 let hash = hash_block(parent, tokens);
                 // Blocks are released only once computed, so an unnamed one is live.
@@ -636,10 +635,11 @@ impl BlockManager {
 
     /// The leading full blocks of `prompt` found in the prefix cache, on the device or in
     /// the host tier, and how many were looked up.
-    /// (In KV cache group `g`: names chained from its root.)
+    /// (In one KV cache group, for one request's extra keys: names chained from `root`,
+    /// see [`super::KvGroups::root`].)
     pub(super) fn prefix_hits_in(
         &self,
-        g: usize,
+        root: Option<BlockHash>,
         prompt: &[u32],
     ) -> (Vec<(Hit, BlockHash)>, usize) {
         let bs = self.config.block_size;
@@ -650,7 +650,7 @@ impl BlockManager {
             // The last prompt token is always computed again, because the step samples
             // from its logits; so a fully cached prompt still computes its last block.
             lookups = (prompt.len() - 1) / bs;
-            let mut parent = self.groups.root(g);
+            let mut parent = root;
             for tokens in prompt.chunks_exact(bs).take(lookups) {
                 let hit = match cache.lookup(parent, tokens) {
                     Some((block, hash)) => (Hit::Device(block), hash),

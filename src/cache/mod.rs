@@ -47,6 +47,6 @@ pub use ids::{DeviceBlockId, HostBlockId, SeqId};
 pub use manager::{AllocStatus, AppendOutcome, BlockManager};
 pub use ops::BlockOps;
 pub use pins::PinId;
-pub use prefix::{hash_block, BlockHash};
+pub use prefix::{hash_block, BlockHash, ExtraKeys};
 pub use stats::{CacheStats, PoolStats};
 pub use tier::{TierName, TierStats};

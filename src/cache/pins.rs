@@ -15,7 +15,7 @@
 use super::error::CacheError;
 use super::ids::DeviceBlockId;
 use super::manager::BlockManager;
-use super::prefix::{hash_block, BlockHash};
+use super::prefix::{hash_block, BlockHash, ExtraKeys};
 
 /// A pinned prefix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -25,13 +25,22 @@ impl BlockManager {
     /// Pins the leading full blocks of `tokens` that are cached on the device (the whole
     /// prefix once it has been computed). Returns the pin and how many tokens it holds.
     pub fn pin_prefix(&mut self, tokens: &[u32]) -> Result<(PinId, usize), CacheError> {
+        self.pin_prefix_keyed(ExtraKeys::NONE, tokens)
+    }
+
+    /// [`Self::pin_prefix`] for the blocks cached under extra keys `keys` (a cache salt).
+    pub fn pin_prefix_keyed(
+        &mut self,
+        keys: ExtraKeys,
+        tokens: &[u32],
+    ) -> Result<(PinId, usize), CacheError> {
         let bs = self.config.block_size;
         // Each KV cache group's chain, cut to the fewest blocks any group has.
         let mut chains = Vec::new();
         if let Some(cache) = self.device.cache() {
             for g in 0..self.groups.len() {
                 let mut chain = Vec::new();
-                let mut parent = self.groups.root(g);
+                let mut parent = self.groups.root(g, keys);
                 for chunk in tokens.chunks_exact(bs) {
                     let Some((block, hash)) = cache.lookup(parent, chunk) else {
                         break;
@@ -108,10 +117,19 @@ impl BlockManager {
     /// too, for a lower tier to drop (`hash`, `parent`): with KV cache groups one chain per
     /// group, back to back, each over the full blocks of `tokens`.
     pub fn forget_prefix(&mut self, tokens: &[u32]) -> Vec<(BlockHash, Option<BlockHash>)> {
+        self.forget_prefix_keyed(ExtraKeys::NONE, tokens)
+    }
+
+    /// [`Self::forget_prefix`] for the blocks cached under extra keys `keys`.
+    pub fn forget_prefix_keyed(
+        &mut self,
+        keys: ExtraKeys,
+        tokens: &[u32],
+    ) -> Vec<(BlockHash, Option<BlockHash>)> {
         let bs = self.config.block_size;
         let mut chain = Vec::new();
         for g in 0..self.groups.len() {
-            let mut parent = self.groups.root(g);
+            let mut parent = self.groups.root(g, keys);
             for chunk in tokens.chunks_exact(bs) {
                 let hash = hash_block(parent, chunk);
                 chain.push((hash, parent));

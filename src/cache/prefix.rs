@@ -38,6 +38,38 @@ pub fn hash_block(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
     BlockHash(u64::from_le_bytes(first))
 }
 
+/// What besides its tokens names a request's blocks, digested into one name that the
+/// request's chains start from (vLLM v1's `extra_keys`): today a cache salt, later adapters
+/// and image inputs. Requests whose keys differ never share a block name, so they never hit
+/// each other's cached blocks on the device, in host memory or on disk, and a client that
+/// does not know another's salt cannot time whether that client's prompt is cached.
+/// [`ExtraKeys::NONE`] names blocks by their tokens alone, as before keys existed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ExtraKeys(Option<BlockHash>);
+
+impl ExtraKeys {
+    /// No extra keys: blocks are named by their tokens alone.
+    pub const NONE: ExtraKeys = ExtraKeys(None);
+
+    /// The keys of a request with cache salt `salt`: BLAKE3 in key-derivation mode, so no
+    /// salt's digest is a block name computed from tokens by design.
+    pub fn with_salt(salt: &str) -> Self {
+        let digest = blake3::derive_key("pagellm 2026 prefix cache salt", salt.as_bytes());
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        ExtraKeys(Some(BlockHash(u64::from_le_bytes(first))))
+    }
+
+    pub fn is_none(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// The digest chains of these keys start from (`None` without keys).
+    pub fn digest(&self) -> Option<BlockHash> {
+        self.0
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct NamedBlock {
     pub hash: BlockHash,

@@ -9,7 +9,7 @@
 
 use super::block_table::Blocks;
 use super::error::CacheError;
-use super::groups::{group_of, kv_id};
+use super::groups::kv_id;
 use super::ids::{DeviceBlockId, HostBlockId, SeqId};
 use super::manager::{status, AllocStatus, BlockManager};
 use super::prefix::hash_block;
@@ -112,7 +112,6 @@ impl BlockManager {
             seqs: all,
             plan,
             counters,
-            groups,
             ..
         } = self;
         let mut to_device: HashMap<HostBlockId, DeviceBlockId> = HashMap::new();
@@ -149,7 +148,7 @@ impl BlockManager {
                     let Some(j) = s.live_index(i) else {
                         continue; // a hole
                     };
-                    let parent = groups.parent(group_of(id), &s.hashes, i);
+                    let parent = s.parent(i);
                     let tokens = &tokens[i * bs..(i + 1) * bs];
                     cache.register(device_table[j], hash, parent, tokens);
                 }
@@ -172,7 +171,7 @@ impl BlockManager {
             });
         }
         let bs = self.config.block_size;
-        let mut parent = self.groups.root(group_of(seq));
+        let mut parent = s.root;
         for (i, &hash) in s.hashes.iter().enumerate() {
             if hash_block(parent, &tokens[i * bs..(i + 1) * bs]) != hash {
                 return Err(CacheError::TokensMismatch(seq));

@@ -20,7 +20,7 @@
 
 use super::ids::{DeviceBlockId, HostBlockId};
 use super::manager::BlockManager;
-use super::prefix::BlockHash;
+use super::prefix::{BlockHash, ExtraKeys};
 
 /// What the host tier holds and has done.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -176,11 +176,20 @@ impl BlockManager {
     /// Leading full blocks of `prompt` (of those a prefix lookup considers: all but the
     /// last token) that the device pool or the host tier holds now.
     pub fn cached_prefix_blocks(&self, prompt: &[u32]) -> usize {
+        self.cached_prefix_blocks_keyed(ExtraKeys::NONE, prompt)
+    }
+
+    /// [`Self::cached_prefix_blocks`] for a request with extra keys `keys`.
+    pub fn cached_prefix_blocks_keyed(&self, keys: ExtraKeys, prompt: &[u32]) -> usize {
         if prompt.is_empty() {
             return 0;
         }
         (0..self.groups.len())
-            .map(|g| self.prefix_hits_in(g, prompt).0.len())
+            .map(|g| {
+                self.prefix_hits_in(self.groups.root(g, keys), prompt)
+                    .0
+                    .len()
+            })
             .min()
             .unwrap_or(0)
     }

@@ -7,13 +7,13 @@ use super::engine_args::EngineArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use pagellm::constrain::StructuredOutput;
-use pagellm::engine::{Engine, EngineStats, Prompt, RequestEvent, RequestHandle, RequestOutput};
+use pagellm::engine::{EngineStats, Request, RequestEvent, RequestOutput};
+use pagellm::handle::{EngineBuilder, EngineHandle, Notice, RequestStream};
 use pagellm::sampling::SamplingParams;
 use serde::Deserialize;
 use serde_json::json;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 /// The model used when `--model` is not given: `PAGELLM_MODEL`, else the small model that
 /// ships in the repository, found from the working directory or beside the binary (never a
@@ -281,23 +281,32 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         None => default_model_dir()?,
     };
     let requests = args.requests()?;
-    let mut engine = load(&args, &dir)?;
-    // A line that is not a valid request, or that the engine refuses, fails alone.
+    let engine = load(&args, &dir)?;
+    // A line that is not a valid request, or that the engine refuses, fails alone. The
+    // valid ones are submitted together, so they are batched from the first step.
+    let valid: Vec<Request> = requests
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().ok())
+        .map(|(prompt, params)| Request::text(prompt.clone()).with_params(params.clone()))
+        .collect();
+    let mut submitted = engine.submit_all(valid).into_iter();
     let mut early: Vec<Outcome> = Vec::with_capacity(requests.len());
-    let mut handles: Vec<Option<RequestHandle>> = Vec::with_capacity(requests.len());
+    let mut streams: Vec<Option<RequestStream>> = Vec::with_capacity(requests.len());
     for (_, r) in &requests {
-        let added = r.clone().and_then(|(prompt, params)| {
-            engine
-                .add_request(Prompt::Text(prompt), params)
-                .map_err(|e| e.to_string())
-        });
+        let added = match r {
+            Ok(_) => match submitted.next() {
+                Some(s) => s.map_err(|e| e.to_string()),
+                None => Err("no result from the engine".to_string()),
+            },
+            Err(msg) => Err(msg.clone()),
+        };
         match added {
-            Ok(h) => {
-                handles.push(Some(h));
+            Ok(stream) => {
+                streams.push(Some(stream));
                 early.push(None);
             }
             Err(msg) => {
-                handles.push(None);
+                streams.push(None);
                 early.push(Some(Err(msg)));
             }
         }
@@ -306,12 +315,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         [(_, Ok((prompt, p)))] if p.n == 1 && p.beam_width.is_none() => Some(prompt),
         _ => None,
     };
-    let stream = !args.json && single.is_some() && handles[0].is_some();
+    let stream = !args.json && single.is_some() && streams[0].is_some();
     if let Some(prompt) = single.filter(|_| stream) {
         print!("{prompt}");
         std::io::stdout().lock().flush().ok();
     }
-    let outputs = drive(&mut engine, &handles, stream)?;
+    let outputs = collect(streams, stream);
     if stream {
         println!();
     }
@@ -335,9 +344,11 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         }
     }
     if args.stats {
-        print_stats(&engine);
+        if let Some(s) = engine.stats_now() {
+            print_stats(&s.engine);
+        }
     }
-    if let Some(report) = engine.ctx.take_profile_report() {
+    if let Some(report) = engine.shutdown() {
         eprintln!("\n{report}");
     }
     if failed > 0 {
@@ -360,61 +371,56 @@ fn report_failure(args: &GenerateArgs, line: usize, msg: &str) {
     }
 }
 
-/// Opens the model in `dir` on the adapter the environment chooses, with a progress bar
-/// for the weight upload of real models.
-fn load(args: &GenerateArgs, dir: &std::path::Path) -> Result<Engine> {
-    let ctx = Arc::new(pagellm::GpuContext::from_env()?);
+/// Starts the engine on the model in `dir`, on the adapter the environment chooses, with a
+/// progress bar for the weight upload of real models; returns once it takes requests.
+fn load(args: &GenerateArgs, dir: &std::path::Path) -> Result<EngineHandle> {
     let bar = indicatif::ProgressBar::new(0).with_style(
         indicatif::ProgressStyle::with_template("loading {msg} {bar:30} {bytes}/{total_bytes}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     bar.set_message(dir.display().to_string());
-    let engine = Engine::with_context(ctx, dir, args.engine.config(), |done, total| {
-        // Only worth a bar for real models.
-        if total > 64 << 20 {
-            bar.set_length(total);
-            bar.set_position(done);
-        }
-    })
-    .with_context(|| format!("loading the model in {}", dir.display()))?;
+    let progress = bar.clone();
+    let engine = EngineBuilder::new(dir)
+        .config(args.engine.config())
+        .on_notice(move |n| {
+            // Only worth a bar for real models.
+            if let Notice::Loading { done, total } = n {
+                if total > 64 << 20 {
+                    progress.set_length(total);
+                    progress.set_position(done);
+                }
+            }
+        })
+        .load()
+        .with_context(|| format!("loading the model in {}", dir.display()))?;
     bar.finish_and_clear();
     Ok(engine)
 }
 
 type Outcome = Option<std::result::Result<RequestOutput, String>>;
 
-/// Steps the engine until every request has ended, printing the one request's text as it
+/// Reads every request's events until it ends, printing the one request's text as it
 /// streams when `stream`; returns each request's output or failure.
-fn drive(
-    engine: &mut Engine,
-    handles: &[Option<RequestHandle>],
-    stream: bool,
-) -> Result<Vec<Outcome>> {
-    let mut outputs: Vec<Outcome> = vec![None; handles.len()];
+fn collect(streams: Vec<Option<RequestStream>>, stream: bool) -> Vec<Outcome> {
     let stdout = std::io::stdout();
-    let drain = |outputs: &mut [Outcome], stream: bool| {
-        for (i, h) in handles.iter().enumerate() {
-            let Some(h) = h else { continue };
-            while let Ok(ev) = h.events.try_recv() {
+    streams
+        .into_iter()
+        .map(|s| {
+            let mut outcome = None;
+            for ev in s? {
                 match ev {
                     RequestEvent::Token { text, .. } if stream => {
                         print!("{text}");
                         stdout.lock().flush().ok();
                     }
                     RequestEvent::Token { .. } => {}
-                    RequestEvent::Finished(out) => outputs[i] = Some(Ok(out)),
-                    RequestEvent::Failed(msg) => outputs[i] = Some(Err(msg)),
+                    RequestEvent::Finished(out) => outcome = Some(Ok(out)),
+                    RequestEvent::Failed(msg) => outcome = Some(Err(msg)),
                 }
             }
-        }
-    };
-    while engine.has_unfinished() {
-        engine.step()?;
-        drain(&mut outputs, stream);
-    }
-    // Events sent outside a step (none today) still reach their request.
-    drain(&mut outputs, false);
-    Ok(outputs)
+            outcome
+        })
+        .collect()
 }
 
 fn to_json(out: &RequestOutput) -> serde_json::Value {
@@ -471,13 +477,12 @@ fn print_speculation(s: &EngineStats) {
     }
 }
 
-fn print_stats(engine: &Engine) {
-    let s = engine.stats();
+fn print_stats(s: &EngineStats) {
     let c = &s.cache;
     eprintln!("--- statistics ---");
-    print_kv_cache(&s);
-    print_scheduling(&s);
-    print_speculation(&s);
+    print_kv_cache(s);
+    print_scheduling(s);
+    print_speculation(s);
     eprintln!(
         "failed / abandoned:     {} / {}",
         s.scheduler.failed_requests, s.abandoned_requests
@@ -494,7 +499,7 @@ fn print_stats(engine: &Engine) {
         c.prefix_misses,
         100.0 * c.prefix_hit_rate()
     );
-    print_tiers(&s);
+    print_tiers(s);
     eprintln!(
         "peak blocks used:       {} of {}",
         s.scheduler.peak_blocks_used, c.device.total

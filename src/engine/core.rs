@@ -12,14 +12,15 @@
 
 use super::config::EngineConfig;
 use super::draft::{DraftRequest, DraftSampling};
+use super::intake::{Intake, Prepared, Request};
 use super::output::{FinishReason, RequestEvent, RequestId};
 use super::request::{completion, Prompt, RequestHandle, RequestSide, SeqOutput, SpecState};
 use super::scheduler::{PreemptionCosts, Scheduler, SchedulerStats};
-use super::sequence::{GroupShape, Sequence, SequenceGroup};
+use super::sequence::{Sequence, SequenceGroup};
 use crate::cache::{BlockManager, BlockOps, CacheConfig, CacheError, CacheStats};
 use crate::cache::{DeviceBlockId, HostBlockId, KvGroups, LayerGroups, SeqId};
 use crate::cache_engine::CacheEngine;
-use crate::constrain::{Compiler, Constraint, ConstraintError};
+use crate::constrain::ConstraintError;
 use crate::disk_tier::{DiskStats, DiskTier};
 use crate::error::GpuError;
 use crate::gpu::GpuContext;
@@ -27,7 +28,7 @@ use crate::model::forward::Workspace;
 use crate::model::gpu::GpuModel;
 use crate::model::{ModelError, ModelFiles};
 use crate::pool::{KvLayout, KvPool, KvRotation, PoolSize};
-use crate::sampling::{BeamSearch, BeamSearchConfig, SamplingError};
+use crate::sampling::SamplingError;
 use crate::spec::{AcceptanceRate, AdaptiveK, NgramIndex, StepCostFit};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 use std::path::Path;
@@ -63,6 +64,16 @@ pub enum EngineError {
     /// A fault of the engine itself; every pending request has been failed with it.
     #[error("engine fault: {0}")]
     Internal(String),
+    /// The model is still loading; requests are taken once it is.
+    #[error("the model is still loading")]
+    NotReady,
+    /// The engine was closed or shut down and takes no more requests.
+    #[error("the engine is shutting down and takes no more requests")]
+    Closed,
+    /// The engine cannot take requests: the reason (the model did not load, the device was
+    /// lost, the engine thread stopped).
+    #[error("the engine is unavailable: {0}")]
+    Unavailable(String),
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
@@ -132,11 +143,10 @@ impl EngineStats {
 pub struct Engine {
     pub ctx: Arc<GpuContext>,
     pub model: GpuModel,
-    pub tokenizer: Arc<Tokenizer>,
+    pub(super) tokenizer: Arc<Tokenizer>,
     pub config: EngineConfig,
-    /// Compiles requests' constraints; built at the first constrained request.
-    compiler: Option<Compiler>,
-    max_model_len: usize,
+    /// Checks, tokenizes and compiles requests (shared with the engine's handle).
+    intake: Arc<Intake>,
     pub(super) cache: CacheEngine,
     pub(super) ws: Workspace,
     /// Owns the requests' sequence groups, in its waiting, running and swapped queues.
@@ -461,6 +471,7 @@ impl Engine {
         progress: impl FnMut(u64, u64),
     ) -> Result<Self> {
         let (files, tokenizer) = open_model(model_dir)?;
+        let tokenizer = Arc::new(tokenizer);
         let c = files.config.clone();
         if config.profile {
             ctx.enable_profiling();
@@ -511,9 +522,13 @@ impl Engine {
             scheduler,
             ws,
             model,
-            tokenizer: Arc::new(tokenizer),
-            compiler: None,
-            max_model_len,
+            intake: Arc::new(Intake::new(
+                tokenizer.clone(),
+                c.vocab_size,
+                max_model_len,
+                &config,
+            )),
+            tokenizer,
             config,
             ctx,
             next_request: 0,
@@ -588,8 +603,14 @@ impl Engine {
         Ok(best)
     }
 
+    /// The context length: prompt and output of a sequence together.
     pub fn max_model_len(&self) -> usize {
-        self.max_model_len
+        self.intake.max_model_len()
+    }
+
+    /// The model's tokenizer.
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
     }
 
     /// Queues a request after checking it; its events arrive on the returned handle.
@@ -598,32 +619,45 @@ impl Engine {
         prompt: Prompt,
         params: crate::sampling::SamplingParams,
     ) -> Result<RequestHandle> {
-        let ids = self.prompt_ids(prompt, &params)?;
-        let beam = BeamSearchConfig::from_params(&params, self.tokenizer.eos_token_ids())
-            .map(BeamSearch::new);
-        let shape = match &beam {
-            Some(b) => GroupShape::Beams(b.config().beam_width.max(params.n)),
-            None => GroupShape::Samples(params.n),
-        };
-        if shape.width() > self.config.max_num_seqs {
-            return Err(EngineError::InvalidRequest(format!(
-                "{} sequences in one request exceed max_num_seqs {}; raise --max-num-seqs",
-                shape.width(),
-                self.config.max_num_seqs
-            )));
-        }
-        if shape.width() > self.config.max_num_batched_tokens {
-            return Err(EngineError::InvalidRequest(format!(
-                "{} sequences in one request exceed the step budget of {} tokens; raise \
-                 --max-batched-tokens",
-                shape.width(),
-                self.config.max_num_batched_tokens
-            )));
-        }
-        let constraint = self.compile(&params)?;
+        self.add(Request::new(prompt).with_params(params))
+    }
+
+    /// Queues `request` after checking it; its events arrive on the returned handle.
+    pub fn add(&mut self, request: Request) -> Result<RequestHandle> {
+        let prepared = self.intake.prepare(request)?;
         let id = self.next_request;
-        self.next_request += 1;
         let (tx, rx) = flume::unbounded();
+        self.enqueue(id, prepared, tx)?;
+        Ok(RequestHandle { id, events: rx })
+    }
+
+    /// What checks and prepares requests for this engine; it may be used on any thread.
+    pub fn intake(&self) -> &Arc<Intake> {
+        &self.intake
+    }
+
+    /// Queues a request `intake` prepared, as request `id` (not pending already), with its
+    /// events going to `events`.
+    pub(crate) fn enqueue(
+        &mut self,
+        id: RequestId,
+        prepared: Prepared,
+        events: flume::Sender<RequestEvent>,
+    ) -> Result<()> {
+        if self.scheduler.contains(id) {
+            return Err(EngineError::InvalidRequest(format!(
+                "request {id} is already pending"
+            )));
+        }
+        self.next_request = self.next_request.max(id + 1);
+        let Prepared {
+            ids,
+            params,
+            beam,
+            shape,
+            constraint,
+            keys,
+        } = prepared;
         let mut out = SeqOutput::new(&ids, &params, 0, constraint);
         if beam.is_none() {
             out.spec = self.spec_state()?;
@@ -634,45 +668,11 @@ impl Engine {
             params,
             prompt_ids: ids,
             beam,
-            events: tx,
+            events,
         };
-        self.scheduler
-            .add(SequenceGroup::new(id, shape, max_len, first, side));
-        Ok(RequestHandle { id, events: rx })
-    }
-
-    /// A request's prompt as token ids, checked: parameters valid for the vocabulary, ids
-    /// inside it, not empty, and room for the prompt and `max_tokens` in the context.
-    fn prompt_ids(
-        &self,
-        prompt: Prompt,
-        params: &crate::sampling::SamplingParams,
-    ) -> Result<Vec<u32>> {
-        let vocab = self.model.config.vocab_size;
-        params.validate(vocab)?;
-        let ids = match prompt {
-            Prompt::Text(t) => self.tokenizer.encode(&t)?,
-            Prompt::Tokens(ids) => ids,
-        };
-        if ids.is_empty() {
-            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
-        }
-        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
-            return Err(EngineError::InvalidRequest(format!(
-                "token id {bad} is outside the vocabulary of {vocab}"
-            )));
-        }
-        if ids.len().saturating_add(params.max_tokens) > self.max_model_len {
-            return Err(EngineError::InvalidRequest(format!(
-                "the prompt has {} tokens and max_tokens is {}, together more than the context \
-                 of {} tokens; shorten the prompt, lower max_tokens, or raise --max-model-len \
-                 (up to the model's own context)",
-                ids.len(),
-                params.max_tokens,
-                self.max_model_len
-            )));
-        }
-        Ok(ids)
+        let group = SequenceGroup::new(id, shape, max_len, first, side).with_keys(keys);
+        self.scheduler.add(group);
+        Ok(())
     }
 
     /// A new (non-beam) request's speculation state, when speculation is on. A measured row
@@ -694,21 +694,6 @@ impl Engine {
                 },
             ),
         }))
-    }
-
-    /// The constraint of a request's first sequence, compiled from its structured output.
-    fn compile(&mut self, params: &crate::sampling::SamplingParams) -> Result<Option<Constraint>> {
-        let Some(spec) = &params.structured_output else {
-            return Ok(None);
-        };
-        let compiler = match &mut self.compiler {
-            Some(c) => c,
-            slot => slot.insert(Compiler::new(
-                self.tokenizer.clone(),
-                self.model.config.vocab_size,
-            )?),
-        };
-        Ok(Some(compiler.compile(spec)?))
     }
 
     /// Aborts a request at any point, freeing everything it holds. Returns false for an

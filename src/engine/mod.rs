@@ -6,6 +6,7 @@ mod advance;
 pub mod config;
 mod core;
 mod draft;
+mod intake;
 pub mod output;
 pub mod request;
 pub mod scheduler;
@@ -17,6 +18,8 @@ pub(crate) use self::core::{kv_layout, kv_pool, open_model};
 pub use self::core::{Engine, EngineError, EngineStats, HostTime};
 pub use config::{EngineConfig, PreemptionMode, SpeculativeConfig, MAX_SPECULATIVE_ROWS};
 pub use draft::DraftStats;
+pub(crate) use intake::Prepared;
+pub use intake::{Intake, Request};
 pub use output::{
     CompletionOutput, FinishReason, RequestEvent, RequestId, RequestOutput, TokenLogprob,
 };

@@ -10,7 +10,7 @@
 //! tokenizer or a channel (`()` for both).
 
 use super::output::{FinishReason, RequestId};
-use crate::cache::{BlockManager, SeqId};
+use crate::cache::{BlockManager, ExtraKeys, SeqId};
 
 #[derive(Clone, Debug)]
 pub struct Sequence<D = ()> {
@@ -92,6 +92,9 @@ pub struct SequenceGroup<D = (), R = ()> {
     pub seqs: Vec<Sequence<D>>,
     /// Parallel samples are forked from the prompt's sequence once it is prefilled.
     pub forked: bool,
+    /// What besides its tokens names the request's KV blocks (its cache salt): it hits
+    /// only blocks cached under the same keys.
+    pub keys: ExtraKeys,
     pub data: R,
 }
 
@@ -110,8 +113,15 @@ impl<D, R> SequenceGroup<D, R> {
             max_len,
             seqs: vec![first],
             forked: false,
+            keys: ExtraKeys::NONE,
             data,
         }
+    }
+
+    /// The group with extra keys `keys` (see [`ExtraKeys`]).
+    pub fn with_keys(mut self, keys: ExtraKeys) -> Self {
+        self.keys = keys;
+        self
     }
 
     pub fn live(&self) -> impl Iterator<Item = &Sequence<D>> {

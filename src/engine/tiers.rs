@@ -28,6 +28,8 @@ use super::output::RequestId;
 #[derive(Debug)]
 pub(super) struct DiskChain {
     tokens: Vec<u32>,
+    /// Per KV cache group, the name its chain starts from (the request's extra keys in it).
+    roots: Vec<Option<BlockHash>>,
     /// Per KV cache group, the names of the leading blocks.
     names: Vec<Vec<BlockHash>>,
 }
@@ -181,10 +183,13 @@ impl Engine {
         // As the prefix lookup: the last token is always computed again.
         let lookups = s.tokens.len().saturating_sub(1) / bs;
         let groups = self.scheduler.blocks.groups();
-        let names = (0..groups.len())
-            .map(|g| {
+        let roots: Vec<Option<BlockHash>> =
+            (0..groups.len()).map(|k| groups.root(k, g.keys)).collect();
+        let names = roots
+            .iter()
+            .map(|&root| {
                 let mut names = Vec::with_capacity(lookups);
-                let mut parent = groups.root(g);
+                let mut parent = root;
                 for tokens in s.tokens.chunks_exact(bs).take(lookups) {
                     let hash = hash_block(parent, tokens);
                     names.push(hash);
@@ -195,6 +200,7 @@ impl Engine {
             .collect();
         let chain = DiskChain {
             tokens: s.tokens.clone(),
+            roots,
             names,
         };
         self.disk_chains.insert(id, chain);
@@ -217,7 +223,10 @@ impl Engine {
         for (i, g) in steps {
             let names = &chain.names[g];
             let hash = names[i];
-            let parent = blocks.groups().parent(g, names, i);
+            let parent = match i {
+                0 => chain.roots[g],
+                _ => Some(names[i - 1]),
+            };
             let tokens = &chain.tokens[i * bs..(i + 1) * bs];
             if blocks.has_device_name(hash) {
                 continue;

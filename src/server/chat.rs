@@ -12,7 +12,6 @@ use super::error::ApiError;
 use super::fields::Common;
 use super::state::AppState;
 use super::tools::{self, Tool, ToolChoice};
-use crate::engine::Prompt;
 use crate::sampling::SamplingParams;
 use crate::tokenizer::{ChatMessage, RenderOptions};
 use axum::body::Bytes;
@@ -187,11 +186,11 @@ pub async fn chat_completions(
     };
     let ids = render_ids(&app, messages, options).await?;
     if req.max_completion_tokens.or(req.max_tokens).is_none() {
-        let context = app.shared.max_model_len.lock().ok().and_then(|m| *m);
+        let context = app.max_model_len();
         params.max_tokens = context.map_or(16, |c| c.saturating_sub(ids.len()).max(1));
     }
     let guard = app.admit(1)?;
-    let handle = app.add_request(Prompt::Tokens(ids), params.clone()).await?;
+    let handle = app.submit(req.common.request(ids, params.clone())?).await?;
     let ctx = Ctx {
         api: Api::Chat,
         app: app.clone(),

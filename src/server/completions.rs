@@ -115,7 +115,7 @@ pub async fn completions(
     let mut handles = Vec::with_capacity(prompts.len());
     for p in prompts {
         let ids = app.tokenize(p).await?;
-        handles.push(app.add_request(Prompt::Tokens(ids), params.clone()).await?);
+        handles.push(app.submit(req.common.request(ids, params.clone())?).await?);
     }
     let ctx = Ctx {
         api: Api::Completions,
@@ -302,7 +302,7 @@ fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
 /// Waits for every prompt's final output, then answers in one JSON body.
 pub(super) async fn whole_response(
     ctx: Ctx,
-    handles: Vec<crate::engine::RequestHandle>,
+    handles: Vec<crate::handle::RequestStream>,
     _guard: InFlight,
 ) -> Result<Response, ApiError> {
     // All prompts at once, so that each one's latencies are its own.
@@ -364,12 +364,12 @@ pub(super) async fn whole_response(
 type Events = stream::SelectAll<stream::BoxStream<'static, (usize, RequestEvent)>>;
 
 /// Every prompt's events in one stream, each tagged with its prompt's index.
-fn merged(handles: Vec<crate::engine::RequestHandle>) -> Events {
+fn merged(handles: Vec<crate::handle::RequestStream>) -> Events {
     stream::select_all(
         handles
             .into_iter()
             .enumerate()
-            .map(|(pi, h)| h.events.into_stream().map(move |ev| (pi, ev)).boxed()),
+            .map(|(pi, h)| h.into_stream().map(move |ev| (pi, ev)).boxed()),
     )
 }
 
@@ -404,7 +404,7 @@ struct Streamed {
 
 pub(super) fn stream_response(
     ctx: Ctx,
-    handles: Vec<crate::engine::RequestHandle>,
+    handles: Vec<crate::handle::RequestStream>,
     include_usage: bool,
     guard: InFlight,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
@@ -415,7 +415,7 @@ pub(super) fn stream_response(
         handles
             .into_iter()
             .enumerate()
-            .map(|(pi, h)| h.events.into_stream().map(move |ev| (pi, ev)).boxed()),
+            .map(|(pi, h)| h.into_stream().map(move |ev| (pi, ev)).boxed()),
     );
     let tool_streams = (0..choices)
         .map(|_| ctx.tools.clone().map(ToolStream::new))

@@ -121,6 +121,7 @@ impl From<crate::engine::EngineError> for ApiError {
             E::InvalidRequest(_) | E::Sampling(_) | E::Tokenizer(_) | E::RequestFailed(_) => {
                 ApiError::invalid(e.to_string())
             }
+            E::NotReady | E::Closed | E::Unavailable(_) => ApiError::unavailable(e.to_string()),
             _ => ApiError::internal(e.to_string()),
         }
     }

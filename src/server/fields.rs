@@ -4,6 +4,7 @@
 
 use super::error::ApiError;
 use super::structured::Structured;
+use crate::engine::Request;
 use crate::sampling::SamplingParams;
 use serde::Deserialize;
 
@@ -44,6 +45,9 @@ pub struct Common {
     pub repetition_penalty: Option<f32>,
     pub ignore_eos: Option<bool>,
     pub stop_token_ids: Option<Vec<u32>>,
+    /// vLLM's prefix cache salt: requests share cached prompt blocks only with requests of
+    /// the same salt.
+    pub cache_salt: Option<String>,
     /// Constraints and logit bias (`structured.rs`).
     #[serde(flatten)]
     pub structured: Structured,
@@ -106,6 +110,19 @@ impl Common {
             structured_output: self.structured.structured_output()?,
             ..SamplingParams::default()
         })
+    }
+
+    /// The engine's request for prompt `ids` with `params` and this request's salt.
+    pub fn request(&self, ids: Vec<u32>, params: SamplingParams) -> Result<Request, ApiError> {
+        let request = Request::tokens(ids).with_params(params);
+        match self.cache_salt.as_deref() {
+            None => Ok(request),
+            Some("") => Err(ApiError::invalid(
+                "cache_salt must be a non-empty string when it is given",
+            )
+            .with_param("cache_salt")),
+            Some(salt) => Ok(request.with_cache_salt(salt)),
+        }
     }
 
     /// A 400 naming the first field this server does not implement.

@@ -1,8 +1,8 @@
 //! `pagellm serve`: an OpenAI-compatible HTTP server (axum on tokio) in front of one engine.
 //!
-//! One thread owns the engine and steps it while work exists (`worker.rs`); handlers send it
-//! add and abort commands and read each request's events from its own async-capable
-//! channel, so the async runtime never waits on the GPU. Endpoints: `POST /v1/completions`
+//! The engine runs on its own thread behind an [`EngineHandle`]; handlers submit requests
+//! to it and read each request's events from its own async-capable stream, so the async
+//! runtime never waits on the GPU. Endpoints: `POST /v1/completions`
 //! (`completions.rs`, streamed as Server-Sent Events on request), `POST
 //! /v1/chat/completions` (`chat.rs`: the model's chat template, then the same path),
 //! `GET /v1/models`,
@@ -27,13 +27,13 @@ mod structured;
 mod timing;
 mod tokens;
 mod tools;
-pub mod worker;
 
 pub use error::ApiError;
 pub use state::AppState;
 pub use tools::{AutoToolChoice, ToolParser};
 
 use crate::engine::EngineConfig;
+use crate::handle::{EngineBuilder, EngineHandle, EngineState};
 use crate::tokenizer::ChatTemplate;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -49,7 +49,6 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use worker::{Command, Health, Shared};
 
 /// Everything `pagellm serve` is told.
 #[derive(Clone, Debug)]
@@ -104,6 +103,8 @@ pub enum ServerError {
     Io(#[from] std::io::Error),
     #[error("{0}")]
     Config(String),
+    #[error(transparent)]
+    Engine(#[from] crate::engine::EngineError),
 }
 
 /// Builds the router over `app`, behind `guard`'s checks and CORS.
@@ -186,15 +187,13 @@ async fn serve(
     }
     let tokenizer = crate::model::open_tokenizer(&config.model_dir)?;
     let chat_template = chat_template(&config, &tokenizer)?;
-    let shared = Arc::new(Shared::new());
-    let (engine, thread) = worker::spawn(
-        config.model_dir.clone(),
-        config.engine.clone(),
-        shared.clone(),
+    let engine = Arc::new(
+        EngineBuilder::new(config.model_dir.clone())
+            .config(config.engine.clone())
+            .spawn()?,
     );
     let app = Arc::new(AppState::new(
         engine.clone(),
-        shared,
         tokenizer,
         chat_template,
         config.model_name(),
@@ -240,23 +239,25 @@ async fn serve(
             tracing::warn!("connections still open after the grace period; closing them");
         }
     }
-    let _ = engine.send(Command::Stop);
-    drop(engine);
-    let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    drop(app);
+    if let Ok(Some(report)) = tokio::task::spawn_blocking(move || engine.shutdown()).await {
+        eprintln!("\n{report}");
+    }
     Ok(())
 }
 
 /// The grace period of a shutdown: new requests get 503 (and `/health` says so) while the
 /// admitted ones run, for at most `grace`; then the rest are aborted.
-async fn drain(app: &AppState, engine: &flume::Sender<Command>, grace: Duration) {
+async fn drain(app: &AppState, engine: &EngineHandle, grace: Duration) {
     tracing::info!("shutting down: finishing running requests for up to {grace:?}");
     app.draining.store(true, Ordering::Release);
+    engine.close();
     let start = tokio::time::Instant::now();
     while app.in_flight() > 0 && start.elapsed() < grace {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     if app.in_flight() > 0 {
-        let _ = engine.send(Command::AbortAll);
+        engine.abort_all();
         // Let the aborted requests' responses go out before connections close.
         let until = tokio::time::Instant::now() + Duration::from_secs(5);
         while app.in_flight() > 0 && tokio::time::Instant::now() < until {
@@ -300,7 +301,7 @@ async fn authorize(
 }
 
 async fn models(State(app): State<Arc<AppState>>) -> Response {
-    let max_len = app.shared.max_model_len.lock().ok().and_then(|m| *m);
+    let max_len = app.max_model_len();
     axum::Json(json!({
         "object": "list",
         "data": [{
@@ -315,23 +316,20 @@ async fn models(State(app): State<Arc<AppState>>) -> Response {
 }
 
 async fn health(State(app): State<Arc<AppState>>) -> Response {
-    match app.shared.health() {
-        Health::Ready if !app.draining.load(Ordering::Acquire) => {
+    match app.engine.state() {
+        EngineState::Ready if !app.draining.load(Ordering::Acquire) => {
             (StatusCode::OK, axum::Json(json!({"status": "ok"}))).into_response()
         }
-        Health::Ready => ApiError::unavailable("shutting down").into_response(),
-        Health::Loading => ApiError::unavailable("loading the model").into_response(),
-        Health::Failed => {
-            let why = app.shared.failure.lock().ok().and_then(|f| f.clone());
-            ApiError::unavailable(why.unwrap_or_else(|| "the engine failed".into())).into_response()
-        }
+        EngineState::Ready => ApiError::unavailable("shutting down").into_response(),
+        EngineState::Loading { .. } => ApiError::unavailable("loading the model").into_response(),
+        EngineState::Failed(why) => ApiError::unavailable(why).into_response(),
+        EngineState::Stopped => ApiError::unavailable("the engine has stopped").into_response(),
     }
 }
 
 async fn metrics_text(State(app): State<Arc<AppState>>) -> Response {
-    let stats = app.shared.stats.lock().ok().and_then(|s| s.clone());
-    if let Some(s) = stats {
-        app.metrics.observe_engine(&s);
+    if let Some(s) = app.engine.stats() {
+        app.metrics.observe_engine(&s.engine);
     }
     (
         [(

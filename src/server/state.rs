@@ -1,11 +1,10 @@
-//! What every handler shares: the engine thread's command channel and published state,
-//! the tokenizer (for logprob token strings and echo), the metrics, and the limits.
+//! What every handler shares: the engine's handle (its state, statistics and requests), the
+//! tokenizer (for logprob token strings and echo), the metrics, and the limits.
 
 use super::error::ApiError;
 use super::metrics::Metrics;
-use super::worker::{Command, Health, Shared};
-use crate::engine::{Prompt, RequestHandle};
-use crate::sampling::SamplingParams;
+use crate::engine::{Prompt, Request};
+use crate::handle::{EngineHandle, EngineState, RequestStream};
 use crate::tokenizer::{ChatTemplate, Tokenizer};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -14,8 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 pub struct AppState {
-    pub engine: flume::Sender<Command>,
-    pub shared: Arc<Shared>,
+    pub engine: Arc<EngineHandle>,
     pub tokenizer: Tokenizer,
     /// The model's chat template, or why there is none.
     pub chat_template: Result<ChatTemplate, String>,
@@ -47,8 +45,7 @@ impl Drop for InFlight {
 impl AppState {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        engine: flume::Sender<Command>,
-        shared: Arc<Shared>,
+        engine: Arc<EngineHandle>,
         tokenizer: Tokenizer,
         chat_template: Result<ChatTemplate, String>,
         model_name: String,
@@ -59,7 +56,6 @@ impl AppState {
     ) -> Self {
         AppState {
             engine,
-            shared,
             tokenizer,
             chat_template,
             metrics: Arc::new(Metrics::new()),
@@ -88,16 +84,17 @@ impl AppState {
         if self.draining.load(Ordering::Acquire) {
             return Err(ApiError::unavailable("the server is shutting down"));
         }
-        match self.shared.health() {
-            Health::Ready => {}
-            Health::Loading => return Err(ApiError::unavailable("the model is still loading")),
-            Health::Failed => {
-                let why = self.shared.failure.lock().ok().and_then(|f| f.clone());
+        match self.engine.state() {
+            EngineState::Ready => {}
+            EngineState::Loading { .. } => {
+                return Err(ApiError::unavailable("the model is still loading"))
+            }
+            EngineState::Failed(why) => {
                 return Err(ApiError::unavailable(format!(
-                    "the engine is unusable: {}",
-                    why.unwrap_or_default()
+                    "the engine is unusable: {why}"
                 )));
             }
+            EngineState::Stopped => return Err(ApiError::unavailable("the engine has stopped")),
         }
         if n > self.max_queued {
             return Err(ApiError::invalid(format!(
@@ -144,24 +141,19 @@ impl AppState {
         }
     }
 
-    /// Hands a request to the engine thread and waits (asynchronously) for its handle.
-    pub async fn add_request(
-        &self,
-        prompt: Prompt,
-        params: SamplingParams,
-    ) -> Result<RequestHandle, ApiError> {
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        self.engine
-            .send(Command::Add {
-                prompt,
-                params: Box::new(params),
-                reply,
-            })
-            .map_err(|_| ApiError::unavailable("the engine has stopped"))?;
-        let handle = answer
+    /// Submits a request to the engine, off the async threads: checking it may compile a
+    /// constraint, which takes a while for a large schema.
+    pub async fn submit(self: &Arc<Self>, request: Request) -> Result<RequestStream, ApiError> {
+        let app = self.clone();
+        let stream = tokio::task::spawn_blocking(move || app.engine.submit(request))
             .await
-            .map_err(|_| ApiError::unavailable("the engine has stopped"))??;
-        Ok(handle)
+            .map_err(|e| ApiError::internal(e.to_string()))??;
+        Ok(stream)
+    }
+
+    /// The context length requests are checked against, once the model is loaded.
+    pub fn max_model_len(&self) -> Option<usize> {
+        self.engine.info().map(|i| i.max_model_len)
     }
 
     /// Token ids of a prompt, tokenized off the async threads (and off the engine thread,
@@ -183,7 +175,7 @@ impl AppState {
     /// Refuses a prompt of `bytes` bytes that has more tokens than the context holds for
     /// certain, before spending time on tokenizing it (a 4 MiB prompt takes seconds).
     pub fn check_text_length(&self, bytes: usize) -> Result<(), ApiError> {
-        let context = self.shared.max_model_len.lock().ok().and_then(|m| *m);
+        let context = self.max_model_len();
         let (Some(context), Some(per_token)) = (context, self.tokenizer.max_bytes_per_token())
         else {
             return Ok(());

@@ -77,7 +77,7 @@ pub async fn tokenize(
             )
         }
     };
-    let max_len = app.shared.max_model_len.lock().ok().and_then(|m| *m);
+    let max_len = app.max_model_len();
     let mut body = json!({"count": ids.len(), "max_model_len": max_len, "tokens": ids});
     if req.return_token_strs.unwrap_or(false) {
         let strs: Vec<Value> = ids

@@ -1,6 +1,7 @@
 //! Scenario tests of the block manager, one file per theme.
 
 mod admission;
+mod extra_keys;
 mod group;
 mod kv_groups;
 mod pins;

@@ -43,7 +43,9 @@ impl<D, R> Scheduler<D, R> {
             let exact = match queue {
                 Queue::Waiting => {
                     let prompts: Vec<&[u32]> = g.live().map(|s| s.tokens.as_slice()).collect();
-                    self.blocks.blocks_to_allocate_group_in(&prompts, kv) + self.first_growth(g)
+                    self.blocks
+                        .blocks_to_allocate_group_keyed(g.keys, &prompts, kv)
+                        + self.first_growth(g)
                 }
                 Queue::Running | Queue::Swapped => {
                     let ids = g.live_ids();

@@ -368,7 +368,7 @@ impl<D, R> Scheduler<D, R> {
                 g.live().map(|s| (s.id, s.tokens.as_slice())).collect();
             let cached: Vec<usize> = live
                 .iter()
-                .map(|l| self.blocks.cached_prefix_blocks(l.1) * bs)
+                .map(|l| self.blocks.cached_prefix_blocks_keyed(g.keys, l.1) * bs)
                 .collect();
             let remaining: Vec<usize> = live
                 .iter()
@@ -382,10 +382,12 @@ impl<D, R> Scheduler<D, R> {
                 .map(|(&(id, t), (c, l))| (id, t, c + l))
                 .collect();
             let prompts: Vec<(&[u32], usize)> = with_slots.iter().map(|w| (w.1, w.2)).collect();
-            if self.blocks.can_allocate_group_slots(&prompts) != AllocStatus::Now {
+            if self.blocks.can_allocate_group_slots_keyed(g.keys, &prompts) != AllocStatus::Now {
                 break;
             }
-            let cached = self.blocks.allocate_group_slots(&with_slots)?;
+            let cached = self
+                .blocks
+                .allocate_group_slots_keyed(g.keys, &with_slots)?;
             debug_assert_eq!(cached.len(), live.len());
             let Some(g) = self.waiting.pop_front() else {
                 break;
