@@ -26,6 +26,29 @@ use std::sync::Arc;
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 
+/// Why a scoring run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// Reading or writing a log-probability file: what was being done, and the error.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    /// The text or the files do not fit the run: the reason.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl EvalError {
+    fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> EvalError {
+        let what = what.into();
+        move |source| EvalError::Io { what, source }
+    }
+}
+
 /// Scores windows of tokens with one model and one KV cache setting.
 pub struct Scorer {
     pub ctx: Arc<GpuContext>,
@@ -228,33 +251,38 @@ pub struct LogprobFile;
 impl LogprobFile {
     /// Opens a saved file and checks that it was saved for the same `header` (tokens,
     /// window size and vocabulary); the reader is left at the first row.
-    fn open(p: &Path, header: &[u8]) -> anyhow::Result<BufReader<std::fs::File>> {
-        use anyhow::{bail, Context};
-        let f = std::fs::File::open(p).with_context(|| format!("opening {}", p.display()))?;
+    fn open(p: &Path, header: &[u8]) -> Result<BufReader<std::fs::File>, EvalError> {
+        let f =
+            std::fs::File::open(p).map_err(EvalError::io(format!("opening {}", p.display())))?;
         let mut r = BufReader::new(f);
         let mut magic = [0u8; 8];
         if r.read_exact(&mut magic).is_err() || &magic != MAGIC {
-            bail!("{} is not a pagellm log-probability file", p.display());
+            return Err(EvalError::Invalid(format!(
+                "{} is not a pagellm log-probability file",
+                p.display()
+            )));
         }
         let mut got = vec![0u8; header.len() - MAGIC.len()];
-        r.read_exact(&mut got)
-            .with_context(|| format!("{} ends inside its header", p.display()))?;
+        r.read_exact(&mut got).map_err(EvalError::io(format!(
+            "{} ends inside its header",
+            p.display()
+        )))?;
         if got[..] != header[MAGIC.len()..] {
-            bail!(
+            return Err(EvalError::Invalid(format!(
                 "{} was saved for other tokens, another window size or another vocabulary \
                  (the text, --context and the model must be the same as when it was saved)",
                 p.display()
-            );
+            )));
         }
         Ok(r)
     }
 
     /// Creates a file for rows of log-probabilities under `header`.
-    fn create(p: &Path, header: &[u8]) -> anyhow::Result<BufWriter<std::fs::File>> {
-        use anyhow::Context;
-        let f = std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
+    fn create(p: &Path, header: &[u8]) -> Result<BufWriter<std::fs::File>, EvalError> {
+        let what = format!("creating {}", p.display());
+        let f = std::fs::File::create(p).map_err(EvalError::io(what.clone()))?;
         let mut w = BufWriter::new(f);
-        w.write_all(header)?;
+        w.write_all(header).map_err(EvalError::io(what))?;
         Ok(w)
     }
 
@@ -279,26 +307,25 @@ pub fn score(
     save: Option<&Path>,
     base: Option<&Path>,
     mut progress: impl FnMut(usize, usize),
-) -> anyhow::Result<Report> {
-    use anyhow::bail;
+) -> Result<Report, EvalError> {
     let vocab = scorer.vocab_size();
     let context = scorer.context();
     let windows: Vec<&[u32]> = tokens.chunks(context).filter(|w| w.len() >= 2).collect();
     if windows.is_empty() {
-        bail!(
+        return Err(EvalError::Invalid(format!(
             "the text has {} tokens; scoring needs at least 2",
             tokens.len()
-        );
+        )));
     }
     let header = LogprobFile::header(vocab, context, tokens);
     if let (Some(sp), Some(bp)) = (save, base) {
         let same =
             sp == bp || matches!((sp.canonicalize(), bp.canonicalize()), (Ok(a), Ok(b)) if a == b);
         if same {
-            bail!(
+            return Err(EvalError::Invalid(format!(
                 "{} cannot be both the baseline read and the file saved",
                 bp.display()
-            );
+            )));
         }
     }
     // The baseline is checked before anything is written.
@@ -327,7 +354,7 @@ struct Tally {
     reader: Option<BufReader<std::fs::File>>,
     writer: Option<BufWriter<std::fs::File>>,
     /// The first read or write that failed; scoring stops after the window.
-    io_error: Option<anyhow::Error>,
+    io_error: Option<EvalError>,
 }
 
 impl Tally {
@@ -360,14 +387,14 @@ impl Tally {
         if let Some(out) = self.writer.as_mut() {
             let bytes: Vec<u8> = lp.iter().flat_map(|&v| v.to_le_bytes()).collect();
             if let Err(e) = out.write_all(&bytes) {
-                self.io_error = Some(e.into());
+                self.io_error = Some(EvalError::io("writing the log-probabilities")(e));
             }
         }
         let Some(r) = self.reader.as_mut() else {
             return;
         };
         if let Err(e) = r.read_exact(&mut self.raw) {
-            self.io_error = Some(anyhow::anyhow!("the baseline file ends early: {e}"));
+            self.io_error = Some(EvalError::io("the baseline file ends early")(e));
             return;
         }
         for (b, c) in self.base_row.iter_mut().zip(self.raw.chunks_exact(4)) {
@@ -393,9 +420,10 @@ impl Tally {
         }
     }
 
-    fn finish(self, windows: usize) -> anyhow::Result<Report> {
+    fn finish(self, windows: usize) -> Result<Report, EvalError> {
         if let Some(mut w) = self.writer {
-            w.flush()?;
+            w.flush()
+                .map_err(EvalError::io("writing the log-probabilities"))?;
         }
         let klds = &self.klds;
         let divergence = self.reader.map(|_| {

@@ -31,6 +31,7 @@ pub mod error;
 pub mod eval;
 pub mod gguf;
 pub mod gpu;
+#[cfg(feature = "native")]
 pub mod handle;
 pub mod kernels;
 pub mod model;
@@ -38,6 +39,7 @@ pub mod nn;
 pub mod pool;
 pub mod reference;
 pub mod sampling;
+#[cfg(feature = "server")]
 pub mod server;
 pub mod spec;
 pub mod tokenizer;
@@ -48,6 +50,7 @@ pub use engine::{
 };
 pub use error::GpuError;
 pub use gpu::GpuContext;
+#[cfg(feature = "native")]
 pub use handle::{
     EngineBuilder, EngineHandle, EngineState, ModelInfo, Notice, RequestStream, StatsSnapshot,
 };

@@ -13,7 +13,7 @@
 use pagellm::kernels::WeightDtype;
 use pagellm::model::{spec, ModelFiles};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 pub const NAMES: [&str; 12] = [
     "llama-gqa",
@@ -60,9 +60,7 @@ fn ids(v: &Value) -> Vec<u32> {
 }
 
 pub fn fixture_dir(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
+    super::repo_root().join("tests/fixtures").join(name)
 }
 
 /// [`fixture_dir`] as a command-line argument.

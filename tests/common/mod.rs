@@ -18,6 +18,27 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::OnceLock;
 
+/// The repository's root (the models and the fixtures), from the library's tests or from
+/// the command line's (`cli/`).
+pub fn repo_root() -> &'static std::path::Path {
+    static ROOT: OnceLock<std::path::PathBuf> = OnceLock::new();
+    ROOT.get_or_init(|| {
+        let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        here.ancestors()
+            .find(|p| p.join("models/fortunes-llama").is_dir())
+            .unwrap_or(here)
+            .to_path_buf()
+    })
+}
+
+/// The small model shipped in the repository, as a command-line argument.
+pub fn shipped_model() -> String {
+    repo_root()
+        .join("models/fortunes-llama")
+        .to_string_lossy()
+        .into_owned()
+}
+
 /// Backends the GPU tests run on. Set `PAGELLM_TEST_BACKENDS=vulkan,gl` (CI does) to make a
 /// missing backend a failure instead of a skip.
 const BACKENDS: [(&str, wgpu::Backends); 2] = [

@@ -22,15 +22,7 @@ pub fn f32s(bytes: &[u8]) -> Vec<f32> {
 }
 
 pub fn load(file: &str) -> Case {
-    let path: PathBuf = [
-        env!("CARGO_MANIFEST_DIR"),
-        "tests",
-        "fixtures",
-        "quant",
-        file,
-    ]
-    .iter()
-    .collect();
+    let path: PathBuf = super::repo_root().join("tests/fixtures/quant").join(file);
     let raw = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     assert_eq!(&raw[..4], b"GQF1", "{file}: bad magic");
     let word =

@@ -6,6 +6,7 @@
 //! queue limit answers 503 with Retry-After; SIGTERM with requests in flight exits cleanly;
 //! a speculating server streams what `generate` writes and exports its proposal counts.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 use common::golden;
 use serde_json::{json, Value};
@@ -13,7 +14,7 @@ use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-#[path = "common/http.rs"]
+#[path = "../../tests/common/http.rs"]
 mod http;
 use http::{agent, listening, serve, Served};
 
@@ -745,8 +746,7 @@ fn model_with_template(template: &str) -> std::path::PathBuf {
 }
 
 fn chat_fixture() -> Value {
-    let p =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat/expected.json");
+    let p = common::repo_root().join("tests/fixtures/chat/expected.json");
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 

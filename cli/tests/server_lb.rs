@@ -6,6 +6,7 @@
 //! Needs nginx (Debian's `nginx-light`, which `.ci/run` installs); without it the test says
 //! so and skips, unless `PAGELLM_REQUIRE_NGINX=1` (CI) makes that a failure.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 use common::golden;
 use serde_json::{json, Value};
@@ -14,7 +15,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-#[path = "common/http.rs"]
+#[path = "../../tests/common/http.rs"]
 mod http;
 use http::{agent, serve, Served};
 

@@ -16,14 +16,13 @@
 //! - a returned call round-trips: sent back with its `tool` result, the Hermes template shows
 //!   the model that call's arguments and the result.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 use serde_json::{json, Value};
 
-#[path = "common/http.rs"]
+#[path = "../../tests/common/http.rs"]
 mod http;
 use http::{agent, serve, Served};
-
-const MODEL: &str = "models/fortunes-llama";
 
 fn skip() -> bool {
     common::contexts().is_empty()
@@ -125,7 +124,7 @@ fn constraints_and_logit_bias_shape_what_the_server_returns() {
     if skip() {
         return;
     }
-    let s = start(&["--model", MODEL]);
+    let s = start(&["--model", &common::shipped_model()]);
     // A JSON schema, 3 samples at temperature 1, whole.
     let body = json!({
         "prompt": "Fortune:", "n": 3, "temperature": 1.0, "seed": 7, "max_tokens": 200,
@@ -276,8 +275,7 @@ fn tokenize_round_trips(s: &Served, auth: &[(&str, &str)]) {
 }
 
 fn tool_fixture() -> Value {
-    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/chat/tools_expected.json");
+    let p = common::repo_root().join("tests/fixtures/chat/tools_expected.json");
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
@@ -324,9 +322,10 @@ impl Drop for Templated {
 
 fn start_templated(hermes: bool, extra: &[&str]) -> Templated {
     let template = template_file(hermes);
+    let model = common::shipped_model();
     let mut args = vec![
         "--model",
-        MODEL,
+        &model,
         "--chat-template",
         template.to_str().unwrap(),
     ];

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-#[path = "../tests/common/http.rs"]
+#[path = "../../tests/common/http.rs"]
 mod http;
 use http::{agent, serve};
 

@@ -3,6 +3,7 @@
 //! idle connections, stalled and oversized bodies, foreign `Host` and `Origin` values,
 //! non-JSON bodies, wrong methods; and a shutdown with requests in flight.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 use common::golden;
 use serde_json::Value;
@@ -10,7 +11,7 @@ use std::io::Write;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-#[path = "common/http.rs"]
+#[path = "../../tests/common/http.rs"]
 mod http;
 use http::{agent, connect, exchange, read_all, serve};
 

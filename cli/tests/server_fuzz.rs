@@ -4,6 +4,7 @@
 //! JSON error with a 4xx status (or 503); no 500, no hang; and when the run is over the
 //! engine holds no KV blocks and still answers a plain request as it did before.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 use common::golden;
 use rand::seq::IndexedRandom;
@@ -11,7 +12,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Map, Value};
 
-#[path = "common/http.rs"]
+#[path = "../../tests/common/http.rs"]
 mod http;
 use http::{exchange, serve, Served};
 

@@ -42,7 +42,7 @@ fn prompts() -> Vec<String> {
         .collect()
 }
 
-#[path = "../tests/common/http.rs"]
+#[path = "../../tests/common/http.rs"]
 mod http;
 use http::{agent, serve};
 
@@ -219,7 +219,7 @@ fn main() {
         total_tokens as f64 / offline
     );
     // The same work through the engine API in this process, warmed up.
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/fortunes-llama");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/fortunes-llama");
     let mut engine = pagellm::engine::Engine::new(&dir, pagellm::engine::EngineConfig::default())
         .expect("engine");
     let params = pagellm::sampling::SamplingParams {

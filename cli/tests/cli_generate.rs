@@ -4,6 +4,7 @@
 //! the bad lines of a prompts file failing alone; a second run reading its prompt's blocks
 //! from the disk tier.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 use common::golden;
 use serde_json::Value;
@@ -260,7 +261,7 @@ fn kv_dtypes_report_their_capacity_and_unknown_ones_are_refused() {
     if skip() {
         return;
     }
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/models/fortunes-llama");
+    let dir = &common::shipped_model();
     // 4 layers x 2 KV heads x 64 values, K and V: 2048 bytes a token in f16; int4 codes with
     // an f16 scale per 32 values take 4.5 bits a value: 576 bytes.
     for (dtype, bytes) in [("f16", 2048), ("int8", 1056), ("int4", 576)] {
@@ -331,7 +332,8 @@ fn an_installed_binary_without_its_model_says_where_it_looked() {
                 && err.contains(&bin.join("models/fortunes-llama").display().to_string()),
             "{sub}: {err}"
         );
-        assert!(!err.contains(env!("CARGO_MANIFEST_DIR")), "{sub}: {err}");
+        let root = common::repo_root().display().to_string();
+        assert!(!err.contains(&root), "{sub}: {err}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -450,7 +452,7 @@ fn speculative_decoding_keeps_the_output_and_reports_its_acceptance() {
     if skip() {
         return;
     }
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/models/fortunes-llama");
+    let dir = &common::shipped_model();
     let prompt = "Never trust a man who says never. Never trust a man who says never. Never";
     let base = [
         "--model",
@@ -535,7 +537,7 @@ fn a_second_run_reads_the_prompt_from_the_disk_tier() {
     if skip() {
         return;
     }
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/models/fortunes-llama");
+    let dir = &common::shipped_model();
     let cache = tempfile::TempDir::new().unwrap();
     let cache_dir = cache.path().to_string_lossy().into_owned();
     let prompt = "A wise man once said that the road to wisdom is paved with fortune cookies, \
