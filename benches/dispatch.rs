@@ -9,8 +9,8 @@
 //!
 //! Run: `cargo bench --bench dispatch` (adapter chosen as usual, e.g. `PAGELLM_BACKEND=gl`).
 
-use pagellm::gpu::Batch;
-use pagellm::kernels::add::add;
+use pagellm::internals::gpu::Batch;
+use pagellm::internals::kernels::add::add;
 use pagellm::GpuContext;
 use std::time::Instant;
 

@@ -55,16 +55,16 @@
 //! steps of 1 and 16 sequences and a 128-token prefill on each, formats alternating within
 //! each of five rounds; median step time and its ratio to the first format's.
 
-use pagellm::cache::{BlockOps, DeviceBlockId, HostBlockId};
-use pagellm::cache_engine::CacheEngine;
-use pagellm::engine::{
+use pagellm::internals::cache::{BlockOps, DeviceBlockId, HostBlockId};
+use pagellm::internals::cache_engine::CacheEngine;
+use pagellm::internals::engine::{
     Engine, EngineConfig, EngineStats, PreemptionMode, Prompt, RequestEvent, RequestHandle,
 };
-use pagellm::kernels::WeightDtype;
-use pagellm::model::spec::expected_tensors;
-use pagellm::model::ModelConfig;
-use pagellm::pool::{KvDtype, KvLayout, KvPool, PoolSize};
-use pagellm::sampling::SamplingParams;
+use pagellm::internals::kernels::WeightDtype;
+use pagellm::internals::model::spec::expected_tensors;
+use pagellm::internals::model::ModelConfig;
+use pagellm::internals::pool::{KvDtype, KvLayout, KvPool, PoolSize};
+use pagellm::internals::sampling::SamplingParams;
 use pagellm::GpuContext;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -559,7 +559,11 @@ fn pressure_workload(
     ctx: &Arc<GpuContext>,
     dir: &Path,
     mode: Option<PreemptionMode>,
-) -> (Duration, EngineStats, Vec<pagellm::engine::RequestOutput>) {
+) -> (
+    Duration,
+    EngineStats,
+    Vec<pagellm::internals::engine::RequestOutput>,
+) {
     let cfg = EngineConfig {
         num_gpu_blocks: Some(24),
         num_cpu_blocks: Some(256),
@@ -684,14 +688,17 @@ fn profile_section(ctx: &GpuContext, e: &mut Engine, seqs: &[usize], tokens: usi
 /// One profile table as a fenced block.
 fn print_profile(
     ctx: &GpuContext,
-    profiler: &pagellm::gpu::Profiler,
-    phases: &std::collections::BTreeMap<&'static str, pagellm::gpu::profile::PhaseProfile>,
+    profiler: &pagellm::internals::gpu::Profiler,
+    phases: &std::collections::BTreeMap<
+        &'static str,
+        pagellm::internals::gpu::profile::PhaseProfile,
+    >,
 ) {
     println!();
     println!("```");
     print!(
         "{}",
-        pagellm::gpu::profile::report(profiler.method(), &ctx.describe(), phases)
+        pagellm::internals::gpu::profile::report(profiler.method(), &ctx.describe(), phases)
     );
     println!("```");
 }
@@ -1075,7 +1082,7 @@ fn main() {
     println!();
     println!("| mode | wall (s) | steps | preemptions (swap / recompute) | chosen by measured cost | recomputed tokens | blocks swapped out / in | outputs equal to the swap run |");
     println!("|---|---:|---:|---|---:|---:|---|---|");
-    let mut first: Option<Vec<pagellm::engine::RequestOutput>> = None;
+    let mut first: Option<Vec<pagellm::internals::engine::RequestOutput>> = None;
     let mut auto_stats = None;
     for mode in [
         Some(PreemptionMode::Swap),

@@ -1,6 +1,6 @@
 //! KV-cache memory benchmark: how much of the KV memory holds real tokens, and how much
 //! sharing saves, measured by replaying a synthetic serving workload through the block
-//! manager (`pagellm::cache::BlockManager`). CPU only; no model, no GPU. Every figure comes
+//! manager (`pagellm::internals::cache::BlockManager`). CPU only; no model, no GPU. Every figure comes
 //! from the manager's own accounting (`stats()`: used blocks, stored tokens), except the
 //! clearly labelled "oracle" row, which no block manager can express.
 //!
@@ -49,7 +49,9 @@
 //! `cargo bench --bench kv_memory -- --quick` for a smaller run.
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use pagellm::cache::{AllocStatus, BlockManager, CacheConfig, KvGroups, LayerGroups, SeqId};
+use pagellm::internals::cache::{
+    AllocStatus, BlockManager, CacheConfig, KvGroups, LayerGroups, SeqId,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, LogNormal};

@@ -21,15 +21,15 @@
 #[path = "common/mod.rs"]
 mod common;
 
-use pagellm::engine::{Engine, EngineConfig, Prompt};
-use pagellm::gpu::Batch;
-use pagellm::kernels::paged_attention::{
+use pagellm::internals::engine::{Engine, EngineConfig, Prompt};
+use pagellm::internals::gpu::Batch;
+use pagellm::internals::kernels::paged_attention::{
     paged_attention, Attention, AttentionBuffers, AttentionKernel, AttentionOptions,
 };
-use pagellm::kernels::reshape_and_cache::reshape_and_cache;
-use pagellm::model::step::{AttentionMetadata, SeqSlice};
-use pagellm::pool::{KvDtype, KvLayout, KvPool, KvRotation, PoolSize};
-use pagellm::sampling::SamplingParams;
+use pagellm::internals::kernels::reshape_and_cache::reshape_and_cache;
+use pagellm::internals::model::step::{AttentionMetadata, SeqSlice};
+use pagellm::internals::pool::{KvDtype, KvLayout, KvPool, KvRotation, PoolSize};
+use pagellm::internals::sampling::SamplingParams;
 use pagellm::GpuContext;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -291,8 +291,8 @@ fn asymmetric_int4(x: &[f32], g: usize) -> Vec<f32> {
 }
 
 fn int4_layouts(ctx: &Arc<GpuContext>) {
-    use pagellm::eval::Scorer;
-    use pagellm::pool::quant::{decode_half, round_trip};
+    use pagellm::internals::eval::Scorer;
+    use pagellm::internals::pool::quant::{decode_half, round_trip};
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/fortunes-llama");
     let cfg = EngineConfig {
         kv_dtype: KvDtype::F32,
@@ -332,7 +332,7 @@ fn int4_layouts(ctx: &Arc<GpuContext>) {
         for rotated in [false, true] {
             let mut x = rows[which].clone();
             if rotated {
-                pagellm::reference::rotate_rows(&mut x, hd, false);
+                pagellm::internals::reference::rotate_rows(&mut x, hd, false);
             }
             let rot = if rotated { "hadamard" } else { "none" };
             let cases = [

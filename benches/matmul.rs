@@ -28,13 +28,13 @@
 //! Run: `cargo bench --bench matmul` (adapter chosen as usual, e.g. `PAGELLM_BACKEND=gl`).
 //! `-- --quick` runs fewer repetitions; `-- --rows 1,8,32` picks row counts.
 
-use pagellm::gpu::Batch;
-use pagellm::kernels::logits::{argmax_partials_len, ArgmaxKernel};
-use pagellm::kernels::matmul::{matmul, Matmul, MatmulKernel, Norm};
-use pagellm::kernels::plan::MatmulPlan;
-use pagellm::kernels::rms_norm::RmsNormKernel;
-use pagellm::kernels::{rms_norm, silu_mul, Weight, WeightDtype};
-use pagellm::nn::Activation;
+use pagellm::internals::gpu::Batch;
+use pagellm::internals::kernels::logits::{argmax_partials_len, ArgmaxKernel};
+use pagellm::internals::kernels::matmul::{matmul, Matmul, MatmulKernel, Norm};
+use pagellm::internals::kernels::plan::MatmulPlan;
+use pagellm::internals::kernels::rms_norm::RmsNormKernel;
+use pagellm::internals::kernels::{rms_norm, silu_mul, Weight, WeightDtype};
+use pagellm::internals::nn::Activation;
 use pagellm::GpuContext;
 use std::time::{Duration, Instant};
 
@@ -363,7 +363,7 @@ fn argmax(ctx: &GpuContext, width: usize, rows: &[usize], quick: bool) {
         let once = |kernel: ArgmaxKernel| {
             let mut b = Batch::new(ctx, "bench");
             for _ in 0..CALLS_PER_SUBMIT {
-                pagellm::kernels::logits::argmax(
+                pagellm::internals::kernels::logits::argmax(
                     &mut b,
                     kernel,
                     &logits,

@@ -17,13 +17,13 @@
 //! `PAGELLM_BACKEND=gl`). `-- --quick` runs fewer repetitions; `-- --small` runs only the
 //! second table.
 
-use pagellm::gpu::Batch;
-use pagellm::kernels::paged_attention::{
+use pagellm::internals::gpu::Batch;
+use pagellm::internals::kernels::paged_attention::{
     contiguous_attention, paged_attention, Attention, AttentionBuffers, AttentionKernel,
     AttentionOptions,
 };
-use pagellm::model::step::{AttentionMetadata, SeqSlice};
-use pagellm::pool::{KvDtype, KvLayout, KvPool, PoolSize};
+use pagellm::internals::model::step::{AttentionMetadata, SeqSlice};
+use pagellm::internals::pool::{KvDtype, KvLayout, KvPool, PoolSize};
 use pagellm::GpuContext;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};

@@ -31,9 +31,9 @@
 #[path = "common/mod.rs"]
 mod common;
 
-use pagellm::engine::{Engine, EngineConfig, Prompt, RequestHandle, SpeculativeConfig};
-use pagellm::sampling::SamplingParams;
-use pagellm::tokenizer::Tokenizer;
+use pagellm::internals::engine::{Engine, EngineConfig, Prompt, RequestHandle, SpeculativeConfig};
+use pagellm::internals::sampling::SamplingParams;
+use pagellm::internals::tokenizer::Tokenizer;
 use pagellm::GpuContext;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -24,10 +24,10 @@
 #[path = "common/mod.rs"]
 mod common;
 
-use pagellm::constrain::{Compiler, StructuredOutput};
-use pagellm::engine::{Engine, EngineConfig, Prompt};
-use pagellm::sampling::SamplingParams;
-use pagellm::tokenizer::Tokenizer;
+use pagellm::internals::constrain::{Compiler, StructuredOutput};
+use pagellm::internals::engine::{Engine, EngineConfig, Prompt};
+use pagellm::internals::sampling::SamplingParams;
+use pagellm::internals::tokenizer::Tokenizer;
 use pagellm::GpuContext;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -8,8 +8,8 @@
 //!
 //! Run: `cargo run --example shared_device`
 
-use pagellm::gpu::{Batch, GpuContext};
-use pagellm::kernels::{matmul, rms_norm, Weight, WeightDtype};
+use pagellm::internals::gpu::{Batch, GpuContext};
+use pagellm::internals::kernels::{matmul, rms_norm, Weight, WeightDtype};
 
 fn main() -> anyhow::Result<()> {
     // --- what the application already has (normally created next to its window surface) ---
@@ -49,9 +49,9 @@ fn main() -> anyhow::Result<()> {
 
     let mut batch = Batch::new(&ctx, "example");
     // The kernels this adapter runs for a model of these widths.
-    let plan = pagellm::kernels::KernelPlan::choose(
+    let plan = pagellm::internals::kernels::KernelPlan::choose(
         &ctx,
-        &pagellm::kernels::ModelDims {
+        &pagellm::internals::kernels::ModelDims {
             hidden,
             head_dim: hidden,
             q_width: hidden,
@@ -65,8 +65,9 @@ fn main() -> anyhow::Result<()> {
     let got: Vec<f32> = ctx.read(&y)?;
 
     // The same computed on the CPU.
-    let normed_cpu = pagellm::reference::rms_norm(&x, &vec![1.0; hidden], 1e-6);
-    let want = pagellm::reference::matmul(&normed_cpu, &w, None, 1, out_features, hidden);
+    let normed_cpu = pagellm::internals::reference::rms_norm(&x, &vec![1.0; hidden], 1e-6);
+    let want =
+        pagellm::internals::reference::matmul(&normed_cpu, &w, None, 1, out_features, hidden);
     println!("GPU: {got:?}\nCPU: {want:?}");
 
     // The application keeps using its device as before.

@@ -1,57 +1,64 @@
-//! pagellm: Llama-family inference on any GPU wgpu reaches, around a paged KV cache.
+//! pagellm runs decoder-only language models (Llama, Mistral, Qwen, Gemma, Phi-3) on any
+//! GPU that wgpu reaches, around a paged KV cache in the manner of vLLM's PagedAttention
+//! (Kwon et al., SOSP 2023): fixed-size KV blocks in GPU storage buffers, a block table per
+//! sequence, shared blocks with copy-on-write, preemption by swapping or recomputation, and
+//! prefix caching over device, host and disk tiers.
 //!
-//! Modules, bottom up:
-//! - [`gpu`]: the wgpu context, pipelines, buffers and command batches;
-//! - [`nn`]: plain definitions of the network's parts (activations, rotary embeddings);
-//! - [`kernels`]: the WGSL compute kernels with typed launchers;
-//! - [`reference`]: plain-Rust versions of every kernel, the oracle the GPU is tested
-//!   against;
-//! - [`gguf`]: GGUF checkpoints; so far, reference (de)quantizers of GGML block formats;
-//! - [`pool`]: GPU storage of the KV blocks (f16, f32, int8, int4);
-//! - [`cache`]: the block manager (block tables, reference counts, copy-on-write, swap,
-//!   prefix caching and its host tier), plain Rust; [`cache_engine`] carries out its plans
-//!   on the GPU; [`disk_tier`] keeps prefix blocks in files across restarts;
-//! - [`model`]: checkpoints, the architecture registry, the GPU model and its forward pass,
-//!   and a plain-Rust reference forward pass;
-//! - [`tokenizer`] and [`sampling`]: text in and out, and the next token from logits;
-//! - [`constrain`]: constrained decoding (JSON schemas, regexes, choices, grammars) as
-//!   per-sequence token masks, with llguidance;
-//! - [`engine`]: requests, the scheduler and the step loop; [`eval`]: teacher-forced
-//!   scoring (perplexity, KL against a baseline);
-//! - [`server`]: the OpenAI-compatible HTTP server;
-//! - [`spec`]: speculative decoding's proposers and verification, plain Rust;
-//! - [`error`]: the GPU layer's typed errors (each other module has its own).
+//! An application embeds the engine through [`EngineHandle`]: the engine runs on a thread
+//! of its own (on its own device or on the application's, see [`EngineBuilder`]), requests
+//! are submitted from any thread, and each request's tokens stream back as [`Event`]s,
+//! read blocking, with a timeout, or awaited. This program streams a completion from the
+//! small model shipped in the repository (`examples/embed.rs`, the example of the README):
+//!
+#![doc = concat!("```\n", include_str!("../examples/embed.rs"), "```")]
+//!
+//! [`Engine`] is the same engine without the thread, stepped by its caller (tests and
+//! benchmarks do). Everything else the crate holds (kernels, the block manager, the model
+//! code) is in [`internals`], for kernel research, benchmarks and this project's own tests,
+//! with no promise of stability. With the `server` feature, `server` is the
+//! OpenAI-compatible HTTP server that `pagellm serve` runs.
+//!
+//! Features: `native` (default) holds what a browser lacks (threads, files, memory maps,
+//! the disk tier); `server` adds the HTTP server (tokio, axum).
 
-pub mod cache;
-pub mod cache_engine;
-pub mod constrain;
-pub mod disk_tier;
-pub mod engine;
-pub mod error;
-pub mod eval;
-pub mod gguf;
-pub mod gpu;
+pub mod internals;
+
 #[cfg(feature = "native")]
-pub mod handle;
-pub mod kernels;
-pub mod model;
-pub mod nn;
-pub mod pool;
-pub mod reference;
-pub mod sampling;
+mod handle;
 #[cfg(feature = "server")]
 pub mod server;
-pub mod spec;
-pub mod tokenizer;
 
+// Inside the crate the parts keep their short paths (`crate::cache`, ...).
+use internals::{
+    cache, cache_engine, constrain, disk_tier, engine, error, gguf, gpu, kernels, model, nn, pool,
+    reference, sampling, spec, tokenizer,
+};
+
+pub use constrain::StructuredOutput;
 pub use engine::{
     CompletionOutput, Engine, EngineConfig, EngineError as Error, EngineStats, FinishReason,
-    Prompt, Request, RequestEvent as Event, RequestId, RequestOutput as Output,
+    Intake, PreemptionMode, Prompt, Request, RequestEvent as Event, RequestHandle, RequestId,
+    RequestOutput as Output, SpeculativeConfig, TokenLogprob,
 };
 pub use error::GpuError;
-pub use gpu::GpuContext;
+pub use gpu::{enumerate_adapters, AdapterReport, AdapterRequest, GpuContext};
 #[cfg(feature = "native")]
 pub use handle::{
     EngineBuilder, EngineHandle, EngineState, ModelInfo, Notice, RequestStream, StatsSnapshot,
 };
+pub use kernels::WeightDtype;
+pub use model::open_chat_template;
+pub use pool::{KvDtype, KvRotation};
 pub use sampling::SamplingParams;
+pub use tokenizer::{ChatMessage, ChatTemplate, ChatTemplateError, Tokenizer};
+/// The wgpu this crate is built on, for applications that share their device with it.
+pub use wgpu;
+
+/// The parts of [`EngineStats`]: the KV cache, the scheduler, the tiers, the draft model.
+pub mod stats {
+    pub use crate::cache::{CacheStats, PoolStats, TierStats};
+    pub use crate::disk_tier::DiskStats;
+    pub use crate::engine::scheduler::{CostEstimate, PreemptionCosts, SchedulerStats};
+    pub use crate::engine::{DraftStats, HostTime};
+    pub use crate::pool::KvLayout;
+}

@@ -25,7 +25,7 @@
 //! differ (a per-group salt), so a block read through the wrong group's table, or shared
 //! across groups, reads back a wrong value; global tables never have holes.
 
-use pagellm::cache::{
+use pagellm::internals::cache::{
     AllocStatus, BlockManager, BlockOps, CacheConfig, CacheError, DeviceBlockId, HostBlockId,
     KvGroups, Location, PinId, SeqId,
 };

@@ -5,9 +5,9 @@
 
 mod common;
 use common::*;
-use pagellm::cache::{BlockOps, DeviceBlockId as D, HostBlockId as H};
-use pagellm::cache_engine::CacheEngine;
-use pagellm::pool::{KvDtype, KvLayout, KvPool};
+use pagellm::internals::cache::{BlockOps, DeviceBlockId as D, HostBlockId as H};
+use pagellm::internals::cache_engine::CacheEngine;
+use pagellm::internals::pool::{KvDtype, KvLayout, KvPool};
 
 fn layout(dtype: KvDtype) -> KvLayout {
     KvLayout {

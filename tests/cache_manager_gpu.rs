@@ -4,11 +4,11 @@
 
 mod common;
 use common::*;
-use pagellm::cache::{BlockManager, CacheConfig, SeqId};
-use pagellm::cache_engine::CacheEngine;
-use pagellm::gpu::Batch;
-use pagellm::kernels::reshape_and_cache::reshape_and_cache;
-use pagellm::pool::{KvDtype, KvLayout, KvPool, PoolSize};
+use pagellm::internals::cache::{BlockManager, CacheConfig, SeqId};
+use pagellm::internals::cache_engine::CacheEngine;
+use pagellm::internals::gpu::Batch;
+use pagellm::internals::kernels::reshape_and_cache::reshape_and_cache;
+use pagellm::internals::pool::{KvDtype, KvLayout, KvPool, PoolSize};
 
 const LAYOUT: KvLayout = KvLayout {
     num_layers: 3,

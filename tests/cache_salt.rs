@@ -7,7 +7,7 @@
 mod common;
 use common::outputs::{assert_same, engine, greedy, prompt};
 use common::{contexts, golden};
-use pagellm::engine::{Engine, EngineConfig, Request, RequestOutput};
+use pagellm::internals::engine::{Engine, EngineConfig, Request, RequestOutput};
 use std::path::Path;
 
 /// A 64-token context in blocks of 4 over a 48-block device pool.
@@ -31,7 +31,7 @@ fn run_salted(e: &mut Engine, salt: Option<&str>) -> (RequestOutput, u64, u64) {
     let h = e.add(r).unwrap();
     e.run_to_completion().unwrap();
     let after = e.stats();
-    let disk = |s: &pagellm::engine::EngineStats| s.disk.map_or(0, |d| d.hits);
+    let disk = |s: &pagellm::internals::engine::EngineStats| s.disk.map_or(0, |d| d.hits);
     (
         h.wait().unwrap(),
         after.cache.prefix_hits - before.cache.prefix_hits,

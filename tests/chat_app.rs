@@ -31,8 +31,8 @@ mod worker;
 
 mod common;
 
-use pagellm::engine::{Engine, EngineConfig, Prompt};
-use pagellm::sampling::SamplingParams;
+use pagellm::internals::engine::{Engine, EngineConfig, Prompt};
+use pagellm::internals::sampling::SamplingParams;
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! token ids) for every template and conversation in `tests/fixtures/chat/expected.json`
 //! (made by `tools/make_chat_fixtures.py`), including the template's own error.
 
-use pagellm::tokenizer::{ChatMessage, ChatTemplate, RenderOptions, Tokenizer};
+use pagellm::internals::tokenizer::{ChatMessage, ChatTemplate, RenderOptions, Tokenizer};
 use serde_json::Value;
 use std::path::Path;
 

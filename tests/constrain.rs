@@ -1,4 +1,4 @@
-//! Constrained decoding without a GPU (`pagellm::constrain`):
+//! Constrained decoding without a GPU (`pagellm::internals::constrain`):
 //!
 //! - the token bytes the masks are computed over spell every text exactly as the
 //!   `tokenizers` crate decodes its tokens, for the shipped byte-level BPE vocabulary and a
@@ -10,8 +10,8 @@
 //!   comparison for choices, and a hand-written recognizer for a Lark grammar;
 //! - invalid schemas, regexes and grammars are errors naming the problem.
 
-use pagellm::constrain::{token_bytes, Compiler, Constraint, StructuredOutput};
-use pagellm::tokenizer::Tokenizer;
+use pagellm::internals::constrain::{token_bytes, Compiler, Constraint, StructuredOutput};
+use pagellm::internals::tokenizer::Tokenizer;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
@@ -23,10 +23,11 @@ fn shipped() -> Arc<Tokenizer> {
 }
 
 fn spm() -> Tokenizer {
-    let file =
-        pagellm::gguf::file::GgufFile::open(Path::new("tests/fixtures/gguf/spm-tokenizer.gguf"))
-            .unwrap();
-    pagellm::gguf::tokenizer::tokenizer(&file).unwrap()
+    let file = pagellm::internals::gguf::file::GgufFile::open(Path::new(
+        "tests/fixtures/gguf/spm-tokenizer.gguf",
+    ))
+    .unwrap();
+    pagellm::internals::gguf::tokenizer::tokenizer(&file).unwrap()
 }
 
 const TEXTS: [&str; 6] = [

@@ -6,12 +6,12 @@
 
 mod common;
 use common::{arc, contexts, golden, rng};
-use pagellm::engine::{
+use pagellm::internals::engine::{
     Engine, EngineConfig, EngineError, FinishReason, PreemptionMode, Prompt, RequestEvent,
 };
-use pagellm::kernels::WeightDtype;
-use pagellm::model::reference::ReferenceModel;
-use pagellm::sampling::{beam_step, Beam, BeamSearchConfig, SamplingParams};
+use pagellm::internals::kernels::WeightDtype;
+use pagellm::internals::model::reference::ReferenceModel;
+use pagellm::internals::sampling::{beam_step, Beam, BeamSearchConfig, SamplingParams};
 use rand::Rng;
 use std::path::Path;
 
@@ -90,8 +90,8 @@ fn a_rotated_cache_gives_transformers_greedy_tokens() {
     // Rotating queries and keys by the same orthogonal transform changes nothing but
     // rounding: with an f32 cache every greedy token stays.
     greedy_tokens_equal_transformers_with(|| EngineConfig {
-        kv_dtype: pagellm::pool::KvDtype::F32,
-        kv_rotation: Some(pagellm::pool::KvRotation::Hadamard),
+        kv_dtype: pagellm::internals::pool::KvDtype::F32,
+        kv_rotation: Some(pagellm::internals::pool::KvRotation::Hadamard),
         ..EngineConfig::default()
     });
 }
@@ -114,7 +114,7 @@ fn an_int8_cache_gives_transformers_greedy_tokens_but_at_near_ties() {
     for ctx in contexts() {
         for f in golden::all() {
             let cfg = EngineConfig {
-                kv_dtype: pagellm::pool::KvDtype::Int8,
+                kv_dtype: pagellm::internals::pool::KvDtype::Int8,
                 ..EngineConfig::default()
             };
             let mut e = engine(ctx, &f.dir, cfg);
@@ -348,7 +348,9 @@ fn reference_beam_search(
             .iter()
             .map(|b| {
                 let seq: Vec<u32> = prompt.iter().chain(&b.tokens).copied().collect();
-                pagellm::model::reference::log_softmax(model.forward(&seq).last().unwrap())
+                pagellm::internals::model::reference::log_softmax(
+                    model.forward(&seq).last().unwrap(),
+                )
             })
             .collect();
         let step = beam_step(cfg, &live, &rows).unwrap();
@@ -581,7 +583,7 @@ fn a_tokenizer_larger_than_the_model_vocabulary_is_refused() {
 
 #[test]
 fn a_profiled_engine_times_each_step_kind_and_keeps_its_tokens() {
-    use pagellm::gpu::TimingMethod;
+    use pagellm::internals::gpu::TimingMethod;
     let dir = golden::fixture_dir("llama-gqa"); // 2 layers
     let prompt: Vec<u32> = (2..12).collect();
     for ctx in contexts() {
@@ -612,13 +614,14 @@ fn a_profiled_engine_times_each_step_kind_and_keeps_its_tokens() {
             // One step prefills the prompt and samples the first token; five decode.
             let (prefill, decode) = (&phases["prefill"], &phases["decode"]);
             assert_eq!((prefill.steps, decode.steps), (1, 5), "{what}");
-            let calls = |ph: &pagellm::gpu::profile::PhaseProfile, prefix: &str| -> u64 {
-                ph.kernels
-                    .iter()
-                    .filter(|(k, _)| k.starts_with(prefix))
-                    .map(|(_, t)| t.calls)
-                    .sum()
-            };
+            let calls =
+                |ph: &pagellm::internals::gpu::profile::PhaseProfile, prefix: &str| -> u64 {
+                    ph.kernels
+                        .iter()
+                        .filter(|(k, _)| k.starts_with(prefix))
+                        .map(|(_, t)| t.calls)
+                        .sum()
+                };
             // Per decode step: one embedding, one attention per layer, one arg-max.
             assert_eq!(
                 calls(decode, "embedding"),
@@ -631,7 +634,7 @@ fn a_profiled_engine_times_each_step_kind_and_keeps_its_tokens() {
             assert_eq!(calls(prefill, "paged_attention"), 2, "{what}");
             // Call sites named by the forward pass: q, k and v (one stacked matmul) per
             // layer, one LM head.
-            let at = |ph: &pagellm::gpu::profile::PhaseProfile, site: &str| -> u64 {
+            let at = |ph: &pagellm::internals::gpu::profile::PhaseProfile, site: &str| -> u64 {
                 ph.kernels
                     .iter()
                     .filter(|(k, _)| k.starts_with("matmul") && k.ends_with(site))

@@ -10,9 +10,9 @@ mod common;
 use common::outputs::{assert_same, beams, engine, greedy, prompt, run, sampled};
 use common::{arc, contexts, golden};
 use futures_util::StreamExt;
-use pagellm::engine::{EngineConfig, EngineError, FinishReason, Request, RequestEvent};
-use pagellm::handle::{EngineBuilder, EngineHandle, EngineState, Notice};
-use pagellm::sampling::SamplingParams;
+use pagellm::internals::engine::{EngineConfig, EngineError, FinishReason, Request, RequestEvent};
+use pagellm::internals::sampling::SamplingParams;
+use pagellm::{EngineBuilder, EngineHandle, EngineState, Notice};
 use std::sync::{Arc, Mutex};
 
 /// A 64-token context in blocks of 4 over a 32-block device pool.

@@ -8,11 +8,11 @@
 mod common;
 use common::outputs::{assert_same, beams, engine, greedy, prompt, run, sampled};
 use common::{arc, contexts, golden};
-use pagellm::engine::{
+use pagellm::internals::engine::{
     Engine, EngineConfig, EngineError, PreemptionMode, Prompt, RequestEvent, RequestOutput,
 };
-use pagellm::pool::KvDtype;
-use pagellm::sampling::SamplingParams;
+use pagellm::internals::pool::KvDtype;
+use pagellm::internals::sampling::SamplingParams;
 
 /// The mixed workload: n = 4 samples, a 4-beam search, greedy requests with and without
 /// logprobs, and a prompt long enough to be chunked.
@@ -269,7 +269,7 @@ fn a_failed_step_fails_every_pending_request_and_the_engine_reports_it() {
         return;
     };
     // A device of its own, so destroying it leaves the other tests' device alone.
-    let req = pagellm::gpu::AdapterRequest {
+    let req = pagellm::internals::gpu::AdapterRequest {
         backends: wgpu::Backends::from(ctx.info.backend),
         ..Default::default()
     };

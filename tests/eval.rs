@@ -1,4 +1,4 @@
-//! Teacher-forced scoring (`pagellm::eval`; `pagellm perplexity` is tested in `cli/`): the
+//! Teacher-forced scoring (`pagellm::internals::eval`; `pagellm perplexity` is tested in `cli/`): the
 //! scorer's log-probabilities equal transformers' for the fixtures' prompts whatever the
 //! prefill chunk; its perplexity equals one computed from the plain-Rust reference model; a run
 //! compared with its own baseline diverges by exactly nothing; a baseline saved for other
@@ -7,10 +7,10 @@
 
 mod common;
 use common::{arc, contexts, golden};
-use pagellm::engine::EngineConfig;
-use pagellm::eval::{score, Scorer};
-use pagellm::model::reference::{log_softmax, ReferenceModel};
-use pagellm::pool::{KvDtype, KvRotation};
+use pagellm::internals::engine::EngineConfig;
+use pagellm::internals::eval::{score, Scorer};
+use pagellm::internals::model::reference::{log_softmax, ReferenceModel};
+use pagellm::internals::pool::{KvDtype, KvRotation};
 use std::path::{Path, PathBuf};
 
 fn f32_cache() -> EngineConfig {

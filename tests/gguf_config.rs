@@ -4,10 +4,10 @@
 
 mod common;
 use common::converted::{as_llama_cpp, CONVERTED};
-use pagellm::gguf::config::hf_config;
-use pagellm::gguf::file::Gguf;
-use pagellm::model::{Architecture, ModelConfig};
-use pagellm::nn::rope::RopeScaling;
+use pagellm::internals::gguf::config::hf_config;
+use pagellm::internals::gguf::file::Gguf;
+use pagellm::internals::model::{Architecture, ModelConfig};
+use pagellm::internals::nn::rope::RopeScaling;
 use std::path::Path;
 
 fn from_gguf(path: &Path) -> Result<ModelConfig, String> {
@@ -22,7 +22,7 @@ fn from_gguf(path: &Path) -> Result<ModelConfig, String> {
 /// transformers' to f32 rounding rather than bit for bit; then the rest of `got` must be
 /// `want`.
 fn same_frequencies(got: &mut ModelConfig, want: &ModelConfig) {
-    use pagellm::nn::rope::inv_freq;
+    use pagellm::internals::nn::rope::inv_freq;
     let (a, b) = (
         inv_freq(got.head_dim, got.rope_theta, &got.rope_scaling),
         inv_freq(want.head_dim, want.rope_theta, &want.rope_scaling),
@@ -130,8 +130,8 @@ fn a_converted_file_computes_what_its_safetensors_folder_computes() {
     // with: the logits are the same bits, so the GGUF model computes what transformers
     // computes (tests/golden_reference.rs checks the folder against it). The same GGUF
     // beside the fixture's config.json computes what the folder computes unchanged.
-    use pagellm::model::reference::ReferenceModel;
-    use pagellm::model::ModelFiles;
+    use pagellm::internals::model::reference::ReferenceModel;
+    use pagellm::internals::model::ModelFiles;
     let same_bits = |a: &[Vec<f32>], b: &[Vec<f32>]| {
         a.iter()
             .flatten()
@@ -173,7 +173,7 @@ fn a_converted_file_computes_what_its_safetensors_folder_computes() {
 
 #[test]
 fn a_folder_with_config_json_and_one_gguf_reads_both() {
-    use pagellm::model::ModelFiles;
+    use pagellm::internals::model::ModelFiles;
     let src = Path::new("tests/fixtures/llama-gqa");
     let dir = std::env::temp_dir().join(format!("pagellm-gguf-folder-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -200,9 +200,9 @@ fn a_quantized_file_opens_with_its_tensors_in_their_formats() {
     // llama.cpp's q8_0 conversion keeps norms in f32 and stores the projections and the
     // embedding as Q8_0; the model opens with each tensor in its format (tests/quant_model.rs
     // runs it).
-    use pagellm::kernels::WeightDtype;
+    use pagellm::internals::kernels::WeightDtype;
     let path = Path::new("tests/fixtures/gguf/llama-gqa-q8_0.gguf");
-    let files = pagellm::model::ModelFiles::open(path).unwrap();
+    let files = pagellm::internals::model::ModelFiles::open(path).unwrap();
     let ck = &files.checkpoint;
     let q8 = ck
         .names()

@@ -3,7 +3,7 @@
 //! of several types read back as the package was asked to write them; and every truncation
 //! and a set of corruptions of that file refused by name, never a panic.
 
-use pagellm::gguf::file::{Gguf, GgufFile, Value};
+use pagellm::internals::gguf::file::{Gguf, GgufFile, Value};
 use serde_json::Value as Json;
 use std::path::Path;
 

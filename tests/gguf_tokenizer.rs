@@ -1,4 +1,4 @@
-//! Tokenizers built from GGUF metadata (`pagellm::gguf::tokenizer`) against the model's own
+//! Tokenizers built from GGUF metadata (`pagellm::internals::gguf::tokenizer`) against the model's own
 //! `tokenizer.json`:
 //!
 //! - the fixtures converted by llama.cpp's converter (tests/fixtures/gguf) encode and decode
@@ -12,9 +12,9 @@
 #[path = "common/converted.rs"]
 mod converted;
 use converted::CONVERTED;
-use pagellm::gguf::file::GgufFile;
-use pagellm::gguf::tokenizer::tokenizer;
-use pagellm::tokenizer::Tokenizer;
+use pagellm::internals::gguf::file::GgufFile;
+use pagellm::internals::gguf::tokenizer::tokenizer;
+use pagellm::internals::tokenizer::Tokenizer;
 use std::path::Path;
 
 const TEXTS: [&str; 12] = [
@@ -149,7 +149,7 @@ fn metadata_a_tokenizer_cannot_be_built_from_is_named() {
         let at = bytes.windows(from.len()).position(|w| w == from).unwrap();
         let mut b = bytes.clone();
         b[at..at + to.len()].copy_from_slice(to);
-        pagellm::gguf::file::Gguf::parse(b).unwrap()
+        pagellm::internals::gguf::file::Gguf::parse(b).unwrap()
     };
     // The key, its type (8: string), the string's length, then the value.
     let key = b"tokenizer.ggml.model\x08\x00\x00\x00\x05\x00\x00\x00\x00\x00\x00\x00";
@@ -168,8 +168,8 @@ fn metadata_a_tokenizer_cannot_be_built_from_is_named() {
 
 #[test]
 fn a_gguf_model_path_finds_its_tokenizer_and_chat_template_in_the_file() {
-    use pagellm::model::{open_chat_template, open_tokenizer};
-    use pagellm::tokenizer::ChatMessage;
+    use pagellm::internals::model::{open_chat_template, open_tokenizer};
+    use pagellm::internals::tokenizer::ChatMessage;
     // No tokenizer.json beside the file: both come from its metadata.
     let dir = std::env::temp_dir().join(format!("pagellm-gguf-tok-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

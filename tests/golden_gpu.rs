@@ -7,11 +7,11 @@
 
 mod common;
 use common::{contexts, golden, rng, step};
-use pagellm::kernels::plan::{KernelPlan, NormFusion};
-use pagellm::model::forward::Workspace;
-use pagellm::model::gpu::GpuModel;
-use pagellm::model::reference::log_softmax;
-use pagellm::pool::{KvDtype, KvLayout, KvPool, PoolSize};
+use pagellm::internals::kernels::plan::{KernelPlan, NormFusion};
+use pagellm::internals::model::forward::Workspace;
+use pagellm::internals::model::gpu::GpuModel;
+use pagellm::internals::model::reference::log_softmax;
+use pagellm::internals::pool::{KvDtype, KvLayout, KvPool, PoolSize};
 use rand::seq::SliceRandom;
 
 /// Extra logprob tolerance with an f16 KV pool: rounding K and V to f16 (relative 2^-11)
@@ -134,7 +134,7 @@ fn fused_norms_change_no_bit_where_the_lane_norm_kernel_runs() {
     // Every fixture, a prefill of its first prompt (every prompt position's logits) and
     // three decode steps, with norms never, always and where faster fused: the logits must
     // be the same bits. Elsewhere WhereFaster is refused.
-    use pagellm::kernels::rms_norm::RmsNormKernel;
+    use pagellm::internals::kernels::rms_norm::RmsNormKernel;
     for ctx in contexts() {
         for f in golden::all() {
             let c = &f.files.config;

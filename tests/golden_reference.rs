@@ -4,7 +4,7 @@
 
 mod common;
 use common::golden;
-use pagellm::model::reference::{log_softmax, ReferenceModel};
+use pagellm::internals::model::reference::{log_softmax, ReferenceModel};
 
 #[test]
 fn reference_forward_matches_transformers() {
@@ -19,7 +19,7 @@ fn reference_forward_matches_transformers() {
                 let last = model.forward(&seq).pop().unwrap();
                 let d = golden::check_top5(&f, case, step, &log_softmax(&last), "reference");
                 worst = worst.max(d);
-                let got = pagellm::reference::argmax(&last) as u32;
+                let got = pagellm::internals::reference::argmax(&last) as u32;
                 assert_eq!(
                     got, want,
                     "{} {:?} step {step}: greedy token",

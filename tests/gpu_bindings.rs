@@ -6,10 +6,10 @@
 
 mod common;
 use common::*;
-use pagellm::gpu::{reflect_layout, Batch, Bind, GpuContext, Readback, STALE_AFTER};
-use pagellm::kernels::add::add;
-use pagellm::kernels::paged_attention::AttentionBuffers;
-use pagellm::model::step::{AttentionMetadata, SeqSlice};
+use pagellm::internals::gpu::{reflect_layout, Batch, Bind, GpuContext, Readback, STALE_AFTER};
+use pagellm::internals::kernels::add::add;
+use pagellm::internals::kernels::paged_attention::AttentionBuffers;
+use pagellm::internals::model::step::{AttentionMetadata, SeqSlice};
 use pagellm::GpuError;
 
 /// A context of its own on `ctx`'s device, so that its cache counts only this test's work.
@@ -86,7 +86,7 @@ fn batches_of_different_kernels_with_reads_between_see_their_own_parameters() {
     // As above, with two kernels per batch and a read-back (a copy and a wait) after some
     // batches: an arena goes from a batch that has finished to the next, or from one still
     // running.
-    use pagellm::kernels::softcap::softcap;
+    use pagellm::internals::kernels::softcap::softcap;
     const N: usize = 24;
     for shared in contexts() {
         let ctx = &own(shared);
@@ -242,7 +242,7 @@ fn layouts_are_reflected_from_the_bindings_the_entry_point_uses() {
     let e = reflect_layout("k", src, "missing").unwrap_err().to_string();
     assert!(e.contains("no entry point named missing"), "{e}");
     // Every shipped kernel reflects to parameters plus storage buffers.
-    for k in pagellm::kernels::ALL {
+    for k in pagellm::internals::kernels::ALL {
         let entries = reflect_layout(k.name, &k.full_source(), k.name)
             .unwrap_or_else(|e| panic!("{}: {e}", k.name));
         assert!(entries.len() >= 2, "{}: {entries:?}", k.name);
@@ -256,7 +256,7 @@ fn a_dispatch_with_the_wrong_number_of_buffers_is_a_clear_error() {
         let mut b = Batch::new(ctx, "wrong count");
         let e = b
             .dispatch(
-                pagellm::kernels::ADD,
+                pagellm::internals::kernels::ADD,
                 &[],
                 &[4u32, 0, 0, 0],
                 &[(&x).into()],

@@ -3,8 +3,8 @@
 
 mod common;
 use common::*;
-use pagellm::gpu::{AdapterRequest, Batch, GpuContext};
-use pagellm::kernels::{add::add, Weight, WeightDtype};
+use pagellm::internals::gpu::{AdapterRequest, Batch, GpuContext};
+use pagellm::internals::kernels::{add::add, Weight, WeightDtype};
 use pagellm::GpuError;
 
 #[test]
@@ -130,7 +130,8 @@ fn an_application_device_opened_with_pagellms_descriptor_gets_what_pagellm_would
         assert_eq!(shared.caps, ctx.caps, "{}", ctx.describe());
         assert_eq!(
             shared.wait_slice(),
-            (ctx.info.backend == wgpu::Backend::Gl).then_some(pagellm::gpu::SHARED_GL_WAIT_SLICE),
+            (ctx.info.backend == wgpu::Backend::Gl)
+                .then_some(pagellm::internals::gpu::SHARED_GL_WAIT_SLICE),
             "an adopted GL device waits in slices"
         );
         // Work and read-back on the adopted device (a sliced wait on GL).
@@ -244,8 +245,8 @@ fn every_dispatch_of_a_long_batch_sees_its_own_parameters() {
 
 #[test]
 fn profiling_counts_every_dispatch_by_kernel_and_phase_with_either_timing_method() {
-    use pagellm::gpu::TimingMethod;
-    use pagellm::kernels::rms_norm::{rms_norm, RmsNormKernel};
+    use pagellm::internals::gpu::TimingMethod;
+    use pagellm::internals::kernels::rms_norm::{rms_norm, RmsNormKernel};
     for ctx in contexts() {
         // The profile names a kernel by its shader file.
         let kernel = RmsNormKernel::choose(ctx, 4);
@@ -284,7 +285,8 @@ fn profiling_counts_every_dispatch_by_kernel_and_phase_with_either_timing_method
             rms_norm(&mut b, kernel, &x, &w, &normed, 1, 1e-6).unwrap();
             b.submit().unwrap();
             assert_eq!(read_f32(&p, &x, 4), vec![4.0, 5.0, 6.0, 7.0]);
-            let want_norm = pagellm::reference::rms_norm(&[4.0, 5.0, 6.0, 7.0], &[1.0; 4], 1e-6);
+            let want_norm =
+                pagellm::internals::reference::rms_norm(&[4.0, 5.0, 6.0, 7.0], &[1.0; 4], 1e-6);
             assert_close(
                 "rms_norm",
                 &read_f32(&p, &normed, 4),
@@ -348,7 +350,7 @@ fn profiling_counts_every_dispatch_by_kernel_and_phase_with_either_timing_method
                 assert!(!other.kernels["add"].gpu.is_zero(), "{what}");
             }
 
-            let report = pagellm::gpu::profile::report(method, "test", &phases);
+            let report = pagellm::internals::gpu::profile::report(method, "test", &phases);
             assert!(
                 report.contains("prefill: 1 steps, 5 dispatches"),
                 "{report}"

@@ -3,12 +3,12 @@
 
 mod common;
 use common::*;
-use pagellm::kernels::logits::ArgmaxKernel;
-use pagellm::kernels::matmul::MatmulKernel;
-use pagellm::kernels::paged_attention::AttentionKernel;
-use pagellm::kernels::plan::{KernelPlan, MatmulPlan, NormFusion, SKINNY_MAX_M};
-use pagellm::kernels::rms_norm::RmsNormKernel;
-use pagellm::kernels::ModelDims;
+use pagellm::internals::kernels::logits::ArgmaxKernel;
+use pagellm::internals::kernels::matmul::MatmulKernel;
+use pagellm::internals::kernels::paged_attention::AttentionKernel;
+use pagellm::internals::kernels::plan::{KernelPlan, MatmulPlan, NormFusion, SKINNY_MAX_M};
+use pagellm::internals::kernels::rms_norm::RmsNormKernel;
+use pagellm::internals::kernels::ModelDims;
 
 const DIMS: ModelDims = ModelDims {
     hidden: 64,

@@ -8,14 +8,14 @@
 
 mod common;
 use common::*;
-use pagellm::gpu::Batch;
-use pagellm::kernels::paged_attention::{
+use pagellm::internals::gpu::Batch;
+use pagellm::internals::kernels::paged_attention::{
     paged_attention, Attention, AttentionKernel, AttentionOptions, NO_BLOCK,
 };
-use pagellm::kernels::reshape_and_cache::reshape_and_cache;
-use pagellm::model::step::{AttentionMetadata, SeqSlice};
-use pagellm::pool::{quant, KvDtype, KvLayout, KvPool, PoolSize};
-use pagellm::reference as r;
+use pagellm::internals::kernels::reshape_and_cache::reshape_and_cache;
+use pagellm::internals::model::step::{AttentionMetadata, SeqSlice};
+use pagellm::internals::pool::{quant, KvDtype, KvLayout, KvPool, PoolSize};
+use pagellm::internals::reference as r;
 use rand::seq::SliceRandom;
 
 struct Case {
@@ -591,7 +591,8 @@ fn contiguous_baseline_matches_reference() {
             opts: AttentionOptions::scaled(scale),
         };
         let kernel = AttentionKernel::choose(ctx, hd);
-        pagellm::kernels::paged_attention::contiguous_attention(&mut b, kernel, &call).unwrap();
+        pagellm::internals::kernels::paged_attention::contiguous_attention(&mut b, kernel, &call)
+            .unwrap();
         b.submit().unwrap();
         let mut want = Vec::new();
         let mut start = 0;

@@ -5,9 +5,9 @@
 
 mod common;
 use common::*;
-use pagellm::gpu::Batch;
-use pagellm::kernels::copy_blocks::copy_blocks;
-use pagellm::pool::{KvDtype, KvLayout, KvPool, PoolSize};
+use pagellm::internals::gpu::Batch;
+use pagellm::internals::kernels::copy_blocks::copy_blocks;
+use pagellm::internals::pool::{KvDtype, KvLayout, KvPool, PoolSize};
 
 fn check_copies(ctx: &pagellm::GpuContext, pool: &KvPool, pairs: &[(u32, u32)]) {
     let before: Vec<Vec<u8>> = (0..pool.num_blocks)

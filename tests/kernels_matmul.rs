@@ -3,10 +3,10 @@
 
 mod common;
 use common::*;
-use pagellm::gpu::Batch;
-use pagellm::kernels::matmul::{matmul, Matmul, MatmulKernel, Output};
-use pagellm::kernels::{self, Weight, WeightDtype};
-use pagellm::reference as r;
+use pagellm::internals::gpu::Batch;
+use pagellm::internals::kernels::matmul::{matmul, Matmul, MatmulKernel, Output};
+use pagellm::internals::kernels::{self, Weight, WeightDtype};
+use pagellm::internals::reference as r;
 
 #[allow(clippy::too_many_arguments)]
 fn check(
@@ -99,7 +99,7 @@ fn a_stacked_weight_fills_three_outputs_as_three_matmuls_would() {
     // q, k and v stacked in one weight and computed in one call per chunk, each output to
     // its own buffer: bitwise the three projections computed alone, by every kernel, with
     // bias, for 1, 9 and 70 rows, and with chunk boundaries inside and between the parts.
-    use pagellm::kernels::matmul::Outputs;
+    use pagellm::internals::kernels::matmul::Outputs;
     for ctx in contexts() {
         let (n0, n1, n2, k) = (24, 8, 8, 64);
         let n = n0 + n1 + n2;
@@ -390,7 +390,7 @@ fn gated_input_is_the_activation_of_gate_times_up() {
     // and 70 rows (the column kernels' 8-row passes and the passes of the rest), with bias
     // and accumulation; and row 0 bitwise the same for every kernel and row count (batch
     // invariance). k = 48 admits the vectorised column kernels, 34 does not.
-    use pagellm::nn::Activation;
+    use pagellm::internals::nn::Activation;
     for ctx in contexts() {
         for k in [48, 34] {
             for act in [Activation::Silu, Activation::GeluTanh] {
@@ -446,7 +446,7 @@ fn gated_input_is_the_activation_of_gate_times_up() {
 
 #[test]
 fn a_gated_input_must_hold_gate_and_up() {
-    use pagellm::nn::Activation;
+    use pagellm::internals::nn::Activation;
     for ctx in contexts() {
         let (m, n, k) = (4, 8, 64);
         let w = Weight::from_f32(ctx, "w", &vec![0.5; n * k], n, k, WeightDtype::F16).unwrap();
@@ -512,8 +512,8 @@ fn a_normed_input_is_the_lane_norm_kernels_output_to_the_bit() {
     // wide enough for the one-row passes of four columns (WIDE) on a CPU adapter; and the
     // stacked q k v outputs. Row 0 is the same bits for every kernel and row count (batch
     // invariance).
-    use pagellm::kernels::matmul::{Norm, Outputs};
-    use pagellm::kernels::rms_norm::{rms_norm, RmsNormKernel};
+    use pagellm::internals::kernels::matmul::{Norm, Outputs};
+    use pagellm::internals::kernels::rms_norm::{rms_norm, RmsNormKernel};
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     for ctx in contexts() {
         for (k, n, norm_dtype, dtype) in [
@@ -615,7 +615,7 @@ fn a_normed_input_is_the_lane_norm_kernels_output_to_the_bit() {
 
 #[test]
 fn a_normed_input_needs_a_norm_of_its_width() {
-    use pagellm::kernels::matmul::Norm;
+    use pagellm::internals::kernels::matmul::Norm;
     for ctx in contexts() {
         let (m, n) = (2, 8);
         let y = ctx.storage_buffer("y", (m * n * 4) as u64).unwrap();

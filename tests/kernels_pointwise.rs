@@ -3,11 +3,11 @@
 
 mod common;
 use common::*;
-use pagellm::gpu::Batch;
-use pagellm::kernels::rope::RopeTable;
-use pagellm::kernels::{self, Weight, WeightDtype};
-use pagellm::nn::rope::{inv_freq, RopeScaling};
-use pagellm::reference as r;
+use pagellm::internals::gpu::Batch;
+use pagellm::internals::kernels::rope::RopeTable;
+use pagellm::internals::kernels::{self, Weight, WeightDtype};
+use pagellm::internals::nn::rope::{inv_freq, RopeScaling};
+use pagellm::internals::reference as r;
 
 const DTYPES: [WeightDtype; 3] = [WeightDtype::F32, WeightDtype::F16, WeightDtype::BF16];
 
@@ -136,7 +136,7 @@ fn gated_activation_of_stacked_gate_up_rows_matches_reference() {
     // The stacked gate-up projection's output: each row's gate, then its up. Both
     // activations, against the plain-Rust ones applied to the separated halves, and bitwise
     // against the kernel on separate gate and up buffers.
-    use pagellm::nn::Activation;
+    use pagellm::internals::nn::Activation;
     for ctx in contexts() {
         let mut g = rng(6);
         let (rows, width) = (7, 300);
@@ -198,7 +198,7 @@ fn gelu_tanh_mul_and_softcap_match_reference_also_for_large_inputs() {
         let out = ctx.storage_buffer("out", (n * 4) as u64).unwrap();
         let capped = ctx.upload("capped", &gate).unwrap();
         let mut b = Batch::new(ctx, "t");
-        let act = pagellm::nn::Activation::GeluTanh;
+        let act = pagellm::internals::nn::Activation::GeluTanh;
         kernels::silu_mul::gated(&mut b, act, &gb, &ub, &out, n).unwrap();
         kernels::softcap::softcap(&mut b, &capped, n, 30.0).unwrap();
         b.submit().unwrap();

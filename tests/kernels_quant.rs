@@ -15,11 +15,11 @@
 mod common;
 use common::quant_fixture::load;
 use common::*;
-use pagellm::gpu::{Batch, GpuContext};
-use pagellm::kernels::matmul::{matmul, Matmul, MatmulKernel, Norm, Output};
-use pagellm::kernels::{self, Weight, WeightDtype};
-use pagellm::nn::Activation;
-use pagellm::reference as r;
+use pagellm::internals::gpu::{Batch, GpuContext};
+use pagellm::internals::kernels::matmul::{matmul, Matmul, MatmulKernel, Norm, Output};
+use pagellm::internals::kernels::{self, Weight, WeightDtype};
+use pagellm::internals::nn::Activation;
+use pagellm::internals::reference as r;
 
 const KERNELS: [MatmulKernel; 4] = [
     MatmulKernel::Tiled,
@@ -323,7 +323,7 @@ fn block_weights_take_their_padded_size_and_refuse_malformed_uploads() {
 fn a_stack_of_mixed_formats_computes_what_its_parts_compute_alone() {
     // q and k in Q4_K and v in Q6_K, as a Q4_K_M file keeps them, stacked into one weight
     // with three outputs: each output is bitwise the product of its part alone.
-    use pagellm::kernels::matmul::Outputs;
+    use pagellm::internals::kernels::matmul::Outputs;
     for ctx in contexts() {
         let (k, rows) = (256, [24, 8, 8]);
         let formats = [WeightDtype::Q4_K, WeightDtype::Q4_K, WeightDtype::Q6_K];

@@ -11,8 +11,8 @@
 mod common;
 use common::outputs::{assert_same, beams, engine, greedy, prompt, run, sampled};
 use common::{contexts, golden};
-use pagellm::engine::{EngineConfig, PreemptionMode};
-use pagellm::sampling::SamplingParams;
+use pagellm::internals::engine::{EngineConfig, PreemptionMode};
+use pagellm::internals::sampling::SamplingParams;
 
 const FIXTURES: [&str; 3] = [
     "gemma2-softcap-window",
@@ -139,7 +139,7 @@ fn a_long_generation_holds_the_global_blocks_and_a_window_per_windowed_group() {
                 "{name}: {peak} blocks at the peak"
             );
             // A block of one group holds one layer of three.
-            let bytes = |s: &pagellm::engine::EngineStats, blocks: usize| {
+            let bytes = |s: &pagellm::internals::engine::EngineStats, blocks: usize| {
                 blocks as u64 * s.kv_layout.block_bytes_all_layers()
             };
             let (bytes_a, bytes_b) = (bytes(&a, total), bytes(&b, peak));

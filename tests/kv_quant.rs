@@ -1,4 +1,4 @@
-//! Quantized KV pools on the GPU against the plain-Rust format of `pagellm::pool::quant`:
+//! Quantized KV pools on the GPU against the plain-Rust format of `pagellm::internals::pool::quant`:
 //! reshape_and_cache stores the scales the reference computes, bit for bit, and the codes the
 //! reference computes, except where `x / scale` lies so close to a rounding midpoint that the
 //! device's reciprocal may land on the other side (counted and bounded); tokens of one block
@@ -8,10 +8,10 @@
 
 mod common;
 use common::*;
-use pagellm::gpu::Batch;
-use pagellm::kernels::reshape_and_cache::reshape_and_cache;
-use pagellm::pool::quant::{decode_half, quantize_group};
-use pagellm::pool::{KvDtype, KvLayout, KvPool, PoolSize};
+use pagellm::internals::gpu::Batch;
+use pagellm::internals::kernels::reshape_and_cache::reshape_and_cache;
+use pagellm::internals::pool::quant::{decode_half, quantize_group};
+use pagellm::internals::pool::{KvDtype, KvLayout, KvPool, PoolSize};
 use rand::seq::SliceRandom;
 use rand::Rng;
 
@@ -196,8 +196,8 @@ fn head_sizes_a_quantized_pool_cannot_hold_are_refused() {
 
 #[test]
 fn rotate_rows_matches_the_reference_and_inverts() {
-    use pagellm::kernels::rotate::rotate_rows;
-    use pagellm::reference as r;
+    use pagellm::internals::kernels::rotate::rotate_rows;
+    use pagellm::internals::reference as r;
     for ctx in contexts() {
         for (i, hd) in [64usize, 128, 256, 80, 96, 24, 2].into_iter().enumerate() {
             let rows = 37;
@@ -230,8 +230,8 @@ fn rotate_rows_matches_the_reference_and_inverts() {
 
 #[test]
 fn rotate_qk_rotates_two_buffers_in_one_dispatch() {
-    use pagellm::kernels::rotate::rotate_qk;
-    use pagellm::reference as r;
+    use pagellm::internals::kernels::rotate::rotate_qk;
+    use pagellm::internals::reference as r;
     for ctx in contexts() {
         // head_dim 80: three rows a workgroup, so workgroups straddle q and k.
         let (hd, rq, rk) = (80, 70, 9);
@@ -254,7 +254,7 @@ fn rotate_qk_rotates_two_buffers_in_one_dispatch() {
 /// Hand-computed: the 4-point transform of a row after D's signs for elements 0..4.
 #[test]
 fn rotation_by_hand() {
-    use pagellm::reference as r;
+    use pagellm::internals::reference as r;
     let signs: Vec<f32> = (0..4).map(r::rotation_sign).collect();
     let mut x = vec![1.0, 2.0, 3.0, 4.0];
     r::rotate_rows(&mut x, 4, false);

@@ -2,8 +2,8 @@
 //! clear error that names the problem; and a sharded checkpoint that loads like the single
 //! file it was split from. Broken folders are made by rewriting a fixture in a temp dir.
 
-use pagellm::model::reference::ReferenceModel;
-use pagellm::model::{ModelError, ModelFiles};
+use pagellm::internals::model::reference::ReferenceModel;
+use pagellm::internals::model::{ModelError, ModelFiles};
 use safetensors::tensor::{Dtype, TensorView};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -228,7 +228,7 @@ fn transformers4_style_rope_settings_are_read() {
         .config;
     assert_eq!(a, b);
     assert!(
-        matches!(a.rope_scaling, pagellm::nn::rope::RopeScaling::Llama3 { factor, .. } if factor == 8.0)
+        matches!(a.rope_scaling, pagellm::internals::nn::rope::RopeScaling::Llama3 { factor, .. } if factor == 8.0)
     );
     let _ = std::fs::remove_dir_all(&d);
 }
@@ -312,10 +312,10 @@ fn fused_phi3_projections_are_checked_whole() {
 /// keys a config leaves out and transformers-4 spellings.
 #[test]
 fn family_recipes_from_config_json() {
-    use pagellm::model::arch::NormKind;
-    use pagellm::model::ModelConfig;
-    use pagellm::nn::rope::RopeScaling;
-    use pagellm::nn::Activation;
+    use pagellm::internals::model::arch::NormKind;
+    use pagellm::internals::model::ModelConfig;
+    use pagellm::internals::nn::rope::RopeScaling;
+    use pagellm::internals::nn::Activation;
     use serde_json::json;
     let base = |model_type: &str, layers: usize| {
         json!({"model_type": model_type, "vocab_size": 100, "hidden_size": 64,
@@ -452,7 +452,7 @@ fn family_recipes_from_config_json() {
     assert!((attention_factor - want).abs() < 1e-12);
     assert_eq!(original_max_position_embeddings, 4096);
     assert_eq!((c.default_context(), c.max_model_len()), (4096, 131072));
-    use pagellm::nn::rope::inv_freq;
+    use pagellm::internals::nn::rope::inv_freq;
     // transformers: inv_freq[i] = 1 / (factor[i] * theta^(2i/d)), d = 16, theta 1e4.
     let plain = inv_freq(16, 10000.0, &RopeScaling::None);
     for (context, factors) in [(4096, &short), (4097, &long)] {

@@ -1,8 +1,8 @@
 //! The Rust `Params` structs must match the WGSL uniform blocks field for field: same names,
 //! same byte offsets, same size. naga computes the WGSL layout.
 
-use pagellm::gpu::KernelSource;
-use pagellm::kernels::{
+use pagellm::internals::gpu::KernelSource;
+use pagellm::internals::kernels::{
     add::AddParams,
     copy_blocks::CopyBlocksParams,
     embedding::EmbeddingParams,
@@ -21,7 +21,7 @@ use pagellm::kernels::{
 };
 
 /// (kernel name, [(field, offset)], size) of the uniform at @group(0) @binding(0).
-fn wgsl_layout(kernel: &pagellm::gpu::KernelSource) -> (Vec<(String, u32)>, u32) {
+fn wgsl_layout(kernel: &pagellm::internals::gpu::KernelSource) -> (Vec<(String, u32)>, u32) {
     let src = kernel.full_source();
     let module = naga::front::wgsl::parse_str(&src).expect("parses");
     let var = module

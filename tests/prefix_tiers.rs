@@ -9,9 +9,9 @@
 mod common;
 use common::outputs::{assert_same, engine, greedy, prompt, run, sampled};
 use common::{contexts, golden};
-use pagellm::engine::{EngineConfig, PreemptionMode};
-use pagellm::pool::KvDtype;
-use pagellm::sampling::SamplingParams;
+use pagellm::internals::engine::{EngineConfig, PreemptionMode};
+use pagellm::internals::pool::KvDtype;
+use pagellm::internals::sampling::SamplingParams;
 use std::path::Path;
 
 /// The request under test: a 41-token prompt (ten full blocks of 4) greedy with
@@ -225,7 +225,8 @@ fn a_pinned_prefix_stays_and_a_forgotten_one_is_gone_from_every_tier() {
         let after = e.stats().cache;
         // Every pinned block was hit on the device: ten by the greedy prompt, eight by the
         // samples' (whose own ninth block may come up from the host tier).
-        let device_hits = |c: &pagellm::cache::CacheStats| c.prefix_hits - c.host_tier.hits;
+        let device_hits =
+            |c: &pagellm::internals::cache::CacheStats| c.prefix_hits - c.host_tier.hits;
         assert!(
             device_hits(&after) - device_hits(&before) >= 18,
             "{after:?}"

@@ -14,11 +14,11 @@
 
 mod common;
 use common::{contexts, step};
-use pagellm::kernels::WeightDtype;
-use pagellm::model::forward::Workspace;
-use pagellm::model::gpu::GpuModel;
-use pagellm::model::ModelFiles;
-use pagellm::pool::{KvDtype, KvLayout, KvPool, PoolSize};
+use pagellm::internals::kernels::WeightDtype;
+use pagellm::internals::model::forward::Workspace;
+use pagellm::internals::model::gpu::GpuModel;
+use pagellm::internals::model::ModelFiles;
+use pagellm::internals::pool::{KvDtype, KvLayout, KvPool, PoolSize};
 use std::path::Path;
 
 const PROMPT: [u32; 7] = [5, 80, 17, 301, 42, 9, 200];
@@ -134,8 +134,8 @@ fn every_block_format_quantized_at_load_computes_its_dequantized_copy_exactly() 
 fn a_lone_gguf_file_generates_what_its_safetensors_folder_generates() {
     // The file alone in a folder: its config, weights and tokenizer all come from it. A text
     // prompt is encoded by the metadata's tokenizer and the output decoded by it.
-    use pagellm::engine::{Engine, EngineConfig, Prompt};
-    use pagellm::sampling::SamplingParams;
+    use pagellm::internals::engine::{Engine, EngineConfig, Prompt};
+    use pagellm::internals::sampling::SamplingParams;
     let dir = std::env::temp_dir().join(format!("pagellm-lone-gguf-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("llama-gqa.gguf");

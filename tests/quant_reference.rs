@@ -1,4 +1,4 @@
-//! The plain-Rust GGML block formats of `pagellm::gguf::quant` against llama.cpp's `gguf`
+//! The plain-Rust GGML block formats of `pagellm::internals::gguf::quant` against llama.cpp's `gguf`
 //! Python package (fixtures made by tools/make_quant_fixtures.py, which documents their
 //! format): dequantization bit for bit for every type, quantization byte for byte where the
 //! package has a quantizer, stated error bounds for quantize-then-dequantize, and clear
@@ -6,7 +6,7 @@
 
 mod common;
 use common::quant_fixture::load;
-use pagellm::gguf::quant::{dequantize, quantize, GgmlType, QuantError};
+use pagellm::internals::gguf::quant::{dequantize, quantize, GgmlType, QuantError};
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

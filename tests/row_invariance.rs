@@ -6,8 +6,8 @@
 
 mod common;
 use common::{arc, contexts};
-use pagellm::engine::{Engine, EngineConfig, Prompt};
-use pagellm::sampling::SamplingParams;
+use pagellm::internals::engine::{Engine, EngineConfig, Prompt};
+use pagellm::internals::sampling::SamplingParams;
 use std::path::Path;
 
 fn params(max_tokens: usize) -> SamplingParams {

@@ -4,7 +4,7 @@
 //! transformers' own numbers in the fixtures.
 
 mod common;
-use pagellm::sampling::{
+use pagellm::internals::sampling::{
     argmax, filtered_distribution, log_softmax, logsumexp, sample, sequence_rng, top_logprobs,
     Sampler, SamplingError, SamplingParams,
 };

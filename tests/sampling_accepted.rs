@@ -5,7 +5,7 @@
 //! log-probability, and the same token again from the same seed; whatever validation
 //! refuses is refused with a parameter named.
 
-use pagellm::sampling::{Sampler, SamplingError, SamplingParams};
+use pagellm::internals::sampling::{Sampler, SamplingError, SamplingParams};
 use proptest::prelude::*;
 
 const VOCAB: usize = 40;

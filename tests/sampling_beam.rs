@@ -3,7 +3,7 @@
 //! (next-token log-probs depend only on the last token) whenever the width is large enough
 //! that nothing can be pruned.
 
-use pagellm::sampling::{
+use pagellm::internals::sampling::{
     beam_score, beam_step, log_softmax, Beam, BeamChild, BeamSearch, BeamSearchConfig,
     FinishedBeam, SamplingError, SamplingParams,
 };

@@ -1,7 +1,7 @@
 //! `SamplingParams`: defaults, JSON with missing fields, and one test per validation error
 //! checking that the message names the parameter, the value and what is allowed.
 
-use pagellm::sampling::{SamplingError, SamplingParams, MAX_LOGPROBS};
+use pagellm::internals::sampling::{SamplingError, SamplingParams, MAX_LOGPROBS};
 
 const VOCAB: usize = 512;
 

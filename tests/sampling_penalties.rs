@@ -5,9 +5,9 @@
 
 mod common;
 use common::{arc, contexts, golden, rng};
-use pagellm::engine::{Engine, EngineConfig, Prompt};
-use pagellm::model::reference::ReferenceModel;
-use pagellm::sampling::{apply_penalties, Sampler, SamplingParams};
+use pagellm::internals::engine::{Engine, EngineConfig, Prompt};
+use pagellm::internals::model::reference::ReferenceModel;
+use pagellm::internals::sampling::{apply_penalties, Sampler, SamplingParams};
 use rand::Rng;
 
 fn penalized(presence: f32, frequency: f32, repetition: f32) -> SamplingParams {
@@ -143,7 +143,7 @@ fn greedy_decoding_with_penalties_equals_a_reference_decode() {
                 let seq: Vec<u32> = prompt.iter().chain(&out).copied().collect();
                 let mut row = model.forward(&seq).pop().unwrap();
                 apply_penalties(&mut row, &p, prompt, &out);
-                out.push(pagellm::reference::argmax(&row) as u32);
+                out.push(pagellm::internals::reference::argmax(&row) as u32);
             }
             let h = e
                 .add_request(Prompt::Tokens(prompt.clone()), p.clone())

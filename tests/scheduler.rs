@@ -10,13 +10,13 @@
 mod driver;
 
 use driver::{Driver, Outcome, Req};
-use pagellm::cache::{BlockManager, CacheConfig};
-use pagellm::engine::scheduler::{
+use pagellm::internals::cache::{BlockManager, CacheConfig};
+use pagellm::internals::engine::scheduler::{
     choose_mode, BeamChild, Fork, NextToken, PreemptionCosts, SampleOutcome, Sampled, Scheduler,
     SchedulerOutput, Victim,
 };
-use pagellm::engine::sequence::{GroupShape, Sequence, SequenceGroup};
-use pagellm::engine::{EngineConfig, FinishReason, PreemptionMode};
+use pagellm::internals::engine::sequence::{GroupShape, Sequence, SequenceGroup};
+use pagellm::internals::engine::{EngineConfig, FinishReason, PreemptionMode};
 
 const MODES: [Option<PreemptionMode>; 3] = [
     Some(PreemptionMode::Swap),

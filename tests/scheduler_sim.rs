@@ -16,10 +16,10 @@
 mod driver;
 
 use driver::{splitmix, Driver, Outcome, Req};
-use pagellm::cache::CacheConfig;
-use pagellm::engine::scheduler::PreemptionCosts;
-use pagellm::engine::sequence::GroupShape;
-use pagellm::engine::{EngineConfig, PreemptionMode, SpeculativeConfig};
+use pagellm::internals::cache::CacheConfig;
+use pagellm::internals::engine::scheduler::PreemptionCosts;
+use pagellm::internals::engine::sequence::GroupShape;
+use pagellm::internals::engine::{EngineConfig, PreemptionMode, SpeculativeConfig};
 use std::collections::BTreeMap;
 use std::io::Write;
 

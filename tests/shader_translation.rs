@@ -11,7 +11,7 @@
 
 use naga::back::{glsl, hlsl, msl, spv, PipelineConstants};
 use naga::valid::{Capabilities, ModuleInfo, ValidationFlags, Validator};
-use pagellm::kernels::ALL;
+use pagellm::internals::kernels::ALL;
 use std::io::Write;
 use std::process::Command;
 

@@ -5,9 +5,9 @@
 
 mod common;
 use common::{arc, contexts};
-use pagellm::engine::{Engine, EngineConfig, Prompt};
-use pagellm::pool::KvDtype;
-use pagellm::sampling::SamplingParams;
+use pagellm::internals::engine::{Engine, EngineConfig, Prompt};
+use pagellm::internals::pool::KvDtype;
+use pagellm::internals::sampling::SamplingParams;
 use serde_json::Value;
 use std::path::Path;
 

@@ -6,10 +6,10 @@
 
 mod common;
 use common::{arc, contexts, golden};
-use pagellm::engine::{Engine, EngineConfig, PreemptionMode, Prompt, RequestOutput};
-use pagellm::model::reference::ReferenceModel;
-use pagellm::pool::KvDtype;
-use pagellm::sampling::SamplingParams;
+use pagellm::internals::engine::{Engine, EngineConfig, PreemptionMode, Prompt, RequestOutput};
+use pagellm::internals::model::reference::ReferenceModel;
+use pagellm::internals::pool::KvDtype;
+use pagellm::internals::sampling::SamplingParams;
 use std::path::Path;
 
 const FIXTURE: &str = "phi3-longrope-window";

@@ -4,8 +4,8 @@
 //! prompt lookup makes) match it by a chi-square test, and a verifier that skipped the
 //! residual would not.
 
-use pagellm::sampling::{sequence_rng, Distribution, SequenceRng};
-use pagellm::spec::{accept_sampled, Proposal};
+use pagellm::internals::sampling::{sequence_rng, Distribution, SequenceRng};
+use pagellm::internals::spec::{accept_sampled, Proposal};
 
 const V: usize = 4;
 /// Target next-token probabilities given the previous token.

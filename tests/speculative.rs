@@ -9,12 +9,12 @@
 mod common;
 use common::outputs::{assert_same, engine, greedy, run};
 use common::{contexts, golden};
-use pagellm::constrain::StructuredOutput;
-use pagellm::engine::{
+use pagellm::internals::constrain::StructuredOutput;
+use pagellm::internals::engine::{
     Engine, EngineConfig, PreemptionMode, Prompt, RequestEvent, RequestOutput, SpeculativeConfig,
 };
-use pagellm::pool::KvDtype;
-use pagellm::sampling::SamplingParams;
+use pagellm::internals::pool::KvDtype;
+use pagellm::internals::sampling::SamplingParams;
 use std::path::Path;
 
 fn speculating(cfg: EngineConfig, k: usize) -> EngineConfig {

@@ -15,11 +15,13 @@
 
 mod common;
 use common::{arc, contexts};
-use pagellm::constrain::{Compiler, StructuredOutput};
-use pagellm::engine::{Engine, EngineConfig, EngineError, FinishReason, PreemptionMode, Prompt};
-use pagellm::model::reference::{log_softmax, ReferenceModel};
-use pagellm::model::ModelFiles;
-use pagellm::sampling::SamplingParams;
+use pagellm::internals::constrain::{Compiler, StructuredOutput};
+use pagellm::internals::engine::{
+    Engine, EngineConfig, EngineError, FinishReason, PreemptionMode, Prompt,
+};
+use pagellm::internals::model::reference::{log_softmax, ReferenceModel};
+use pagellm::internals::model::ModelFiles;
+use pagellm::internals::sampling::SamplingParams;
 use serde_json::{json, Value};
 use std::path::Path;
 

@@ -3,7 +3,7 @@
 //! every kind of broken folder.
 
 mod common;
-use pagellm::tokenizer::{Tokenizer, TokenizerError};
+use pagellm::internals::tokenizer::{Tokenizer, TokenizerError};
 use std::path::{Path, PathBuf};
 
 fn fixture(name: &str) -> PathBuf {
@@ -278,7 +278,7 @@ fn unreadable_config_is_named() {
 
 mod bytes_per_token {
     use super::fixture;
-    use pagellm::tokenizer::Tokenizer;
+    use pagellm::internals::tokenizer::Tokenizer;
     use proptest::prelude::*;
 
     /// The byte-level BPE of the shipped model and fixtures, and the SentencePiece
@@ -289,7 +289,9 @@ mod bytes_per_token {
             .map(|n| Tokenizer::from_dir(&fixture(n)).unwrap())
             .collect();
         t.push(Tokenizer::from_dir(std::path::Path::new("models/fortunes-llama")).unwrap());
-        t.push(pagellm::model::open_tokenizer(&fixture("gguf/spm-tokenizer.gguf")).unwrap());
+        t.push(
+            pagellm::internals::model::open_tokenizer(&fixture("gguf/spm-tokenizer.gguf")).unwrap(),
+        );
         t
     }
 

@@ -2,7 +2,7 @@
 //! UTF-8 character, and all deltas plus the final flush add up to the full decode, both on
 //! real text and on arbitrary id sequences (property tests).
 
-use pagellm::tokenizer::{IncrementalDecoder, Tokenizer};
+use pagellm::internals::tokenizer::{IncrementalDecoder, Tokenizer};
 use proptest::prelude::*;
 use std::path::Path;
 use std::sync::OnceLock;

@@ -2,7 +2,7 @@
 //! deltas, hold-back of a possible stop-string prefix while streaming, and a property test
 //! that streaming in random pieces gives the same output as cutting the whole text at once.
 
-use pagellm::tokenizer::{StopChecker, StopMatch, StopStream};
+use pagellm::internals::tokenizer::{StopChecker, StopMatch, StopStream};
 use proptest::prelude::*;
 
 #[test]

@@ -1,6 +1,6 @@
 //! Helpers shared by the benches (each bench includes this file as a module).
 
-use pagellm::engine::Engine;
+use pagellm::internals::engine::Engine;
 use std::time::{Duration, Instant};
 
 /// Steps every engine in turn, one step each per round, until all are done, so that the

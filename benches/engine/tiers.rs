@@ -18,7 +18,7 @@
 //!    with every full block copied down and written to the disk tier, against no tiers.
 
 use super::{engine, greedy, median, ms, prompt, BLOCK};
-use pagellm::engine::{Engine, EngineConfig, Prompt, RequestEvent};
+use pagellm::internals::engine::{Engine, EngineConfig, Prompt, RequestEvent};
 use pagellm::GpuContext;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -220,12 +220,15 @@ fn main() {
     );
     // The same work through the engine API in this process, warmed up.
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/fortunes-llama");
-    let mut engine = pagellm::engine::Engine::new(&dir, pagellm::engine::EngineConfig::default())
-        .expect("engine");
-    let params = pagellm::sampling::SamplingParams {
+    let mut engine = pagellm::internals::engine::Engine::new(
+        &dir,
+        pagellm::internals::engine::EngineConfig::default(),
+    )
+    .expect("engine");
+    let params = pagellm::internals::sampling::SamplingParams {
         max_tokens: TOKENS,
         ignore_eos: true,
-        ..pagellm::sampling::SamplingParams::greedy()
+        ..pagellm::internals::sampling::SamplingParams::greedy()
     };
     let mut warm = Duration::MAX;
     for _ in 0..2 {
@@ -234,7 +237,10 @@ fn main() {
             .iter()
             .map(|p| {
                 engine
-                    .add_request(pagellm::engine::Prompt::Text(p.clone()), params.clone())
+                    .add_request(
+                        pagellm::internals::engine::Prompt::Text(p.clone()),
+                        params.clone(),
+                    )
                     .expect("add")
             })
             .collect();

@@ -1,4 +1,4 @@
-//! `pagellm perplexity` (teacher-forced scoring on the command line, `pagellm::eval`): it
+//! `pagellm perplexity` (teacher-forced scoring on the command line, `pagellm::internals::eval`): it
 //! saves a baseline's log-probabilities and compares a KV cache setting with it (KL
 //! divergence and top-1 agreement, as JSON), and refuses a baseline of another window, both
 //! options at once, and a missing file, by name.

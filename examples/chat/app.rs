@@ -7,11 +7,9 @@ use crate::launch::Args;
 use crate::script::Script;
 use crate::worker::{Command, ModelInfo, Snapshot, Update, Wake, Worker};
 use eframe::egui::{self, Color32, RichText};
-use pagellm::engine::{EngineConfig, FinishReason, RequestEvent};
-use pagellm::gpu::GpuContext;
-use pagellm::handle::RequestStream;
-use pagellm::sampling::SamplingParams;
-use pagellm::tokenizer::ChatMessage;
+use pagellm::RequestStream;
+use pagellm::{ChatMessage, SamplingParams};
+use pagellm::{EngineConfig, Event, FinishReason, GpuContext};
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -283,15 +281,15 @@ impl ChatApp {
             let mut new_tokens = 0;
             loop {
                 match rx.try_recv() {
-                    Some(RequestEvent::Token { index: 0, text, .. }) => {
+                    Some(Event::Token { index: 0, text, .. }) => {
                         new_tokens += 1;
                         if let Some(t) = c.turns.last_mut() {
                             t.text.push_str(&text);
                             t.tokens += 1;
                         }
                     }
-                    Some(RequestEvent::Token { .. }) => {}
-                    Some(RequestEvent::Finished(out)) => {
+                    Some(Event::Token { .. }) => {}
+                    Some(Event::Finished(out)) => {
                         let first = out.outputs.first();
                         // The final text is authoritative: it includes what streaming held
                         // back (an incomplete character at an abort).
@@ -302,7 +300,7 @@ impl ChatApp {
                         ended = Some((finish_note(first.map(|o| o.finish_reason)), false));
                         break;
                     }
-                    Some(RequestEvent::Failed(msg)) => {
+                    Some(Event::Failed(msg)) => {
                         ended = Some((format!("failed: {msg}"), true));
                         break;
                     }

@@ -8,8 +8,7 @@ use crate::script::Script;
 use clap::Parser;
 use eframe::egui;
 use eframe::egui_wgpu::{WgpuConfiguration, WgpuSetup};
-use pagellm::gpu::{AdapterRequest, GpuContext};
-use pagellm::pool::KvDtype;
+use pagellm::{AdapterRequest, GpuContext, KvDtype};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -42,7 +41,7 @@ pub struct Args {
     /// Convert the weights as they load (q8_0, q4_k, ... quantize; f16 widens a GGUF's);
     /// default: as stored.
     #[arg(long)]
-    pub weight_dtype: Option<pagellm::kernels::WeightDtype>,
+    pub weight_dtype: Option<pagellm::WeightDtype>,
     /// Keep computed prompt blocks in this folder as well, so a conversation reopened after
     /// a restart reads its history instead of recomputing it.
     #[arg(long)]

@@ -7,11 +7,9 @@
 //! before it. On GL, pagellm waits in short slices so that the backend's context lock is not
 //! held for a whole step; see `GpuContext::from_existing`.)
 
-use pagellm::engine::{EngineConfig, EngineStats, Prompt, Request};
-use pagellm::gpu::GpuContext;
-use pagellm::handle::{EngineBuilder, EngineHandle, Notice, RequestStream};
-use pagellm::sampling::SamplingParams;
-use pagellm::tokenizer::{ChatMessage, ChatTemplate};
+use pagellm::{ChatMessage, ChatTemplate, SamplingParams};
+use pagellm::{EngineBuilder, EngineHandle, Notice, RequestStream};
+use pagellm::{EngineConfig, EngineStats, GpuContext, Prompt, Request};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -136,7 +134,7 @@ impl Worker {
         }
         !matches!(
             self.engine.as_ref().map(EngineHandle::state),
-            Some(pagellm::handle::EngineState::Failed(why)) if why.contains("panicked")
+            Some(pagellm::EngineState::Failed(why)) if why.contains("panicked")
         )
     }
 
@@ -218,11 +216,11 @@ impl Worker {
 fn loaded(
     dir: &std::path::Path,
     template: &Mutex<Option<ChatTemplate>>,
-    info: &pagellm::handle::ModelInfo,
+    info: &pagellm::ModelInfo,
 ) -> Update {
-    let found = match pagellm::model::open_chat_template(dir) {
+    let found = match pagellm::open_chat_template(dir) {
         Ok(t) => Some(t),
-        Err(pagellm::tokenizer::ChatTemplateError::Missing { .. }) => None,
+        Err(pagellm::ChatTemplateError::Missing { .. }) => None,
         Err(e) => return Update::LoadFailed(format!("{}: {e}", dir.display())),
     };
     let chat_template = found.is_some();

@@ -11,6 +11,7 @@ use super::manager::BlockManager;
 /// Occupancy of one pool.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PoolStats {
+    /// Blocks in the pool.
     pub total: usize,
     /// Referenced by a block table (or held by the pending plan).
     pub used: usize,
@@ -20,19 +21,28 @@ pub struct PoolStats {
     pub cached: usize,
 }
 
+/// What the block manager holds and has done.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheStats {
+    /// Tokens per block.
     pub block_size: usize,
+    /// The device pool.
     pub device: PoolStats,
+    /// The host pool (swapped blocks and the host tier).
     pub host: PoolStats,
+    /// Sequences whose blocks are on the device.
     pub device_sequences: usize,
+    /// Sequences whose blocks are in host memory.
     pub swapped_sequences: usize,
     /// Tokens held in used device blocks, a shared block counted once.
     pub stored_tokens: usize,
     /// Tokens of device sequences, shared ones counted once per sequence.
     pub logical_tokens: usize,
+    /// Blocks copied because a sequence wrote into a block it shared.
     pub cow_copies: u64,
+    /// Blocks moved to host memory by preemption.
     pub swapped_out_blocks: u64,
+    /// Blocks brought back from host memory.
     pub swapped_in_blocks: u64,
     /// Prompt blocks found in the prefix cache (with KV cache groups, once per position
     /// of a prompt, found in every group).
@@ -73,6 +83,7 @@ impl CacheStats {
 }
 
 impl BlockManager {
+    /// The statistics as they are now (this walks every block table).
     pub fn stats(&self) -> CacheStats {
         let bs = self.config.block_size;
         let mut filled = vec![0usize; self.device.num_blocks()];

@@ -54,6 +54,7 @@ pub struct DiskTierConfig {
     pub max_bytes: u64,
 }
 
+/// What the disk tier holds and has done in this process.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DiskStats {
     /// Loads that returned a valid record.
@@ -70,8 +71,9 @@ pub struct DiskStats {
     pub write_errors: u64,
     /// Records this process deleted to stay within its budget.
     pub evictions: u64,
-    /// Bytes and number of the records this process knows of now.
+    /// Bytes of the records this process knows of now.
     pub bytes: u64,
+    /// How many records those are.
     pub records: u64,
 }
 

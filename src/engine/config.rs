@@ -26,7 +26,9 @@ pub struct SpeculativeConfig {
     /// makes a one-sequence step 8 rows, which a CPU adapter's column kernels run in one
     /// 8-row pass for about what 5 rows cost, and which a GPU reads the weights once for.
     pub num_tokens: usize,
+    /// Shortest n-gram looked up.
     pub ngram_min: usize,
+    /// Longest n-gram looked up (tried first).
     pub ngram_max: usize,
     /// What proposals cost a sequence, which the adaptive `k` weighs against the
     /// acceptance rate. `None` (the default): measured as the engine runs, as the mean
@@ -59,6 +61,9 @@ pub const DEFAULT_ROW_COST: f64 = 0.15;
 /// vocabulary every row is a `[vocab]` logits row in memory.
 pub const MAX_SPECULATIVE_ROWS: usize = 128;
 
+/// The engine's options: the KV cache's size and format, the scheduler's limits, the
+/// preemption policy, the weights' format, speculative decoding and the prefix cache's
+/// tiers. `EngineConfig::default()` suits the shipped model and most small ones.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EngineConfig {
     /// Tokens per KV block.
@@ -69,7 +74,9 @@ pub struct EngineConfig {
     pub kv_cache_bytes: u64,
     /// Host blocks for swapping; `None` sizes the host pool from `swap_space_bytes`.
     pub num_cpu_blocks: Option<usize>,
+    /// Byte budget of the host pool when `num_cpu_blocks` is not given.
     pub swap_space_bytes: u64,
+    /// What the KV cache stores: f16 (the default), f32, int8 or int4.
     pub kv_dtype: KvDtype,
     /// Rotation of cached keys and values before they are stored (see [`KvRotation`]);
     /// `None` picks [`KvRotation::default_for`] the dtype: Hadamard for int8 and int4, none
@@ -84,6 +91,7 @@ pub struct EngineConfig {
     pub max_num_seqs: usize,
     /// Most tokens (prefill chunks plus decode tokens) in one step.
     pub max_num_batched_tokens: usize,
+    /// Reuse the KV blocks of earlier prompts that start the same way (on by default).
     pub enable_prefix_caching: bool,
     /// Context limit, at most the model's `max_position_embeddings`; `None` uses the
     /// model's default context (`ModelConfig::default_context`: the same, except the

@@ -39,20 +39,29 @@ use std::time::Instant;
 /// hundred steps of proposals, across requests.
 const ENGINE_RATE_DECAY: f64 = 0.99;
 
+/// Why the engine, or one request, could not do what was asked.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
+    /// The model's files: missing, malformed, or of an unsupported architecture.
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// The GPU: no adapter, out of memory, a lost device.
     #[error(transparent)]
     Gpu(#[from] GpuError),
+    /// The tokenizer could not load, or could not encode a prompt.
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    /// Sampling parameters that cannot work (each names the parameter).
     #[error(transparent)]
     Sampling(#[from] SamplingError),
+    /// The block manager refused an operation (a fault of the engine's own bookkeeping).
     #[error("KV cache bookkeeping: {0}")]
     Cache(#[from] CacheError),
+    /// The engine's configuration cannot work with this model or adapter: why.
     #[error("invalid engine configuration: {0}")]
     Config(String),
+    /// The request cannot run (a prompt longer than the context, an empty prompt, token
+    /// ids outside the vocabulary...): why.
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     /// The request's constraint does not compile (or cannot be set up for this model).
@@ -76,27 +85,35 @@ pub enum EngineError {
     Unavailable(String),
 }
 
+/// The engine's results.
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 
-/// Statistics of the KV cache and the scheduler.
+/// Statistics of the KV cache and the scheduler (their parts are in [`crate::stats`]).
 #[derive(Clone, Debug)]
 pub struct EngineStats {
+    /// The block manager's: pools, prefix cache and its tiers, copy-on-write, swaps.
     pub cache: CacheStats,
+    /// The scheduler's: steps, preemptions, speculation.
     pub scheduler: SchedulerStats,
     /// Requests the engine holds, in any queue.
     pub pending_requests: usize,
-    /// Requests by scheduler queue: waiting for admission, running, swapped to host.
+    /// Requests waiting for admission.
     pub num_waiting: usize,
+    /// Requests running (their KV blocks on the device).
     pub num_running: usize,
+    /// Requests preempted to host memory.
     pub num_swapped: usize,
     /// Requests aborted because their caller dropped the event receiver.
     pub abandoned_requests: u64,
     /// The measurements automatic preemption weighs.
     pub costs: PreemptionCosts,
-    /// The device pool: its layout (dtype included), blocks, and bytes.
+    /// The device pool's layout (dtype included).
     pub kv_layout: KvLayout,
+    /// The rotation keys and values are stored under.
     pub kv_rotation: KvRotation,
+    /// Blocks of the device pool.
     pub kv_blocks: usize,
+    /// Bytes of the device pool.
     pub kv_pool_bytes: u64,
     /// The window of each KV cache group (one group, `[None]`, keeps every block; a model
     /// whose layers all slide has one windowed group; one that mixes windowed and global
@@ -140,11 +157,14 @@ impl EngineStats {
     }
 }
 
+/// The engine stepped by its caller: requests in, token streams out, one [`Engine::step`]
+/// at a time. Applications run it on a thread of its own through
+/// [`crate::EngineHandle`]; tests and benchmarks step it by hand.
 pub struct Engine {
-    pub ctx: Arc<GpuContext>,
-    pub model: GpuModel,
+    pub(super) ctx: Arc<GpuContext>,
+    pub(super) model: GpuModel,
     pub(super) tokenizer: Arc<Tokenizer>,
-    pub config: EngineConfig,
+    pub(super) config: EngineConfig,
     /// Checks, tokenizes and compiles requests (shared with the engine's handle).
     intake: Arc<Intake>,
     pub(super) cache: CacheEngine,
@@ -196,10 +216,13 @@ impl Drop for Engine {
 /// the wait for the adapter.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct HostTime {
+    /// Steps recorded.
     pub steps: u64,
+    /// Their host time, together.
     pub total: std::time::Duration,
     /// Of which decode-only steps (no prompt chunk).
     pub decode_steps: u64,
+    /// Their host time, together.
     pub decode_total: std::time::Duration,
     /// The latest step's.
     pub last: std::time::Duration,
@@ -613,6 +636,16 @@ impl Engine {
         &self.tokenizer
     }
 
+    /// The GPU context the engine runs on.
+    pub fn context(&self) -> &Arc<GpuContext> {
+        &self.ctx
+    }
+
+    /// The configuration the engine was opened with.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
     /// Queues a request after checking it; its events arrive on the returned handle.
     pub fn add_request(
         &mut self,
@@ -720,10 +753,12 @@ impl Engine {
         ids.len()
     }
 
+    /// Whether any request is pending (waiting, running or swapped).
     pub fn has_unfinished(&self) -> bool {
         !self.scheduler.is_empty()
     }
 
+    /// The statistics as they are now (this walks every block table).
     pub fn stats(&self) -> EngineStats {
         let cache = self.scheduler.blocks.stats();
         EngineStats {

@@ -26,7 +26,9 @@ use std::sync::{Arc, Mutex};
 /// ```
 #[derive(Clone, Debug)]
 pub struct Request {
+    /// The text or token ids to continue.
     pub prompt: Prompt,
+    /// How to sample, how long, when to stop; what to report (logprobs).
     pub params: SamplingParams,
     /// Requests share cached prompt blocks only with requests of the same salt (vLLM's
     /// `cache_salt`): give each user or tenant its own, and no one can tell from response
@@ -47,6 +49,7 @@ impl Request {
         Self::new(Prompt::Tokens(ids))
     }
 
+    /// A request to continue `prompt`, with default sampling parameters.
     pub fn new(prompt: Prompt) -> Self {
         Request {
             prompt,
@@ -55,11 +58,13 @@ impl Request {
         }
     }
 
+    /// The request with sampling parameters `params`.
     pub fn with_params(mut self, params: SamplingParams) -> Self {
         self.params = params;
         self
     }
 
+    /// The request with cache salt `salt` (see [`Request::cache_salt`]).
     pub fn with_cache_salt(mut self, salt: impl Into<String>) -> Self {
         self.cache_salt = Some(salt.into());
         self
@@ -113,6 +118,7 @@ impl Intake {
         }
     }
 
+    /// The model's tokenizer.
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
         &self.tokenizer
     }
@@ -122,6 +128,7 @@ impl Intake {
         self.max_model_len
     }
 
+    /// The model's vocabulary size: token ids are below it.
     pub fn vocab_size(&self) -> usize {
         self.vocab_size
     }

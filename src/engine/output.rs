@@ -2,8 +2,10 @@
 
 use serde::Serialize;
 
+/// The engine's name of a request, unique among the requests it has taken.
 pub type RequestId = u64;
 
+/// Why a sample or beam ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FinishReason {
@@ -19,8 +21,12 @@ pub enum FinishReason {
 /// logits).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct TokenLogprob {
+    /// The token chosen.
     pub token_id: u32,
+    /// Its log-probability.
     pub logprob: f64,
+    /// The most likely tokens with theirs, most likely first (as many as the request's
+    /// `logprobs` asks).
     pub top: Vec<(u32, f64)>,
 }
 
@@ -29,18 +35,27 @@ pub struct TokenLogprob {
 pub struct CompletionOutput {
     /// Sample index (0..n) or beam rank.
     pub index: usize,
+    /// The generated text (without a stop string that ended it).
     pub text: String,
+    /// The generated token ids (a stop token that ended it included).
     pub token_ids: Vec<u32>,
+    /// Why it ended.
     pub finish_reason: FinishReason,
+    /// Per generated token, when the request asked for `logprobs`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub logprobs: Vec<TokenLogprob>,
+    /// The sum of the generated tokens' log-probabilities.
     pub cumulative_logprob: f64,
 }
 
+/// A finished request: its prompt's tokens and every sample's or beam's output.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RequestOutput {
+    /// The request, as the engine named it.
     pub request_id: RequestId,
+    /// The prompt as token ids.
     pub prompt_token_ids: Vec<u32>,
+    /// One per sample (by index) or beam (best first).
     pub outputs: Vec<CompletionOutput>,
 }
 
@@ -52,11 +67,17 @@ pub enum RequestEvent {
     /// multi-byte character or a possible stop string is incomplete). Beam search streams
     /// nothing until it finishes.
     Token {
+        /// The sample it belongs to.
         index: usize,
+        /// The token.
         token_id: u32,
+        /// The text it completes.
         text: String,
+        /// Its log-probability, when the request asked for `logprobs`.
         logprob: Option<TokenLogprob>,
     },
+    /// The request ended: every output, whole.
     Finished(RequestOutput),
+    /// The request could not complete: the reason.
     Failed(String),
 }

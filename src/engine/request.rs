@@ -18,13 +18,16 @@ use crate::tokenizer::{IncrementalDecoder, StopChecker, StopStream};
 /// A prompt as text (tokenized by the model's tokenizer) or as token ids.
 #[derive(Clone, Debug)]
 pub enum Prompt {
+    /// Text, tokenized with the model's tokenizer (special tokens added as its
+    /// configuration says).
     Text(String),
+    /// Token ids, taken as they are.
     Tokens(Vec<u32>),
 }
 
 /// What the engine keeps per sequence beyond the scheduler's view.
 #[derive(Clone, Debug)]
-pub struct SeqOutput {
+pub(crate) struct SeqOutput {
     pub sampler: Sampler,
     pub decoder: IncrementalDecoder,
     pub stop: StopStream,
@@ -39,7 +42,7 @@ pub struct SeqOutput {
 /// A sequence's speculative decoding: the n-gram index of its tokens so far and its own
 /// number of proposals, adapted to how many it has had accepted.
 #[derive(Clone, Debug)]
-pub struct SpecState {
+pub(crate) struct SpecState {
     pub index: NgramIndex,
     pub k: AdaptiveK,
 }
@@ -81,16 +84,17 @@ impl SeqOutput {
 }
 
 /// What the engine keeps per request beyond the scheduler's view.
-pub struct RequestSide {
+pub(crate) struct RequestSide {
     pub params: SamplingParams,
     pub prompt_ids: Vec<u32>,
     pub beam: Option<BeamSearch>,
     pub events: flume::Sender<RequestEvent>,
 }
 
-pub type Group = SequenceGroup<SeqOutput, RequestSide>;
+pub(crate) type Group = SequenceGroup<SeqOutput, RequestSide>;
 
 impl Group {
+    /// The request's sampling parameters.
     pub fn params(&self) -> &SamplingParams {
         &self.data.params
     }
@@ -100,10 +104,12 @@ impl Group {
         self.data.events.send(event).is_ok()
     }
 
+    /// Whether the caller has dropped its receiver.
     pub fn abandoned(&self) -> bool {
         self.data.events.is_disconnected()
     }
 
+    /// The request's output with `outputs`.
     pub fn output(&self, request_id: RequestId, outputs: Vec<CompletionOutput>) -> RequestOutput {
         RequestOutput {
             request_id,
@@ -114,7 +120,7 @@ impl Group {
 }
 
 /// A sample's output so far (its final output once it has finished).
-pub fn completion(s: &Sequence<SeqOutput>) -> CompletionOutput {
+pub(crate) fn completion(s: &Sequence<SeqOutput>) -> CompletionOutput {
     CompletionOutput {
         index: s.index,
         text: s.data.stop.text().to_string(),
@@ -129,7 +135,9 @@ pub fn completion(s: &Sequence<SeqOutput>) -> CompletionOutput {
 /// the receiver aborts the request at the engine's next step.
 #[derive(Debug)]
 pub struct RequestHandle {
+    /// The request's id, for [`super::Engine::abort`].
     pub id: RequestId,
+    /// Its events, in order (see [`RequestEvent`]).
     pub events: flume::Receiver<RequestEvent>,
 }
 

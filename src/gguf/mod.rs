@@ -1,5 +1,5 @@
 //! GGUF support: reading llama.cpp's single-file checkpoints and keeping their weights in the
-//! GGML block formats they are stored in: [`file`], a reader of the file's header, metadata
+//! GGML block formats they are stored in: `file`, a reader of the file's header, metadata
 //! and tensor directory; [`config`], the metadata as a model config; [`checkpoint`], the
 //! tensors under their Hugging Face names; [`tokenizer`], the tokenizer its metadata
 //! describes; and [`quant`], plain-Rust reference

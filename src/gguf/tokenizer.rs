@@ -2,7 +2,7 @@
 //! that the rest of pagellm uses it as it uses a `tokenizer.json`.
 //!
 //! Two kinds (`tokenizer.ggml.model`): `llama`, SentencePiece's BPE with scores and byte
-//! fallback (Llama 2, Mistral 7B, Gemma; see [`sentencepiece_bpe`]), and the byte-level BPE
+//! fallback (Llama 2, Mistral 7B, Gemma; see `sentencepiece_bpe`), and the byte-level BPE
 //! that llama.cpp calls `gpt2` (Llama 3, Qwen2 and Qwen3, most recent models), whose parts
 //! are:
 //!

@@ -17,8 +17,11 @@ use std::sync::{Arc, Mutex};
 /// Optional capabilities that kernels may use when present.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Capabilities {
+    /// `enable f16;` in shaders.
     pub shader_f16: bool,
+    /// Subgroup operations.
     pub subgroups: bool,
+    /// Timestamp queries (kernel profiling).
     pub timestamp_query: bool,
 }
 
@@ -43,8 +46,11 @@ impl Capabilities {
 /// A description of one adapter, for `pagellm devices` and for logs.
 #[derive(Clone, Debug)]
 pub struct AdapterReport {
+    /// Name, backend, type and driver.
     pub info: wgpu::AdapterInfo,
+    /// The limits it offers.
     pub limits: wgpu::Limits,
+    /// The optional features pagellm's kernels use.
     pub caps: Capabilities,
 }
 
@@ -81,11 +87,17 @@ struct Health {
 /// A device and queue plus what pagellm needs to know about them. Cheap to share in an
 /// [`Arc`]; every method takes `&self`.
 pub struct GpuContext {
+    /// The adapter the device was created on.
     pub adapter: wgpu::Adapter,
+    /// The device pagellm records on (the application's own, when shared).
     pub device: wgpu::Device,
+    /// Its queue.
     pub queue: wgpu::Queue,
+    /// The adapter's name, backend, type and driver.
     pub info: wgpu::AdapterInfo,
+    /// The device's limits, which kernels and buffers stay within.
     pub limits: wgpu::Limits,
+    /// The optional features the device has.
     pub caps: Capabilities,
     health: Arc<Mutex<Health>>,
     pub(crate) pipelines: PipelineCache,
@@ -202,6 +214,7 @@ impl GpuContext {
         self
     }
 
+    /// The slice waits are cut into, if any (see [`Self::with_wait_slice`]).
     pub fn wait_slice(&self) -> Option<std::time::Duration> {
         self.wait_slice
     }

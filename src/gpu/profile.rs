@@ -1,5 +1,5 @@
 //! Per-kernel GPU timing: `PAGELLM_PROFILE=1`, `--profile`, or
-//! [`GpuContext::enable_profiling`].
+//! [`crate::gpu::GpuContext::enable_profiling`].
 //!
 //! With profiling on, every [`Batch`](super::Batch) times each of its dispatches:
 //!

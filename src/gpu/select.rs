@@ -12,10 +12,13 @@ use wgpu::{Backend, Backends, DeviceType, PowerPreference};
 /// What the caller wants from an adapter.
 #[derive(Clone, Debug)]
 pub struct AdapterRequest {
+    /// The backends to look on.
     pub backends: Backends,
     /// Where `backends` came from, for error messages.
     pub backends_source: Option<String>,
+    /// A substring of the adapter's name (case-insensitive), if one is wanted.
     pub name_contains: Option<String>,
+    /// Discrete or integrated first.
     pub power: PowerPreference,
 }
 
@@ -114,12 +117,16 @@ impl AdapterRequest {
 /// The facts about one adapter that choice depends on.
 #[derive(Clone, Debug)]
 pub struct AdapterSummary {
+    /// The adapter's name.
     pub name: String,
+    /// Its backend.
     pub backend: Backend,
+    /// Discrete, integrated, virtual, CPU.
     pub device_type: DeviceType,
 }
 
 impl AdapterSummary {
+    /// The summary of an adapter's info.
     pub fn of(info: &wgpu::AdapterInfo) -> Self {
         AdapterSummary {
             name: info.name.clone(),
@@ -128,6 +135,7 @@ impl AdapterSummary {
         }
     }
 
+    /// "name (backend, type)", as errors and logs name an adapter.
     pub fn describe(&self) -> String {
         format!("{} ({:?}, {:?})", self.name, self.backend, self.device_type)
     }

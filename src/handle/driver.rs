@@ -58,7 +58,7 @@ pub(super) fn run(
         path: model,
         max_model_len: engine.max_model_len(),
         vocab_size: engine.intake().vocab_size(),
-        adapter: engine.ctx.describe(),
+        adapter: engine.context().describe(),
         load_seconds: start.elapsed().as_secs_f64(),
     };
     tracing::info!(adapter = %info.adapter, "model loaded");
@@ -77,7 +77,7 @@ pub(super) fn run(
     lp.engine.abort_all();
     lp.publish();
     lp.shared.set_state(EngineState::Stopped);
-    lp.engine.ctx.take_profile_report()
+    lp.engine.context().take_profile_report()
 }
 
 /// Answers every request with the load failure until the handle stops the thread.
@@ -170,7 +170,7 @@ impl Loop {
                 // Every pending request has been failed with the error. A lost device
                 // leaves the engine unusable for good.
                 tracing::error!("engine step failed: {e}");
-                if self.engine.ctx.check_health().is_err() {
+                if self.engine.context().check_health().is_err() {
                     self.shared
                         .set_state(EngineState::Failed(format!("the GPU failed: {e}")));
                 }

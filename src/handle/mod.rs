@@ -32,8 +32,13 @@ const STATS_EVERY: Duration = Duration::from_millis(50);
 /// Where the engine thread is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EngineState {
-    /// Loading the model: `done` of `total` bytes of weights uploaded.
-    Loading { done: u64, total: u64 },
+    /// Loading the model.
+    Loading {
+        /// Bytes of weights uploaded.
+        done: u64,
+        /// Bytes of weights in all (0 until known).
+        total: u64,
+    },
     /// Taking requests.
     Ready,
     /// Loading failed, or the device was lost; the reason. Requests are refused.
@@ -46,8 +51,13 @@ pub enum EngineState {
 /// callback short (wake a UI, signal a condition), since the engine waits for it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Notice {
-    /// Upload progress, in bytes of weights (at most once per percent).
-    Loading { done: u64, total: u64 },
+    /// Upload progress (at most once per percent).
+    Loading {
+        /// Bytes of weights uploaded.
+        done: u64,
+        /// Bytes of weights in all.
+        total: u64,
+    },
     /// The model is loaded; requests are taken.
     Ready(ModelInfo),
     /// The model did not load (the reason); every request is refused.
@@ -56,8 +66,11 @@ pub enum Notice {
     /// step failed for a reason no single request caused; every pending request has been
     /// failed with it, and the engine takes new requests unless its state says otherwise.
     Stepped {
+        /// Tokens the step computed (prompt chunks and generated tokens).
         tokens: usize,
+        /// How long it took.
         took: Duration,
+        /// Why it failed, if it did.
         error: Option<String>,
     },
 }
@@ -69,6 +82,7 @@ pub struct ModelInfo {
     pub path: PathBuf,
     /// The context length requests are checked against (prompt and output together).
     pub max_model_len: usize,
+    /// The vocabulary's size: token ids are below it.
     pub vocab_size: usize,
     /// The adapter, as `pagellm devices` names it.
     pub adapter: String,
@@ -79,9 +93,11 @@ pub struct ModelInfo {
 /// The engine's statistics after a recent step, with its recent throughput.
 #[derive(Clone, Debug)]
 pub struct StatsSnapshot {
+    /// The engine's own statistics.
     pub engine: EngineStats,
-    /// Steps run and tokens computed (prompt and generated) since loading.
+    /// Steps run since loading.
     pub steps: u64,
+    /// Tokens computed (prompt and generated) since loading.
     pub tokens_computed: u64,
     /// Tokens computed per second over about the last second of steps.
     pub computed_per_s: f64,
@@ -114,6 +130,7 @@ impl EngineBuilder {
         }
     }
 
+    /// The engine's configuration (the default without this call).
     pub fn config(mut self, config: EngineConfig) -> Self {
         self.config = config;
         self
@@ -274,6 +291,7 @@ impl EngineHandle {
         EngineBuilder::new(model).config(config).load()
     }
 
+    /// Where the engine thread is now.
     pub fn state(&self) -> EngineState {
         self.shared
             .state

@@ -11,7 +11,7 @@ params!(AddParams for ADD {
     _pad2: u32,
 });
 
-/// x[i] += y[i] over `len` f32 elements (the residual connection).
+/// `x[i] += y[i]` over `len` f32 elements (the residual connection).
 pub fn add(batch: &mut Batch, x: &wgpu::Buffer, y: &wgpu::Buffer, len: usize) -> Result<()> {
     check_len("add", "x", x, len)?;
     check_len("add", "y", y, len)?;

@@ -15,7 +15,7 @@ params!(EmbeddingParams for EMBEDDING {
     _pad2: u32,
 });
 
-/// out[t, :] = table[ids[t], :] for `num_tokens` ids (`ids`: [num_tokens] u32, `out`:
+/// `out[t, :] = table[ids[t], :]` for `num_tokens` ids (`ids`: `[num_tokens]` u32, `out`:
 /// [num_tokens, hidden] f32). Ids must have been checked against the vocabulary by the
 /// caller; an id outside the table leaves its output row untouched.
 pub fn embedding<'a>(

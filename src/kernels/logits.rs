@@ -39,7 +39,7 @@ pub fn argmax_partials_len(num_rows: usize, width: usize) -> usize {
     3 * num_rows * width.div_ceil(ARGMAX_SLICE)
 }
 
-/// out[r, :] = x[rows[r], :]; `x`: [num_src_rows, width], `rows`: [num_rows] u32.
+/// `out[r, :] = x[rows[r], :]`; `x`: `[num_src_rows, width]`, `rows`: `[num_rows]` u32.
 pub fn gather_rows<'a>(
     batch: &mut Batch,
     x: &wgpu::Buffer,
@@ -85,7 +85,7 @@ pub enum ArgmaxKernel {
     Split,
 }
 
-/// out[r] = argmax(logits[r, :]) (first index on ties) and out[num_rows + r] = the bits of
+/// `out[r] = argmax(logits[r, :])` (first index on ties) and `out[num_rows + r]` = the bits of
 /// that token's log-probability as f32 (read them with [`argmax_logprobs`]), by `kernel`;
 /// `out`: [2, num_rows] u32; `partials`: scratch of [`argmax_partials_len`] words, needed by
 /// [`ArgmaxKernel::Split`].

@@ -177,7 +177,7 @@ impl<'a> Matmul<'a> {
 }
 
 /// Records `call` with the kernel `plan` gives its row count: for each weight chunk the
-/// tiled pass or the column passes ([`column_passes`]).
+/// tiled pass or the column passes (`column_passes`).
 pub fn matmul(batch: &mut Batch, plan: &MatmulPlan, call: &Matmul<'_>) -> Result<()> {
     const K: &str = "matmul";
     let &Matmul {

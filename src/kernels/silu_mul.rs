@@ -12,7 +12,7 @@ params!(SiluMulParams for SILU_MUL {
     up_offset: u32,
 });
 
-/// out[i] = silu(gate[i]) * up[i] over `len` f32 elements.
+/// `out[i] = silu(gate[i]) * up[i]` over `len` f32 elements.
 pub fn silu_mul(
     batch: &mut Batch,
     gate: &wgpu::Buffer,
@@ -23,7 +23,7 @@ pub fn silu_mul(
     gated(batch, Activation::Silu, gate, up, out, len)
 }
 
-/// out[i] = act(gate[i]) * up[i] over `len` f32 elements.
+/// `out[i] = act(gate[i]) * up[i]` over `len` f32 elements.
 pub fn gated(
     batch: &mut Batch,
     act: Activation,

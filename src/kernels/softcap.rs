@@ -11,7 +11,7 @@ params!(SoftcapParams for SOFTCAP {
     _pad1: u32,
 });
 
-/// x[i] = cap * tanh(x[i] / cap) over `len` f32 elements, in place.
+/// `x[i] = cap * tanh(x[i] / cap)` over `len` f32 elements, in place.
 pub fn softcap(batch: &mut Batch, x: &wgpu::Buffer, len: usize, cap: f32) -> Result<()> {
     if !(cap.is_finite() && cap > 0.0) {
         return Err(GpuError::invalid(

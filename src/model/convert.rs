@@ -43,7 +43,7 @@ pub(crate) fn converted<'a>(
 }
 
 impl super::ModelFiles {
-    /// This model with its weights converted to `to` in host memory, as [`converted`] would
+    /// This model with its weights converted to `to` in host memory, as `converted` would
     /// convert them while uploading: for tests and tools that compare a format with its
     /// dequantized copy (`files.converted(Q4_K)?.converted(F32)?` holds in f32 exactly the
     /// values that the Q4_K weights decode to).

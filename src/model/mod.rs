@@ -1,7 +1,7 @@
 //! Decoder-only models from Hugging Face folders: `config.json` ([`config`]) read through the
 //! architecture registry ([`arch`]: Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3),
 //! safetensors weights or a GGUF file ([`checkpoint`], [`crate::gguf`]) validated against the tensor list the config implies
-//! ([`spec`]), a plain-Rust reference forward pass ([`reference`]) and the GPU model
+//! ([`spec`]), a plain-Rust reference forward pass ([`reference`](mod@reference)) and the GPU model
 //! ([`gpu`]), both following the architecture's recipe; the GPU forward pass ([`forward`])
 //! and one step of it over a flat batch ([`step`]).
 

@@ -19,8 +19,10 @@ pub mod quant;
 /// Precision of the KV pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum KvDtype {
+    /// Half precision (the default): what the model computes, at half the bytes of f32.
     #[default]
     F16,
+    /// Single precision: the reference the others are measured against.
     F32,
     /// Symmetric 8-bit codes, one f16 scale per group of (up to) 64 values of a row.
     Int8,
@@ -29,6 +31,7 @@ pub enum KvDtype {
 }
 
 impl KvDtype {
+    /// Every dtype.
     pub const ALL: [KvDtype; 4] = [KvDtype::F16, KvDtype::F32, KvDtype::Int8, KvDtype::Int4];
 
     /// Value of the kernels' `KV_DTYPE` override (`DTYPE_*` in common.wgsl).
@@ -51,6 +54,7 @@ impl KvDtype {
         }
     }
 
+    /// Whether values are stored as integer codes with scales.
     pub fn is_quantized(self) -> bool {
         matches!(self, KvDtype::Int8 | KvDtype::Int4)
     }
@@ -86,6 +90,7 @@ impl std::str::FromStr for KvDtype {
 /// Whether cached keys and values are rotated before they are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum KvRotation {
+    /// Stored as computed.
     #[default]
     None,
     /// Each head's keys, and the queries that meet them, are rotated by a fixed
@@ -108,6 +113,7 @@ impl KvRotation {
         }
     }
 
+    /// The name the command line takes.
     pub fn name(self) -> &'static str {
         match self {
             KvRotation::None => "none",
@@ -125,10 +131,15 @@ impl std::fmt::Display for KvRotation {
 /// Shape of the cache: what one block holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvLayout {
+    /// Layers (slabs) one block holds.
     pub num_layers: usize,
+    /// Key/value heads per layer.
     pub num_kv_heads: usize,
+    /// Values per head.
     pub head_dim: usize,
+    /// Tokens per block.
     pub block_size: usize,
+    /// How values are stored.
     pub dtype: KvDtype,
 }
 

@@ -6,7 +6,7 @@
 //! Shapes follow the kernels: activations row-major `[rows, cols]`, weights Hugging Face
 //! `[out, in]`.
 
-/// out[t] = table[ids[t]].
+/// `out[t] = table[ids[t]]`.
 pub fn embedding(table: &[f32], hidden: usize, ids: &[u32]) -> Vec<f32> {
     ids.iter()
         .flat_map(|&id| {

@@ -5,7 +5,7 @@
 //! both a client that trickles its headers (slowloris) and an idle keep-alive connection.
 //! Past the connection cap the loop stops accepting; further clients wait in the kernel's
 //! backlog instead of taking file descriptors. Each connection's writes pass through
-//! [`JsonRejections`], so hyper's own answers to unparsable requests carry JSON errors too.
+//! `JsonRejections`, so hyper's own answers to unparsable requests carry JSON errors too.
 
 use super::rejections::JsonRejections;
 use axum::Router;

@@ -309,7 +309,7 @@ impl StepCostFit {
     }
 
     /// The expected time of a step of `rows` rows: the mean of those seen (the latest
-    /// within [`STALE_STEPS`]; steps that compiled a pipeline are not recorded, so one
+    /// within `STALE_STEPS`; steps that compiled a pipeline are not recorded, so one
     /// step is enough), else the line's, else (the line needs row counts
     /// that varied lately) a straight line between the nearest row counts timed below and
     /// above.

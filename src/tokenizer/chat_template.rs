@@ -11,6 +11,7 @@ use minijinja::{Environment, Error, ErrorKind};
 use serde::Serialize;
 use std::path::Path;
 
+/// Why a chat template could not be had or used.
 #[derive(Debug, thiserror::Error)]
 pub enum ChatTemplateError {
     /// The message names files relative to the model folder (a server sends it to clients,
@@ -19,11 +20,17 @@ pub enum ChatTemplateError {
         "the model has no chat template: its folder has neither chat_template.jinja nor a \
          \"chat_template\" in tokenizer_config.json"
     )]
-    Missing { dir: String },
+    Missing {
+        /// The model's folder.
+        dir: String,
+    },
+    /// Its file could not be read.
     #[error("reading the chat template: {0}")]
     Io(String),
+    /// It is not a valid template.
     #[error("the chat template does not compile: {0}")]
     Syntax(String),
+    /// It raised an error for these messages (many templates refuse some role orders).
     #[error("the chat template refused the messages: {0}")]
     Render(String),
 }
@@ -32,7 +39,9 @@ pub enum ChatTemplateError {
 /// view when absent, so that `message.tool_calls is defined` means what it says.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct ChatMessage {
+    /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
+    /// The message's text.
     pub content: String,
     /// An assistant turn's calls, OpenAI-shaped (`{"id", "type", "function": {"name",
     /// "arguments"}}`), with `arguments` as a JSON object where it parses, as transformers'
@@ -42,11 +51,13 @@ pub struct ChatMessage {
     /// A `tool` turn: the call it answers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// A `tool` turn: the name of the function that answered.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
 }
 
 impl ChatMessage {
+    /// A message of `role` with `content`.
     pub fn new(role: &str, content: &str) -> Self {
         ChatMessage {
             role: role.into(),
@@ -77,6 +88,8 @@ pub const RESERVED_TEMPLATE_NAMES: &[&str] = &[
     "eos_token",
 ];
 
+/// A model's chat template (Jinja, as transformers renders it with minijinja): turns
+/// messages into the prompt the model was trained on.
 pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
@@ -129,6 +142,7 @@ impl ChatTemplate {
         Self::new(&source, &token("bos_token"), &token("eos_token"))
     }
 
+    /// The template of Jinja source `source`, with the model's BOS and EOS tokens' text.
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, ChatTemplateError> {
         let mut env = Environment::new();
         let syntax = minijinja::syntax::SyntaxConfig::builder()

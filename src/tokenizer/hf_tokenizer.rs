@@ -79,7 +79,7 @@ impl Tokenizer {
     }
 
     /// An upper bound on the bytes of text one token stands for, where the model gives one
-    /// (see [`bytes_per_token_bound`]): text longer than this times `n` has more than `n`
+    /// (see `bytes_per_token_bound`): text longer than this times `n` has more than `n`
     /// tokens, which a server can tell without tokenizing it.
     pub fn max_bytes_per_token(&self) -> Option<usize> {
         self.max_bytes_per_token

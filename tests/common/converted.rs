@@ -2,7 +2,7 @@
 //! (tools/make_gguf_fixtures.py), and the config each computes with in llama.cpp.
 
 #![allow(dead_code)]
-use pagellm::model::{Architecture, ModelConfig};
+use pagellm::internals::model::{Architecture, ModelConfig};
 
 /// Fixture folders converted to `tests/fixtures/gguf/{name}.gguf`.
 pub const CONVERTED: [&str; 8] = [

@@ -10,8 +10,8 @@
 //! on-disk weights whatever those are (`"compute_dtype": "float32"` in expected.json); they
 //! agree to ~1e-4 and get 1e-3 too. Greedy tokens must match exactly everywhere.
 
-use pagellm::kernels::WeightDtype;
-use pagellm::model::{spec, ModelFiles};
+use pagellm::internals::kernels::WeightDtype;
+use pagellm::internals::model::{spec, ModelFiles};
 use serde_json::Value;
 use std::path::PathBuf;
 

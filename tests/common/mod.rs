@@ -11,9 +11,9 @@ pub mod converted;
 pub mod outputs;
 pub mod quant_fixture;
 
-use pagellm::gpu::{AdapterRequest, Batch, GpuContext};
-use pagellm::kernels::reshape_and_cache::reshape_and_cache;
-use pagellm::pool::{KvLayout, KvPool, PoolSize};
+use pagellm::internals::gpu::{AdapterRequest, Batch, GpuContext};
+use pagellm::internals::kernels::reshape_and_cache::reshape_and_cache;
+use pagellm::internals::pool::{KvLayout, KvPool, PoolSize};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::OnceLock;
@@ -186,13 +186,13 @@ pub fn arc(ctx: &GpuContext) -> std::sync::Arc<GpuContext> {
 
 /// Values as a weight of `dtype` stores them (round to nearest even; block formats
 /// quantized and dequantized by the reference).
-pub fn rounded(v: &[f32], dtype: pagellm::kernels::WeightDtype) -> Vec<f32> {
-    use pagellm::gguf::quant;
-    use pagellm::kernels::WeightDtype;
+pub fn rounded(v: &[f32], dtype: pagellm::internals::kernels::WeightDtype) -> Vec<f32> {
+    use pagellm::internals::gguf::quant;
+    use pagellm::internals::kernels::WeightDtype;
     match dtype {
         WeightDtype::F32 => v.to_vec(),
-        WeightDtype::F16 => pagellm::reference::round_f16(v),
-        WeightDtype::BF16 => pagellm::reference::round_bf16(v),
+        WeightDtype::F16 => pagellm::internals::reference::round_f16(v),
+        WeightDtype::BF16 => pagellm::internals::reference::round_bf16(v),
         block => {
             let bytes = quant::quantize(block, v).unwrap();
             quant::dequantize(block, &bytes, v.len()).unwrap()
@@ -208,7 +208,7 @@ pub fn read_rows(
     layer: usize,
     slots: &[usize],
 ) -> (Vec<f32>, Vec<f32>) {
-    use pagellm::pool::quant::decode_half;
+    use pagellm::internals::pool::quant::decode_half;
     let l = pool.layout;
     let half = l.block_bytes() as usize;
     let (hd, bs) = (l.head_dim, l.block_size);
@@ -234,27 +234,27 @@ pub fn read_rows(
 }
 
 /// `ctx`'s default matmul plan for products of inner dimension `k`.
-pub fn mm_plan(ctx: &GpuContext, k: usize) -> pagellm::kernels::plan::MatmulPlan {
-    pagellm::kernels::plan::MatmulPlan::choose(ctx, &[k])
+pub fn mm_plan(ctx: &GpuContext, k: usize) -> pagellm::internals::kernels::plan::MatmulPlan {
+    pagellm::internals::kernels::plan::MatmulPlan::choose(ctx, &[k])
 }
 
 /// `ctx`'s matmul plan with every step run by `kernel` (kernels compared side by side).
 pub fn mm_only(
     ctx: &GpuContext,
-    kernel: pagellm::kernels::matmul::MatmulKernel,
-) -> pagellm::kernels::plan::MatmulPlan {
+    kernel: pagellm::internals::kernels::matmul::MatmulKernel,
+) -> pagellm::internals::kernels::plan::MatmulPlan {
     mm_plan(ctx, 8).only(kernel)
 }
 
 /// `ctx`'s default kernel plan for a model whose every width is `width`.
-pub fn plan_for(ctx: &GpuContext, width: usize) -> pagellm::kernels::KernelPlan {
-    let dims = pagellm::kernels::ModelDims {
+pub fn plan_for(ctx: &GpuContext, width: usize) -> pagellm::internals::kernels::KernelPlan {
+    let dims = pagellm::internals::kernels::ModelDims {
         hidden: width,
         head_dim: width,
         q_width: width,
         intermediate: width,
     };
-    pagellm::kernels::KernelPlan::choose(ctx, &dims)
+    pagellm::internals::kernels::KernelPlan::choose(ctx, &dims)
 }
 
 /// The logits and arg-max of one [`step`]'s rows.
@@ -269,32 +269,33 @@ pub struct Step {
 #[allow(clippy::too_many_arguments)]
 pub fn step(
     ctx: &pagellm::GpuContext,
-    model: &pagellm::model::gpu::GpuModel,
+    model: &pagellm::internals::model::gpu::GpuModel,
     pool: &KvPool,
-    ws: &pagellm::model::forward::Workspace,
+    ws: &pagellm::internals::model::forward::Workspace,
     tokens: &[u32],
     context_len: usize,
     table: &[u32],
     rows: &[u32],
 ) -> Step {
-    let slice = pagellm::model::step::SeqSlice {
+    let slice = pagellm::internals::model::step::SeqSlice {
         query_len: tokens.len(),
         context_len,
         block_table: table,
     };
     let meta =
-        pagellm::model::step::AttentionMetadata::build(&[slice], pool.layout.block_size).unwrap();
+        pagellm::internals::model::step::AttentionMetadata::build(&[slice], pool.layout.block_size)
+            .unwrap();
     // Token ids and rows ride in the metadata buffer, as in the engine.
     let bufs = meta.upload_with(ctx, &[tokens, rows]).unwrap();
     let mut b = Batch::new(ctx, "step");
-    let input = pagellm::model::forward::StepInput {
+    let input = pagellm::internals::model::forward::StepInput {
         tokens: bufs.extra(0).unwrap(),
         meta: &bufs,
         rows: bufs.extra(1).unwrap(),
         num_rows: rows.len(),
         argmax: true,
     };
-    pagellm::model::forward::forward(&mut b, model, pool, ws, &input).unwrap();
+    pagellm::internals::model::forward::forward(&mut b, model, pool, ws, &input).unwrap();
     b.submit().unwrap();
     let v = model.config.vocab_size;
     let logits: Vec<f32> = ctx.read(&ws.logits).unwrap();

@@ -2,8 +2,8 @@
 //! engine tests that demand identical outputs under pressure, batching or speculation).
 
 use super::arc;
-use pagellm::engine::{Engine, EngineConfig, Prompt, RequestOutput};
-use pagellm::sampling::SamplingParams;
+use pagellm::internals::engine::{Engine, EngineConfig, Prompt, RequestOutput};
+use pagellm::internals::sampling::SamplingParams;
 use std::path::Path;
 
 pub fn engine(ctx: &pagellm::GpuContext, dir: &Path, cfg: EngineConfig) -> Engine {

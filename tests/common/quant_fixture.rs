@@ -1,7 +1,7 @@
 //! The block-format fixtures in tests/fixtures/quant (tools/make_quant_fixtures.py documents
 //! their format): blocks and the `gguf` package's dequantization of them.
 
-use pagellm::gguf::quant::GgmlType;
+use pagellm::internals::gguf::quant::GgmlType;
 use std::path::PathBuf;
 
 /// One fixture file: the type, the package's quantize input (if any), the quantized bytes and

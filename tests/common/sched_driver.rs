@@ -8,12 +8,12 @@
 
 #![allow(dead_code)]
 
-use pagellm::cache::{BlockManager, CacheConfig, KvGroups, SeqId};
-use pagellm::engine::scheduler::{
+use pagellm::internals::cache::{BlockManager, CacheConfig, KvGroups, SeqId};
+use pagellm::internals::engine::scheduler::{
     BeamChild, Fork, NextToken, Queue, SampleOutcome, Sampled, Scheduler, SchedulerOutput,
 };
-use pagellm::engine::sequence::{GroupShape, Sequence, SequenceGroup};
-use pagellm::engine::{EngineConfig, FinishReason, RequestId};
+use pagellm::internals::engine::sequence::{GroupShape, Sequence, SequenceGroup};
+use pagellm::internals::engine::{EngineConfig, FinishReason, RequestId};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// A request: its prompt, how it multiplies, its output length, and the seed its tokens

@@ -1,7 +1,7 @@
 //! `pagellm devices`: every adapter with the facts that matter for choosing one.
 
 use anyhow::Result;
-use pagellm::gpu::{enumerate_adapters, select::AdapterRequest, AdapterReport};
+use pagellm::{enumerate_adapters, AdapterReport, AdapterRequest};
 
 pub fn run() -> Result<()> {
     let req = AdapterRequest::from_env()?;
@@ -26,7 +26,7 @@ pub fn run() -> Result<()> {
     Ok(())
 }
 
-fn print_adapter(i: usize, a: &AdapterReport, chosen: Option<&pagellm::gpu::AdapterInfo>) {
+fn print_adapter(i: usize, a: &AdapterReport, chosen: Option<&pagellm::wgpu::AdapterInfo>) {
     let mib = |b: u64| format!("{} MiB", b / (1024 * 1024));
     let is_chosen = chosen.is_some_and(|c| c.name == a.info.name && c.backend == a.info.backend);
     println!(

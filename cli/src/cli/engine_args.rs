@@ -2,9 +2,9 @@
 //! limits, preemption mode, KV precision, prefix caching, the weights' format.
 
 use clap::{Args, ValueEnum};
-use pagellm::engine::{EngineConfig, PreemptionMode, SpeculativeConfig};
-use pagellm::kernels::WeightDtype;
-use pagellm::pool::{KvDtype, KvRotation};
+use pagellm::WeightDtype;
+use pagellm::{EngineConfig, PreemptionMode, SpeculativeConfig};
+use pagellm::{KvDtype, KvRotation};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum PreemptionArg {

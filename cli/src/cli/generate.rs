@@ -6,10 +6,8 @@
 use super::engine_args::EngineArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use pagellm::constrain::StructuredOutput;
-use pagellm::engine::{EngineStats, Request, RequestEvent, RequestOutput};
-use pagellm::handle::{EngineBuilder, EngineHandle, Notice, RequestStream};
-use pagellm::sampling::SamplingParams;
+use pagellm::{EngineBuilder, EngineHandle, Notice, RequestStream};
+use pagellm::{EngineStats, Event, Output, Request, SamplingParams, StructuredOutput};
 use serde::Deserialize;
 use serde_json::json;
 use std::io::Write;
@@ -397,7 +395,7 @@ fn load(args: &GenerateArgs, dir: &std::path::Path) -> Result<EngineHandle> {
     Ok(engine)
 }
 
-type Outcome = Option<std::result::Result<RequestOutput, String>>;
+type Outcome = Option<std::result::Result<Output, String>>;
 
 /// Reads every request's events until it ends, printing the one request's text as it
 /// streams when `stream`; returns each request's output or failure.
@@ -409,13 +407,13 @@ fn collect(streams: Vec<Option<RequestStream>>, stream: bool) -> Vec<Outcome> {
             let mut outcome = None;
             for ev in s? {
                 match ev {
-                    RequestEvent::Token { text, .. } if stream => {
+                    Event::Token { text, .. } if stream => {
                         print!("{text}");
                         stdout.lock().flush().ok();
                     }
-                    RequestEvent::Token { .. } => {}
-                    RequestEvent::Finished(out) => outcome = Some(Ok(out)),
-                    RequestEvent::Failed(msg) => outcome = Some(Err(msg)),
+                    Event::Token { .. } => {}
+                    Event::Finished(out) => outcome = Some(Ok(out)),
+                    Event::Failed(msg) => outcome = Some(Err(msg)),
                 }
             }
             outcome
@@ -423,7 +421,7 @@ fn collect(streams: Vec<Option<RequestStream>>, stream: bool) -> Vec<Outcome> {
         .collect()
 }
 
-fn to_json(out: &RequestOutput) -> serde_json::Value {
+fn to_json(out: &Output) -> serde_json::Value {
     json!({
         "prompt_token_ids": out.prompt_token_ids,
         "outputs": out.outputs.iter().map(|o| {
@@ -444,7 +442,7 @@ fn to_json(out: &RequestOutput) -> serde_json::Value {
     })
 }
 
-fn print_text(i: usize, prompt: &str, out: &RequestOutput, many: bool) {
+fn print_text(i: usize, prompt: &str, out: &Output, many: bool) {
     if many {
         println!("=== request {} ===", i + 1);
     }

@@ -1,12 +1,12 @@
-//! `pagellm perplexity`: teacher-forced scoring of a text file (see [`pagellm::eval`]).
+//! `pagellm perplexity`: teacher-forced scoring of a text file (see [`pagellm::internals::eval`]).
 
 use super::engine_args::{KvDtypeArg, KvRotationArg};
 use super::generate::default_model_dir;
 use anyhow::{Context, Result};
 use clap::Args;
-use pagellm::engine::EngineConfig;
-use pagellm::eval::{score, Report, Scorer};
-use pagellm::pool::KvRotation;
+use pagellm::internals::eval::{score, Report, Scorer};
+use pagellm::EngineConfig;
+use pagellm::KvRotation;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -34,7 +34,7 @@ pub struct PerplexityArgs {
     /// Convert the weights as they load (see `generate --help`): compare a quantization's
     /// KL divergence with a baseline saved without it.
     #[arg(long, value_name = "FORMAT")]
-    weight_dtype: Option<pagellm::kernels::WeightDtype>,
+    weight_dtype: Option<pagellm::WeightDtype>,
     /// Save every scored token's log-probabilities (f32, whole vocabulary) as a baseline.
     #[arg(long, value_name = "PATH", conflicts_with = "kl_divergence")]
     save_logits: Option<PathBuf>,

@@ -128,26 +128,34 @@ impl<D, R> Default for SchedulerOutput<D, R> {
 /// Counters for `--stats`.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SchedulerStats {
+    /// Steps scheduled.
     pub steps: u64,
+    /// Groups preempted, in all.
     pub preemptions: u64,
+    /// Of which swapped to host memory.
     pub preempted_by_swap: u64,
+    /// Of which freed, to be recomputed.
     pub preempted_by_recompute: u64,
     /// Automatic choices that rested on measured costs (the rest followed a hard
     /// constraint or the static rule).
     pub chosen_by_cost: u64,
     /// The estimate behind the latest cost-based choice.
     pub last_estimate: Option<CostEstimate>,
+    /// Tokens computed again after a preemption by recomputation.
     pub recomputed_tokens: u64,
     /// Prefill chunks that stopped short of the sequence's end (chunked prefill at work).
     pub partial_prefills: u64,
-    /// Speculative decoding: steps of a sequence that verified proposals, the tokens
-    /// proposed and scheduled, and those accepted (counted at commit).
+    /// Speculative decoding: steps of a sequence that verified proposals.
     pub spec_drafts: u64,
+    /// The tokens proposed and scheduled.
     pub spec_proposed: u64,
+    /// Those accepted (counted at commit).
     pub spec_accepted: u64,
     /// Requests failed because they could never run.
     pub failed_requests: u64,
+    /// Most sequences running at once.
     pub peak_running_seqs: usize,
+    /// Most device blocks in use at once.
     pub peak_blocks_used: usize,
 }
 
