@@ -303,7 +303,7 @@ fn int4_layouts(ctx: &Arc<GpuContext>) {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/heldout/fortunes.txt"),
     )
     .expect("held-out text");
-    let mut tokens = s.tokenizer.encode(&text).expect("tokens");
+    let mut tokens = s.tokenizer().encode(&text).expect("tokens");
     tokens.truncate(256);
     s.score_window(&tokens, |_, _| {}).expect("window");
     let pool = s.pool();

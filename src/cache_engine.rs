@@ -14,7 +14,7 @@
 
 use crate::cache::BlockOps;
 use crate::error::{GpuError, Result};
-use crate::gpu::{Batch, GpuContext, PendingRead};
+use crate::gpu::{Batch, GpuContext, InFlightRead, PendingRead};
 use crate::kernels::copy_blocks::copy_blocks;
 use crate::pool::{KvLayout, KvPool};
 
@@ -53,6 +53,37 @@ impl HostPool {
 pub struct PendingSwapOut {
     staging: Option<wgpu::Buffer>,
     host_blocks: Vec<u32>,
+}
+
+impl PendingSwapOut {
+    /// Asks for the swapped-out bytes once the batch has been submitted, without waiting
+    /// (see [`PendingRead::begin`]); [`CacheEngine::land`] puts them in the host pool.
+    pub fn begin(self) -> InFlightSwapOut {
+        InFlightSwapOut {
+            read: self.staging.map(|s| PendingRead::of_staging(s).begin()),
+            host_blocks: self.host_blocks,
+        }
+    }
+}
+
+/// Swap-outs whose bytes are on their way to host memory.
+#[must_use = "land the swap-outs in the host pool (CacheEngine::land)"]
+#[derive(Debug)]
+pub struct InFlightSwapOut {
+    read: Option<InFlightRead>,
+    host_blocks: Vec<u32>,
+}
+
+impl InFlightSwapOut {
+    /// Whether the bytes have arrived (or there are none).
+    pub fn is_ready(&self) -> bool {
+        self.read.as_ref().is_none_or(InFlightRead::is_ready)
+    }
+
+    /// The read the bytes arrive by, if any.
+    pub fn read(&self) -> Option<&InFlightRead> {
+        self.read.as_ref()
+    }
 }
 
 #[derive(Debug)]
@@ -158,12 +189,21 @@ impl CacheEngine {
 
     /// Waits for the submitted batch and moves swapped-out blocks into the host pool.
     pub fn finish(&mut self, ctx: &GpuContext, pending: PendingSwapOut) -> Result<()> {
-        let Some(staging) = pending.staging else {
+        let swap = pending.begin();
+        if let Some(read) = swap.read() {
+            ctx.wait_for(read)?;
+        }
+        self.land(swap)
+    }
+
+    /// Moves swapped-out blocks that have arrived into the host pool.
+    pub fn land(&mut self, swap: InFlightSwapOut) -> Result<()> {
+        let Some(read) = swap.read else {
             return Ok(());
         };
-        let bytes = ctx.complete_read(PendingRead::of_staging(staging))?;
+        let bytes = read.take()?;
         let per_block = self.device.layout.block_bytes_all_layers() as usize;
-        for (i, &host) in pending.host_blocks.iter().enumerate() {
+        for (i, &host) in swap.host_blocks.iter().enumerate() {
             if let Some(dst) = self.host.block_mut(host as usize) {
                 dst.copy_from_slice(&bytes[i * per_block..(i + 1) * per_block]);
             }

@@ -11,14 +11,14 @@
 //! later run over the same tokens: mean and 99th-percentile KL(base || this), and how often
 //! both put the same token first.
 
-use crate::engine::{kv_layout, kv_pool, open_model};
-use crate::engine::{EngineConfig, EngineError};
-use crate::gpu::{Batch, GpuContext, Readback};
-use crate::kernels::paged_attention::AttentionBuffers;
-use crate::model::forward::Workspace;
-use crate::model::gpu::GpuModel;
-use crate::model::step::{record_step, FlatBatch, SeqSlice};
+use crate::cache::BlockOps;
+use crate::config::EngineConfig;
+use crate::engine::EngineError;
+use crate::gpu::GpuContext;
+use crate::model::step::{FlatBatch, SeqSlice};
 use crate::pool::KvPool;
+use crate::runner::plan::PoolPlan;
+use crate::runner::{open_model, ModelRunner, StepPlan};
 use crate::tokenizer::Tokenizer;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::Path;
@@ -51,25 +51,11 @@ impl EvalError {
 
 /// Scores windows of tokens with one model and one KV cache setting.
 pub struct Scorer {
-    pub ctx: Arc<GpuContext>,
-    pub model: GpuModel,
-    pub tokenizer: Tokenizer,
-    pool: KvPool,
-    ws: Workspace,
+    /// The model with its pool (one window) and workspace.
+    runner: ModelRunner,
+    tokenizer: Tokenizer,
     context: usize,
     chunk: usize,
-    /// Kept across chunks (see `engine/step_batch.rs`): the metadata and the logits'
-    /// read-back.
-    meta: Option<AttentionBuffers>,
-    readback: Readback,
-}
-
-impl Drop for Scorer {
-    /// As [`crate::engine::Engine`]'s: the context's cached bind groups would keep the
-    /// scorer's weights and pool alive until they age out.
-    fn drop(&mut self) {
-        self.ctx.release_bind_groups();
-    }
 }
 
 impl Scorer {
@@ -98,22 +84,20 @@ impl Scorer {
             ));
         }
         let chunk = chunk.min(context);
-        let layout = kv_layout(&c, config)?;
-        let model = GpuModel::upload_as(&ctx, &files, context, config.weight_dtype, progress)?;
-        let blocks = context.div_ceil(config.block_size);
-        let pool = kv_pool(&ctx, layout, blocks, config)?;
-        let ws = Workspace::new(&ctx, &c, chunk, chunk)?;
+        let plan = PoolPlan::for_window(&c, config, context)?;
+        let spec = plan.runner_spec(config, context, chunk, chunk);
+        let runner = ModelRunner::load(ctx, &files, &spec, progress)?;
         Ok(Scorer {
-            ctx,
-            model,
+            runner,
             tokenizer,
-            pool,
-            ws,
             context,
             chunk,
-            meta: None,
-            readback: Readback::default(),
         })
+    }
+
+    /// The model's tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
     }
 
     pub fn context(&self) -> usize {
@@ -123,11 +107,11 @@ impl Scorer {
     /// The KV pool: after [`Self::score_window`] it holds the window's keys and values in
     /// blocks `ceil(len / block_size) - 1` down to 0 (the window's first block is the last).
     pub fn pool(&self) -> &KvPool {
-        &self.pool
+        self.runner.pool()
     }
 
     pub fn vocab_size(&self) -> usize {
-        self.model.config.vocab_size
+        self.runner.config().vocab_size
     }
 
     /// Runs one window (at most `context` tokens) and calls `f(position, logprobs)` for
@@ -147,10 +131,11 @@ impl Scorer {
                 "token id {bad} is outside the vocabulary of {vocab}"
             )));
         }
-        let bs = self.pool.layout.block_size;
+        let bs = self.pool().layout.block_size;
         // Blocks in reverse order, so that the window is read through a real block table.
         let table: Vec<u32> = (0..tokens.len().div_ceil(bs) as u32).rev().collect();
         let mut logprobs = vec![0f32; vocab];
+        let ctx = self.runner.context().clone();
         for start in (0..tokens.len()).step_by(self.chunk) {
             let end = (start + self.chunk).min(tokens.len());
             let slice = SeqSlice {
@@ -159,36 +144,26 @@ impl Scorer {
                 block_table: &table,
             };
             let rows: Vec<u32> = (0..(end - start) as u32).collect();
-            if let Some(p) = self.ctx.profiler() {
+            if let Some(p) = ctx.profiler() {
                 p.begin_step("score");
             }
-            let mut b = Batch::new(&self.ctx, "score");
-            let step = FlatBatch {
-                seqs: &[slice],
-                tokens: &tokens[start..end],
-                rows: &rows,
-                argmax: false,
-                group_tables: &[],
-            };
-            record_step(
-                &mut b,
-                &self.model,
-                &self.pool,
-                &self.ws,
-                &mut self.meta,
-                &step,
-            )?;
-            let bytes = (rows.len() * vocab * 4) as u64;
-            let pending = self
-                .readback
-                .read_later(&mut b, &self.ws.logits, 0, bytes)?;
-            b.submit()?;
-            let bytes = self.ctx.complete_read(pending)?;
-            if let Some(p) = self.ctx.profiler() {
+            let read = self.runner.run(&StepPlan {
+                ops: &BlockOps::default(),
+                forward: Some(FlatBatch {
+                    seqs: &[slice],
+                    tokens: &tokens[start..end],
+                    rows: &rows,
+                    argmax: false,
+                    group_tables: &[],
+                }),
+                read_argmax: false,
+                read_logits: true,
+                label: "score",
+            })?;
+            if let Some(p) = ctx.profiler() {
                 p.end_step();
             }
-            let logits: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
-            for (i, row) in logits.chunks(vocab).enumerate() {
+            for (i, row) in read.logits.chunks(vocab).enumerate() {
                 let pos = start + i;
                 if pos + 1 >= tokens.len() {
                     break;

@@ -21,6 +21,9 @@
 //! - [`constrain`]: constrained decoding (JSON schemas, regexes, choices, grammars) as
 //!   per-sequence token masks, with llguidance;
 //! - [`spec`]: speculative decoding's proposers and step-cost model, plain Rust;
+//! - [`runner`]: a model with its KV pools and workspace, executing step plans (the
+//!   engine, the draft model and the scorer each have one), and the pools' sizing;
+//! - [`config`]: the engine's options (plain data);
 //! - [`engine`]: requests, the scheduler and the step loop; [`eval`]: teacher-forced
 //!   scoring (perplexity, KL divergence against a baseline).
 
@@ -28,6 +31,8 @@
 pub mod cache;
 #[path = "cache_engine.rs"]
 pub mod cache_engine;
+#[path = "config.rs"]
+pub mod config;
 #[path = "constrain/mod.rs"]
 pub mod constrain;
 #[path = "disk_tier/mod.rs"]
@@ -52,6 +57,8 @@ pub mod nn;
 pub mod pool;
 #[path = "reference/mod.rs"]
 pub mod reference;
+#[path = "runner/mod.rs"]
+pub mod runner;
 #[path = "sampling/mod.rs"]
 pub mod sampling;
 #[path = "spec/mod.rs"]

@@ -29,7 +29,7 @@ fn heldout_tokens(scorer: &Scorer, n: usize) -> Vec<u32> {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/heldout/fortunes.txt"),
     )
     .unwrap();
-    let mut t = scorer.tokenizer.encode(&text).unwrap();
+    let mut t = scorer.tokenizer().encode(&text).unwrap();
     t.truncate(n);
     t
 }

@@ -10,8 +10,9 @@ use super::output::{CompletionOutput, FinishReason, RequestEvent, RequestId, Tok
 use super::request::{completion, Group, RequestSide, SeqOutput};
 use super::scheduler::{BeamChild, Fork, NextToken, SampleOutcome, Sampled, SchedulerOutput};
 use super::sequence::Sequence;
-use super::step_batch::{needs_logits, ReadBack};
+use super::step_batch::needs_logits;
 use crate::constrain::Constraint;
+use crate::runner::StepOutput as ReadBack;
 use crate::sampling::SamplingParams;
 use crate::sampling::{log_softmax, Sampler, SamplingError};
 use crate::tokenizer::Tokenizer;

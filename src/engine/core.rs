@@ -1,33 +1,35 @@
 //! The engine: requests in, token streams out. Each [`Engine::step`] drops requests whose
-//! caller has gone, schedules, records the block operations and the forward pass into one
-//! command buffer, submits it once and reads back what sampling needs (`step_batch.rs`: the
-//! arg-max and its logprob of every row, plus logits where a request samples or reports
-//! logprobs), samples (`advance.rs`), streams the new tokens, and feeds its timings to the
-//! scheduler's cost model.
+//! caller has gone; lets speculating sequences propose tokens (n-gram lookup, or the draft
+//! model, `draft.rs`); reads the prompt blocks of the requests next in line from the disk
+//! tier of the prefix cache (`tiers.rs`); schedules; records the block operations and the
+//! forward pass into one command buffer, submits it once and reads back what sampling needs
+//! (`step_batch.rs`: the arg-max and its logprob of every row, plus logits where a request
+//! samples or reports logprobs); samples and verifies proposals (`advance.rs`); streams the
+//! new tokens; writes newly named blocks to the disk tier; and feeds its timings to the
+//! scheduler's cost model and the adaptive number of proposals. Requests are checked and
+//! prepared before they arrive (`intake.rs`).
 //!
 //! Failures stay where they belong: a request that can never run, or whose sampling fails,
 //! fails alone; an error no single request caused (the GPU, a bookkeeping fault) fails every
 //! pending request with the reason and leaves the engine empty and usable, so no caller ever
 //! waits forever and no step loops.
 
-use super::config::EngineConfig;
-use super::draft::{DraftRequest, DraftSampling};
 use super::intake::{Intake, Prepared, Request};
 use super::output::{FinishReason, RequestEvent, RequestId};
 use super::request::{completion, Prompt, RequestHandle, RequestSide, SeqOutput, SpecState};
 use super::scheduler::{PreemptionCosts, Scheduler, SchedulerStats};
 use super::sequence::{Sequence, SequenceGroup};
 use crate::cache::{BlockManager, BlockOps, CacheConfig, CacheError, CacheStats};
-use crate::cache::{DeviceBlockId, HostBlockId, KvGroups, LayerGroups, SeqId};
-use crate::cache_engine::CacheEngine;
+use crate::cache::{DeviceBlockId, HostBlockId};
+use crate::config::EngineConfig;
 use crate::constrain::ConstraintError;
 use crate::disk_tier::{DiskStats, DiskTier};
 use crate::error::GpuError;
 use crate::gpu::GpuContext;
-use crate::model::forward::Workspace;
-use crate::model::gpu::GpuModel;
-use crate::model::{ModelError, ModelFiles};
-use crate::pool::{KvLayout, KvPool, KvRotation, PoolSize};
+use crate::model::ModelError;
+use crate::pool::{KvLayout, KvPool, KvRotation};
+use crate::runner::plan::PoolPlan;
+use crate::runner::{open_model, ModelRunner, RunnerError};
 use crate::sampling::SamplingError;
 use crate::spec::{AcceptanceRate, AdaptiveK, NgramIndex, StepCostFit};
 use crate::tokenizer::{Tokenizer, TokenizerError};
@@ -83,6 +85,17 @@ pub enum EngineError {
     /// lost, the engine thread stopped).
     #[error("the engine is unavailable: {0}")]
     Unavailable(String),
+}
+
+impl From<RunnerError> for EngineError {
+    fn from(e: RunnerError) -> Self {
+        match e {
+            RunnerError::Model(e) => EngineError::Model(e),
+            RunnerError::Gpu(e) => EngineError::Gpu(e),
+            RunnerError::Tokenizer(e) => EngineError::Tokenizer(e),
+            RunnerError::Config(why) => EngineError::Config(why),
+        }
+    }
 }
 
 /// The engine's results.
@@ -162,27 +175,27 @@ impl EngineStats {
 /// [`crate::EngineHandle`]; tests and benchmarks step it by hand.
 pub struct Engine {
     pub(super) ctx: Arc<GpuContext>,
-    pub(super) model: GpuModel,
     pub(super) tokenizer: Arc<Tokenizer>,
     pub(super) config: EngineConfig,
     /// Checks, tokenizes and compiles requests (shared with the engine's handle).
     intake: Arc<Intake>,
-    pub(super) cache: CacheEngine,
-    pub(super) ws: Workspace,
+    /// The model with its KV pools and workspace: runs what the scheduler plans.
+    pub(super) runner: ModelRunner,
     /// Owns the requests' sequence groups, in its waiting, running and swapped queues.
     pub(super) scheduler: Scheduler<SeqOutput, RequestSide>,
     next_request: RequestId,
     /// Consecutive steps that computed nothing while requests were pending.
-    idle_steps: u32,
-    abandoned: u64,
+    pub(super) idle_steps: u32,
+    pub(super) abandoned: u64,
     /// Fixed cost of a submit of its own, measured with the swap path (`calibrate_swap`).
-    swap_latency_s: f64,
+    pub(super) swap_latency_s: f64,
     pub(super) host: HostTime,
-    /// What every step rewrites in place instead of allocating: its metadata and the
-    /// read-back buffers.
-    pub(super) step_buffers: StepBuffers,
+    /// Whether a step is submitted and not yet finished ([`Engine::begin_step`]); aborts
+    /// asked for meanwhile wait in `deferred_aborts` until it is.
+    pub(super) in_flight: bool,
+    pub(super) deferred_aborts: Vec<RequestId>,
     /// Decode step time against rows, for the cost of a proposed token's row.
-    step_costs: StepCostFit,
+    pub(super) step_costs: StepCostFit,
     /// The acceptance rate of recent requests' proposals: where a new request's starts.
     pub(super) spec_rate: AcceptanceRate,
     /// The disk tier of the prefix cache (`tiers.rs`), with a block's worth of bytes to
@@ -193,22 +206,6 @@ pub struct Engine {
     pub(super) disk_chains: std::collections::HashMap<RequestId, super::tiers::DiskChain>,
     /// The draft model proposing for speculative decoding, if one is configured.
     pub(super) draft: Option<super::draft::DraftModel>,
-}
-
-/// Buffers kept across steps (see `step_batch.rs`).
-#[derive(Debug, Default)]
-pub(super) struct StepBuffers {
-    pub meta: Option<crate::kernels::paged_attention::AttentionBuffers>,
-    pub argmax: crate::gpu::Readback,
-    pub logits: crate::gpu::Readback,
-}
-
-impl Drop for Engine {
-    /// The context's cached bind groups hold the engine's buffers (the KV pool, weights,
-    /// workspace); dropping them frees those at once rather than a few submits later.
-    fn drop(&mut self) {
-        self.ctx.release_bind_groups();
-    }
 }
 
 /// The host's share of the engine's forward steps: from the start of a step's recording
@@ -262,20 +259,6 @@ fn mean(total: std::time::Duration, n: u64) -> std::time::Duration {
     total.checked_div(n.max(1) as u32).unwrap_or_default()
 }
 
-/// A model's checkpoint and tokenizer (from the model's folder), checked against each other.
-pub(crate) fn open_model(model_dir: &Path) -> Result<(ModelFiles, Tokenizer)> {
-    let files = ModelFiles::open(model_dir)?;
-    let tokenizer = crate::model::open_tokenizer(model_dir)?;
-    if tokenizer.vocab_size() > files.config.vocab_size {
-        return Err(ModelError::VocabMismatch {
-            tokenizer: tokenizer.vocab_size(),
-            model: files.config.vocab_size,
-        }
-        .into());
-    }
-    Ok((files, tokenizer))
-}
-
 /// Speculation settings that cannot work, refused before any weights are uploaded: a
 /// draft model without `speculative`, impossible n-gram sizes.
 fn check_speculation(config: &EngineConfig) -> Result<()> {
@@ -317,139 +300,77 @@ fn context_length(c: &crate::model::ModelConfig, config: &EngineConfig) -> Resul
     })
 }
 
-/// The KV pool layout `config` asks of model `c`, validated.
-/// A KV pool of `blocks` blocks of `layout`, storing rows rotated as `config` asks (by
-/// default: as its KV dtype wants).
-pub(crate) fn kv_pool(
-    ctx: &GpuContext,
-    layout: KvLayout,
-    blocks: usize,
-    config: &EngineConfig,
-) -> Result<KvPool> {
-    let rotation = config
-        .kv_rotation
-        .unwrap_or(KvRotation::default_for(config.kv_dtype));
-    Ok(KvPool::new(ctx, layout, PoolSize::Blocks(blocks))?.with_rotation(rotation))
+/// The prefix cache's lower tiers `config` asks for.
+struct Tiers {
+    /// The disk tier, if any.
+    disk: Option<DiskTier>,
+    /// Host blocks the host tier may hold.
+    host_blocks: usize,
 }
 
-pub(crate) fn kv_layout(c: &crate::model::ModelConfig, config: &EngineConfig) -> Result<KvLayout> {
-    let layout = KvLayout {
-        num_layers: c.num_layers,
-        num_kv_heads: c.num_kv_heads,
-        head_dim: c.head_dim,
-        block_size: config.block_size,
-        dtype: config.kv_dtype,
-    };
-    layout
-        .validate()
-        .map_err(|e| EngineError::Config(e.to_string()))?;
-    Ok(layout)
-}
-
-/// The KV pools' shape and sizes for a model and configuration, checked to hold one
-/// sequence at its peak.
-struct PoolPlan {
-    layer_groups: LayerGroups,
-    kv_groups: KvGroups,
-    /// One block: `layer_groups.slabs` layers.
-    layout: KvLayout,
-    gpu_blocks: usize,
-    cpu_blocks: usize,
-    /// Blocks one sequence holds at most.
-    needed: usize,
-}
-
-impl PoolPlan {
-    fn new(
-        c: &crate::model::ModelConfig,
-        config: &EngineConfig,
-        max_model_len: usize,
-    ) -> Result<Self> {
-        let (layer_groups, kv_groups) = kv_groups(c, config, max_model_len);
-        let layout = KvLayout {
-            num_layers: layer_groups.slabs,
-            ..kv_layout(c, config)?
-        };
-        let blocks_in = |bytes: u64| (bytes / layout.block_bytes_all_layers()) as usize;
-        let gpu_blocks = config
-            .num_gpu_blocks
-            .unwrap_or(blocks_in(config.kv_cache_bytes));
-        // What one sequence holds at most: every block of its context, except in windowed
-        // groups, which hold their window and a step's chunk.
-        let needed = kv_groups.blocks_between(0, max_model_len, config.block_size);
-        if gpu_blocks < needed {
-            return Err(EngineError::Config(format!(
-                "a KV pool of {gpu_blocks} blocks cannot hold one sequence of {max_model_len} tokens \
-                 ({needed} blocks of {} tokens over {} KV cache group(s)); give more blocks \
-                 (--num-gpu-blocks) or a smaller --max-model-len",
-                config.block_size,
-                kv_groups.len()
-            )));
-        }
-        let cpu_blocks = config
-            .num_cpu_blocks
-            .unwrap_or(blocks_in(config.swap_space_bytes));
-        Ok(PoolPlan {
-            layer_groups,
-            kv_groups,
-            layout,
-            gpu_blocks,
-            cpu_blocks,
-            needed,
-        })
-    }
-}
-
-/// How the model's layers share KV blocks: with `free_out_of_window_blocks`, a model whose
-/// layers all slide by one window gives back blocks that left it (one group with that
-/// window), and a model that mixes windowed and global layers keeps a block table per group
-/// of layers ([`LayerGroups::plan`]); otherwise one group keeps every block.
-fn kv_groups(
-    c: &crate::model::ModelConfig,
-    config: &EngineConfig,
-    max_model_len: usize,
-) -> (LayerGroups, KvGroups) {
-    let chunk = config.max_num_batched_tokens;
-    let single = LayerGroups::single(c.num_layers);
-    if !config.free_out_of_window_blocks {
-        return (single, KvGroups::default());
-    }
-    if let Some(w) = c.recipe.common_window() {
-        return (single, KvGroups::new(vec![Some(w)], chunk));
-    }
-    let windows: Vec<Option<usize>> = c.recipe.layers.iter().map(|l| l.window).collect();
-    let plan = LayerGroups::plan(&windows, max_model_len);
-    let groups = KvGroups::new(plan.windows.clone(), chunk);
-    (plan, groups)
-}
-
-/// The prefix cache's lower tiers `config` asks for: the disk tier, if any, and the host
-/// tier's blocks (by default none without a disk tier, half the host pool with one).
+/// The tiers `config` asks for: the disk tier, if any, and the host tier's blocks (by
+/// default none without a disk tier, half the host pool with one).
 fn tiers(
     model_dir: &Path,
     c: &crate::model::ModelConfig,
     max_model_len: usize,
     config: &EngineConfig,
     pool: &KvPool,
-    cpu_blocks: usize,
-) -> Result<(Option<DiskTier>, usize)> {
+    plan: &PoolPlan,
+) -> Result<Tiers> {
     let disk = match &config.kv_cache_dir {
         Some(dir) => Some(open_disk(model_dir, dir, c, max_model_len, config, pool)?),
         None => None,
     };
-    let host_tier = match config.host_tier_blocks {
+    let host_blocks = match config.host_tier_blocks {
         Some(n) => n,
-        None if disk.is_some() => cpu_blocks / 2,
+        None if disk.is_some() => plan.cpu_blocks / 2,
         None => 0,
     };
-    if disk.is_some() && (host_tier == 0 || !config.enable_prefix_caching) {
+    if disk.is_some() && (host_blocks == 0 || !config.enable_prefix_caching) {
         return Err(EngineError::Config(
             "the disk tier of the prefix cache needs prefix caching and a host tier of at \
              least one block (host blocks: --num-cpu-blocks, --kv-cache-host-blocks)"
                 .into(),
         ));
     }
-    Ok((disk, host_tier))
+    Ok(Tiers { disk, host_blocks })
+}
+
+/// The scheduler and its block manager over the pools of `plan`, keeping a watermark of
+/// 1% of the device pool (less where the pool barely holds one sequence).
+fn scheduler(
+    config: &EngineConfig,
+    plan: &PoolPlan,
+    tiers: &Tiers,
+) -> Result<Scheduler<SeqOutput, RequestSide>> {
+    let watermark = (plan.gpu_blocks / 100).min(plan.gpu_blocks.saturating_sub(plan.needed));
+    let cache_cfg = CacheConfig::new(config.block_size, plan.gpu_blocks, plan.cpu_blocks)
+        .with_watermark_blocks(watermark)
+        .with_prefix_caching(config.enable_prefix_caching)
+        .with_host_tier(tiers.host_blocks)
+        .with_tier_write_through(tiers.disk.is_some());
+    let blocks = BlockManager::new(cache_cfg)?.with_groups(plan.kv_groups.clone());
+    let mut scheduler = Scheduler::new(config.clone(), blocks);
+    scheduler.costs = PreemptionCosts::new(plan.layout.block_bytes_all_layers());
+    Ok(scheduler)
+}
+
+/// The draft model `config` names, if any, with a pool within the bytes of the target's.
+fn open_draft(
+    ctx: &Arc<GpuContext>,
+    c: &crate::model::ModelConfig,
+    config: &EngineConfig,
+    max_model_len: usize,
+    plan: &PoolPlan,
+) -> Result<Option<super::draft::DraftModel>> {
+    let Some(dir) = &config.draft_model else {
+        return Ok(None);
+    };
+    let pool_bytes = plan.gpu_blocks as u64 * plan.layout.block_bytes_all_layers();
+    let draft =
+        super::draft::DraftModel::open(ctx.clone(), dir, c, config, max_model_len, pool_bytes)?;
+    Ok(Some(draft))
 }
 
 /// The disk tier for this model, context, weight format and pool.
@@ -494,63 +415,24 @@ impl Engine {
         progress: impl FnMut(u64, u64),
     ) -> Result<Self> {
         let (files, tokenizer) = open_model(model_dir)?;
-        let tokenizer = Arc::new(tokenizer);
         let c = files.config.clone();
         if config.profile {
             ctx.enable_profiling();
         }
         check_speculation(&config)?;
         let max_model_len = context_length(&c, &config)?;
-        let PoolPlan {
-            layer_groups,
-            kv_groups,
-            layout,
-            gpu_blocks,
-            cpu_blocks,
-            needed,
-        } = PoolPlan::new(&c, &config, max_model_len)?;
-        let model =
-            GpuModel::upload_as(&ctx, &files, max_model_len, config.weight_dtype, progress)?;
-        let pool = kv_pool(&ctx, layout, gpu_blocks, &config)?
-            .with_layer_slots(layer_groups.layer_slots)?;
-        let ws = Workspace::new(
-            &ctx,
-            &c,
-            config.max_num_batched_tokens,
-            config.max_sampled_rows(),
-        )?;
-        let watermark = (gpu_blocks / 100).min(gpu_blocks.saturating_sub(needed));
-        let (disk, host_tier) = tiers(model_dir, &c, max_model_len, &config, &pool, cpu_blocks)?;
-        let cache_cfg = CacheConfig::new(config.block_size, gpu_blocks, cpu_blocks)
-            .with_watermark_blocks(watermark)
-            .with_prefix_caching(config.enable_prefix_caching)
-            .with_host_tier(host_tier)
-            .with_tier_write_through(disk.is_some());
-        let draft = match &config.draft_model {
-            Some(dir) => Some(super::draft::DraftModel::open(
-                ctx.clone(),
-                dir,
-                &c,
-                &config,
-                max_model_len,
-                gpu_blocks as u64 * layout.block_bytes_all_layers(),
-            )?),
-            None => None,
-        };
-        let blocks = BlockManager::new(cache_cfg)?.with_groups(kv_groups);
-        let mut scheduler = Scheduler::new(config.clone(), blocks);
-        scheduler.costs = PreemptionCosts::new(layout.block_bytes_all_layers());
+        let plan = PoolPlan::for_engine(&c, &config, max_model_len)?;
+        let (rows, tokens) = (config.max_sampled_rows(), config.max_num_batched_tokens);
+        let spec = plan.runner_spec(&config, max_model_len, tokens, rows);
+        let runner = ModelRunner::load(ctx.clone(), &files, &spec, progress)?;
+        let tiers = tiers(model_dir, &c, max_model_len, &config, runner.pool(), &plan)?;
+        let draft = open_draft(&ctx, &c, &config, max_model_len, &plan)?;
+        let tokenizer = Arc::new(tokenizer);
+        let intake = Intake::new(tokenizer.clone(), c.vocab_size, max_model_len, &config);
         let mut engine = Engine {
-            cache: CacheEngine::new(pool, cpu_blocks),
-            scheduler,
-            ws,
-            model,
-            intake: Arc::new(Intake::new(
-                tokenizer.clone(),
-                c.vocab_size,
-                max_model_len,
-                &config,
-            )),
+            scheduler: scheduler(&config, &plan, &tiers)?,
+            runner,
+            intake: Arc::new(intake),
             tokenizer,
             config,
             ctx,
@@ -559,10 +441,11 @@ impl Engine {
             abandoned: 0,
             swap_latency_s: 0.0,
             host: HostTime::default(),
-            step_buffers: StepBuffers::default(),
+            in_flight: false,
+            deferred_aborts: Vec::new(),
             step_costs: StepCostFit::default(),
             spec_rate: AcceptanceRate::starting_at(0.5, ENGINE_RATE_DECAY),
-            disk,
+            disk: tiers.disk,
             tier_scratch: Vec::new(),
             disk_chains: Default::default(),
             draft,
@@ -577,10 +460,10 @@ impl Engine {
     /// its own, which swap-only steps subtract before they update the bandwidth.
     fn calibrate_swap(&mut self) -> Result<()> {
         let k = self
-            .cache
-            .host
+            .runner
+            .host_pool()
             .num_blocks
-            .min(self.cache.device.num_blocks)
+            .min(self.runner.pool().num_blocks)
             .min(32) as u32;
         if k < 2 {
             return Ok(());
@@ -619,8 +502,8 @@ impl Engine {
         let mut best = f64::INFINITY;
         for _ in 0..3 {
             let t = Instant::now();
-            self.cache.execute(&self.ctx, &out)?;
-            self.cache.execute(&self.ctx, &back)?;
+            self.runner.execute(&out)?;
+            self.runner.execute(&back)?;
             best = best.min(t.elapsed().as_secs_f64());
         }
         Ok(best)
@@ -720,7 +603,7 @@ impl Engine {
                 .map_err(|e| EngineError::Config(e.to_string()))?,
             k: AdaptiveK::starting_at(
                 spec.num_tokens,
-                spec.row_cost.unwrap_or(super::config::DEFAULT_ROW_COST),
+                spec.row_cost.unwrap_or(crate::config::DEFAULT_ROW_COST),
                 match spec.row_cost {
                     None => self.spec_rate.rate(),
                     Some(_) => 0.5,
@@ -732,6 +615,14 @@ impl Engine {
     /// Aborts a request at any point, freeing everything it holds. Returns false for an
     /// unknown or already finished request.
     pub fn abort(&mut self, id: RequestId) -> bool {
+        if self.in_flight {
+            // The step in flight computes its rows; the abort happens at its end.
+            let pending = self.scheduler.contains(id);
+            if pending {
+                self.deferred_aborts.push(id);
+            }
+            return pending;
+        }
         let Some(mut g) = self.scheduler.remove(id) else {
             return false;
         };
@@ -760,9 +651,8 @@ impl Engine {
 
     /// The statistics as they are now (this walks every block table).
     pub fn stats(&self) -> EngineStats {
-        let cache = self.scheduler.blocks.stats();
         EngineStats {
-            cache,
+            cache: self.scheduler.cache_stats(),
             scheduler: self.scheduler.stats,
             pending_requests: self.scheduler.num_groups(),
             num_waiting: self.scheduler.num_waiting(),
@@ -770,225 +660,14 @@ impl Engine {
             num_swapped: self.scheduler.num_swapped(),
             abandoned_requests: self.abandoned,
             costs: self.scheduler.costs,
-            kv_layout: self.cache.device.layout,
-            kv_rotation: self.cache.device.rotation(),
-            kv_blocks: self.cache.device.num_blocks,
-            kv_pool_bytes: self.cache.device.total_bytes(),
-            kv_groups: self.scheduler.blocks.groups().windows().to_vec(),
+            kv_layout: self.runner.pool().layout,
+            kv_rotation: self.runner.pool().rotation(),
+            kv_blocks: self.runner.pool().num_blocks,
+            kv_pool_bytes: self.runner.pool().total_bytes(),
+            kv_groups: self.scheduler.kv_groups().windows().to_vec(),
             draft: self.draft.as_ref().map(|d| d.stats),
             host: self.host,
             disk: self.disk.as_ref().map(DiskTier::stats),
-        }
-    }
-
-    /// Runs steps until every request has finished.
-    pub fn run_to_completion(&mut self) -> Result<()> {
-        while self.has_unfinished() {
-            self.step()?;
-        }
-        Ok(())
-    }
-
-    /// One engine step. Returns the number of tokens computed. An error here was caused by
-    /// no single request: every pending request has then been failed with it, and the
-    /// engine is empty and can take new requests.
-    pub fn step(&mut self) -> Result<usize> {
-        self.drop_abandoned();
-        let result = self.try_step();
-        if let Some(p) = self.ctx.profiler() {
-            p.end_step();
-        }
-        match result {
-            Ok(n) => Ok(n),
-            Err(e) => {
-                self.fail_all(&format!("the engine step failed: {e}"));
-                Err(e)
-            }
-        }
-    }
-
-    fn try_step(&mut self) -> Result<usize> {
-        let start = Instant::now();
-        let compiled = self.ctx.pipelines_compiled();
-        self.propose();
-        self.load_waiting_from_disk();
-        let mut sched = self.scheduler.schedule()?;
-        for f in std::mem::take(&mut sched.failed) {
-            f.group.send(RequestEvent::Failed(f.reason));
-        }
-        if sched.scheduled.is_empty() {
-            let n = self.idle_step(&sched.ops, start)?;
-            self.store_to_disk(&sched.ops);
-            return Ok(n);
-        }
-        self.idle_steps = 0;
-        let read = self.run_forward(&sched)?;
-        self.store_to_disk(&sched.ops);
-        self.advance(&sched, &read)?;
-        if !self.has_unfinished() {
-            self.flush_prefix_tiers()?;
-        }
-        let rows: usize = sched.scheduled.iter().map(|s| s.len).sum();
-        if sched.scheduled.iter().any(|s| s.own_len() > 1) {
-            self.scheduler
-                .costs
-                .record_prefill(rows, start.elapsed().as_secs_f64());
-        } else if self.config.speculative.is_some() && !self.compiled_since(compiled) {
-            self.step_costs.record(rows, start.elapsed().as_secs_f64());
-        }
-        Ok(sched.scheduled.iter().map(|s| s.len).sum())
-    }
-
-    /// Whether the step just run compiled a pipeline (the context had compiled `before` of
-    /// them before it): the first step of each kernel variant does, once per process, and
-    /// that step's time (tens of milliseconds on a CPU adapter) says nothing about what its
-    /// row count costs. Bind groups made for a row count are left in: the cache drops those
-    /// unused for a few steps, so a row count seen only now and then pays for them each
-    /// time, and that is part of what it costs.
-    fn compiled_since(&self, before: u64) -> bool {
-        self.ctx.pipelines_compiled() != before
-    }
-
-    /// Speculative decoding: every decoding sequence that speculates proposes the tokens
-    /// its n-gram index predicts, as many as its acceptance rate and the measured cost of a
-    /// row make worth it; the scheduler gives slots to those that fit.
-    fn propose(&mut self) {
-        let Some(spec) = self.config.speculative else {
-            return;
-        };
-        let blocks = &self.scheduler.blocks;
-        let seqs: usize = self
-            .scheduler
-            .running()
-            .iter()
-            .map(|g| g.live().count())
-            .sum();
-        // What k proposals cost a sequence, as measured at this batch size; row counts not
-        // timed yet are guessed from the prior (a fixed `row_cost` overrides it all).
-        let measured = match spec.row_cost {
-            Some(_) => None,
-            None => self.step_costs.relative_costs(seqs, spec.num_tokens),
-        };
-        let prior = spec.row_cost.unwrap_or(super::config::DEFAULT_ROW_COST);
-        let computed: Vec<Vec<usize>> = self
-            .scheduler
-            .running()
-            .iter()
-            .map(|g| g.seqs.iter().map(|s| s.num_computed(blocks)).collect())
-            .collect();
-        let drafting = self.draft.is_some();
-        // With a draft model: each decoding sequence's adapted k, proposals made below.
-        let mut wanted: Vec<DraftRequest> = Vec::new();
-        for (g, computed) in self.scheduler.running_mut().iter_mut().zip(computed) {
-            let samples = !g.data.params.is_greedy();
-            for (seq, computed) in g.seqs.iter_mut().zip(computed) {
-                let decoding = !seq.is_finished() && computed + 1 == seq.tokens.len();
-                seq.proposed = match seq.data.spec.as_mut() {
-                    Some(spec) if decoding => {
-                        match &measured {
-                            Some(costs) => spec.k.set_costs(costs, prior),
-                            None => spec.k.set_row_cost(prior),
-                        }
-                        if drafting {
-                            wanted.push(DraftRequest {
-                                seq: seq.id,
-                                tokens: seq.tokens.clone(),
-                                k: spec.k.next_k(),
-                                sampling: samples.then(|| DraftSampling {
-                                    sampler: seq.data.sampler.clone(),
-                                    prompt_len: seq.prompt_len,
-                                }),
-                            });
-                            Vec::new()
-                        } else {
-                            spec.propose(&seq.tokens)
-                        }
-                    }
-                    _ => Vec::new(),
-                };
-            }
-        }
-        if drafting {
-            self.draft_proposals(wanted);
-        }
-    }
-
-    /// The draft model's proposals for `wanted` (`(sequence, tokens, k)`), set on the
-    /// running sequences; the draft forgets every sequence no longer running. A draft that
-    /// fails proposes nothing this step (a warning): speculation is an optimization, and
-    /// the step goes on without it.
-    fn draft_proposals(&mut self, mut wanted: Vec<DraftRequest>) {
-        let Some(draft) = self.draft.as_mut() else {
-            return;
-        };
-        let live: std::collections::HashSet<SeqId> = self
-            .scheduler
-            .running()
-            .iter()
-            .flat_map(|g| g.live_ids())
-            .collect();
-        draft.retain(&live);
-        let proposals = match draft.propose(&mut wanted) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!(error = %e, "the draft model failed; no proposals this step");
-                return;
-            }
-        };
-        let by_id: std::collections::HashMap<SeqId, Vec<u32>> =
-            wanted.iter().map(|w| w.seq).zip(proposals).collect();
-        for g in self.scheduler.running_mut().iter_mut() {
-            for seq in g.seqs.iter_mut() {
-                if let Some(p) = by_id.get(&seq.id) {
-                    seq.proposed = p.clone();
-                }
-            }
-        }
-    }
-
-    /// A step that computes nothing: it may still move blocks (a swap-only step, which is
-    /// timed for the cost model, less the fixed cost of its submit). Several in a row with requests pending would mean the
-    /// scheduler lost liveness; rather than loop, every pending request fails.
-    fn idle_step(&mut self, ops: &BlockOps, start: Instant) -> Result<usize> {
-        if !ops.is_empty() {
-            self.cache.execute(&self.ctx, ops)?;
-            let blocks = ops.swap_out.len() + ops.swap_in.len();
-            let moved = blocks as u64 * self.scheduler.costs.block_bytes;
-            let seconds = start.elapsed().as_secs_f64() - self.swap_latency_s;
-            self.scheduler.costs.record_swap(moved, seconds);
-            self.idle_steps = 0;
-        } else if self.has_unfinished() {
-            self.idle_steps += 1;
-            if self.idle_steps > 3 {
-                self.idle_steps = 0;
-                let msg = "the engine step failed: requests are pending but none can be \
-                           scheduled (a scheduler fault)";
-                self.fail_all(msg);
-                return Err(EngineError::Internal(msg.into()));
-            }
-        }
-        Ok(0)
-    }
-
-    /// Aborts requests whose caller dropped the event receiver, freeing their blocks.
-    fn drop_abandoned(&mut self) {
-        let gone: Vec<RequestId> = self
-            .scheduler
-            .groups()
-            .filter(|g| g.abandoned())
-            .map(|g| g.request_id)
-            .collect();
-        for id in gone {
-            tracing::debug!(request = id, "caller went away; aborting");
-            self.scheduler.remove(id);
-            self.abandoned += 1;
-        }
-    }
-
-    /// Fails every pending request with `reason` and frees everything they held.
-    fn fail_all(&mut self, reason: &str) {
-        for g in self.scheduler.remove_all() {
-            g.send(RequestEvent::Failed(reason.to_string()));
         }
     }
 }

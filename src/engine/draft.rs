@@ -1,5 +1,9 @@
 //! A draft model for speculative decoding: a smaller model with the target's vocabulary
-//! proposes the next tokens of each speculating sequence by decoding greedily ahead of it.
+//! proposes the next tokens of each speculating sequence by decoding ahead of it: the
+//! arg-max for a greedy request, and for a request that samples, a token drawn from the
+//! draft's distribution by a copy of the sequence's sampler with the uniform numbers the
+//! target's sampler will draw for those rows (so the two agree wherever both put that number
+//! on the same token).
 //!
 //! The draft keeps its own paged KV cache: its own pool (within the bytes of the target's)
 //! and its own [`BlockManager`] (one
@@ -26,17 +30,14 @@
 //! the draft's arg-max, which a sampled row matches only as often as the target's
 //! probability of it, and the outputs stay the target's own samples.
 
-use super::core::{kv_layout, kv_pool, open_model, EngineError, Result};
+use super::core::{EngineError, Result};
 use super::EngineConfig;
-use crate::cache::{BlockManager, CacheConfig, SeqId};
-use crate::gpu::{Batch, GpuContext, Readback};
-use crate::kernels::logits::argmax_logprobs;
-use crate::kernels::paged_attention::AttentionBuffers;
-use crate::model::forward::Workspace;
-use crate::model::gpu::GpuModel;
-use crate::model::step::{record_step, FlatBatch, SeqSlice};
+use crate::cache::{BlockManager, BlockOps, CacheConfig, SeqId};
+use crate::gpu::GpuContext;
+use crate::model::step::{FlatBatch, SeqSlice};
 use crate::model::ModelConfig;
-use crate::pool::KvPool;
+use crate::runner::plan::PoolPlan;
+use crate::runner::{open_model, ModelRunner, RunnerSpec, StepPlan};
 use crate::sampling::Sampler;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -73,15 +74,9 @@ pub struct DraftSampling {
 
 /// A loaded draft model with its KV cache.
 pub struct DraftModel {
-    ctx: Arc<GpuContext>,
-    model: GpuModel,
-    pool: KvPool,
-    ws: Workspace,
+    /// The draft with its pool and workspace.
+    runner: ModelRunner,
     blocks: BlockManager,
-    meta: Option<AttentionBuffers>,
-    argmax: Readback,
-    logits: Readback,
-    vocab: usize,
     /// Per engine sequence: the tokens whose K/V the draft cache holds, in order.
     seqs: HashMap<SeqId, Vec<u32>>,
     /// Most tokens and rows one pass computes.
@@ -90,13 +85,6 @@ pub struct DraftModel {
     max_model_len: usize,
     max_rows: usize,
     pub stats: DraftStats,
-}
-
-impl Drop for DraftModel {
-    /// As the engine's: cached bind groups would keep the draft's buffers alive.
-    fn drop(&mut self) {
-        self.ctx.release_bind_groups();
-    }
 }
 
 impl DraftModel {
@@ -130,33 +118,21 @@ impl DraftModel {
                 c.max_model_len()
             )));
         }
-        let layout = kv_layout(&c, config)?;
-        let per_seq = max_model_len.div_ceil(config.block_size) + 1;
-        let affordable = (pool_bytes / layout.block_bytes_all_layers()) as usize;
-        let blocks = (config.max_num_seqs.max(1) * per_seq).min(affordable);
-        if blocks < per_seq {
-            return Err(what(format!(
-                "a pool of {blocks} blocks (the target pool's bytes) cannot hold one sequence \
-                 of {max_model_len} tokens; give more KV memory or a smaller --max-model-len"
-            )));
-        }
-        let model = GpuModel::upload_as(&ctx, &files, max_model_len, None, |_, _| {})?;
-        let pool = kv_pool(&ctx, layout, blocks, config)?;
+        let plan = PoolPlan::for_draft(&c, config, max_model_len, pool_bytes).map_err(what)?;
         let max_tokens = config.max_num_batched_tokens.max(1);
         // A pass has a row per sequence it computes and at least a token per row.
         let max_rows = config.max_num_seqs.max(1).min(max_tokens);
-        let ws = Workspace::new(&ctx, &c, max_tokens, max_rows)?;
-        let cache = CacheConfig::new(config.block_size, blocks, 0).with_watermark_blocks(0);
+        // The draft's weights stay as they are on disk.
+        let spec = RunnerSpec {
+            weight_dtype: None,
+            ..plan.runner_spec(config, max_model_len, max_tokens, max_rows)
+        };
+        let runner = ModelRunner::load(ctx, &files, &spec, |_, _| {})?;
+        let cache =
+            CacheConfig::new(config.block_size, plan.gpu_blocks, 0).with_watermark_blocks(0);
         Ok(DraftModel {
-            ctx,
-            model,
-            pool,
-            ws,
+            runner,
             blocks: BlockManager::new(cache)?,
-            meta: None,
-            argmax: Readback::default(),
-            logits: Readback::default(),
-            vocab: c.vocab_size,
             seqs: HashMap::new(),
             max_tokens,
             max_rows,
@@ -364,50 +340,29 @@ impl DraftModel {
             at += (e - s) as u32;
             rows.push(at - 1);
         }
-        let mut batch = Batch::new(&self.ctx, "draft step");
-        let step = FlatBatch {
-            seqs: &seqs,
-            tokens,
-            rows: &rows,
-            argmax: true,
-            group_tables: &[],
-        };
-        record_step(
-            &mut batch,
-            &self.model,
-            &self.pool,
-            &self.ws,
-            &mut self.meta,
-            &step,
-        )?;
-        let n = rows.len();
-        let pending = self
-            .argmax
-            .read_later(&mut batch, &self.ws.argmax, 0, (n * 8) as u64)?;
         let sampled = |r: usize| propose[r] && reqs[pass[r].0].sampling.is_some();
-        let logits = match (0..n).any(sampled) {
-            true => {
-                let bytes = (n * self.vocab * 4) as u64;
-                Some(
-                    self.logits
-                        .read_later(&mut batch, &self.ws.logits, 0, bytes)?,
-                )
-            }
-            false => None,
-        };
-        batch.submit()?;
-        let bytes = self.ctx.complete_read(pending)?;
-        let (mut ids, _) = argmax_logprobs(&bytemuck::pod_collect_to_vec(&bytes), n);
+        let read = self.runner.run(&StepPlan {
+            ops: &BlockOps::default(),
+            forward: Some(FlatBatch {
+                seqs: &seqs,
+                tokens,
+                rows: &rows,
+                argmax: true,
+                group_tables: &[],
+            }),
+            read_argmax: true,
+            read_logits: (0..rows.len()).any(sampled),
+            label: "draft step",
+        })?;
+        let mut ids = read.argmax.clone();
         self.stats.passes += 1;
         self.stats.tokens += tokens.len() as u64;
-        if let Some(pending) = logits {
-            let all: Vec<f32> = bytemuck::pod_collect_to_vec(&self.ctx.complete_read(pending)?);
+        if !read.logits.is_empty() {
             for (r, &(i, _, _)) in pass.iter().enumerate() {
                 if !propose[r] {
                     continue;
                 }
-                if let Some(s) = reqs[i].sampling.as_mut() {
-                    let row = &all[r * self.vocab..(r + 1) * self.vocab];
+                if let (Some(s), Some(row)) = (reqs[i].sampling.as_mut(), read.logits(r)) {
                     ids[r] = draw(s, row, &reqs[i].tokens, &out[i])?;
                 }
             }

@@ -3,20 +3,20 @@
 //! the sequence types are plain Rust and run without a GPU (see `scheduler`).
 
 mod advance;
-pub mod config;
 mod core;
 mod draft;
 mod intake;
 pub mod output;
+mod propose;
 pub mod request;
 pub mod scheduler;
 pub mod sequence;
+mod step;
 mod step_batch;
 mod tiers;
 
-pub(crate) use self::core::{kv_layout, kv_pool, open_model};
-pub use self::core::{Engine, EngineError, EngineStats, HostTime};
-pub use config::{EngineConfig, PreemptionMode, SpeculativeConfig, MAX_SPECULATIVE_ROWS};
+pub use self::core::{Engine, EngineError, EngineStats, HostTime, Result};
+pub use crate::config::{EngineConfig, PreemptionMode, SpeculativeConfig, MAX_SPECULATIVE_ROWS};
 pub use draft::DraftStats;
 pub(crate) use intake::Prepared;
 pub use intake::{Intake, Request};
@@ -24,3 +24,4 @@ pub use output::{
     CompletionOutput, FinishReason, RequestEvent, RequestId, RequestOutput, TokenLogprob,
 };
 pub use request::{Prompt, RequestHandle};
+pub use step::StepInFlight;

@@ -1,23 +1,23 @@
-//! One step's GPU work: the flat batch of every scheduled sequence's new tokens, its
-//! attention metadata in one upload, the block operations and the forward pass recorded
-//! into one command buffer and submitted once, and the read-back of what sampling needs.
+//! One step's GPU work as the runner takes it: the flat batch of every scheduled sequence's
+//! new tokens (and the proposals it verifies) with their block tables, the block
+//! operations, and which read-backs sampling needs, submitted once (`crate::runner`).
 
 use super::core::{Engine, EngineError, Result};
 use super::request::{RequestSide, SeqOutput};
 use super::scheduler::{ScheduledSeq, SchedulerOutput};
 use super::sequence::Sequence;
-use crate::gpu::{Batch, GpuContext, PendingRead};
-use crate::kernels::logits::argmax_logprobs;
 use crate::kernels::paged_attention::NO_BLOCK;
-use crate::model::step::{record_step, FlatBatch, SeqSlice};
+use crate::model::step::{FlatBatch, SeqSlice};
+use crate::runner::{PendingStep, StepPlan};
 
 impl Engine {
     /// Records and submits the step: block operations, the forward pass over the flat
-    /// batch, and the read-back of what sampling needs.
-    pub(super) fn run_forward(
+    /// batch, and the read-backs of what sampling needs; then prepares the constrained
+    /// rows' masks while the GPU runs.
+    pub(super) fn submit_forward(
         &mut self,
         sched: &SchedulerOutput<SeqOutput, RequestSide>,
-    ) -> Result<ReadBack> {
+    ) -> Result<PendingStep> {
         let host_start = std::time::Instant::now();
         let prefill = self.is_prefill(sched)?;
         if let Some(p) = self.ctx.profiler() {
@@ -39,52 +39,24 @@ impl Engine {
                 .get(s.request_id)
                 .is_some_and(|g| needs_logits(g.params()))
         });
-        let ctx = &self.ctx;
-        let mut batch = Batch::new(ctx, "engine step");
-        let pending = self.cache.encode(&mut batch, &sched.ops)?;
-        let step = FlatBatch {
-            seqs: &slices,
-            tokens: &flat.tokens,
-            rows: &flat.rows,
-            argmax: true,
-            group_tables: &flat.group_tables,
+        let plan = StepPlan {
+            ops: &sched.ops,
+            forward: Some(FlatBatch {
+                seqs: &slices,
+                tokens: &flat.tokens,
+                rows: &flat.rows,
+                argmax: true,
+                group_tables: &flat.group_tables,
+            }),
+            read_argmax: true,
+            read_logits: need_logits,
+            label: "engine step",
         };
-        let io = &mut self.step_buffers;
-        record_step(
-            &mut batch,
-            &self.model,
-            &self.cache.device,
-            &self.ws,
-            &mut io.meta,
-            &step,
-        )?;
-        let n = flat.rows.len();
-        let vocab = self.model.config.vocab_size;
-        let argmax = match n {
-            0 => None,
-            _ => Some(
-                io.argmax
-                    .read_later(&mut batch, &self.ws.argmax, 0, (n * 8) as u64)?,
-            ),
-        };
-        let logits = match need_logits {
-            true => {
-                let bytes = (n * vocab * 4) as u64;
-                Some(
-                    io.logits
-                        .read_later(&mut batch, &self.ws.logits, 0, bytes)?,
-                )
-            }
-            false => None,
-        };
-        // The step's one submit: block operations, forward pass and read-back copies.
-        let created = batch.bind_groups_created();
-        batch.submit()?;
-        self.host.record(host_start.elapsed(), !prefill, created);
+        let pending = self.runner.submit(&plan)?;
+        self.host
+            .record(host_start.elapsed(), !prefill, pending.bind_groups_created);
         self.prepare_masks(sched);
-        let ctx = &self.ctx;
-        self.cache.finish(ctx, pending)?;
-        ReadBack::complete(ctx, argmax, logits, n, vocab)
+        Ok(pending)
     }
 
     /// A step with any prompt chunk (or recomputation) is a prefill step, even when
@@ -168,46 +140,6 @@ impl Engine {
         self.scheduler.scheduled_seq(s).ok_or_else(|| {
             EngineError::Internal(format!("scheduled {} is not a running sequence", s.id))
         })
-    }
-}
-
-/// What a step read back: per sampled row its arg-max and that token's logprob, and the
-/// logits rows when some request needed them.
-pub(super) struct ReadBack {
-    pub argmax: Vec<u32>,
-    pub argmax_logprob: Vec<f32>,
-    pub logits: Vec<f32>,
-    pub vocab: usize,
-}
-
-impl ReadBack {
-    /// Waits for the step's read-backs: the arg-max and its logprob of each of `n` rows,
-    /// and their logits when they were read.
-    fn complete(
-        ctx: &GpuContext,
-        argmax: Option<PendingRead>,
-        logits: Option<PendingRead>,
-        n: usize,
-        vocab: usize,
-    ) -> Result<Self> {
-        let (ids, lps) = match argmax {
-            Some(r) => argmax_logprobs(&bytemuck::pod_collect_to_vec(&ctx.complete_read(r)?), n),
-            None => (Vec::new(), Vec::new()),
-        };
-        let logits = match logits {
-            Some(r) => bytemuck::pod_collect_to_vec(&ctx.complete_read(r)?),
-            None => Vec::new(),
-        };
-        Ok(ReadBack {
-            argmax: ids,
-            argmax_logprob: lps,
-            logits,
-            vocab,
-        })
-    }
-
-    pub fn logits(&self, row: usize) -> Option<&[f32]> {
-        self.logits.get(row * self.vocab..(row + 1) * self.vocab)
     }
 }
 

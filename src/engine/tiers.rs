@@ -243,14 +243,17 @@ impl Engine {
                     break;
                 }
                 let scratch = &mut self.tier_scratch;
-                scratch.resize(self.cache.host.layout.block_bytes_all_layers() as usize, 0);
+                scratch.resize(
+                    self.runner.host_pool().layout.block_bytes_all_layers() as usize,
+                    0,
+                );
                 if !disk.load(key, parent.map(key_of), tokens, scratch) {
                     break;
                 }
                 let Some(h) = blocks.insert_host_tier(hash, parent, tokens) else {
                     break;
                 };
-                match self.cache.host.block_mut(h.0 as usize) {
+                match self.runner.host_pool_mut().block_mut(h.0 as usize) {
                     Some(dst) => dst.copy_from_slice(scratch),
                     None => break,
                 }
@@ -277,7 +280,7 @@ impl Engine {
                 continue;
             };
             let key = disk.key(name.parent.map(key_of), name.tokens);
-            if let Some(bytes) = self.cache.host.block(h.0 as usize) {
+            if let Some(bytes) = self.runner.host_pool().block(h.0 as usize) {
                 disk.store(key, name.parent.map(key_of), name.tokens, bytes);
             }
         }
@@ -334,7 +337,7 @@ impl Engine {
             return Ok(());
         }
         let ops = self.scheduler.blocks.take_ops();
-        self.cache.execute(&self.ctx, &ops)?;
+        self.runner.execute(&ops)?;
         self.store_to_disk(&ops);
         Ok(())
     }

@@ -3,6 +3,7 @@
 
 use super::{Batch, GpuContext};
 use crate::error::{GpuError, Result};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// Usage of every storage buffer pagellm creates: bindable, writable from the queue, and
 /// copyable in both directions (for read-back, swapping and splitting).
@@ -128,27 +129,23 @@ impl GpuContext {
     /// Waits for the batch that recorded `pending` (it must have been submitted) and returns
     /// the bytes it copied.
     pub fn complete_read(&self, pending: PendingRead) -> Result<Vec<u8>> {
-        let Some(staging) = pending.staging else {
-            return Ok(Vec::new());
-        };
-        let len = pending.len.unwrap_or(staging.size());
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, ..len, move |r| {
-            let _ = tx.send(r);
-        });
-        // Unmapped on every path (which also cancels a map still pending), so that a kept
-        // staging buffer can take the next copy even after a failed read.
-        let data = self.wait().and_then(|()| {
-            rx.recv()
-                .map_err(|e| GpuError::Readback(e.to_string()))?
-                .map_err(|e| GpuError::Readback(e.to_string()))?;
-            staging
-                .get_mapped_range(..len)
-                .map(|view| view.to_vec())
-                .map_err(|e| GpuError::Readback(e.to_string()))
-        });
-        staging.unmap();
-        data
+        let read = pending.begin();
+        self.wait_for(&read)?;
+        read.take()
+    }
+
+    /// Waits on this thread until `read` has landed. After the device is idle the map's
+    /// callback may still be running on another thread that polled (contexts are shared
+    /// between threads), so this also waits for the callback itself.
+    pub fn wait_for(&self, read: &InFlightRead) -> Result<()> {
+        if read.is_ready() {
+            return Ok(());
+        }
+        self.wait()?;
+        while !read.wait_landed(std::time::Duration::from_millis(1)) {
+            self.poll()?;
+        }
+        Ok(())
     }
 
     /// Reads a whole buffer back as `T`s.
@@ -177,6 +174,101 @@ impl PendingRead {
         PendingRead {
             staging: Some(staging),
             len: None,
+        }
+    }
+
+    /// Asks for the copied bytes (the batch that recorded the read must have been
+    /// submitted): the map is requested now and lands while the device is polled (natively)
+    /// or when the browser gets to it, without anyone waiting here.
+    pub fn begin(self) -> InFlightRead {
+        let Some(staging) = self.staging else {
+            return InFlightRead {
+                staging: None,
+                len: 0,
+                state: Arc::new((Mutex::new(Some(Ok(()))), Condvar::new())),
+            };
+        };
+        let len = self.len.unwrap_or(staging.size());
+        let state = Arc::new((Mutex::new(None), Condvar::new()));
+        let landed = state.clone();
+        staging.map_async(wgpu::MapMode::Read, ..len, move |r| {
+            let (outcome, signal) = &*landed;
+            if let Ok(mut s) = outcome.lock() {
+                *s = Some(r.map_err(|e| e.to_string()));
+            }
+            signal.notify_all();
+        });
+        InFlightRead {
+            staging: Some(staging),
+            len,
+            state,
+        }
+    }
+}
+
+/// A read whose map has been requested ([`PendingRead::begin`]): ready once the map has
+/// landed, which [`GpuContext::poll`] (natively) or the browser's event loop brings about.
+#[must_use = "take the bytes once the read is ready (or drop it to cancel)"]
+#[derive(Debug)]
+pub struct InFlightRead {
+    staging: Option<wgpu::Buffer>,
+    len: u64,
+    /// The map's outcome once it has landed, and its signal.
+    state: Arc<(Mutex<Option<MapOutcome>>, Condvar)>,
+}
+
+type MapOutcome = std::result::Result<(), String>;
+
+impl InFlightRead {
+    /// Whether the map has landed (successfully or not).
+    pub fn is_ready(&self) -> bool {
+        self.state.0.lock().map_or(true, |s| s.is_some())
+    }
+
+    /// Waits at most `timeout` for the map to land; whether it has.
+    fn wait_landed(&self, timeout: std::time::Duration) -> bool {
+        let (outcome, signal) = &*self.state;
+        let Ok(guard) = outcome.lock() else {
+            return true;
+        };
+        signal
+            .wait_timeout_while(guard, timeout, |s| s.is_none())
+            .map_or(true, |(s, _)| s.is_some())
+    }
+
+    /// The bytes, once ready; an error if the map failed or has not landed. The buffer is
+    /// unmapped on every path, so a kept staging buffer can take the next copy.
+    pub fn take(mut self) -> Result<Vec<u8>> {
+        let Some(staging) = self.staging.take() else {
+            return Ok(Vec::new());
+        };
+        let outcome = self
+            .state
+            .0
+            .lock()
+            .map_err(|_| GpuError::Readback("poisoned".into()))?
+            .take();
+        let data = match outcome {
+            Some(Ok(())) => staging
+                .get_mapped_range(..self.len)
+                .map(|view| view.to_vec())
+                .map_err(|e| GpuError::Readback(e.to_string())),
+            Some(Err(e)) => Err(GpuError::Readback(e)),
+            None => Err(GpuError::Readback(
+                "the read was taken before its map landed".into(),
+            )),
+        };
+        staging.unmap();
+        data
+    }
+}
+
+impl Drop for InFlightRead {
+    /// A read dropped before it was taken is cancelled: unmapping cancels a map still
+    /// pending, and frees a landed one, so the kept buffer can be used again.
+    fn drop(&mut self) {
+        if let Some(s) = self.staging.take() {
+            s.unmap();
         }
     }
 }

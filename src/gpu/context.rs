@@ -344,6 +344,16 @@ impl GpuContext {
         ))
     }
 
+    /// Lets the device make progress without waiting: the callbacks of finished work run
+    /// (reads become ready, [`crate::gpu::InFlightRead`]). Natively something must poll for
+    /// that to happen; in the browser the event loop does it and this does nothing.
+    pub fn poll(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::Poll)
+            .map_err(|e| GpuError::DeviceLost(e.to_string()))?;
+        self.check_health()
+    }
+
     /// Blocks until all work submitted so far is done (in slices, see
     /// [`Self::from_existing`]); a profiled context counts the time as waiting.
     pub fn wait(&self) -> Result<()> {

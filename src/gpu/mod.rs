@@ -10,7 +10,7 @@ pub mod select;
 
 pub use batch::{grid_2d, Batch, Bind};
 pub use bindings::{BindGroupStats, STALE_AFTER, UNIFORM_ARENA_BYTES};
-pub use buffer::{PendingRead, Readback, STORAGE};
+pub use buffer::{InFlightRead, PendingRead, Readback, STORAGE};
 pub use context::{
     enumerate_adapters, AdapterReport, Capabilities, GpuContext, SHARED_GL_WAIT_SLICE,
 };

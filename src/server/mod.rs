@@ -4,10 +4,11 @@
 //! to it and read each request's events from its own async-capable stream, so the async
 //! runtime never waits on the GPU. Endpoints: `POST /v1/completions`
 //! (`completions.rs`, streamed as Server-Sent Events on request), `POST
-//! /v1/chat/completions` (`chat.rs`: the model's chat template, then the same path),
-//! `GET /v1/models`,
-//! `GET /health` (200 once the model is loaded, 503 while loading or after the engine
-//! failed), `GET /metrics` (Prometheus text, `metrics.rs`). Errors are OpenAI-shaped
+//! /v1/chat/completions` (`chat.rs`: the model's chat template, then the same path; tool
+//! definitions rendered into the prompt and tool calls parsed out of the reply, `tools.rs`),
+//! `POST /tokenize` and `POST /detokenize` (`tokens.rs`), `GET /v1/models`, `GET /health`
+//! (200 once the model is loaded, 503 while loading or after the engine failed), `GET
+//! /metrics` (Prometheus text, `metrics.rs`). Errors are OpenAI-shaped
 //! (`error.rs`), for refusals before routing too: `guard.rs` checks `Host`, `Origin`,
 //! the content type and how the body arrives, and `listen.rs` bounds connections and how
 //! long a request head may take. SIGINT or SIGTERM refuses new requests with 503 (`/health`

@@ -159,21 +159,7 @@ pub fn plan(
         None => "auto",
         Some(ToolChoice::Mode(m)) => m.as_str(),
         Some(ToolChoice::Named { kind, function }) => {
-            if kind != "function" {
-                return Err(invalid(
-                    format!("tool_choice has type `{kind}`; only `function` is supported"),
-                    "tool_choice",
-                ));
-            }
-            let Some(t) = tools.iter().find(|t| t.function.name == function.name) else {
-                return Err(invalid(
-                    format!(
-                        "tool_choice names `{}`, which is not in `tools`",
-                        function.name
-                    ),
-                    "tool_choice",
-                ));
-            };
+            let t = named_tool(tools, kind, &function.name)?;
             return Ok(ToolPlan {
                 mode: Some(ToolMode::Named(function.name.clone())),
                 template_tools,
@@ -181,9 +167,47 @@ pub fn plan(
             });
         }
     };
-    let mode = match mode {
+    let mode = tool_mode(mode, !tools.is_empty(), parallel, auto)?;
+    let constraint = match &mode {
+        Some(ToolMode::Required { parallel }) => Some(required_schema(tools, *parallel)),
+        _ => None,
+    };
+    Ok(ToolPlan {
+        mode,
+        template_tools,
+        constraint,
+    })
+}
+
+/// The tool a named `tool_choice` picks.
+fn named_tool<'a>(tools: &'a [Tool], kind: &str, name: &str) -> Result<&'a Tool, ApiError> {
+    if kind != "function" {
+        return Err(invalid(
+            format!("tool_choice has type `{kind}`; only `function` is supported"),
+            "tool_choice",
+        ));
+    }
+    tools
+        .iter()
+        .find(|t| t.function.name == name)
+        .ok_or_else(|| {
+            invalid(
+                format!("tool_choice names `{name}`, which is not in `tools`"),
+                "tool_choice",
+            )
+        })
+}
+
+/// The mode a `tool_choice` string asks for (`None`: no tool calls), where it can work.
+fn tool_mode(
+    mode: &str,
+    has_tools: bool,
+    parallel: bool,
+    auto: AutoToolChoice,
+) -> Result<Option<ToolMode>, ApiError> {
+    Ok(match mode {
         "none" => None,
-        _ if tools.is_empty() => {
+        _ if !has_tools => {
             return Err(invalid(
                 format!("tool_choice `{mode}` needs `tools`"),
                 "tool_choice",
@@ -207,15 +231,6 @@ pub fn plan(
                 "tool_choice",
             ))
         }
-    };
-    let constraint = match &mode {
-        Some(ToolMode::Required { parallel }) => Some(required_schema(tools, *parallel)),
-        _ => None,
-    };
-    Ok(ToolPlan {
-        mode,
-        template_tools,
-        constraint,
     })
 }
 

@@ -280,35 +280,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     };
     let requests = args.requests()?;
     let engine = load(&args, &dir)?;
-    // A line that is not a valid request, or that the engine refuses, fails alone. The
-    // valid ones are submitted together, so they are batched from the first step.
-    let valid: Vec<Request> = requests
-        .iter()
-        .filter_map(|(_, r)| r.as_ref().ok())
-        .map(|(prompt, params)| Request::text(prompt.clone()).with_params(params.clone()))
-        .collect();
-    let mut submitted = engine.submit_all(valid).into_iter();
-    let mut early: Vec<Outcome> = Vec::with_capacity(requests.len());
-    let mut streams: Vec<Option<RequestStream>> = Vec::with_capacity(requests.len());
-    for (_, r) in &requests {
-        let added = match r {
-            Ok(_) => match submitted.next() {
-                Some(s) => s.map_err(|e| e.to_string()),
-                None => Err("no result from the engine".to_string()),
-            },
-            Err(msg) => Err(msg.clone()),
-        };
-        match added {
-            Ok(stream) => {
-                streams.push(Some(stream));
-                early.push(None);
-            }
-            Err(msg) => {
-                streams.push(None);
-                early.push(Some(Err(msg)));
-            }
-        }
-    }
+    let (streams, early) = submit(&engine, &requests);
     let single = match requests.as_slice() {
         [(_, Ok((prompt, p)))] if p.n == 1 && p.beam_width.is_none() => Some(prompt),
         _ => None,
@@ -341,6 +313,46 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             }
         }
     }
+    finish(&args, engine, failed, requests.len())
+}
+
+/// Submits every valid line's request together, so they are batched from the first step.
+/// Returns each line's stream, or (for a line that is not a valid request, or that the
+/// engine refuses) its failure, in input order.
+fn submit(engine: &EngineHandle, requests: &[Line]) -> (Vec<Option<RequestStream>>, Vec<Outcome>) {
+    let valid: Vec<Request> = requests
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().ok())
+        .map(|(prompt, params)| Request::text(prompt.clone()).with_params(params.clone()))
+        .collect();
+    let mut submitted = engine.submit_all(valid).into_iter();
+    let mut early: Vec<Outcome> = Vec::with_capacity(requests.len());
+    let mut streams: Vec<Option<RequestStream>> = Vec::with_capacity(requests.len());
+    for (_, r) in requests {
+        let added = match r {
+            Ok(_) => match submitted.next() {
+                Some(s) => s.map_err(|e| e.to_string()),
+                None => Err("no result from the engine".to_string()),
+            },
+            Err(msg) => Err(msg.clone()),
+        };
+        match added {
+            Ok(stream) => {
+                streams.push(Some(stream));
+                early.push(None);
+            }
+            Err(msg) => {
+                streams.push(None);
+                early.push(Some(Err(msg)));
+            }
+        }
+    }
+    (streams, early)
+}
+
+/// The end of a run: statistics and the profile when asked for, the engine shut down, and
+/// an error when any request failed.
+fn finish(args: &GenerateArgs, engine: EngineHandle, failed: usize, total: usize) -> Result<()> {
     if args.stats {
         if let Some(s) = engine.stats_now() {
             print_stats(&s.engine);
@@ -350,7 +362,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         eprintln!("\n{report}");
     }
     if failed > 0 {
-        bail!("{failed} of {} requests failed", requests.len());
+        bail!("{failed} of {total} requests failed");
     }
     Ok(())
 }

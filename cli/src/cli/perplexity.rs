@@ -78,7 +78,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     )
     .with_context(|| format!("loading the model in {}", dir.display()))?;
     let tokens = scorer
-        .tokenizer
+        .tokenizer()
         .encode(&text)
         .with_context(|| format!("tokenizing {}", args.file.display()))?;
     let report = score_with_progress(&mut scorer, &tokens, &args)?;

@@ -5,7 +5,7 @@
 //! scheduler picks for each victim whichever of "swap its blocks out and back in" and
 //! "recompute its tokens" is cheaper. Explicit modes (`--preemption-mode`) override.
 
-use super::super::config::PreemptionMode;
+use crate::config::PreemptionMode;
 
 /// Weight of the newest measurement in the running averages.
 const EWMA_ALPHA: f64 = 0.3;

@@ -48,10 +48,10 @@ pub use commit::{BeamChild, Committed, Fork, NextToken, SampleOutcome, Sampled};
 pub use cost::{choose_mode, CostEstimate, PreemptionCosts, Victim};
 pub use queues::Queue;
 
-use super::config::EngineConfig;
 use super::output::RequestId;
 use super::sequence::{GroupShape, SequenceGroup};
 use crate::cache::{AllocStatus, BlockManager, BlockOps, CacheError, SeqId};
+use crate::config::EngineConfig;
 use std::collections::{HashMap, VecDeque};
 
 /// One sequence's share of a step.

@@ -9,11 +9,11 @@
 //! only as the last resort. Groups already served this step are never victims (their
 //! blocks are being written).
 
-use super::super::config::PreemptionMode;
 use super::super::sequence::SequenceGroup;
 use super::cost::{choose_mode, Victim};
 use super::Scheduler;
 use crate::cache::CacheError;
+use crate::config::PreemptionMode;
 use crate::engine::output::RequestId;
 use std::collections::VecDeque;
 

@@ -104,6 +104,21 @@ impl<D, R> Scheduler<D, R> {
         self.num_groups() == 0
     }
 
+    /// Leading tokens of sequence `seq` whose K/V are in the cache (0 without a table).
+    pub fn num_computed(&self, seq: crate::cache::SeqId) -> usize {
+        self.blocks.num_computed_tokens(seq).unwrap_or(0)
+    }
+
+    /// The block manager's statistics (this walks every block table).
+    pub fn cache_stats(&self) -> crate::cache::CacheStats {
+        self.blocks.stats()
+    }
+
+    /// The KV cache groups the block manager keeps a table per.
+    pub fn kv_groups(&self) -> &crate::cache::KvGroups {
+        self.blocks.groups()
+    }
+
     pub fn num_waiting(&self) -> usize {
         self.waiting.len()
     }

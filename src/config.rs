@@ -1,5 +1,6 @@
-//! Engine options: KV cache size and precision, scheduler limits, preemption policy, the
-//! weights' format.
+//! The engine's options (plain data, below everything that reads them): KV cache size and
+//! precision, scheduler limits, preemption policy, the weights' format, speculative
+//! decoding, the prefix cache's tiers.
 
 use crate::kernels::WeightDtype;
 use crate::pool::{KvDtype, KvRotation};

@@ -1,0 +1,283 @@
+//! The step's lifecycle. [`Engine::begin_step`] drops requests whose caller has gone,
+//! lets speculating sequences propose, reads the next requests' prompt blocks from the disk
+//! tier, schedules, and submits the step's block operations and forward pass without
+//! waiting for them; [`Engine::end_step`] takes the read-backs, writes newly named blocks to
+//! the disk tier, samples and streams (`advance.rs`), and feeds the cost models. In between
+//! the caller may do anything but step again: a native driver waits on its own thread
+//! ([`Engine::wait_step`]), a browser lets its event loop run and polls
+//! ([`Engine::step_ready`]). Requests may be added meanwhile; aborts wait for the step's end.
+//!
+//! Still waiting inside: a draft model's proposal passes (`propose`), and the copy of the
+//! last step's named blocks to the disk tier when the engine runs out of work.
+
+use super::core::{Engine, Result};
+use super::output::{RequestEvent, RequestId};
+use super::request::{RequestSide, SeqOutput};
+use super::scheduler::SchedulerOutput;
+use crate::cache::BlockOps;
+use crate::runner::{PendingStep, StepPlan};
+use std::time::Instant;
+
+/// A step the engine has submitted and not yet finished.
+#[must_use = "finish the step with Engine::end_step"]
+pub struct StepInFlight {
+    work: Work,
+    start: Instant,
+    /// Pipelines compiled before the step (see `compiled_since`).
+    compiled: u64,
+}
+
+enum Work {
+    /// Nothing was submitted: no group could be scheduled.
+    Nothing { ops: BlockOps },
+    /// Block operations alone (a swap-only step).
+    Ops { ops: BlockOps, pending: PendingStep },
+    /// A forward pass (and the block operations before it).
+    Forward {
+        sched: Box<SchedulerOutput<SeqOutput, RequestSide>>,
+        pending: PendingStep,
+    },
+}
+
+impl StepInFlight {
+    fn pending(&self) -> Option<&PendingStep> {
+        match &self.work {
+            Work::Nothing { .. } => None,
+            Work::Ops { pending, .. } | Work::Forward { pending, .. } => Some(pending),
+        }
+    }
+}
+
+impl Engine {
+    /// Runs steps until every request has finished.
+    pub fn run_to_completion(&mut self) -> Result<()> {
+        while self.has_unfinished() {
+            self.step()?;
+        }
+        Ok(())
+    }
+
+    /// One engine step, waiting for the GPU on this thread. Returns the number of tokens
+    /// computed. An error here was caused by no single request: every pending request has
+    /// then been failed with it, and the engine is empty and can take new requests.
+    pub fn step(&mut self) -> Result<usize> {
+        let step = self.begin_step()?;
+        if let Err(e) = self.wait_step(&step) {
+            self.in_flight = false;
+            self.end_profile();
+            return Err(self.failed(e));
+        }
+        self.end_step(step)
+    }
+
+    /// Schedules a step and submits its GPU work without waiting for it. Refused while
+    /// another step is in flight. On an error every pending request has been failed.
+    pub fn begin_step(&mut self) -> Result<StepInFlight> {
+        if self.in_flight {
+            return Err(super::EngineError::Internal(
+                "a step is already in flight; end it first".into(),
+            ));
+        }
+        self.drop_abandoned();
+        match self.try_begin() {
+            Ok(step) => {
+                self.in_flight = true;
+                Ok(step)
+            }
+            Err(e) => {
+                self.end_profile();
+                Err(self.failed(e))
+            }
+        }
+    }
+
+    /// Whether `step`'s GPU work has run and its read-backs have landed (this polls the
+    /// device without waiting).
+    pub fn step_ready(&self, step: &StepInFlight) -> Result<bool> {
+        match step.pending() {
+            Some(p) => Ok(self.runner.is_ready(p)?),
+            None => Ok(true),
+        }
+    }
+
+    /// Waits on this thread until `step` is ready (native drivers; a browser never waits).
+    pub fn wait_step(&self, step: &StepInFlight) -> Result<()> {
+        match step.pending() {
+            Some(p) => Ok(self.runner.wait(p)?),
+            None => Ok(()),
+        }
+    }
+
+    /// Finishes `step`: its read-backs are taken (waited for if not ready), sampled and
+    /// streamed. Returns the number of tokens computed; on an error every pending request
+    /// has been failed. Aborts asked for during the step happen now.
+    pub fn end_step(&mut self, step: StepInFlight) -> Result<usize> {
+        let result = self.try_end(step);
+        self.in_flight = false;
+        self.end_profile();
+        for id in std::mem::take(&mut self.deferred_aborts) {
+            self.abort(id);
+        }
+        result.map_err(|e| self.failed(e))
+    }
+
+    fn try_begin(&mut self) -> Result<StepInFlight> {
+        let start = Instant::now();
+        let compiled = self.ctx.pipelines_compiled();
+        self.propose();
+        self.load_waiting_from_disk();
+        let mut sched = self.scheduler.schedule()?;
+        for f in std::mem::take(&mut sched.failed) {
+            f.group.send(RequestEvent::Failed(f.reason));
+        }
+        let work = if !sched.scheduled.is_empty() {
+            self.idle_steps = 0;
+            let pending = self.submit_forward(&sched)?;
+            Work::Forward {
+                sched: Box::new(sched),
+                pending,
+            }
+        } else if !sched.ops.is_empty() {
+            let pending = self.runner.submit(&StepPlan {
+                ops: &sched.ops,
+                forward: None,
+                read_argmax: false,
+                read_logits: false,
+                label: "block ops",
+            })?;
+            Work::Ops {
+                ops: sched.ops,
+                pending,
+            }
+        } else {
+            Work::Nothing { ops: sched.ops }
+        };
+        Ok(StepInFlight {
+            work,
+            start,
+            compiled,
+        })
+    }
+
+    fn try_end(&mut self, step: StepInFlight) -> Result<usize> {
+        let StepInFlight {
+            work,
+            start,
+            compiled,
+        } = step;
+        let (sched, pending) = match work {
+            Work::Nothing { ops } => {
+                let n = self.idle_step(&ops, None, start)?;
+                self.store_to_disk(&ops);
+                return Ok(n);
+            }
+            Work::Ops { ops, pending } => {
+                let n = self.idle_step(&ops, Some(pending), start)?;
+                self.store_to_disk(&ops);
+                return Ok(n);
+            }
+            Work::Forward { sched, pending } => (sched, pending),
+        };
+        let read = self.runner.finish(pending)?;
+        self.store_to_disk(&sched.ops);
+        self.advance(&sched, &read)?;
+        if !self.has_unfinished() {
+            self.flush_prefix_tiers()?;
+        }
+        self.record_costs(&sched, start, compiled);
+        Ok(sched.scheduled.iter().map(|s| s.len).sum())
+    }
+
+    /// Feeds the step's time to the cost models: prefill throughput for automatic
+    /// preemption, or the decode step cost at its row count for the adaptive `k`.
+    fn record_costs(
+        &mut self,
+        sched: &SchedulerOutput<SeqOutput, RequestSide>,
+        start: Instant,
+        compiled: u64,
+    ) {
+        let rows: usize = sched.scheduled.iter().map(|s| s.len).sum();
+        if sched.scheduled.iter().any(|s| s.own_len() > 1) {
+            self.scheduler
+                .costs
+                .record_prefill(rows, start.elapsed().as_secs_f64());
+        } else if self.config.speculative.is_some() && !self.compiled_since(compiled) {
+            self.step_costs.record(rows, start.elapsed().as_secs_f64());
+        }
+    }
+
+    /// Whether the step just run compiled a pipeline (the context had compiled `before` of
+    /// them before it): the first step of each kernel variant does, once per process, and
+    /// that step's time (tens of milliseconds on a CPU adapter) says nothing about what its
+    /// row count costs. Bind groups made for a row count are left in: the cache drops those
+    /// unused for a few steps, so a row count seen only now and then pays for them each
+    /// time, and that is part of what it costs.
+    fn compiled_since(&self, before: u64) -> bool {
+        self.ctx.pipelines_compiled() != before
+    }
+
+    /// A step that computes nothing: it may still move blocks (a swap-only step, which is
+    /// timed for the cost model, less the fixed cost of its submit). Several in a row with
+    /// requests pending would mean the scheduler lost liveness; rather than loop, every
+    /// pending request fails.
+    fn idle_step(
+        &mut self,
+        ops: &BlockOps,
+        pending: Option<PendingStep>,
+        start: Instant,
+    ) -> Result<usize> {
+        if let Some(pending) = pending {
+            self.runner.finish(pending)?;
+            let blocks = ops.swap_out.len() + ops.swap_in.len();
+            let moved = blocks as u64 * self.scheduler.costs.block_bytes;
+            let seconds = start.elapsed().as_secs_f64() - self.swap_latency_s;
+            self.scheduler.costs.record_swap(moved, seconds);
+            self.idle_steps = 0;
+        } else if self.has_unfinished() {
+            self.idle_steps += 1;
+            if self.idle_steps > 3 {
+                self.idle_steps = 0;
+                let msg = "the engine step failed: requests are pending but none can be \
+                           scheduled (a scheduler fault)";
+                self.fail_all(msg);
+                return Err(super::EngineError::Internal(msg.into()));
+            }
+        }
+        Ok(0)
+    }
+
+    fn end_profile(&self) {
+        if let Some(p) = self.ctx.profiler() {
+            p.end_step();
+        }
+    }
+
+    /// Fails every pending request with `e` (a step's error no single request caused)
+    /// and returns it.
+    fn failed(&mut self, e: super::EngineError) -> super::EngineError {
+        self.fail_all(&format!("the engine step failed: {e}"));
+        e
+    }
+
+    /// Aborts requests whose caller dropped the event receiver, freeing their blocks.
+    fn drop_abandoned(&mut self) {
+        let gone: Vec<RequestId> = self
+            .scheduler
+            .groups()
+            .filter(|g| g.abandoned())
+            .map(|g| g.request_id)
+            .collect();
+        for id in gone {
+            tracing::debug!(request = id, "caller went away; aborting");
+            self.scheduler.remove(id);
+            self.abandoned += 1;
+        }
+    }
+
+    /// Fails every pending request with `reason` and frees everything they held.
+    pub(super) fn fail_all(&mut self, reason: &str) {
+        for g in self.scheduler.remove_all() {
+            g.send(RequestEvent::Failed(reason.to_string()));
+        }
+    }
+}

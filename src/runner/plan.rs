@@ -1,0 +1,174 @@
+//! How big a runner's pools are, and how a model's layers share their blocks: for the
+//! engine ([`PoolPlan::for_engine`]: a byte budget or block counts, checked to hold one
+//! sequence at its peak, with KV cache groups where layers mix windows), for a draft model
+//! ([`PoolPlan::for_draft`]: every running sequence at the full context, within the
+//! target pool's bytes) and for the scorer ([`PoolPlan::for_window`]: one window).
+
+use super::{Result, RunnerError, RunnerSpec};
+use crate::cache::{KvGroups, LayerGroups};
+use crate::config::EngineConfig;
+use crate::model::ModelConfig;
+use crate::pool::{KvLayout, KvRotation};
+
+/// The KV layout `config` asks of model `c`, validated: one slab per layer.
+pub fn kv_layout(c: &ModelConfig, config: &EngineConfig) -> Result<KvLayout> {
+    let layout = KvLayout {
+        num_layers: c.num_layers,
+        num_kv_heads: c.num_kv_heads,
+        head_dim: c.head_dim,
+        block_size: config.block_size,
+        dtype: config.kv_dtype,
+    };
+    layout
+        .validate()
+        .map_err(|e| RunnerError::Config(e.to_string()))?;
+    Ok(layout)
+}
+
+/// The rotation `config` asks for (by default: what its KV dtype wants).
+pub fn kv_rotation(config: &EngineConfig) -> KvRotation {
+    config
+        .kv_rotation
+        .unwrap_or(KvRotation::default_for(config.kv_dtype))
+}
+
+/// A runner's pools: the block layout, the device and host pools' sizes, and how the
+/// layers map onto KV cache groups.
+#[derive(Clone, Debug)]
+pub struct PoolPlan {
+    pub layer_groups: LayerGroups,
+    pub kv_groups: KvGroups,
+    /// One block: `layer_groups.slabs` layers.
+    pub layout: KvLayout,
+    pub gpu_blocks: usize,
+    pub cpu_blocks: usize,
+    /// Blocks one sequence holds at most.
+    pub needed: usize,
+}
+
+impl PoolPlan {
+    /// The engine's pools for model `c` at context `max_model_len`, checked to hold one
+    /// sequence at its peak (every block of its context, except in windowed groups, which
+    /// hold their window and a step's chunk).
+    pub fn for_engine(
+        c: &ModelConfig,
+        config: &EngineConfig,
+        max_model_len: usize,
+    ) -> Result<Self> {
+        let (layer_groups, kv_groups) = kv_groups(c, config, max_model_len);
+        let layout = KvLayout {
+            num_layers: layer_groups.slabs,
+            ..kv_layout(c, config)?
+        };
+        let blocks_in = |bytes: u64| (bytes / layout.block_bytes_all_layers()) as usize;
+        let gpu_blocks = config
+            .num_gpu_blocks
+            .unwrap_or(blocks_in(config.kv_cache_bytes));
+        let needed = kv_groups.blocks_between(0, max_model_len, config.block_size);
+        if gpu_blocks < needed {
+            return Err(RunnerError::Config(format!(
+                "a KV pool of {gpu_blocks} blocks cannot hold one sequence of {max_model_len} tokens \
+                 ({needed} blocks of {} tokens over {} KV cache group(s)); give more blocks \
+                 (--num-gpu-blocks) or a smaller --max-model-len",
+                config.block_size,
+                kv_groups.len()
+            )));
+        }
+        let cpu_blocks = config
+            .num_cpu_blocks
+            .unwrap_or(blocks_in(config.swap_space_bytes));
+        Ok(PoolPlan {
+            layer_groups,
+            kv_groups,
+            layout,
+            gpu_blocks,
+            cpu_blocks,
+            needed,
+        })
+    }
+
+    /// A draft model's pool: every running sequence at the full context, in the engine's
+    /// block size and KV dtype, within `pool_bytes` (the target pool's); no host pool. The
+    /// error says why it cannot hold one sequence.
+    pub fn for_draft(
+        c: &ModelConfig,
+        config: &EngineConfig,
+        max_model_len: usize,
+        pool_bytes: u64,
+    ) -> std::result::Result<Self, String> {
+        let layout = kv_layout(c, config).map_err(|e| e.to_string())?;
+        let per_seq = max_model_len.div_ceil(config.block_size) + 1;
+        let affordable = (pool_bytes / layout.block_bytes_all_layers()) as usize;
+        let blocks = (config.max_num_seqs.max(1) * per_seq).min(affordable);
+        if blocks < per_seq {
+            return Err(format!(
+                "a pool of {blocks} blocks (the target pool's bytes) cannot hold one sequence \
+                 of {max_model_len} tokens; give more KV memory or a smaller --max-model-len"
+            ));
+        }
+        Ok(Self::single(c, layout, blocks, per_seq))
+    }
+
+    /// The scorer's pool: one window of `context` tokens.
+    pub fn for_window(c: &ModelConfig, config: &EngineConfig, context: usize) -> Result<Self> {
+        let layout = kv_layout(c, config)?;
+        let blocks = context.div_ceil(config.block_size);
+        Ok(Self::single(c, layout, blocks, blocks))
+    }
+
+    fn single(c: &ModelConfig, layout: KvLayout, blocks: usize, needed: usize) -> Self {
+        PoolPlan {
+            layer_groups: LayerGroups::single(c.num_layers),
+            kv_groups: KvGroups::default(),
+            layout,
+            gpu_blocks: blocks,
+            cpu_blocks: 0,
+            needed,
+        }
+    }
+
+    /// The runner of this plan, for a model at context `max_model_len` computing at most
+    /// `max_tokens` tokens and `max_rows` sampled rows a step.
+    pub fn runner_spec(
+        &self,
+        config: &EngineConfig,
+        max_model_len: usize,
+        max_tokens: usize,
+        max_rows: usize,
+    ) -> RunnerSpec {
+        RunnerSpec {
+            max_model_len,
+            weight_dtype: config.weight_dtype,
+            layout: self.layout,
+            gpu_blocks: self.gpu_blocks,
+            cpu_blocks: self.cpu_blocks,
+            rotation: kv_rotation(config),
+            layer_slots: Some(self.layer_groups.layer_slots.clone()),
+            max_tokens,
+            max_rows,
+        }
+    }
+}
+
+/// How the model's layers share KV blocks: with `free_out_of_window_blocks`, a model whose
+/// layers all slide by one window gives back blocks that left it (one group with that
+/// window), and a model that mixes windowed and global layers keeps a block table per group
+/// of layers ([`LayerGroups::plan`]); otherwise one group keeps every block.
+fn kv_groups(
+    c: &ModelConfig,
+    config: &EngineConfig,
+    max_model_len: usize,
+) -> (LayerGroups, KvGroups) {
+    let chunk = config.max_num_batched_tokens;
+    let single = LayerGroups::single(c.num_layers);
+    if !config.free_out_of_window_blocks {
+        return (single, KvGroups::default());
+    }
+    if let Some(w) = c.recipe.common_window() {
+        return (single, KvGroups::new(vec![Some(w)], chunk));
+    }
+    let windows: Vec<Option<usize>> = c.recipe.layers.iter().map(|l| l.window).collect();
+    let plan = LayerGroups::plan(&windows, max_model_len);
+    let groups = KvGroups::new(plan.windows.clone(), chunk);
+    (plan, groups)
+}
