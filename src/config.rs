@@ -2,8 +2,7 @@
 //! precision, scheduler limits, preemption policy, the weights' format, speculative
 //! decoding, the prefix cache's tiers.
 
-use crate::kernels::WeightDtype;
-use crate::pool::{KvDtype, KvRotation};
+use crate::formats::{KvDtype, KvRotation, WeightDtype};
 
 /// How a preempted sequence group gets its KV cache back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

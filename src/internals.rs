@@ -2,6 +2,8 @@
 //! own tests; nothing here is a stable API. (The parts live in folders of their own beside
 //! this file; `lib.rs` imports them under their short names for the rest of the crate.)
 //!
+//! - [`formats`]: the weight and KV formats with their plain-Rust reference encoders and
+//!   decoders (no GPU, no containers);
 //! - [`gpu`]: the wgpu context, pipelines, buffers and command batches; [`error`]: its
 //!   typed errors;
 //! - [`nn`]: plain definitions of the network's parts (activations, rotary
@@ -9,8 +11,7 @@
 //! - [`kernels`]: the WGSL compute kernels with typed launchers, and the kernel plan;
 //! - [`reference`](mod@reference): plain-Rust versions of every kernel, the oracle the GPU is tested
 //!   against;
-//! - [`gguf`]: GGUF files (metadata, tensors, tokenizer) and the reference
-//!   (de)quantizers of GGML's block formats;
+//! - [`gguf`]: GGUF files: the reader, the metadata as a config, the tokenizer;
 //! - [`pool`]: GPU storage of the KV blocks (f16, f32, int8, int4);
 //! - [`cache`]: the block manager (block tables, reference counts, copy-on-write, swap,
 //!   prefix caching and its host tier), plain Rust; [`cache_engine`] carries out its
@@ -43,6 +44,8 @@ pub mod engine;
 pub mod error;
 #[path = "eval.rs"]
 pub mod eval;
+#[path = "formats/mod.rs"]
+pub mod formats;
 #[path = "gguf/mod.rs"]
 pub mod gguf;
 #[path = "gpu/mod.rs"]

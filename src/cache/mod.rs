@@ -24,6 +24,7 @@ mod device;
 mod error;
 mod group;
 mod groups;
+mod holds;
 mod ids;
 mod invariants;
 mod manager;

@@ -13,13 +13,10 @@
 //! in use lose their name and go to the free list when released.
 
 use super::error::CacheError;
+pub use super::holds::PinId;
 use super::ids::DeviceBlockId;
 use super::manager::BlockManager;
 use super::prefix::{hash_block, BlockHash, ExtraKeys};
-
-/// A pinned prefix.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PinId(pub u64);
 
 impl BlockManager {
     /// Pins the leading full blocks of `tokens` that are cached on the device (the whole
@@ -142,12 +139,4 @@ impl BlockManager {
         }
         chain
     }
-}
-
-/// The pins' holds: per pin its blocks, per block how many pins hold it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Pins {
-    held: std::collections::BTreeMap<PinId, Vec<DeviceBlockId>>,
-    counts: std::collections::BTreeMap<DeviceBlockId, u32>,
-    next: u64,
 }

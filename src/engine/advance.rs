@@ -5,7 +5,8 @@
 //! manager, and report the groups it let go. A failure here belongs to one request and
 //! fails that request alone.
 
-use super::core::{Engine, EngineError, Result};
+use super::core::Engine;
+use super::error::{EngineError, Result};
 use super::output::{CompletionOutput, FinishReason, RequestEvent, RequestId, TokenLogprob};
 use super::request::{completion, Group, RequestSide, SeqOutput};
 use super::scheduler::{BeamChild, Fork, NextToken, SampleOutcome, Sampled, SchedulerOutput};

@@ -14,25 +14,23 @@
 //! pending request with the reason and leaves the engine empty and usable, so no caller ever
 //! waits forever and no step loops.
 
+use super::error::{EngineError, Result};
 use super::intake::{Intake, Prepared, Request};
 use super::output::{FinishReason, RequestEvent, RequestId};
 use super::request::{completion, Prompt, RequestHandle, RequestSide, SeqOutput, SpecState};
 use super::scheduler::{PreemptionCosts, Scheduler, SchedulerStats};
 use super::sequence::{Sequence, SequenceGroup};
-use crate::cache::{BlockManager, BlockOps, CacheConfig, CacheError, CacheStats};
+use super::tiers::Disk;
+use crate::cache::{BlockManager, BlockOps, CacheConfig, CacheStats};
 use crate::cache::{DeviceBlockId, HostBlockId};
 use crate::config::EngineConfig;
-use crate::constrain::ConstraintError;
-use crate::disk_tier::{DiskStats, DiskTier};
-use crate::error::GpuError;
+use crate::disk_tier::DiskStats;
 use crate::gpu::GpuContext;
-use crate::model::ModelError;
 use crate::pool::{KvLayout, KvPool, KvRotation};
 use crate::runner::plan::PoolPlan;
-use crate::runner::{open_model, ModelRunner, RunnerError};
-use crate::sampling::SamplingError;
+use crate::runner::{open_model, ModelRunner};
 use crate::spec::{AcceptanceRate, AdaptiveK, NgramIndex, StepCostFit};
-use crate::tokenizer::{Tokenizer, TokenizerError};
+use crate::tokenizer::Tokenizer;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -40,66 +38,6 @@ use std::time::Instant;
 /// Weight the engine's acceptance rate keeps at each verified step: a memory of about a
 /// hundred steps of proposals, across requests.
 const ENGINE_RATE_DECAY: f64 = 0.99;
-
-/// Why the engine, or one request, could not do what was asked.
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    /// The model's files: missing, malformed, or of an unsupported architecture.
-    #[error(transparent)]
-    Model(#[from] ModelError),
-    /// The GPU: no adapter, out of memory, a lost device.
-    #[error(transparent)]
-    Gpu(#[from] GpuError),
-    /// The tokenizer could not load, or could not encode a prompt.
-    #[error(transparent)]
-    Tokenizer(#[from] TokenizerError),
-    /// Sampling parameters that cannot work (each names the parameter).
-    #[error(transparent)]
-    Sampling(#[from] SamplingError),
-    /// The block manager refused an operation (a fault of the engine's own bookkeeping).
-    #[error("KV cache bookkeeping: {0}")]
-    Cache(#[from] CacheError),
-    /// The engine's configuration cannot work with this model or adapter: why.
-    #[error("invalid engine configuration: {0}")]
-    Config(String),
-    /// The request cannot run (a prompt longer than the context, an empty prompt, token
-    /// ids outside the vocabulary...): why.
-    #[error("invalid request: {0}")]
-    InvalidRequest(String),
-    /// The request's constraint does not compile (or cannot be set up for this model).
-    #[error(transparent)]
-    Constraint(#[from] ConstraintError),
-    /// The request was accepted but could not complete (it can never fit, or a step failed).
-    #[error("request failed: {0}")]
-    RequestFailed(String),
-    /// A fault of the engine itself; every pending request has been failed with it.
-    #[error("engine fault: {0}")]
-    Internal(String),
-    /// The model is still loading; requests are taken once it is.
-    #[error("the model is still loading")]
-    NotReady,
-    /// The engine was closed or shut down and takes no more requests.
-    #[error("the engine is shutting down and takes no more requests")]
-    Closed,
-    /// The engine cannot take requests: the reason (the model did not load, the device was
-    /// lost, the engine thread stopped).
-    #[error("the engine is unavailable: {0}")]
-    Unavailable(String),
-}
-
-impl From<RunnerError> for EngineError {
-    fn from(e: RunnerError) -> Self {
-        match e {
-            RunnerError::Model(e) => EngineError::Model(e),
-            RunnerError::Gpu(e) => EngineError::Gpu(e),
-            RunnerError::Tokenizer(e) => EngineError::Tokenizer(e),
-            RunnerError::Config(why) => EngineError::Config(why),
-        }
-    }
-}
-
-/// The engine's results.
-pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 
 /// Statistics of the KV cache and the scheduler (their parts are in [`crate::stats`]).
 #[derive(Clone, Debug)]
@@ -198,12 +136,8 @@ pub struct Engine {
     pub(super) step_costs: StepCostFit,
     /// The acceptance rate of recent requests' proposals: where a new request's starts.
     pub(super) spec_rate: AcceptanceRate,
-    /// The disk tier of the prefix cache (`tiers.rs`), with a block's worth of bytes to
-    /// read records into.
-    pub(super) disk: Option<DiskTier>,
-    pub(super) tier_scratch: Vec<u8>,
-    /// The block names of the waiting requests next in line, for disk lookups.
-    pub(super) disk_chains: std::collections::HashMap<RequestId, super::tiers::DiskChain>,
+    /// The disk tier of the prefix cache (`tiers.rs`).
+    pub(super) disk: Option<Disk>,
     /// The draft model proposing for speculative decoding, if one is configured.
     pub(super) draft: Option<super::draft::DraftModel>,
 }
@@ -303,7 +237,7 @@ fn context_length(c: &crate::model::ModelConfig, config: &EngineConfig) -> Resul
 /// The prefix cache's lower tiers `config` asks for.
 struct Tiers {
     /// The disk tier, if any.
-    disk: Option<DiskTier>,
+    disk: Option<Disk>,
     /// Host blocks the host tier may hold.
     host_blocks: usize,
 }
@@ -319,7 +253,11 @@ fn tiers(
     plan: &PoolPlan,
 ) -> Result<Tiers> {
     let disk = match &config.kv_cache_dir {
-        Some(dir) => Some(open_disk(model_dir, dir, c, max_model_len, config, pool)?),
+        Some(dir) => {
+            let pool = (&pool.layout, pool.rotation());
+            let disk = Disk::open(model_dir, dir, c, max_model_len, config, pool);
+            Some(disk.map_err(EngineError::Config)?)
+        }
         None => None,
     };
     let host_blocks = match config.host_tier_blocks {
@@ -373,31 +311,6 @@ fn open_draft(
     Ok(Some(draft))
 }
 
-/// The disk tier for this model, context, weight format and pool.
-fn open_disk(
-    model_dir: &Path,
-    dir: &Path,
-    c: &crate::model::ModelConfig,
-    max_model_len: usize,
-    config: &EngineConfig,
-    pool: &KvPool,
-) -> Result<DiskTier> {
-    let failed = |e: std::io::Error| {
-        EngineError::Config(format!(
-            "the KV cache folder {} cannot be used: {e}",
-            dir.display()
-        ))
-    };
-    let id = super::tiers::model_identity(model_dir, dir).map_err(failed)?;
-    let weights = config
-        .weight_dtype
-        .map_or("as stored".to_string(), |w| format!("{w:?}"));
-    let layout = pool.layout;
-    let ns = super::tiers::namespace(&id, c, max_model_len, &weights, &layout, pool.rotation());
-    let bytes = layout.block_bytes_all_layers() as usize;
-    super::tiers::open_disk_tier(dir, config.kv_cache_disk_bytes, &ns, bytes).map_err(failed)
-}
-
 impl Engine {
     /// Opens the model folder on the adapter chosen by the environment.
     pub fn new(model_dir: &Path, config: EngineConfig) -> Result<Self> {
@@ -446,8 +359,6 @@ impl Engine {
             step_costs: StepCostFit::default(),
             spec_rate: AcceptanceRate::starting_at(0.5, ENGINE_RATE_DECAY),
             disk: tiers.disk,
-            tier_scratch: Vec::new(),
-            disk_chains: Default::default(),
             draft,
         };
         engine.calibrate_swap()?;
@@ -667,7 +578,7 @@ impl Engine {
             kv_groups: self.scheduler.kv_groups().windows().to_vec(),
             draft: self.draft.as_ref().map(|d| d.stats),
             host: self.host,
-            disk: self.disk.as_ref().map(DiskTier::stats),
+            disk: self.disk.as_ref().map(Disk::stats),
         }
     }
 }

@@ -30,7 +30,7 @@
 //! the draft's arg-max, which a sampled row matches only as often as the target's
 //! probability of it, and the outputs stay the target's own samples.
 
-use super::core::{EngineError, Result};
+use super::error::{EngineError, Result};
 use super::EngineConfig;
 use crate::cache::{BlockManager, BlockOps, CacheConfig, SeqId};
 use crate::gpu::GpuContext;

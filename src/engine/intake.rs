@@ -4,7 +4,7 @@
 //! caller's thread does the work (a long prompt's tokenization, a JSON schema's
 //! compilation) while the engine thread goes on stepping the requests it already has.
 
-use super::core::{EngineError, Result};
+use super::error::{EngineError, Result};
 use super::request::Prompt;
 use super::sequence::GroupShape;
 use crate::cache::ExtraKeys;

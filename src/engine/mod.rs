@@ -5,8 +5,10 @@
 mod advance;
 mod core;
 mod draft;
+mod error;
 mod intake;
 pub mod output;
+mod prefix;
 mod propose;
 pub mod request;
 pub mod scheduler;
@@ -15,9 +17,10 @@ mod step;
 mod step_batch;
 mod tiers;
 
-pub use self::core::{Engine, EngineError, EngineStats, HostTime, Result};
+pub use self::core::{Engine, EngineStats, HostTime};
 pub use crate::config::{EngineConfig, PreemptionMode, SpeculativeConfig, MAX_SPECULATIVE_ROWS};
 pub use draft::DraftStats;
+pub use error::{EngineError, Result};
 pub(crate) use intake::Prepared;
 pub use intake::{Intake, Request};
 pub use output::{

@@ -10,7 +10,8 @@
 //! Still waiting inside: a draft model's proposal passes (`propose`), and the copy of the
 //! last step's named blocks to the disk tier when the engine runs out of work.
 
-use super::core::{Engine, Result};
+use super::core::Engine;
+use super::error::Result;
 use super::output::{RequestEvent, RequestId};
 use super::request::{RequestSide, SeqOutput};
 use super::scheduler::SchedulerOutput;

@@ -2,7 +2,8 @@
 //! new tokens (and the proposals it verifies) with their block tables, the block
 //! operations, and which read-backs sampling needs, submitted once (`crate::runner`).
 
-use super::core::{Engine, EngineError, Result};
+use super::core::Engine;
+use super::error::{EngineError, Result};
 use super::request::{RequestSide, SeqOutput};
 use super::scheduler::{ScheduledSeq, SchedulerOutput};
 use super::sequence::Sequence;

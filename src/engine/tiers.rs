@@ -21,8 +21,14 @@
 //! Disk records are keyed by the block's chained name (`cache::hash_block`) within a
 //! namespace that names everything else KV bytes depend on (`namespace`).
 
-use super::core::{Engine, EngineError};
 use super::output::RequestId;
+use super::request::{RequestSide, SeqOutput};
+use super::scheduler::Scheduler;
+use crate::cache::BlockManager;
+use crate::cache_engine::HostPool;
+use crate::config::EngineConfig;
+use crate::disk_tier::DiskStats;
+use std::collections::HashMap;
 
 /// A waiting request's tokens and the names of its full blocks, for disk lookups.
 #[derive(Debug)]
@@ -33,7 +39,6 @@ pub(super) struct DiskChain {
     /// Per KV cache group, the names of the leading blocks.
     names: Vec<Vec<BlockHash>>,
 }
-use crate::cache::PinId;
 use crate::cache::{hash_block, BlockHash, BlockOps};
 use crate::disk_tier::{BlockKey, DiskTier, DiskTierConfig};
 use crate::model::ModelConfig;
@@ -133,56 +138,98 @@ pub(super) fn open_disk_tier(
     DiskTier::open(config, namespace.as_bytes(), block_bytes)
 }
 
-impl Engine {
+/// The disk tier as the engine uses it: the tier itself, a block's worth of bytes to read
+/// records into, and the block names of the waiting requests next in line.
+pub(super) struct Disk {
+    tier: DiskTier,
+    scratch: Vec<u8>,
+    chains: HashMap<RequestId, DiskChain>,
+}
+
+impl Disk {
+    /// The disk tier in `dir` for this model, context, weight format and pool layout.
+    pub(super) fn open(
+        model_dir: &Path,
+        dir: &Path,
+        c: &ModelConfig,
+        max_model_len: usize,
+        config: &EngineConfig,
+        pool: (&KvLayout, KvRotation),
+    ) -> std::result::Result<Self, String> {
+        let failed = |e: std::io::Error| {
+            format!("the KV cache folder {} cannot be used: {e}", dir.display())
+        };
+        let id = model_identity(model_dir, dir).map_err(failed)?;
+        let weights = config
+            .weight_dtype
+            .map_or("as stored".to_string(), |w| format!("{w:?}"));
+        let (layout, rotation) = pool;
+        let ns = namespace(&id, c, max_model_len, &weights, layout, rotation);
+        let bytes = layout.block_bytes_all_layers() as usize;
+        let tier = open_disk_tier(dir, config.kv_cache_disk_bytes, &ns, bytes).map_err(failed)?;
+        Ok(Disk {
+            tier,
+            scratch: Vec::new(),
+            chains: HashMap::new(),
+        })
+    }
+
+    pub(super) fn stats(&self) -> DiskStats {
+        self.tier.stats()
+    }
+
     /// Reads from the disk tier the missing leading blocks of the waiting requests next in
     /// line, oldest first, while the blocks they have in the host tier and those read stay
     /// within the tier's budget (so reads never evict blocks a request ahead will use).
-    pub(super) fn load_waiting_from_disk(&mut self) {
-        if self.disk.is_none() || self.scheduler.num_waiting() == 0 {
-            self.disk_chains.clear();
+    pub(super) fn load_waiting(
+        &mut self,
+        scheduler: &mut Scheduler<SeqOutput, RequestSide>,
+        host: &mut HostPool,
+    ) {
+        if scheduler.num_waiting() == 0 {
+            self.chains.clear();
             return;
         }
-        let mut left = self.scheduler.blocks.tier_stats().budget;
+        let mut left = scheduler.blocks.tier_stats().budget;
         // Admission takes requests in order; a handful ahead is all one step admits.
-        let ahead: Vec<RequestId> = self
-            .scheduler
-            .waiting()
-            .take(16)
-            .map(|g| g.request_id)
-            .collect();
-        self.disk_chains.retain(|id, _| ahead.contains(id));
+        let ahead: Vec<RequestId> = scheduler.waiting().take(16).map(|g| g.request_id).collect();
+        self.chains.retain(|id, _| ahead.contains(id));
         for id in ahead {
-            if !self.refresh_chain(id) {
+            if !self.refresh_chain(scheduler, id) {
                 continue;
             }
-            left = left.saturating_sub(self.load_chain(id, left));
+            left = left.saturating_sub(self.load_chain(&mut scheduler.blocks, host, id, left));
             if left == 0 {
                 break;
             }
         }
     }
 
-    /// Makes `disk_chains[id]` the block names of waiting request `id`'s tokens, hashing
-    /// them only when they changed (a recomputed request comes back with more). False if
-    /// the request has no live sequence.
-    fn refresh_chain(&mut self, id: RequestId) -> bool {
-        let Some(g) = self.scheduler.waiting().find(|g| g.request_id == id) else {
+    /// Makes `chains[id]` the block names of waiting request `id`'s tokens, hashing them
+    /// only when they changed (a recomputed request comes back with more). False if the
+    /// request has no live sequence.
+    fn refresh_chain(
+        &mut self,
+        scheduler: &Scheduler<SeqOutput, RequestSide>,
+        id: RequestId,
+    ) -> bool {
+        let Some(g) = scheduler.waiting().find(|g| g.request_id == id) else {
             return false;
         };
         let Some(s) = g.live().next() else {
             return false;
         };
         if self
-            .disk_chains
+            .chains
             .get(&id)
             .is_some_and(|c| c.tokens.len() == s.tokens.len())
         {
             return true;
         }
-        let bs = self.scheduler.blocks.block_size();
+        let bs = scheduler.blocks.block_size();
         // As the prefix lookup: the last token is always computed again.
         let lookups = s.tokens.len().saturating_sub(1) / bs;
-        let groups = self.scheduler.blocks.groups();
+        let groups = scheduler.kv_groups();
         let roots: Vec<Option<BlockHash>> =
             (0..groups.len()).map(|k| groups.root(k, g.keys)).collect();
         let names = roots
@@ -203,7 +250,7 @@ impl Engine {
             roots,
             names,
         };
-        self.disk_chains.insert(id, chain);
+        self.chains.insert(id, chain);
         true
     }
 
@@ -211,11 +258,17 @@ impl Engine {
     /// group: blocks on the device cost nothing, blocks in the host tier count against
     /// `most`, and missing ones are read from disk into the host tier while they are found
     /// and `most` allows. Returns how much of `most` it used.
-    fn load_chain(&mut self, id: RequestId, most: usize) -> usize {
-        let (Some(disk), Some(chain)) = (self.disk.as_mut(), self.disk_chains.get(&id)) else {
+    fn load_chain(
+        &mut self,
+        blocks: &mut BlockManager,
+        host: &mut HostPool,
+        id: RequestId,
+        most: usize,
+    ) -> usize {
+        let Some(chain) = self.chains.get(&id) else {
             return 0;
         };
-        let blocks = &mut self.scheduler.blocks;
+        let disk = &mut self.tier;
         let bs = blocks.block_size();
         let (mut used, mut read) = (0, 0);
         let depth = chain.names.first().map_or(0, Vec::len);
@@ -242,18 +295,15 @@ impl Engine {
                 if !disk.contains(key) {
                     break;
                 }
-                let scratch = &mut self.tier_scratch;
-                scratch.resize(
-                    self.runner.host_pool().layout.block_bytes_all_layers() as usize,
-                    0,
-                );
+                let scratch = &mut self.scratch;
+                scratch.resize(host.layout.block_bytes_all_layers() as usize, 0);
                 if !disk.load(key, parent.map(key_of), tokens, scratch) {
                     break;
                 }
                 let Some(h) = blocks.insert_host_tier(hash, parent, tokens) else {
                     break;
                 };
-                match self.runner.host_pool_mut().block_mut(h.0 as usize) {
+                match host.block_mut(h.0 as usize) {
                     Some(dst) => dst.copy_from_slice(scratch),
                     None => break,
                 }
@@ -269,76 +319,33 @@ impl Engine {
 
     /// Writes the host-tier blocks that `ops` filled to the disk tier (after the step's
     /// copies have landed in host memory).
-    pub(super) fn store_to_disk(&mut self, ops: &BlockOps) {
-        let Some(disk) = self.disk.as_mut() else {
-            return;
-        };
-        let blocks = &self.scheduler.blocks;
+    pub(super) fn store(&mut self, blocks: &BlockManager, host: &HostPool, ops: &BlockOps) {
+        let disk = &mut self.tier;
         for &(_, h) in &ops.swap_out {
             // Swap-outs of preempted sequences have no name; copies down do.
             let Some(name) = blocks.host_tier_name(h) else {
                 continue;
             };
             let key = disk.key(name.parent.map(key_of), name.tokens);
-            if let Some(bytes) = self.runner.host_pool().block(h.0 as usize) {
+            if let Some(bytes) = host.block(h.0 as usize) {
                 disk.store(key, name.parent.map(key_of), name.tokens, bytes);
             }
         }
     }
 
-    /// Pins the cached device blocks of `prefix` (say, a system prompt every request starts
-    /// with, after one request has computed it) so they are never evicted; returns the pin
-    /// and how many tokens it holds. Refused when nothing of the prefix is cached, or when
-    /// the pins would leave the pool unable to hold one sequence of the full context (or
-    /// hold more than half of it).
-    pub fn pin_prefix(&mut self, prefix: &[u32]) -> super::core::Result<(PinId, usize)> {
-        let max_model_len = self.max_model_len();
-        let blocks = &mut self.scheduler.blocks;
-        let (pin, held) = blocks.pin_prefix(prefix)?;
-        let needed = blocks.blocks_between(0, max_model_len);
-        if blocks.group_capacity() < needed {
-            blocks.unpin(pin)?;
-            return Err(EngineError::InvalidRequest(format!(
-                "pinning {held} tokens would leave the KV pool unable to hold one sequence of \
-                 {max_model_len} tokens; give more blocks (--num-gpu-blocks) or a smaller \
-                 --max-model-len"
-            )));
-        }
-        Ok((pin, held))
-    }
-
-    /// Lets go of a pin; its blocks stay cached until evicted.
-    pub fn unpin_prefix(&mut self, pin: PinId) -> super::core::Result<()> {
-        Ok(self.scheduler.blocks.unpin(pin)?)
-    }
-
-    /// Forgets `prefix` (a conversation the user deleted) in every tier: no later prompt
-    /// reuses its blocks on the device or in host memory, and its disk records are deleted.
-    /// Requests running with it keep their blocks. Returns how many disk records went.
-    pub fn forget_prefix(&mut self, prefix: &[u32]) -> usize {
-        let chain = self.scheduler.blocks.forget_prefix(prefix);
-        let Some(disk) = self.disk.as_mut() else {
-            return 0;
-        };
-        let bs = self.scheduler.blocks.block_size();
-        // One chain per KV cache group, back to back, each over the prefix's full blocks.
+    /// Deletes the records of `chain` (`(name, parent)` per block, one chain per KV cache
+    /// group, back to back, each over the full blocks of `prefix`); returns how many went.
+    pub(super) fn forget(
+        &mut self,
+        chain: &[(BlockHash, Option<BlockHash>)],
+        prefix: &[u32],
+        block_size: usize,
+    ) -> usize {
+        let disk = &mut self.tier;
         chain
             .iter()
-            .zip(prefix.chunks_exact(bs).cycle())
+            .zip(prefix.chunks_exact(block_size).cycle())
             .filter(|((_, parent), tokens)| disk.remove(disk.key(parent.map(key_of), tokens)))
             .count()
-    }
-
-    /// Copies every block named since the last step down to the host tier and on to disk
-    /// now, rather than with the next step. The engine does this when it runs out of work;
-    /// an application may call it before it exits.
-    pub fn flush_prefix_tiers(&mut self) -> super::core::Result<()> {
-        if self.disk.is_none() || !self.scheduler.blocks.has_tier_saves() {
-            return Ok(());
-        }
-        let ops = self.scheduler.blocks.take_ops();
-        self.runner.execute(&ops)?;
-        self.store_to_disk(&ops);
-        Ok(())
     }
 }

@@ -265,7 +265,7 @@ fn factors<B: AsRef<[u8]>>(file: &Gguf<B>, name: &str) -> Result<Option<Vec<f32>
     let Some(t) = file.tensor(name) else {
         return Ok(None);
     };
-    if t.ty != super::quant::GgmlType::F32 || t.dims.len() != 1 {
+    if t.ty != crate::formats::GgmlType::F32 || t.dims.len() != 1 {
         return Err(format!(
             "{name} is a {:?} tensor of extents {:?}, not a list of F32 factors",
             t.ty, t.dims

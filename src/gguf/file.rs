@@ -19,7 +19,7 @@
 //! truncated or corrupted file is an error naming what is wrong and where, never a panic
 //! or an allocation of a size the file merely claims.
 
-use super::quant::GgmlType;
+use crate::formats::GgmlType;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

@@ -68,22 +68,7 @@ pub fn gather_rows<'a>(
     )
 }
 
-/// The kernel that reduces a row of logits to its arg-max. All pick the same token (the
-/// first of equal maxima) for a row without NaN (with one, which token wins depends on how
-/// the kernel splits the row); their logprobs may differ in the last bits (they add the
-/// exponentials in different orders), so the choice is fixed per adapter (the kernel
-/// plan's), never per call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ArgmaxKernel {
-    /// `argmax.wgsl`: 256 threads per row, tree reductions.
-    Workgroup,
-    /// `argmax_lanes.wgsl`: eight invocations per row, no tree; for CPU adapters.
-    Lanes,
-    /// `argmax_slices.wgsl` then `argmax_merge.wgsl`: a workgroup of 64 threads per slice
-    /// of [`ARGMAX_SLICE`] logits of a row, then one invocation per row merging its slices;
-    /// needs a partials buffer ([`argmax_partials_len`]).
-    Split,
-}
+pub use super::choice::ArgmaxKernel;
 
 /// `out[r] = argmax(logits[r, :])` (first index on ties) and `out[num_rows + r]` = the bits of
 /// that token's log-probability as f32 (read them with [`argmax_logprobs`]), by `kernel`;

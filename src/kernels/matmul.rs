@@ -19,7 +19,7 @@ use super::{
     check_len, groups, params, Weight, MATMUL, MATMUL_SKINNY, MATMUL_SKINNY_SG, MATMUL_SKINNY_VEC,
 };
 use crate::error::{GpuError, Result};
-use crate::gpu::{grid_2d, Batch, Bind, GpuContext, KernelSource};
+use crate::gpu::{grid_2d, Batch, Bind, KernelSource};
 use crate::nn::Activation;
 
 // One parameter block for every matmul kernel (tests/params_layout.rs checks all four).
@@ -38,33 +38,7 @@ params!(MatmulParams for MATMUL {
     _pad1: u32,
 });
 
-/// The kernel that computes a matmul call (the plan's [`MatmulPlan`] picks it). All of them
-/// give bitwise the same result for a row, so the choice is purely about speed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MatmulKernel {
-    /// `matmul.wgsl`: 64x64 tiles through workgroup memory.
-    Tiled,
-    /// `matmul_skinny.wgsl`: one thread per column, scalar loads; any k.
-    Columns,
-    /// `matmul_skinny_vec.wgsl`: one thread per column, 16-byte loads; k % 8 == 0.
-    ColumnsVec,
-    /// `matmul_skinny_sg.wgsl`: as `ColumnsVec`, x shared through subgroup broadcasts;
-    /// k % 8 == 0 and subgroups of at least 8 invocations.
-    ColumnsSubgroup,
-}
-
-impl MatmulKernel {
-    /// Whether this kernel can compute a product with inner dimension `k` on `ctx`.
-    pub fn supports(self, ctx: &GpuContext, k: usize) -> bool {
-        match self {
-            MatmulKernel::Tiled | MatmulKernel::Columns => true,
-            MatmulKernel::ColumnsVec => k.is_multiple_of(8),
-            MatmulKernel::ColumnsSubgroup => {
-                k.is_multiple_of(8) && ctx.caps.subgroups && ctx.info.subgroup_min_size >= 8
-            }
-        }
-    }
-}
+pub use super::choice::MatmulKernel;
 
 /// How the product combines with what `y` holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

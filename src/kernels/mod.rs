@@ -6,6 +6,7 @@
 //! per adapter and model.
 
 pub mod add;
+pub mod choice;
 pub mod copy_blocks;
 pub mod embedding;
 pub mod logits;

@@ -214,42 +214,7 @@ impl AttentionBuffers {
     }
 }
 
-/// The kernel that computes attention. All of them add the same terms in the same order
-/// (`shaders/paged_attention_kv.wgsl` spells the arithmetic out), so the choice is only
-/// about speed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AttentionKernel {
-    /// `paged_attention.wgsl`: a workgroup per (query head, token); shared values read from
-    /// workgroup memory one at a time.
-    Plain,
-    /// `paged_attention_sg.wgsl`: as `Plain`, shared values loaded 8 at a time and
-    /// broadcast within subgroups; needs subgroups of at least 8 invocations and
-    /// head_dim % 8 == 0.
-    Subgroup,
-    /// `paged_attention_lanes.wgsl`: an invocation per (query head, token), each running
-    /// its query alone, eight per workgroup; needs head_dim % 8 == 0. Made for CPU
-    /// adapters, where a workgroup's invocations are the lanes of a SIMD register.
-    Lanes,
-    /// `paged_attention_tiles.wgsl`: `Lanes` with the queries of a sequence taken eight at
-    /// a time, each key and value row loaded once per eight queries and broadcast within
-    /// the subgroup; needs head_dim % 8 == 0 and subgroups of at least 8 invocations. A
-    /// batch in which no sequence has 8 query tokens (decode) runs the `Lanes` kernel,
-    /// whose results are the same bit for bit.
-    Tiles,
-}
-
-impl AttentionKernel {
-    /// Whether this kernel can run heads of `head_dim` on `ctx`.
-    pub fn supports(self, ctx: &GpuContext, head_dim: usize) -> bool {
-        match self {
-            AttentionKernel::Plain => true,
-            AttentionKernel::Lanes => head_dim.is_multiple_of(8),
-            AttentionKernel::Subgroup | AttentionKernel::Tiles => {
-                head_dim.is_multiple_of(8) && ctx.caps.subgroups && ctx.info.subgroup_min_size >= 8
-            }
-        }
-    }
-}
+pub use super::choice::AttentionKernel;
 
 /// What an attention call computes besides plain causal attention.
 #[derive(Clone, Copy, Debug, PartialEq)]

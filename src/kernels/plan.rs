@@ -16,10 +16,7 @@
 //! a GPU, become per-lane gathers and loops there, and a kernel that gives each invocation
 //! a whole row wins.
 
-use super::logits::ArgmaxKernel;
-use super::matmul::MatmulKernel;
-use super::paged_attention::AttentionKernel;
-use super::rms_norm::RmsNormKernel;
+use super::choice::{ArgmaxKernel, AttentionKernel, MatmulKernel, RmsNormKernel};
 use crate::error::{GpuError, Result};
 use crate::gpu::GpuContext;
 

@@ -19,7 +19,7 @@ params!(ReshapeAndCacheParams for RESHAPE_AND_CACHE {
 /// Writes `key`/`value` (`[num_tokens, num_kv_heads, head_dim]` f32) of layer `layer` into the
 /// pool at `slot_mapping` (`[num_tokens]` i32, slot = block * block_size + offset, negative =
 /// skip). One dispatch per pool shard. A quantized pool quantizes each scale group as it
-/// stores it (`shaders/reshape_and_cache_q.wgsl`, format in [`crate::pool::quant`]). The
+/// stores it (`shaders/reshape_and_cache_q.wgsl`, format in [`crate::formats::kv_blocks`]). The
 /// pool's rotation is the caller's to apply to `key` and `value` first (the forward pass
 /// does).
 pub fn reshape_and_cache<'a>(

@@ -11,28 +11,7 @@ params!(RmsNormParams for RMS_NORM {
     _pad: u32,
 });
 
-/// The kernel that normalises rows. They sum a row's squares in different orders, so a
-/// model keeps to one per row width (the kernel plan's): a row's result then never depends
-/// on how many rows share the step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RmsNormKernel {
-    /// `rms_norm.wgsl`: a workgroup of 256 invocations per row, a tree of partial sums.
-    Workgroup,
-    /// `rms_norm_lanes.wgsl`: an invocation per row, eight rows per workgroup, the squares
-    /// summed in eight chains (as the matmul kernels' normed inputs sum them); rows of a
-    /// multiple of 8 elements.
-    Lanes,
-}
-
-impl RmsNormKernel {
-    /// Whether this kernel can normalise rows of `hidden` elements.
-    pub fn supports(self, hidden: usize) -> bool {
-        match self {
-            RmsNormKernel::Workgroup => true,
-            RmsNormKernel::Lanes => hidden.is_multiple_of(8),
-        }
-    }
-}
+pub use super::choice::RmsNormKernel;
 
 /// out = x / sqrt(mean(x^2) + eps) * weight, row by row, by `kernel`. `x`, `out`:
 /// [num_tokens, hidden]; `weight`: a [1, hidden] weight. `x` and `out` may not be the same

@@ -2,7 +2,7 @@
 //! larger than a storage binding (a big embedding table or LM head).
 
 use crate::error::{GpuError, Result};
-use crate::gguf::quant;
+use crate::formats::ggml as quant;
 use crate::gpu::GpuContext;
 use std::borrow::Cow;
 
@@ -12,7 +12,7 @@ use std::borrow::Cow;
 /// GPU each block takes whole 4-byte words ([`WeightDtype::gpu_row_bytes`]). The weight
 /// formats are exactly the GGML types pagellm reads, so this is [`quant::GgmlType`] under the name
 /// the kernels use.
-pub use crate::gguf::quant::GgmlType as WeightDtype;
+pub use crate::formats::WeightDtype;
 
 impl WeightDtype {
     /// Every block format.

@@ -59,7 +59,7 @@ impl TensorRef<'_> {
             block if block.is_block() => {
                 let elems = self.bytes.len() / block.block_bytes() * block.block_elems();
                 // The length was checked against the shape when the tensor was read.
-                crate::gguf::quant::dequantize(block, self.bytes, elems).unwrap_or_default()
+                crate::formats::dequantize(block, self.bytes, elems).unwrap_or_default()
             }
             WeightDtype::F32 => self
                 .bytes

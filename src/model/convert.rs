@@ -1,6 +1,6 @@
 //! Weights converted to another format as they load (`--weight-dtype`,
 //! `EngineConfig::weight_dtype`): a safetensors model quantized to Q8_0 or Q4_K while it
-//! uploads, in plain Rust with the reference quantizers of [`crate::gguf::quant`], or a GGUF
+//! uploads, in plain Rust with the reference quantizers of [`crate::formats::ggml`], or a GGUF
 //! model's blocks widened to f16 or f32.
 //!
 //! What converts: every 2-D tensor, which is every weight a matmul or the embedding gather

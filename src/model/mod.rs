@@ -11,7 +11,10 @@ pub mod config;
 pub mod convert;
 pub mod error;
 pub mod forward;
+pub mod gguf;
 pub mod gpu;
+mod parse;
+pub mod recipe;
 pub mod reference;
 pub mod spec;
 pub mod step;
@@ -39,7 +42,7 @@ impl ModelFiles {
     /// folder, where the tokenizer is looked for.
     pub fn open(path: &Path) -> error::Result<Self> {
         let (dir, config, checkpoint) = if is_gguf(path) {
-            let (config, ck) = crate::gguf::checkpoint::open(path, None)?;
+            let (config, ck) = gguf::open(path, None)?;
             (model_folder(path).to_path_buf(), config, ck)
         } else if !path.is_dir() {
             return Err(ModelError::Io {
@@ -48,7 +51,7 @@ impl ModelFiles {
             });
         } else if let Some(gguf) = lone_gguf(path)? {
             let config = ModelConfig::from_dir(path)?;
-            let (config, ck) = crate::gguf::checkpoint::open(&gguf, Some(config))?;
+            let (config, ck) = gguf::open(&gguf, Some(config))?;
             (path.to_path_buf(), config, ck)
         } else {
             let config = ModelConfig::from_dir(path)?;

@@ -30,29 +30,9 @@
 //! head sizes get smaller groups and less: int4 with head_dim 80 (groups of 16) 3.2x, int8
 //! with head_dim 16 1.78x. A head_dim not divisible by 8 cannot be quantized.
 
-use super::{KvDtype, KvLayout};
+pub use super::kv::{group_size, INT4_GROUP, INT8_GROUP};
+use super::kv::{KvDtype, KvLayout};
 use half::f16;
-
-/// Nominal values per scale for int8 rows.
-pub const INT8_GROUP: usize = 64;
-/// Nominal values per scale for int4 rows.
-pub const INT4_GROUP: usize = 32;
-
-/// Values per scale group of a `head_dim` row, or `None` for float dtypes and for head
-/// dimensions a quantized row cannot hold.
-pub fn group_size(dtype: KvDtype, head_dim: usize) -> Option<usize> {
-    let nominal = match dtype {
-        KvDtype::Int8 => INT8_GROUP,
-        KvDtype::Int4 => INT4_GROUP,
-        KvDtype::F16 | KvDtype::F32 => return None,
-    };
-    if head_dim == 0 || !head_dim.is_multiple_of(8) {
-        return None;
-    }
-    (head_dim.div_ceil(nominal)..=head_dim / 8)
-        .find(|n| head_dim.is_multiple_of(*n) && (head_dim / n).is_multiple_of(8))
-        .map(|n| head_dim / n)
-}
 
 /// Largest f16 value; scales are clamped to it.
 const F16_MAX: f32 = 65504.0;
@@ -129,7 +109,7 @@ fn code_at(w: &[u32], dtype: KvDtype, base: usize, j: usize) -> i8 {
     }
 }
 
-/// Decodes one half (K or V) of one block of one layer, as [`crate::pool::KvPool::read_block`]
+/// Decodes one half (K or V) of one block of one layer, as `KvPool::read_block`
 /// returns it: `layout.block_bytes()` bytes.
 pub fn decode_half(layout: &KvLayout, bytes: &[u8]) -> DecodedHalf {
     assert_eq!(bytes.len() as u64, layout.block_bytes(), "one block half");

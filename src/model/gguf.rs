@@ -8,12 +8,12 @@
 //! given back here in f32. Tensors that hold settings (rope factors) are read into the
 //! config and left out.
 
-use super::config::{hf_config, CONFIG_TENSORS};
-use super::file::{GgufFile, TensorInfo};
-use super::quant::GgmlType;
-use crate::model::checkpoint::{Bytes, Stored};
-use crate::model::error::{ModelError, Result};
-use crate::model::{Checkpoint, ModelConfig};
+use super::checkpoint::{Bytes, Stored};
+use super::error::{ModelError, Result};
+use super::{Checkpoint, ModelConfig};
+use crate::formats::GgmlType;
+use crate::gguf::config::{hf_config, CONFIG_TENSORS};
+use crate::gguf::file::{GgufFile, TensorInfo};
 use std::path::Path;
 
 /// The config and the tensors of the GGUF file at `path`; the config from the file's
@@ -24,8 +24,8 @@ pub fn open(path: &Path, config: Option<ModelConfig>) -> Result<(ModelConfig, Ch
         message,
     };
     let file = GgufFile::open(path).map_err(|e| match e {
-        super::file::GgufError::Io { path, error } => ModelError::Io { path, error },
-        super::file::GgufError::Malformed { message, .. } => malformed(message),
+        crate::gguf::file::GgufError::Io { path, error } => ModelError::Io { path, error },
+        crate::gguf::file::GgufError::Malformed { message, .. } => malformed(message),
     })?;
     let arch = file
         .get("general.architecture")
@@ -166,7 +166,7 @@ fn unpermute(bytes: &[u8], t: &TensorInfo, heads: usize) -> std::result::Result<
 /// at least 1/2 the subtraction is exact, so the `1 + w` the model computes with is again
 /// the stored value, as llama.cpp and transformers multiply by.
 fn unshift(bytes: &[u8], t: &TensorInfo) -> std::result::Result<Vec<u8>, String> {
-    let values = super::quant::dequantize(t.ty, bytes, t.elems() as usize)
+    let values = crate::formats::dequantize(t.ty, bytes, t.elems() as usize)
         .map_err(|e| format!("tensor {}: {e}", t.name))?;
     Ok(values
         .iter()
