@@ -16,6 +16,7 @@
 //! - [`cache`]: the block manager (block tables, reference counts, copy-on-write, swap,
 //!   prefix caching and its host tier), plain Rust; [`cache_engine`] carries out its
 //!   plans on the GPU; [`disk_tier`] keeps prefix blocks in files across restarts;
+//! - [`mapped`]: a file's bytes, memory-mapped natively;
 //! - [`model`]: checkpoints, the architecture registry, the GPU model and its forward
 //!   pass, and a plain-Rust reference forward pass;
 //! - [`tokenizer`] and [`sampling`]: text in and out, and the next token from logits;
@@ -52,6 +53,8 @@ pub mod gguf;
 pub mod gpu;
 #[path = "kernels/mod.rs"]
 pub mod kernels;
+#[path = "mapped.rs"]
+pub mod mapped;
 #[path = "model/mod.rs"]
 pub mod model;
 #[path = "nn/mod.rs"]

@@ -34,7 +34,7 @@ pub mod server;
 // Inside the crate the parts keep their short paths (`crate::cache`, ...).
 use internals::{
     cache, cache_engine, config, constrain, disk_tier, engine, error, formats, gguf, gpu, kernels,
-    model, nn, pool, reference, runner, sampling, spec, tokenizer,
+    mapped, model, nn, pool, reference, runner, sampling, spec, tokenizer,
 };
 
 pub use constrain::StructuredOutput;

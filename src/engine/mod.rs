@@ -21,6 +21,7 @@ pub use self::core::{Engine, EngineStats, HostTime};
 pub use crate::config::{EngineConfig, PreemptionMode, SpeculativeConfig, MAX_SPECULATIVE_ROWS};
 pub use draft::DraftStats;
 pub use error::{EngineError, Result};
+#[cfg(feature = "native")]
 pub(crate) use intake::Prepared;
 pub use intake::{Intake, Request};
 pub use output::{

@@ -110,7 +110,7 @@ pub(super) fn model_identity(model: &Path, cache_dir: &Path) -> std::io::Result<
     let mut content = blake3::Hasher::new();
     for f in &files {
         content.update(f.file_name().unwrap_or_default().as_encoded_bytes());
-        content.update_mmap_rayon(f)?;
+        hash_file(&mut content, f)?;
     }
     let id = content.finalize().to_hex().to_string();
     // Best effort: without the memo the next start hashes again.
@@ -122,6 +122,16 @@ pub(super) fn model_identity(model: &Path, cache_dir: &Path) -> std::io::Result<
         tracing::debug!("could not remember the model's identity: {e}");
     }
     Ok(id)
+}
+
+/// Adds the file at `path` to `hasher`: mapped and hashed on every core natively, read
+/// whole elsewhere.
+fn hash_file(hasher: &mut blake3::Hasher, path: &Path) -> std::io::Result<()> {
+    #[cfg(feature = "native")]
+    hasher.update_mmap_rayon(path)?;
+    #[cfg(not(feature = "native"))]
+    hasher.update(&std::fs::read(path)?);
+    Ok(())
 }
 
 /// Opens the disk tier for this engine's namespace.

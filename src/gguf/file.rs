@@ -159,8 +159,8 @@ pub struct Gguf<B> {
     bytes: B,
 }
 
-/// A GGUF file memory-mapped from disk.
-pub type GgufFile = Gguf<memmap2::Mmap>;
+/// A GGUF file memory-mapped from disk (read whole without the `native` feature).
+pub type GgufFile = Gguf<crate::mapped::Mapped>;
 
 impl GgufFile {
     /// Maps and parses `path`.
@@ -169,10 +169,7 @@ impl GgufFile {
             path: path.to_path_buf(),
             error,
         };
-        let file = std::fs::File::open(path).map_err(io)?;
-        // SAFETY: the map is read-only and lives as long as the value. A file changed on
-        // disk while mapped is the user's error; every offset read from it is checked.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        let map = crate::mapped::open(path).map_err(io)?;
         Gguf::parse(map).map_err(|message| GgufError::Malformed {
             path: path.to_path_buf(),
             message,

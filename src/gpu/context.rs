@@ -57,7 +57,8 @@ pub struct AdapterReport {
 /// Lists every adapter the enabled backends can see.
 pub fn enumerate_adapters(backends: wgpu::Backends) -> Vec<AdapterReport> {
     let instance = new_instance(backends);
-    pollster::block_on(instance.enumerate_adapters(backends))
+    ready_now(instance.enumerate_adapters(backends))
+        .unwrap_or_default()
         .into_iter()
         .map(|a| AdapterReport {
             info: a.get_info(),
@@ -122,7 +123,7 @@ impl GpuContext {
     /// full limits and the optional features it has.
     pub fn new(req: &AdapterRequest) -> Result<Self> {
         let instance = new_instance(req.backends);
-        let adapters = pollster::block_on(instance.enumerate_adapters(req.backends));
+        let adapters = ready_now(instance.enumerate_adapters(req.backends)).unwrap_or_default();
         let summaries: Vec<AdapterSummary> = adapters
             .iter()
             .map(|a| AdapterSummary::of(&a.get_info()))
@@ -158,11 +159,16 @@ impl GpuContext {
     fn open(adapter: wgpu::Adapter) -> Result<Self> {
         let info = adapter.get_info();
         let desc = Self::device_descriptor(&adapter);
-        let (device, queue) = pollster::block_on(adapter.request_device(&desc)).map_err(|e| {
-            GpuError::RequestDevice {
+        let requested =
+            ready_now(adapter.request_device(&desc)).ok_or_else(|| GpuError::RequestDevice {
                 adapter: format!("{} ({:?})", info.name, info.backend),
-                message: e.to_string(),
-            }
+                message: "the adapter did not answer at once (a browser's adapters answer \
+                          later; build the context from a device the page has created)"
+                    .into(),
+            })?;
+        let (device, queue) = requested.map_err(|e| GpuError::RequestDevice {
+            adapter: format!("{} ({:?})", info.name, info.backend),
+            message: e.to_string(),
         })?;
         let health = Arc::new(Mutex::new(Health::default()));
         {
@@ -280,8 +286,10 @@ impl GpuContext {
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let out = f();
-        let val = pollster::block_on(val.pop());
-        let oom = pollster::block_on(oom.pop());
+        // Natively a scope's errors are known when it is popped; in a browser they arrive
+        // later, and an error the scopes could not report reaches the device's handler.
+        let val = ready_now(val.pop()).flatten();
+        let oom = ready_now(oom.pop()).flatten();
         if let Some(e) = oom {
             return Err(map_error(context, e));
         }
@@ -407,5 +415,17 @@ fn map_error(context: &str, e: wgpu::Error) -> GpuError {
             context: context.to_string(),
             message: description,
         },
+    }
+}
+
+/// The output of a future ready at its first poll, without blocking: wgpu's adapters,
+/// devices and error scopes answer at once natively. `None` where it is not ready (a
+/// browser answers later), which callers report rather than wait for.
+pub(crate) fn ready_now<F: std::future::Future>(future: F) -> Option<F::Output> {
+    let mut future = std::pin::pin!(future);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match future.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(out) => Some(out),
+        std::task::Poll::Pending => None,
     }
 }

@@ -6,7 +6,7 @@
 use super::arch::Slice;
 use super::error::{ModelError, Result};
 use crate::kernels::WeightDtype;
-use memmap2::Mmap;
+use crate::mapped::Mapped;
 use safetensors::tensor::{Dtype, TensorInfo};
 use safetensors::SafeTensors;
 use std::collections::{BTreeMap, HashMap};
@@ -22,7 +22,7 @@ struct File {
 /// A file's bytes: mapped from disk, or computed at open (GGUF q and k weights with their
 /// rows put back in Hugging Face order).
 pub(crate) enum Bytes {
-    Map(Mmap),
+    Map(Mapped),
     Owned(Vec<u8>),
 }
 
@@ -142,13 +142,7 @@ impl Checkpoint {
     }
 
     fn add_file(&mut self, path: PathBuf) -> Result<()> {
-        let file = std::fs::File::open(&path).map_err(|error| ModelError::Io {
-            path: path.clone(),
-            error,
-        })?;
-        // SAFETY: the map is read-only and lives as long as the checkpoint. A file changed
-        // on disk while mapped is the user's error; its header was validated on open.
-        let map = unsafe { Mmap::map(&file) }.map_err(|error| ModelError::Io {
+        let map = crate::mapped::open(&path).map_err(|error| ModelError::Io {
             path: path.clone(),
             error,
         })?;
