@@ -145,3 +145,21 @@ fn a_plan_that_cannot_run_the_model_is_refused_by_name() {
         assert!(e.contains("round differently"), "{e}");
     }
 }
+
+#[test]
+fn the_plan_for_a_model_reads_every_weight_and_kv_format() {
+    use pagellm::internals::formats::{GgmlType, KvDtype};
+    use pagellm::internals::kernels::Formats;
+    for ctx in contexts() {
+        // Every format the crate stores, at once: the plan is the adapter's usual one.
+        for kv in KvDtype::ALL {
+            let formats = Formats {
+                weights: GgmlType::ALL.to_vec(),
+                kv,
+            };
+            let plan = KernelPlan::for_model(ctx, &DIMS, &formats).unwrap();
+            assert_eq!(plan, KernelPlan::choose(ctx, &DIMS), "{kv}");
+            assert!(plan.check_formats(&formats).is_ok());
+        }
+    }
+}

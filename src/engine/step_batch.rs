@@ -71,18 +71,18 @@ impl Engine {
     }
 
     /// The flat batch: each scheduled sequence's new tokens (and the proposals it
-    /// verifies), back to back, the rows that sample, and each sequence's block table (released blocks, which left every layer's
-    /// window, are holes the kernels never read).
+    /// verifies), back to back, the rows that sample, and each sequence's block table as
+    /// the scheduler planned it (released blocks, which left every layer's window, are
+    /// holes the kernels never read).
     fn flat_batch(&self, sched: &SchedulerOutput<SeqOutput, RequestSide>) -> Result<Flat> {
-        let blocks = &self.scheduler.blocks;
-        let groups = blocks.groups().len();
+        let groups = sched.tables.first().map_or(1, Vec::len);
         let mut flat = Flat {
             tokens: Vec::new(),
             rows: Vec::new(),
             tables: Vec::with_capacity(sched.scheduled.len()),
-            group_tables: vec![Vec::with_capacity(sched.scheduled.len()); groups - 1],
+            group_tables: vec![Vec::with_capacity(sched.scheduled.len()); groups.max(1) - 1],
         };
-        for s in &sched.scheduled {
+        for (s, tables) in sched.scheduled.iter().zip(&sched.tables) {
             let seq = self.scheduled_seq(s)?;
             let own = seq.tokens.get(s.start..s.start + s.own_len());
             let proposed = seq.proposed.get(..s.proposed);
@@ -96,15 +96,14 @@ impl Engine {
             flat.tokens.extend_from_slice(proposed);
             let end = flat.tokens.len() as u32;
             flat.rows.extend((end - s.rows() as u32)..end);
-            let table = |g: usize| -> Result<Vec<u32>> {
-                let holes = blocks.released_blocks_in(s.id, g)?;
-                Ok(std::iter::repeat_n(NO_BLOCK, holes)
-                    .chain(blocks.block_table_in(s.id, g)?.iter().map(|b| b.0))
-                    .collect())
-            };
-            flat.tables.push(table(0)?);
-            for g in 1..groups {
-                flat.group_tables[g - 1].push(table(g)?);
+            let mut tables = tables.iter().map(|t| {
+                std::iter::repeat_n(NO_BLOCK, t.holes)
+                    .chain(t.blocks.iter().map(|b| b.0))
+                    .collect::<Vec<u32>>()
+            });
+            flat.tables.push(tables.next().unwrap_or_default());
+            for (g, table) in tables.enumerate() {
+                flat.group_tables[g].push(table);
             }
         }
         Ok(flat)

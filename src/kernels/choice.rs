@@ -2,6 +2,7 @@
 //! plan (`plan.rs`) picks among these per adapter and model; the launchers run the one they
 //! are given. Kept apart from both so that neither imports the other's file.
 
+use crate::formats::{GgmlType, KvDtype};
 use crate::gpu::GpuContext;
 
 /// The kernel that computes a matmul call (the plan's [`MatmulPlan`](super::plan::MatmulPlan) picks it). All of them
@@ -20,6 +21,17 @@ pub enum MatmulKernel {
 }
 
 impl MatmulKernel {
+    /// Whether this kernel reads weights stored in `format`. Every projection kernel
+    /// decodes every format this crate knows, as it reads (`shaders/weight_blocks.wgsl`); a
+    /// format added to [`GgmlType`] must be placed here before a plan can use it.
+    pub fn reads(self, format: GgmlType) -> bool {
+        use GgmlType::*;
+        match format {
+            F32 | F16 | BF16 => true,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K | Q6_K => true,
+        }
+    }
+
     /// Whether this kernel can compute a product with inner dimension `k` on `ctx`.
     pub fn supports(self, ctx: &GpuContext, k: usize) -> bool {
         match self {
@@ -80,6 +92,15 @@ pub enum AttentionKernel {
 }
 
 impl AttentionKernel {
+    /// Whether this kernel reads a KV pool of `dtype`. Every attention kernel decodes every
+    /// KV dtype (`shaders/paged_attention_kv.wgsl`); a dtype added to [`KvDtype`] must be
+    /// placed here before a plan can use it.
+    pub fn reads(self, dtype: KvDtype) -> bool {
+        match dtype {
+            KvDtype::F16 | KvDtype::F32 | KvDtype::Int8 | KvDtype::Int4 => true,
+        }
+    }
+
     /// Whether this kernel can run heads of `head_dim` on `ctx`.
     pub fn supports(self, ctx: &GpuContext, head_dim: usize) -> bool {
         match self {

@@ -21,7 +21,7 @@ pub mod silu_mul;
 pub mod softcap;
 pub mod weight;
 
-pub use plan::{KernelPlan, ModelDims};
+pub use plan::{Formats, KernelPlan, ModelDims};
 pub use weight::{Weight, WeightDtype};
 
 use crate::gpu::KernelSource;

@@ -18,6 +18,7 @@
 
 use super::choice::{ArgmaxKernel, AttentionKernel, MatmulKernel, RmsNormKernel};
 use crate::error::{GpuError, Result};
+use crate::formats::{KvDtype, WeightDtype};
 use crate::gpu::GpuContext;
 
 /// The sizes of a model that kernel choices depend on.
@@ -38,6 +39,14 @@ impl ModelDims {
     pub fn inner_dims(&self) -> [usize; 3] {
         [self.hidden, self.q_width, self.intermediate]
     }
+}
+
+/// The formats a model's kernels read: its weights' (every one it stores, in any layer)
+/// and its KV pool's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Formats {
+    pub weights: Vec<WeightDtype>,
+    pub kv: KvDtype,
 }
 
 /// Every kernel choice of a forward pass over one model on one adapter.
@@ -185,6 +194,38 @@ impl KernelPlan {
             fused_activation: !is_cpu(ctx),
             norm_fusion,
         }
+    }
+
+    /// The plan for a model of `dims` whose weights and KV pool are stored in `formats`,
+    /// on `ctx`: [`Self::choose`], refused with an error naming the kernel and the format
+    /// where a chosen kernel cannot read one of them (or cannot run the shapes).
+    pub fn for_model(ctx: &GpuContext, dims: &ModelDims, formats: &Formats) -> Result<KernelPlan> {
+        let plan = Self::choose(ctx, dims);
+        plan.check(ctx, dims)?;
+        plan.check_formats(formats)?;
+        Ok(plan)
+    }
+
+    /// Whether every kernel of this plan reads the formats it will be given.
+    pub fn check_formats(&self, formats: &Formats) -> Result<()> {
+        for kernel in [self.matmul.few, self.matmul.many] {
+            if let Some(f) = formats.weights.iter().find(|&&f| !kernel.reads(f)) {
+                return Err(GpuError::invalid(
+                    "kernel plan",
+                    format!("the projection kernel {kernel:?} cannot read weights in {f}"),
+                ));
+            }
+        }
+        if !self.attention.reads(formats.kv) {
+            return Err(GpuError::invalid(
+                "kernel plan",
+                format!(
+                    "the attention kernel {:?} cannot read a {} KV cache",
+                    self.attention, formats.kv
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Whether this plan can run a model of `dims` on `ctx`: every kernel supports its

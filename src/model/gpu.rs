@@ -248,6 +248,34 @@ impl Uploader<'_> {
 }
 
 impl GpuModel {
+    /// Every format the model's weights are stored in (its matmuls' and embedding's, norms
+    /// included), each once.
+    pub fn weight_formats(&self) -> Vec<WeightDtype> {
+        let mut all: Vec<&Weight> = vec![&self.embed, &self.norm];
+        all.extend(self.lm_head.as_ref());
+        for l in &self.layers {
+            all.extend([
+                &l.input_norm,
+                &l.qkv,
+                &l.o,
+                &l.mlp_norm,
+                &l.gate_up,
+                &l.down,
+            ]);
+            let optional = [&l.q_norm, &l.k_norm, &l.post_attn_norm, &l.post_mlp_norm];
+            all.extend(optional.into_iter().flatten());
+        }
+        let mut formats: Vec<WeightDtype> = Vec::new();
+        for chunk in all.iter().flat_map(|w| &w.chunks) {
+            if !formats.contains(&chunk.dtype) {
+                formats.push(chunk.dtype);
+            }
+        }
+        formats
+    }
+}
+
+impl GpuModel {
     /// Uploads every weight, with rope tables for the config's default context
     /// ([`ModelConfig::default_context`]). `progress(done, total)` is called in bytes after
     /// each tensor.

@@ -20,7 +20,7 @@ use crate::error::{GpuError, Result as GpuResult};
 use crate::gpu::{Batch, GpuContext, InFlightRead, Readback};
 use crate::kernels::logits::argmax_logprobs;
 use crate::kernels::paged_attention::AttentionBuffers;
-use crate::kernels::WeightDtype;
+use crate::kernels::{Formats, KernelPlan, WeightDtype};
 use crate::model::forward::Workspace;
 use crate::model::gpu::GpuModel;
 use crate::model::step::{record_step, FlatBatch};
@@ -167,7 +167,12 @@ impl ModelRunner {
         if let Some(slots) = &spec.layer_slots {
             pool = pool.with_layer_slots(slots.clone())?;
         }
-        let ws = Workspace::new(&ctx, &files.config, spec.max_tokens, spec.max_rows)?;
+        let formats = Formats {
+            weights: model.weight_formats(),
+            kv: spec.layout.dtype,
+        };
+        let plan = KernelPlan::for_model(&ctx, &model.config.dims(), &formats)?;
+        let ws = Workspace::with_plan(&ctx, &model.config, plan, spec.max_tokens, spec.max_rows)?;
         Ok(ModelRunner {
             cache: CacheEngine::new(pool, spec.cpu_blocks),
             ctx,

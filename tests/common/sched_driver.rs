@@ -347,9 +347,33 @@ impl Driver {
         let mut tokens = 0;
         let mut rows = 0;
         let mut by_group: BTreeMap<RequestId, Vec<(usize, bool)>> = BTreeMap::new();
-        for s in &out.scheduled {
+        if out.tables.len() != out.scheduled.len() {
+            return Err(format!(
+                "{} tables for {} scheduled sequences",
+                out.tables.len(),
+                out.scheduled.len()
+            ));
+        }
+        for (s, tables) in out.scheduled.iter().zip(&out.tables) {
             if !seen.insert(s.id) {
                 return Err(format!("{} scheduled twice", s.id));
+            }
+            // The step's tables are the block manager's, group by group, holes included.
+            let blocks = &self.sched.blocks;
+            for (g, t) in tables.iter().enumerate() {
+                let live = blocks.block_table_in(s.id, g).map_err(|e| e.to_string())?;
+                let holes = blocks
+                    .released_blocks_in(s.id, g)
+                    .map_err(|e| e.to_string())?;
+                if t.blocks != live || t.holes != holes {
+                    return Err(format!(
+                        "{} group {g}: the step's table is not its table",
+                        s.id
+                    ));
+                }
+            }
+            if tables.len() != blocks.groups().len() {
+                return Err(format!("{}: tables for {} groups", s.id, tables.len()));
             }
             let g = self
                 .sched

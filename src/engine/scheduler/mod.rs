@@ -50,7 +50,7 @@ pub use queues::Queue;
 
 use super::output::RequestId;
 use super::sequence::{GroupShape, SequenceGroup};
-use crate::cache::{AllocStatus, BlockManager, BlockOps, CacheError, SeqId};
+use crate::cache::{AllocStatus, BlockManager, BlockOps, CacheError, DeviceBlockId, SeqId};
 use crate::config::EngineConfig;
 use std::collections::{HashMap, VecDeque};
 
@@ -105,10 +105,21 @@ impl<D, R> std::fmt::Debug for FailedGroup<D, R> {
     }
 }
 
+/// A scheduled sequence's block table in one KV cache group: `holes` leading blocks
+/// released (no query attends to them any more), then its live blocks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockTable {
+    pub holes: usize,
+    pub blocks: Vec<DeviceBlockId>,
+}
+
 #[derive(Debug)]
 pub struct SchedulerOutput<D = (), R = ()> {
     /// Sequences of one group are next to each other.
     pub scheduled: Vec<ScheduledSeq>,
+    /// Per scheduled sequence (in the order of `scheduled`), its block table in every KV
+    /// cache group: what the step's attention reads.
+    pub tables: Vec<Vec<BlockTable>>,
     pub ops: BlockOps,
     /// Requests that can never run. The scheduler has already let them go and freed their
     /// blocks; the caller reports them.
@@ -119,6 +130,7 @@ impl<D, R> Default for SchedulerOutput<D, R> {
     fn default() -> Self {
         SchedulerOutput {
             scheduled: Vec::new(),
+            tables: Vec::new(),
             ops: BlockOps::default(),
             failed: Vec::new(),
         }
@@ -228,9 +240,29 @@ impl<D, R> Scheduler<D, R> {
             self.schedule_waiting(&mut pass)?;
         }
         self.schedule_proposals(&mut pass)?;
+        pass.out.tables = self.tables_of(&pass.out.scheduled)?;
         pass.out.ops = self.blocks.take_ops();
         self.record_peaks();
         Ok(pass.out)
+    }
+
+    /// The block tables of `scheduled` in every KV cache group, as they stand once the
+    /// step is planned.
+    fn tables_of(&self, scheduled: &[ScheduledSeq]) -> Result<Vec<Vec<BlockTable>>, CacheError> {
+        let groups = self.blocks.groups().len();
+        scheduled
+            .iter()
+            .map(|s| {
+                (0..groups)
+                    .map(|g| {
+                        Ok(BlockTable {
+                            holes: self.blocks.released_blocks_in(s.id, g)?,
+                            blocks: self.blocks.block_table_in(s.id, g)?.to_vec(),
+                        })
+                    })
+                    .collect()
+            })
+            .collect()
     }
 
     /// Phases 1 and 2: running decodes first, oldest first, then chunks of running
