@@ -109,3 +109,26 @@ fn adds_and_aborts_during_a_step_wait_for_its_end() {
         assert_eq!((st.pending_requests, st.cache.device.used), (0, 0));
     }
 }
+
+#[test]
+fn a_step_dropped_unfinished_fails_its_requests_and_the_engine_goes_on() {
+    for ctx in contexts() {
+        let dir = golden::fixture_dir("llama-gqa");
+        let all = work();
+        let want = run(&mut engine(ctx, &dir, config(64)), &all[..1]);
+        let mut e = engine(ctx, &dir, config(64));
+        let hs = add_all(&mut e, &all[1..3]);
+        drop(e.begin_step().unwrap());
+        // The next step notices: the requests it held fail with the reason, nothing is
+        // held any more, and new requests run as on a fresh engine.
+        let step = e.begin_step().unwrap();
+        e.end_step(step).unwrap();
+        for h in &hs {
+            let err = h.wait().unwrap_err().to_string();
+            assert!(err.contains("dropped before it ended"), "{err}");
+        }
+        assert_eq!(e.stats().cache.device.used, 0);
+        let got = run(&mut e, &all[..1]);
+        assert_same("after the dropped step", &got, &want);
+    }
+}

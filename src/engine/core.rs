@@ -132,6 +132,8 @@ pub struct Engine {
     /// asked for meanwhile wait in `deferred_aborts` until it is.
     pub(super) in_flight: bool,
     pub(super) deferred_aborts: Vec<RequestId>,
+    /// Alive while the step in flight has not been dropped.
+    pub(super) step_alive: std::sync::Weak<()>,
     /// Decode step time against rows, for the cost of a proposed token's row.
     pub(super) step_costs: StepCostFit,
     /// The acceptance rate of recent requests' proposals: where a new request's starts.
@@ -356,6 +358,7 @@ impl Engine {
             host: HostTime::default(),
             in_flight: false,
             deferred_aborts: Vec::new(),
+            step_alive: std::sync::Weak::new(),
             step_costs: StepCostFit::default(),
             spec_rate: AcceptanceRate::starting_at(0.5, ENGINE_RATE_DECAY),
             disk: tiers.disk,

@@ -26,6 +26,8 @@ pub struct StepInFlight {
     start: Instant,
     /// Pipelines compiled before the step (see `compiled_since`).
     compiled: u64,
+    /// Held while the step lives: an engine whose step was dropped unfinished sees it gone.
+    _alive: std::sync::Arc<()>,
 }
 
 enum Work {
@@ -74,15 +76,23 @@ impl Engine {
     /// Schedules a step and submits its GPU work without waiting for it. Refused while
     /// another step is in flight. On an error every pending request has been failed.
     pub fn begin_step(&mut self) -> Result<StepInFlight> {
-        if self.in_flight {
+        if self.in_flight && self.step_alive.strong_count() > 0 {
             return Err(super::EngineError::Internal(
                 "a step is already in flight; end it first".into(),
             ));
+        }
+        if self.in_flight {
+            // The last step was dropped unfinished: what it scheduled cannot be trusted, so
+            // its requests fail (with the reason) rather than leave the engine wedged.
+            self.in_flight = false;
+            self.deferred_aborts.clear();
+            self.fail_all("the engine step failed: a step was dropped before it ended");
         }
         self.drop_abandoned();
         match self.try_begin() {
             Ok(step) => {
                 self.in_flight = true;
+                self.step_alive = std::sync::Arc::downgrade(&step._alive);
                 Ok(step)
             }
             Err(e) => {
@@ -157,6 +167,7 @@ impl Engine {
             work,
             start,
             compiled,
+            _alive: std::sync::Arc::new(()),
         })
     }
 
@@ -165,6 +176,7 @@ impl Engine {
             work,
             start,
             compiled,
+            ..
         } = step;
         let (sched, pending) = match work {
             Work::Nothing { ops } => {
