@@ -24,10 +24,14 @@
 //! and two windowed ones, every sequence with a table in each. Each group's K/V values
 //! differ (a per-group salt), so a block read through the wrong group's table, or shared
 //! across groups, reads back a wrong value; global tables never have holes.
+//!
+//! Two thirds of the admitted prompts carry a cache salt (one of two), and a sequence's K/V
+//! values are marked with its salt: a prefix hit on a block computed under another salt (or
+//! under none) reads back a wrong value.
 
 use pagellm::internals::cache::{
-    AllocStatus, BlockManager, BlockOps, CacheConfig, CacheError, DeviceBlockId, HostBlockId,
-    KvGroups, Location, PinId, SeqId,
+    AllocStatus, BlockManager, BlockOps, CacheConfig, CacheError, DeviceBlockId, ExtraKeys,
+    HostBlockId, KvGroups, Location, PinId, SeqId,
 };
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -51,6 +55,8 @@ enum Op {
         len: usize,
         last: Option<u32>,
         chunk: Option<usize>,
+        /// The request's cache salt: none, or one of two (see [`keys`]).
+        salt: u8,
     },
     /// Slots for `by` more prompt tokens of a prompt admitted in part (`grow_to`); on a
     /// whole sequence, nothing to do.
@@ -124,18 +130,22 @@ fn op() -> impl Strategy<Value = Op> {
     let picks = || proptest::collection::vec(pick(), 0..4);
     prop_oneof![
         4 => (
-            pick(),
-            0..3usize,
-            1..=STEM_LEN,
-            proptest::option::of(0..VOCAB + 1),
-            proptest::option::of(0..STEM_LEN),
+            (
+                pick(),
+                0..3usize,
+                1..=STEM_LEN,
+                proptest::option::of(0..VOCAB + 1),
+                proptest::option::of(0..STEM_LEN),
+            ),
+            0..3u8,
         )
-            .prop_map(|(seq, stem, len, last, chunk)| Op::Allocate {
+            .prop_map(|((seq, stem, len, last, chunk), salt)| Op::Allocate {
                 seq,
                 stem,
                 len,
                 last,
-                chunk
+                chunk,
+                salt
             }),
         3 => (pick(), 1..12usize).prop_map(|(seq, by)| Op::Grow { seq, by }),
         4 => (pick(), 0..VOCAB).prop_map(|(seq, token)| Op::Append { seq, token }),
@@ -199,6 +209,8 @@ fn kv_values(tokens: &[u32]) -> Vec<u64> {
 
 struct SimSeq {
     tokens: Vec<u32>,
+    /// Its request's cache salt (0: none).
+    salt: u8,
     /// Tokens with a slot: all of them, or the leading part of a prompt admitted in part.
     slots: usize,
     computed: usize,
@@ -225,6 +237,19 @@ struct Sim {
 /// What distinguishes group `g`'s K/V values from another group's at the same position.
 fn salt(g: usize) -> u64 {
     (g as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// A request's extra keys for cache salt `salt` (0: none, else one of two salts), and what
+/// its K/V values are marked with: a block computed under one salt and read under another
+/// (a prefix hit that should not have been) reads back the wrong values.
+fn keys(salt: u8) -> (ExtraKeys, u64) {
+    match salt {
+        0 => (ExtraKeys::NONE, 0),
+        s => (
+            ExtraKeys::with_salt(&format!("tenant {s}")),
+            u64::from(s).wrapping_mul(0xd6e8_feb8_6659_fd93),
+        ),
+    }
 }
 
 fn fail(msg: String) -> TestCaseError {
@@ -280,13 +305,14 @@ impl Sim {
     fn write_kv(&mut self, seq: u64, from: usize) -> Result<(), TestCaseError> {
         let s = &self.seqs[&seq];
         let kv = kv_values(&s.tokens[..s.slots]);
+        let mark = keys(s.salt).1;
         for g in 0..self.num_groups() {
             for (p, &value) in kv.iter().enumerate().skip(from) {
                 let slot = self
                     .m
                     .slot_in(SeqId(seq), g, p)
                     .map_err(|e| fail(e.to_string()))?;
-                self.device_mem[slot / self.bs][slot % self.bs] = Some(value ^ salt(g));
+                self.device_mem[slot / self.bs][slot % self.bs] = Some(value ^ salt(g) ^ mark);
             }
         }
         Ok(())
@@ -341,7 +367,11 @@ impl Sim {
                 len,
                 last,
                 chunk,
-            } => self.allocate(self.unused(*seq), *stem, *len, *last, *chunk)?,
+                salt,
+            } => {
+                let prompt = self.prompt(*stem, *len, *last);
+                self.allocate(self.unused(*seq), prompt, *chunk, *salt)?
+            }
             Op::Grow { seq, by } => self.grow(self.live(*seq, device), *by)?,
             Op::Append { seq, token } => self.append(self.live(*seq, device), *token)?,
             Op::AppendAll { token } => self.append_all(*token)?,
@@ -423,25 +453,33 @@ impl Sim {
         Ok(())
     }
 
-    fn allocate(
-        &mut self,
-        seq: u64,
-        stem: usize,
-        len: usize,
-        last: Option<u32>,
-        chunk: Option<usize>,
-    ) -> Result<Result<(), CacheError>, TestCaseError> {
+    /// The first `len` tokens of stem `stem`, its last token replaced by `last`.
+    fn prompt(&self, stem: usize, len: usize, last: Option<u32>) -> Vec<u32> {
         let mut prompt = self.stems[stem][..len].to_vec();
         if let Some(t) = last {
             prompt[len - 1] = t;
         }
+        prompt
+    }
+
+    fn allocate(
+        &mut self,
+        seq: u64,
+        prompt: Vec<u32>,
+        chunk: Option<usize>,
+        salt: u8,
+    ) -> Result<Result<(), CacheError>, TestCaseError> {
+        let len = prompt.len();
         let slots = chunk.unwrap_or(len);
-        let status = self.m.can_allocate_group_slots(&[(&prompt, slots)]);
-        let r = match chunk {
-            None => self.m.allocate(SeqId(seq), &prompt),
-            Some(c) => self
+        let extra = keys(salt).0;
+        let status = self
+            .m
+            .can_allocate_group_slots_keyed(extra, &[(&prompt, slots)]);
+        let r = match (chunk, salt) {
+            (None, 0) => self.m.allocate(SeqId(seq), &prompt),
+            (chunk, _) => self
                 .m
-                .allocate_group_slots(&[(SeqId(seq), &prompt, c)])
+                .allocate_group_slots_keyed(extra, &[(SeqId(seq), &prompt, chunk.unwrap_or(len))])
                 .map(|v| v[0]),
         };
         if self.seqs.contains_key(&seq) {
@@ -471,6 +509,7 @@ impl Sim {
                 seq,
                 SimSeq {
                     tokens: prompt,
+                    salt,
                     slots,
                     computed: cached,
                     family,
@@ -562,6 +601,7 @@ impl Sim {
             (Some(p), false) => {
                 let copy = SimSeq {
                     tokens: p.tokens.clone(),
+                    salt: p.salt,
                     slots: p.slots,
                     computed: p.computed,
                     family: p.family,
@@ -813,7 +853,11 @@ impl Sim {
     fn check_group_memory(&self, g: usize) -> Result<(), TestCaseError> {
         let bs = self.bs;
         for (&id, s) in &self.seqs {
-            let kv: Vec<u64> = kv_values(&s.tokens).iter().map(|v| v ^ salt(g)).collect();
+            let mark = keys(s.salt).1;
+            let kv: Vec<u64> = kv_values(&s.tokens)
+                .iter()
+                .map(|v| v ^ salt(g) ^ mark)
+                .collect();
             let seq = SeqId(id);
             let (mem, table): (&Vec<Vec<Option<u64>>>, Vec<usize>) = match self.m.location(seq) {
                 Ok(Location::Device) => {
