@@ -254,6 +254,13 @@ fn tiers(
     pool: &KvPool,
     plan: &PoolPlan,
 ) -> Result<Tiers> {
+    if cfg!(not(feature = "native")) && config.kv_cache_dir.is_some() {
+        return Err(EngineError::Config(
+            "the disk tier of the prefix cache (kv_cache_dir) keeps files, which this build \
+             (without the `native` feature) does not"
+                .into(),
+        ));
+    }
     let disk = match &config.kv_cache_dir {
         Some(dir) => {
             let pool = (&pool.layout, pool.rotation());
