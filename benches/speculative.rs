@@ -78,7 +78,7 @@ fn greedy(max_tokens: usize) -> SamplingParams {
 /// The repetitive prompts: a 48-token passage the model writes from each seed phrase,
 /// then a line break and the passage's first 8 tokens again.
 fn repetitive_prompts(ctx: &Arc<GpuContext>, n: usize) -> Vec<Vec<u32>> {
-    let mut e = Engine::with_context(ctx.clone(), &dir(), EngineConfig::default(), |_, _| {})
+    let mut e = Engine::with_context(ctx.clone(), dir(), EngineConfig::default(), |_, _| {})
         .expect("engine");
     let hs: Vec<RequestHandle> = SEEDS[..n]
         .iter()
@@ -144,7 +144,7 @@ fn engines(ctx: &Arc<GpuContext>, k: usize) -> Vec<Engine> {
     };
     configs
         .into_iter()
-        .map(|c| Engine::with_context(ctx.clone(), &dir(), c, |_, _| {}).expect("engine"))
+        .map(|c| Engine::with_context(ctx.clone(), dir(), c, |_, _| {}).expect("engine"))
         .collect()
 }
 

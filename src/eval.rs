@@ -69,7 +69,7 @@ impl Scorer {
         chunk: usize,
         progress: impl FnMut(u64, u64),
     ) -> Result<Self> {
-        let (files, tokenizer) = open_model(model_dir)?;
+        let (files, tokenizer) = open_model(&model_dir.into())?;
         let c = files.config.clone();
         if context < 2 || context > c.max_model_len() {
             return Err(EngineError::Config(format!(

@@ -16,7 +16,8 @@
 //! - [`cache`]: the block manager (block tables, reference counts, copy-on-write, swap,
 //!   prefix caching and its host tier), plain Rust; [`cache_engine`] carries out its
 //!   plans on the GPU; [`disk_tier`] keeps prefix blocks in files across restarts;
-//! - [`mapped`]: a file's bytes, memory-mapped natively;
+//! - [`mapped`]: where a model comes from (a path, or files in memory) and a file's bytes
+//!   (memory-mapped natively);
 //! - [`model`]: checkpoints, the architecture registry, the GPU model and its forward
 //!   pass, and a plain-Rust reference forward pass;
 //! - [`tokenizer`] and [`sampling`]: text in and out, and the next token from logits;

@@ -50,6 +50,7 @@ pub use handle::{
     EngineBuilder, EngineHandle, EngineState, ModelInfo, Notice, RequestStream, StatsSnapshot,
 };
 pub use kernels::WeightDtype;
+pub use mapped::{MemoryFiles, ModelSource};
 pub use model::open_chat_template;
 pub use pool::{KvDtype, KvRotation};
 pub use sampling::SamplingParams;

@@ -256,7 +256,7 @@ fn engine_reply(ctx: &pagellm::GpuContext, prompt: &str, params: SamplingParams)
     );
     let mut engine = Engine::with_context(
         Arc::new(shared),
-        &shipped_model(),
+        shipped_model(),
         EngineConfig::default(),
         |_, _| {},
     )

@@ -204,7 +204,7 @@ fn sharded_checkpoint_loads_like_the_single_file() {
 
     let sharded = ReferenceModel::new(&ModelFiles::open(&d).unwrap()).unwrap();
     let single =
-        ReferenceModel::new(&ModelFiles::open(&fixture("qwen2-bias-tied")).unwrap()).unwrap();
+        ReferenceModel::new(&ModelFiles::open(fixture("qwen2-bias-tied")).unwrap()).unwrap();
     let prompt = [41, 469, 80, 13];
     assert_eq!(sharded.forward(&prompt), single.forward(&prompt));
     let _ = std::fs::remove_dir_all(&d);
@@ -223,7 +223,7 @@ fn transformers4_style_rope_settings_are_read() {
         v["rope_scaling"] = s;
     });
     let a = ModelFiles::open(&d).unwrap().config;
-    let b = ModelFiles::open(&fixture("llama3-rope-scaled"))
+    let b = ModelFiles::open(fixture("llama3-rope-scaled"))
         .unwrap()
         .config;
     assert_eq!(a, b);

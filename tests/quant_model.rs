@@ -177,7 +177,7 @@ fn every_converted_family_computes_on_the_gpu_what_its_folder_computes() {
     for ctx in contexts() {
         for name in CONVERTED {
             let gguf = Path::new("tests/fixtures/gguf").join(format!("{name}.gguf"));
-            let mut dir = ModelFiles::open(&Path::new("tests/fixtures").join(name))
+            let mut dir = ModelFiles::open(Path::new("tests/fixtures").join(name))
                 .unwrap()
                 .converted(WeightDtype::F32)
                 .unwrap();

@@ -290,7 +290,7 @@ mod bytes_per_token {
             .collect();
         t.push(Tokenizer::from_dir(std::path::Path::new("models/fortunes-llama")).unwrap());
         t.push(
-            pagellm::internals::model::open_tokenizer(&fixture("gguf/spm-tokenizer.gguf")).unwrap(),
+            pagellm::internals::model::open_tokenizer(fixture("gguf/spm-tokenizer.gguf")).unwrap(),
         );
         t
     }

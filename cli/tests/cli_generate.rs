@@ -473,6 +473,10 @@ fn speculative_decoding_keeps_the_output_and_reports_its_acceptance() {
         "ngram",
         "--num-speculative-tokens",
         "5",
+        // A fixed cost, so that whether proposals are made does not hang on timing (a
+        // loaded machine measured rows dear enough to switch them off once).
+        "--speculative-row-cost",
+        "0",
         "--stats",
     ]);
     let (ok, fast, stderr) = generate(&spec);
@@ -493,7 +497,13 @@ fn speculative_decoding_keeps_the_output_and_reports_its_acceptance() {
     // arg-max): the same text, and proposals accepted.
     let mut drafted = base.to_vec();
     let with_draft = format!("draft:{dir}");
-    drafted.extend(["--speculative", &with_draft, "--stats"]);
+    drafted.extend([
+        "--speculative",
+        &with_draft,
+        "--speculative-row-cost",
+        "0",
+        "--stats",
+    ]);
     let (ok, text, stderr) = generate(&drafted);
     assert!(ok, "{stderr}");
     assert_eq!(text, plain, "draft speculation changed the output");
@@ -510,6 +520,10 @@ fn speculative_decoding_keeps_the_output_and_reports_its_acceptance() {
         !ok && stderr.contains("draft model /some/model"),
         "{stderr}"
     );
+    let mut cost = base.to_vec();
+    cost.extend(["--speculative", "ngram", "--speculative-row-cost", "1.5"]);
+    let (ok, _, stderr) = generate(&cost);
+    assert!(!ok && stderr.contains("between 0 and 1"), "{stderr}");
     let mut orphan = base.to_vec();
     orphan.extend(["--num-speculative-tokens", "3"]);
     let (ok, _, stderr) = generate(&orphan);

@@ -26,12 +26,13 @@ use crate::cache::{DeviceBlockId, HostBlockId};
 use crate::config::EngineConfig;
 use crate::disk_tier::DiskStats;
 use crate::gpu::GpuContext;
+use crate::mapped::ModelSource;
 use crate::pool::{KvLayout, KvPool, KvRotation};
 use crate::runner::plan::PoolPlan;
 use crate::runner::{open_model, ModelRunner};
 use crate::spec::{AcceptanceRate, AdaptiveK, NgramIndex, StepCostFit};
 use crate::tokenizer::Tokenizer;
-use std::path::Path;
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -247,7 +248,7 @@ struct Tiers {
 /// The tiers `config` asks for: the disk tier, if any, and the host tier's blocks (by
 /// default none without a disk tier, half the host pool with one).
 fn tiers(
-    model_dir: &Path,
+    model: &ModelSource,
     c: &crate::model::ModelConfig,
     max_model_len: usize,
     config: &EngineConfig,
@@ -264,7 +265,7 @@ fn tiers(
     let disk = match &config.kv_cache_dir {
         Some(dir) => {
             let pool = (&pool.layout, pool.rotation());
-            let disk = Disk::open(model_dir, dir, c, max_model_len, config, pool);
+            let disk = Disk::open(model, dir, c, max_model_len, config, pool);
             Some(disk.map_err(EngineError::Config)?)
         }
         None => None,
@@ -322,9 +323,9 @@ fn open_draft(
 
 impl Engine {
     /// Opens the model folder on the adapter chosen by the environment.
-    pub fn new(model_dir: &Path, config: EngineConfig) -> Result<Self> {
+    pub fn new(model: impl Into<ModelSource>, config: EngineConfig) -> Result<Self> {
         let ctx = Arc::new(GpuContext::from_env()?);
-        Self::with_context(ctx, model_dir, config, |_, _| {})
+        Self::with_context(ctx, model, config, |_, _| {})
     }
 
     /// Opens the model folder on an existing context (for instance an application's own
@@ -332,11 +333,12 @@ impl Engine {
     /// weight upload in bytes.
     pub fn with_context(
         ctx: Arc<GpuContext>,
-        model_dir: &Path,
+        model: impl Into<ModelSource>,
         config: EngineConfig,
         progress: impl FnMut(u64, u64),
     ) -> Result<Self> {
-        let (files, tokenizer) = open_model(model_dir)?;
+        let model = model.into();
+        let (files, tokenizer) = open_model(&model)?;
         let c = files.config.clone();
         if config.profile {
             ctx.enable_profiling();
@@ -347,7 +349,7 @@ impl Engine {
         let (rows, tokens) = (config.max_sampled_rows(), config.max_num_batched_tokens);
         let spec = plan.runner_spec(&config, max_model_len, tokens, rows);
         let runner = ModelRunner::load(ctx.clone(), &files, &spec, progress)?;
-        let tiers = tiers(model_dir, &c, max_model_len, &config, runner.pool(), &plan)?;
+        let tiers = tiers(&model, &c, max_model_len, &config, runner.pool(), &plan)?;
         let draft = open_draft(&ctx, &c, &config, max_model_len, &plan)?;
         let tokenizer = Arc::new(tokenizer);
         let intake = Intake::new(tokenizer.clone(), c.vocab_size, max_model_len, &config);

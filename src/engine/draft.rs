@@ -102,7 +102,7 @@ impl DraftModel {
         pool_bytes: u64,
     ) -> Result<Self> {
         let what = |e: String| EngineError::Config(format!("draft model {}: {e}", dir.display()));
-        let (files, _tokenizer) = open_model(dir).map_err(|e| what(e.to_string()))?;
+        let (files, _tokenizer) = open_model(&dir.into()).map_err(|e| what(e.to_string()))?;
         let c = files.config.clone();
         if c.vocab_size != target.vocab_size {
             return Err(what(format!(

@@ -28,6 +28,7 @@ use crate::cache::BlockManager;
 use crate::cache_engine::HostPool;
 use crate::config::EngineConfig;
 use crate::disk_tier::DiskStats;
+use crate::mapped::{MemoryFiles, ModelSource};
 use std::collections::HashMap;
 
 /// A waiting request's tokens and the names of its full blocks, for disk lookups.
@@ -124,6 +125,17 @@ pub(super) fn model_identity(model: &Path, cache_dir: &Path) -> std::io::Result<
     Ok(id)
 }
 
+/// The content hash of a model's files held in memory (their names and bytes), as
+/// [`model_identity`] hashes files on disk, so the same model read either way shares records.
+fn memory_identity(files: &MemoryFiles) -> String {
+    let mut content = blake3::Hasher::new();
+    for name in files.weight_names() {
+        content.update(name.as_bytes());
+        content.update(files.bytes(name));
+    }
+    content.finalize().to_hex().to_string()
+}
+
 /// Adds the file at `path` to `hasher`: mapped and hashed on every core natively, read
 /// whole elsewhere.
 fn hash_file(hasher: &mut blake3::Hasher, path: &Path) -> std::io::Result<()> {
@@ -159,7 +171,7 @@ pub(super) struct Disk {
 impl Disk {
     /// The disk tier in `dir` for this model, context, weight format and pool layout.
     pub(super) fn open(
-        model_dir: &Path,
+        model: &ModelSource,
         dir: &Path,
         c: &ModelConfig,
         max_model_len: usize,
@@ -169,7 +181,10 @@ impl Disk {
         let failed = |e: std::io::Error| {
             format!("the KV cache folder {} cannot be used: {e}", dir.display())
         };
-        let id = model_identity(model_dir, dir).map_err(failed)?;
+        let id = match model {
+            ModelSource::Path(path) => model_identity(path, dir).map_err(failed)?,
+            ModelSource::Memory(files) => memory_identity(files),
+        };
         let weights = config
             .weight_dtype
             .map_or("as stored".to_string(), |w| format!("{w:?}"));

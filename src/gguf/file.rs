@@ -160,7 +160,7 @@ pub struct Gguf<B> {
 }
 
 /// A GGUF file memory-mapped from disk (read whole without the `native` feature).
-pub type GgufFile = Gguf<crate::mapped::Mapped>;
+pub type GgufFile = Gguf<crate::mapped::FileBytes>;
 
 impl GgufFile {
     /// Maps and parses `path`.

@@ -45,7 +45,7 @@ pub(super) fn run(
     let engine = match opened {
         Ok(engine) => engine,
         Err(e) => {
-            let why = format!("loading {}: {e}", model.display());
+            let why = format!("loading {}: {e}", model.display_path().display());
             tracing::error!("{why}");
             shared.set_state(EngineState::Failed(why.clone()));
             notify(Notice::LoadFailed(why.clone()));
@@ -55,7 +55,7 @@ pub(super) fn run(
         }
     };
     let info = ModelInfo {
-        path: model,
+        path: model.display_path(),
         max_model_len: engine.max_model_len(),
         vocab_size: engine.intake().vocab_size(),
         adapter: engine.context().describe(),

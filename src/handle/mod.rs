@@ -17,6 +17,7 @@ mod stream;
 
 use crate::engine::{Engine, EngineConfig, EngineError, EngineStats, Intake, Request, RequestId};
 use crate::gpu::GpuContext;
+use crate::mapped::ModelSource;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -78,7 +79,7 @@ pub enum Notice {
 /// The loaded model, as the engine runs it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelInfo {
-    /// The folder or file it was loaded from.
+    /// The folder or file it was loaded from (for files in memory, their name).
     pub path: PathBuf,
     /// The context length requests are checked against (prompt and output together).
     pub max_model_len: usize,
@@ -110,7 +111,7 @@ type NoticeFn = Box<dyn FnMut(Notice) + Send>;
 /// How to start an [`EngineHandle`]: the model, the engine's configuration, the device,
 /// and an optional callback.
 pub struct EngineBuilder {
-    model: PathBuf,
+    model: ModelSource,
     config: EngineConfig,
     context: Option<Arc<GpuContext>>,
     notice: Option<NoticeFn>,
@@ -118,9 +119,9 @@ pub struct EngineBuilder {
 }
 
 impl EngineBuilder {
-    /// An engine for the model in `model` (a Hugging Face folder or a GGUF file) with the
-    /// default configuration, on a device of its own.
-    pub fn new(model: impl Into<PathBuf>) -> Self {
+    /// An engine for `model` (a Hugging Face folder or a GGUF file, or its files in memory:
+    /// [`MemoryFiles`](crate::MemoryFiles)) with the default configuration, on a device of its own.
+    pub fn new(model: impl Into<ModelSource>) -> Self {
         EngineBuilder {
             model: model.into(),
             config: EngineConfig::default(),
@@ -287,7 +288,7 @@ impl std::fmt::Debug for EngineHandle {
 impl EngineHandle {
     /// Loads the model in `model` with `config` on a device of its own and returns once it
     /// takes requests. See [`EngineBuilder`] for a shared device, progress and notices.
-    pub fn load(model: impl Into<PathBuf>, config: EngineConfig) -> Result<Self> {
+    pub fn load(model: impl Into<ModelSource>, config: EngineConfig) -> Result<Self> {
         EngineBuilder::new(model).config(config).load()
     }
 
@@ -459,7 +460,7 @@ fn refusal(e: &EngineError) -> EngineError {
 /// environment chooses.
 pub(crate) fn open_engine(
     context: Option<Arc<GpuContext>>,
-    model: &std::path::Path,
+    model: &ModelSource,
     config: EngineConfig,
     progress: impl FnMut(u64, u64),
 ) -> Result<Engine> {
@@ -467,5 +468,5 @@ pub(crate) fn open_engine(
         Some(ctx) => ctx,
         None => Arc::new(GpuContext::from_env()?),
     };
-    Engine::with_context(ctx, model, config, progress)
+    Engine::with_context(ctx, model.clone(), config, progress)
 }

@@ -6,7 +6,7 @@
 use super::arch::Slice;
 use super::error::{ModelError, Result};
 use crate::kernels::WeightDtype;
-use crate::mapped::Mapped;
+use crate::mapped::{FileBytes, Folder};
 use safetensors::tensor::{Dtype, TensorInfo};
 use safetensors::SafeTensors;
 use std::collections::{BTreeMap, HashMap};
@@ -22,7 +22,7 @@ struct File {
 /// A file's bytes: mapped from disk, or computed at open (GGUF q and k weights with their
 /// rows put back in Hugging Face order).
 pub(crate) enum Bytes {
-    Map(Mapped),
+    Map(FileBytes),
     Owned(Vec<u8>),
 }
 
@@ -108,15 +108,19 @@ impl std::fmt::Debug for Checkpoint {
 impl Checkpoint {
     /// Opens `dir/model.safetensors`, or every shard named by `dir/model.safetensors.index.json`.
     pub fn open(dir: &Path) -> Result<Self> {
-        let single = dir.join("model.safetensors");
-        let index = dir.join("model.safetensors.index.json");
-        let paths: Vec<PathBuf> = if index.exists() {
-            let v = super::config::read_json(&index)?;
+        Self::open_in(Folder::Disk(dir))
+    }
+
+    /// [`Self::open`] for a folder on disk or in memory.
+    pub fn open_in(folder: Folder<'_>) -> Result<Self> {
+        const INDEX: &str = "model.safetensors.index.json";
+        let names: Vec<String> = if folder.exists(INDEX) {
+            let v = super::config::read_json_in(folder, INDEX)?;
             let map = v
                 .get("weight_map")
                 .and_then(|m| m.as_object())
                 .ok_or_else(|| ModelError::Config {
-                    path: index.clone(),
+                    path: folder.path(INDEX),
                     message: "missing weight_map".into(),
                 })?;
             let mut shards: Vec<String> = map
@@ -125,24 +129,25 @@ impl Checkpoint {
                 .collect();
             shards.sort();
             shards.dedup();
-            shards.iter().map(|s| dir.join(s)).collect()
-        } else if single.exists() {
-            vec![single]
+            shards
+        } else if folder.exists("model.safetensors") {
+            vec!["model.safetensors".to_string()]
         } else {
-            return Err(ModelError::NoWeights(dir.to_path_buf()));
+            return Err(ModelError::NoWeights(folder.display_path()));
         };
         let mut ck = Checkpoint {
             files: Vec::new(),
             tensors: BTreeMap::new(),
         };
-        for path in paths {
-            ck.add_file(path)?;
+        for name in names {
+            ck.add_file(folder, &name)?;
         }
         Ok(ck)
     }
 
-    fn add_file(&mut self, path: PathBuf) -> Result<()> {
-        let map = crate::mapped::open(&path).map_err(|error| ModelError::Io {
+    fn add_file(&mut self, folder: Folder<'_>, name: &str) -> Result<()> {
+        let path = folder.path(name);
+        let map = folder.open(name).map_err(|error| ModelError::Io {
             path: path.clone(),
             error,
         })?;

@@ -9,6 +9,7 @@
 use super::error::{ModelError, Result};
 pub use super::recipe::Architecture;
 use super::recipe::{Recipe, Rope};
+use crate::mapped::Folder;
 use crate::nn::rope::RopeScaling;
 use serde_json::Value;
 use std::path::Path;
@@ -134,14 +135,17 @@ impl<'a> ConfigReader<'a> {
     }
 }
 
-/// Reads and parses a JSON file, with errors naming it.
-pub(crate) fn read_json(path: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path).map_err(|error| ModelError::Io {
-        path: path.to_path_buf(),
-        error,
-    })?;
+/// File `name` of `folder` as JSON.
+pub(crate) fn read_json_in(folder: Folder<'_>, name: &str) -> Result<Value> {
+    let path = folder.path(name);
+    let text = folder
+        .read_to_string(name)
+        .map_err(|error| ModelError::Io {
+            path: path.clone(),
+            error,
+        })?;
     serde_json::from_str(&text).map_err(|e| ModelError::Json {
-        path: path.to_path_buf(),
+        path,
         message: e.to_string(),
     })
 }

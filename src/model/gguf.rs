@@ -14,19 +14,31 @@ use super::{Checkpoint, ModelConfig};
 use crate::formats::GgmlType;
 use crate::gguf::config::{hf_config, CONFIG_TENSORS};
 use crate::gguf::file::{GgufFile, TensorInfo};
+use crate::mapped::FileBytes;
 use std::path::Path;
 
 /// The config and the tensors of the GGUF file at `path`; the config from the file's
 /// metadata, or `config` where the caller has one (a folder's `config.json`).
 pub fn open(path: &Path, config: Option<ModelConfig>) -> Result<(ModelConfig, Checkpoint)> {
+    let bytes = crate::mapped::open(path).map_err(|error| ModelError::Io {
+        path: path.to_path_buf(),
+        error,
+    })?;
+    open_bytes(path, bytes, config)
+}
+
+/// [`open`] for a GGUF file's bytes (mapped from disk, or given in memory); `path` names
+/// it in messages.
+pub fn open_bytes(
+    path: &Path,
+    bytes: FileBytes,
+    config: Option<ModelConfig>,
+) -> Result<(ModelConfig, Checkpoint)> {
     let malformed = |message: String| ModelError::Malformed {
         path: path.to_path_buf(),
         message,
     };
-    let file = GgufFile::open(path).map_err(|e| match e {
-        crate::gguf::file::GgufError::Io { path, error } => ModelError::Io { path, error },
-        crate::gguf::file::GgufError::Malformed { message, .. } => malformed(message),
-    })?;
+    let file = GgufFile::parse(bytes).map_err(&malformed)?;
     let arch = file
         .get("general.architecture")
         .and_then(|v| v.as_str())

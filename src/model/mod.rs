@@ -23,79 +23,162 @@ pub use checkpoint::{Checkpoint, TensorRef};
 pub use config::{Architecture, ModelConfig};
 pub use error::ModelError;
 
+use crate::mapped::{FileBytes, Folder, ModelSource};
 use crate::tokenizer::{ChatTemplate, ChatTemplateError, Tokenizer, TokenizerError};
 use std::path::{Path, PathBuf};
 
 /// A validated model: its config and memory-mapped weights.
 #[derive(Debug)]
 pub struct ModelFiles {
+    /// The model's folder (for files in memory, their name), where its tokenizer is.
     pub dir: PathBuf,
     pub config: ModelConfig,
     pub checkpoint: Checkpoint,
 }
 
+/// Where a model's weights are, in its folder.
+enum Weights {
+    /// `model.safetensors`, or the shards of `model.safetensors.index.json`.
+    Safetensors,
+    /// One GGUF file beside `config.json` (the folder's config wins).
+    GgufWithConfig(String),
+    /// One GGUF file and no `config.json` (files in memory only; on disk, pass the file).
+    GgufAlone(String),
+}
+
 impl ModelFiles {
     /// Reads a model and checks every tensor's presence, shape and dtype before anything is
-    /// uploaded. `path` is a Hugging Face folder (`config.json` and safetensors weights), a
-    /// GGUF file (config from its metadata), or a folder with `config.json` and one GGUF file
-    /// and no safetensors (config from the folder, weights from the file). `dir` is the
-    /// folder, where the tokenizer is looked for.
-    pub fn open(path: &Path) -> error::Result<Self> {
-        let (dir, config, checkpoint) = if is_gguf(path) {
-            let (config, ck) = gguf::open(path, None)?;
-            (model_folder(path).to_path_buf(), config, ck)
-        } else if !path.is_dir() {
-            return Err(ModelError::Io {
-                path: path.to_path_buf(),
-                error: std::io::Error::new(std::io::ErrorKind::NotFound, "not a model folder"),
-            });
-        } else if let Some(gguf) = lone_gguf(path)? {
-            let config = ModelConfig::from_dir(path)?;
-            let (config, ck) = gguf::open(&gguf, Some(config))?;
-            (path.to_path_buf(), config, ck)
-        } else {
-            let config = ModelConfig::from_dir(path)?;
-            (path.to_path_buf(), config, Checkpoint::open(path)?)
+    /// uploaded. The model is a Hugging Face folder (`config.json` and safetensors weights),
+    /// a GGUF file (config from its metadata), or a folder with `config.json` and one GGUF
+    /// file and no safetensors (config from the folder, weights from the file), on disk or
+    /// as files in memory ([`crate::mapped::MemoryFiles`]; there one GGUF file alone also
+    /// serves). `dir` is the folder, where the tokenizer is looked for.
+    pub fn open(model: impl Into<ModelSource>) -> error::Result<Self> {
+        let source = model.into();
+        let folder = source.folder();
+        let (config, checkpoint) = match source.gguf_file() {
+            Some(path) => gguf::open(path, None)?,
+            None => open_folder(&source, folder)?,
         };
         spec::validate(&config, &checkpoint)?;
         Ok(ModelFiles {
-            dir,
+            dir: folder.display_path(),
             config,
             checkpoint,
         })
     }
 }
 
-/// The tokenizer of the model at `path` (a folder or a GGUF file, as [`ModelFiles::open`]
-/// takes): the folder's `tokenizer.json` where there is one (the model's own), else the one
-/// the GGUF file's metadata describes ([`crate::gguf::tokenizer`]).
-pub fn open_tokenizer(path: &Path) -> Result<Tokenizer, TokenizerError> {
-    let folder = model_folder(path);
-    if folder.join("tokenizer.json").exists() {
-        return Tokenizer::from_dir(folder);
+/// The config and tensors of a model folder (on disk or in memory).
+fn open_folder(
+    source: &ModelSource,
+    folder: Folder<'_>,
+) -> error::Result<(ModelConfig, Checkpoint)> {
+    if let (ModelSource::Path(path), Folder::Disk(dir)) = (source, folder) {
+        if !dir.is_dir() {
+            return Err(ModelError::Io {
+                path: path.clone(),
+                error: std::io::Error::new(std::io::ErrorKind::NotFound, "not a model folder"),
+            });
+        }
     }
-    let Some(gguf) = gguf_of(path) else {
-        return Tokenizer::from_dir(folder);
+    let open_gguf = |name: &str, config: Option<ModelConfig>| {
+        let bytes = folder.open(name).map_err(|error| ModelError::Io {
+            path: folder.path(name),
+            error,
+        })?;
+        gguf::open_bytes(&folder.path(name), bytes, config)
+    };
+    match weights_of(source, folder)? {
+        Weights::GgufAlone(name) => open_gguf(&name, None),
+        Weights::GgufWithConfig(name) => open_gguf(&name, Some(ModelConfig::from_folder(folder)?)),
+        Weights::Safetensors => Ok((
+            ModelConfig::from_folder(folder)?,
+            Checkpoint::open_in(folder)?,
+        )),
+    }
+}
+
+/// Where a folder's weights are. Two GGUF files are an error naming them (which to load is
+/// the user's choice: pass the file).
+fn weights_of(source: &ModelSource, folder: Folder<'_>) -> error::Result<Weights> {
+    let has = |name: &str| folder.exists(name);
+    if has("model.safetensors") || has("model.safetensors.index.json") {
+        return Ok(Weights::Safetensors);
+    }
+    let names = folder.file_names().map_err(|error| ModelError::Io {
+        path: folder.display_path(),
+        error,
+    })?;
+    let mut found: Vec<String> = names
+        .into_iter()
+        .filter(|n| crate::mapped::is_gguf_file(Path::new(n)))
+        .collect();
+    let in_memory = matches!(source, ModelSource::Memory(_));
+    match (found.len(), has("config.json")) {
+        (1, true) => Ok(Weights::GgufWithConfig(found.remove(0))),
+        (1, false) if in_memory => Ok(Weights::GgufAlone(found.remove(0))),
+        (n, true) if n > 1 => Err(ModelError::Unsupported(format!(
+            "{} holds {n} GGUF files ({}); pass the one to load",
+            folder.display_path().display(),
+            found.join(", ")
+        ))),
+        _ => Ok(Weights::Safetensors),
+    }
+}
+
+/// The GGUF file of a model, if its weights are one: the file the source names, or the
+/// folder's one GGUF file; with its bytes and how messages name it.
+fn gguf_of(source: &ModelSource) -> Option<(PathBuf, FileBytes)> {
+    if let Some(path) = source.gguf_file() {
+        return crate::mapped::open(path)
+            .ok()
+            .map(|b| (path.to_path_buf(), b));
+    }
+    let folder = source.folder();
+    match weights_of(source, folder).ok()? {
+        Weights::GgufAlone(name) | Weights::GgufWithConfig(name) => {
+            Some((folder.path(&name), folder.open(&name).ok()?))
+        }
+        Weights::Safetensors => None,
+    }
+}
+
+/// The tokenizer of a model (as [`ModelFiles::open`] takes one): the folder's
+/// `tokenizer.json` where there is one (the model's own), else the one the GGUF file's
+/// metadata describes ([`crate::gguf::tokenizer`]).
+pub fn open_tokenizer(model: impl Into<ModelSource>) -> Result<Tokenizer, TokenizerError> {
+    let source = model.into();
+    let folder = source.folder();
+    if folder.exists("tokenizer.json") {
+        return Tokenizer::from_folder(folder);
+    }
+    let Some((path, bytes)) = gguf_of(&source) else {
+        return Tokenizer::from_folder(folder);
     };
     let fail = |message: String| TokenizerError::Gguf {
-        path: gguf.clone(),
+        path: path.clone(),
         message,
     };
-    let file = crate::gguf::file::GgufFile::open(&gguf).map_err(|e| fail(e.to_string()))?;
+    let file = crate::gguf::file::GgufFile::parse(bytes).map_err(fail)?;
     crate::gguf::tokenizer::tokenizer(&file).map_err(fail)
 }
 
-/// The chat template of the model at `path`: the folder's (`chat_template.jinja` or
+/// The chat template of a model: the folder's (`chat_template.jinja` or
 /// `tokenizer_config.json`) where it has one, else a GGUF file's `tokenizer.chat_template`,
 /// with the file's BOS and EOS tokens.
-pub fn open_chat_template(path: &Path) -> Result<ChatTemplate, ChatTemplateError> {
-    let folder = model_folder(path);
-    let from_folder = ChatTemplate::from_dir(folder);
-    let (Err(ChatTemplateError::Missing { .. }), Some(gguf)) = (&from_folder, gguf_of(path)) else {
+pub fn open_chat_template(
+    model: impl Into<ModelSource>,
+) -> Result<ChatTemplate, ChatTemplateError> {
+    let source = model.into();
+    let from_folder = ChatTemplate::from_folder(source.folder());
+    let Err(ChatTemplateError::Missing { .. }) = &from_folder else {
         return from_folder;
     };
-    let file = crate::gguf::file::GgufFile::open(&gguf)
-        .map_err(|e| ChatTemplateError::Io(e.to_string()))?;
+    let Some((_, bytes)) = gguf_of(&source) else {
+        return from_folder;
+    };
+    let file = crate::gguf::file::GgufFile::parse(bytes).map_err(ChatTemplateError::Io)?;
     let token = |key: &str| -> String {
         let id = file.get(key).and_then(|v| v.as_u64());
         let tokens = file.get("tokenizer.ggml.tokens").and_then(|v| v.as_array());
@@ -109,62 +192,5 @@ pub fn open_chat_template(path: &Path) -> Result<ChatTemplate, ChatTemplateError
             &token("tokenizer.ggml.eos_token_id"),
         ),
         None => from_folder,
-    }
-}
-
-/// The GGUF file of the model at `path`: the path itself, or a folder's one GGUF file.
-fn gguf_of(path: &Path) -> Option<PathBuf> {
-    if is_gguf(path) {
-        return Some(path.to_path_buf());
-    }
-    lone_gguf(path).ok().flatten()
-}
-
-/// The folder of the model at `path`, where its tokenizer and chat template are: `path`
-/// itself, or for a GGUF file the folder holding it.
-pub fn model_folder(path: &Path) -> &Path {
-    match is_gguf(path) {
-        true => path.parent().unwrap_or(Path::new(".")),
-        false => path,
-    }
-}
-
-/// Whether `path` names a GGUF file (by its extension).
-fn is_gguf(path: &Path) -> bool {
-    path.extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
-        && !path.is_dir()
-}
-
-/// The GGUF file of a folder with `config.json`, one `*.gguf` and no safetensors weights;
-/// `None` for any other folder. Two GGUF files are an error naming them (which to load is
-/// the user's choice: pass the file).
-fn lone_gguf(dir: &Path) -> error::Result<Option<PathBuf>> {
-    let has = |name: &str| dir.join(name).exists();
-    if !has("config.json") || has("model.safetensors") || has("model.safetensors.index.json") {
-        return Ok(None);
-    }
-    let io = |error| ModelError::Io {
-        path: dir.to_path_buf(),
-        error,
-    };
-    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(io)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| is_gguf(p))
-        .collect();
-    found.sort();
-    match found.len() {
-        0 | 1 => Ok(found.pop()),
-        _ => Err(ModelError::Unsupported(format!(
-            "{} holds {} GGUF files ({}); pass the one to load",
-            dir.display(),
-            found.len(),
-            found
-                .iter()
-                .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))),
     }
 }

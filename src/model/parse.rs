@@ -3,17 +3,25 @@
 //! [`super::arch`]).
 
 use super::arch;
-use super::config::{parse_rope, read_json, ConfigReader, ModelConfig};
+use super::config::{parse_rope, read_json_in, ConfigReader, ModelConfig};
 use super::error::{ModelError, Result};
 use super::recipe::Recipe;
+use crate::mapped::Folder;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 impl ModelConfig {
     /// Reads `dir/config.json`.
     pub fn from_dir(dir: &Path) -> Result<Self> {
-        let path: PathBuf = dir.join("config.json");
-        Self::parse(&path, &read_json(&path)?)
+        Self::from_folder(Folder::Disk(dir))
+    }
+
+    /// Reads a folder's `config.json`, on disk or in memory.
+    pub fn from_folder(folder: Folder<'_>) -> Result<Self> {
+        Self::parse(
+            &folder.path("config.json"),
+            &read_json_in(folder, "config.json")?,
+        )
     }
 
     pub fn parse(path: &Path, v: &Value) -> Result<Self> {

@@ -21,13 +21,13 @@ use crate::gpu::{Batch, GpuContext, InFlightRead, Readback};
 use crate::kernels::logits::argmax_logprobs;
 use crate::kernels::paged_attention::AttentionBuffers;
 use crate::kernels::{Formats, KernelPlan, WeightDtype};
+use crate::mapped::ModelSource;
 use crate::model::forward::Workspace;
 use crate::model::gpu::GpuModel;
 use crate::model::step::{record_step, FlatBatch};
 use crate::model::{ModelConfig, ModelError, ModelFiles};
 use crate::pool::{KvLayout, KvPool, KvRotation, PoolSize};
 use crate::tokenizer::{Tokenizer, TokenizerError};
-use std::path::Path;
 use std::sync::Arc;
 
 /// Why a runner could not be built or run a step.
@@ -50,11 +50,11 @@ pub enum RunnerError {
 /// The runner's results.
 pub type Result<T, E = RunnerError> = std::result::Result<T, E>;
 
-/// A model's checkpoint and tokenizer (from the model's folder or GGUF file), checked
-/// against each other.
-pub fn open_model(model: &Path) -> Result<(ModelFiles, Tokenizer)> {
-    let files = ModelFiles::open(model)?;
-    let tokenizer = crate::model::open_tokenizer(model)?;
+/// A model's checkpoint and tokenizer (from the model's folder or GGUF file, on disk or in
+/// memory), checked against each other.
+pub fn open_model(model: &ModelSource) -> Result<(ModelFiles, Tokenizer)> {
+    let files = ModelFiles::open(model.clone())?;
+    let tokenizer = crate::model::open_tokenizer(model.clone())?;
     if tokenizer.vocab_size() > files.config.vocab_size {
         return Err(ModelError::VocabMismatch {
             tokenizer: tokenizer.vocab_size(),

@@ -7,6 +7,7 @@
 //! `json.dumps` writes). Checked against transformers' own renderings in
 //! `tests/fixtures/chat`.
 
+use crate::mapped::Folder;
 use minijinja::{Environment, Error, ErrorKind};
 use serde::Serialize;
 use std::path::Path;
@@ -105,11 +106,15 @@ impl std::fmt::Debug for ChatTemplate {
 impl ChatTemplate {
     /// The template of the model folder `dir`.
     pub fn from_dir(dir: &Path) -> Result<Self, ChatTemplateError> {
-        let config: serde_json::Value =
-            match std::fs::read_to_string(dir.join("tokenizer_config.json")) {
-                Ok(text) => serde_json::from_str(&text).unwrap_or_default(),
-                Err(_) => serde_json::Value::Null,
-            };
+        Self::from_folder(Folder::Disk(dir))
+    }
+
+    /// [`Self::from_dir`] for a model folder on disk or in memory.
+    pub fn from_folder(folder: Folder<'_>) -> Result<Self, ChatTemplateError> {
+        let config: serde_json::Value = match folder.read_to_string("tokenizer_config.json") {
+            Ok(text) => serde_json::from_str(&text).unwrap_or_default(),
+            Err(_) => serde_json::Value::Null,
+        };
         let token = |key: &str| -> String {
             match &config[key] {
                 serde_json::Value::String(s) => s.clone(),
@@ -117,9 +122,11 @@ impl ChatTemplate {
                 v => v["content"].as_str().unwrap_or_default().to_string(),
             }
         };
-        let file = dir.join("chat_template.jinja");
-        let source = if file.exists() {
-            std::fs::read_to_string(&file).map_err(|e| ChatTemplateError::Io(e.to_string()))?
+        let dir = folder.display_path();
+        let source = if folder.exists("chat_template.jinja") {
+            folder
+                .read_to_string("chat_template.jinja")
+                .map_err(|e| ChatTemplateError::Io(e.to_string()))?
         } else {
             match &config["chat_template"] {
                 serde_json::Value::String(s) => s.clone(),

@@ -8,6 +8,7 @@
 
 use super::special::{read_special_tokens, SpecialTokens};
 use super::TokenizerError;
+use crate::mapped::Folder;
 use std::path::{Path, PathBuf};
 
 /// A loaded tokenizer. Cheap to share behind an `Arc`; every method takes `&self`.
@@ -33,12 +34,17 @@ impl Tokenizer {
     /// Loads `dir/tokenizer.json` and the BOS/EOS ids from the folder's config files
     /// (see [`SpecialTokens`] for the order in which they are read).
     pub fn from_dir(dir: &Path) -> Result<Self, TokenizerError> {
-        let path = dir.join("tokenizer.json");
-        let bytes = match std::fs::read(&path) {
+        Self::from_folder(Folder::Disk(dir))
+    }
+
+    /// [`Self::from_dir`] for a model folder on disk or in memory.
+    pub fn from_folder(folder: Folder<'_>) -> Result<Self, TokenizerError> {
+        let path = folder.path("tokenizer.json");
+        let bytes = match folder.open("tokenizer.json") {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(TokenizerError::MissingTokenizerJson {
-                    dir: dir.to_path_buf(),
+                    dir: folder.display_path(),
                 })
             }
             Err(source) => return Err(TokenizerError::Read { path, source }),
@@ -49,7 +55,7 @@ impl Tokenizer {
                 message: e.to_string(),
             }
         })?;
-        let special = read_special_tokens(dir, |token| inner.token_to_id(token))?;
+        let special = read_special_tokens(folder, |token| inner.token_to_id(token))?;
         Ok(Self::assemble(inner, special, path))
     }
 

@@ -16,6 +16,7 @@
 //! fields of the wrong type are errors naming the file and field.
 
 use super::TokenizerError;
+use crate::mapped::Folder;
 use serde_json::{Map, Value};
 use std::path::Path;
 
@@ -30,14 +31,14 @@ pub struct SpecialTokens {
 
 /// Reads the special tokens of `dir`; `resolve` maps a token string to its id.
 pub(crate) fn read_special_tokens(
-    dir: &Path,
+    folder: Folder<'_>,
     resolve: impl Fn(&str) -> Option<u32>,
 ) -> Result<SpecialTokens, TokenizerError> {
     let mut special = SpecialTokens::default();
 
     for name in ["generation_config.json", "config.json"] {
-        let path = dir.join(name);
-        let Some(obj) = read_json_object(&path)? else {
+        let path = folder.path(name);
+        let Some(obj) = read_json_object(folder, name)? else {
             continue;
         };
         let bos = id_field(&path, &obj, "bos_token_id")?;
@@ -47,8 +48,8 @@ pub(crate) fn read_special_tokens(
         add_unique(&mut special.eos, id_field(&path, &obj, "eos_token_id")?);
     }
 
-    let path = dir.join("tokenizer_config.json");
-    if let Some(obj) = read_json_object(&path)? {
+    let path = folder.path("tokenizer_config.json");
+    if let Some(obj) = read_json_object(folder, "tokenizer_config.json")? {
         if special.bos.is_none() {
             special.bos = token_field(&path, &obj, "bos_token", &resolve)?;
         }
@@ -69,8 +70,12 @@ fn add_unique(ids: &mut Vec<u32>, new: impl IntoIterator<Item = u32>) {
 }
 
 /// `Ok(None)` when the file does not exist: every one of these files is optional.
-fn read_json_object(path: &Path) -> Result<Option<Map<String, Value>>, TokenizerError> {
-    let text = match std::fs::read_to_string(path) {
+fn read_json_object(
+    folder: Folder<'_>,
+    name: &str,
+) -> Result<Option<Map<String, Value>>, TokenizerError> {
+    let path = &folder.path(name);
+    let text = match folder.read_to_string(name) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => {

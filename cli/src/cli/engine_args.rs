@@ -75,6 +75,14 @@ fn parse_speculative(s: &str) -> Result<SpeculativeArg, String> {
     }
 }
 
+fn parse_row_cost(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(c) if (0.0..=1.0).contains(&c) => Ok(c),
+        Ok(c) => Err(format!("{c} is not a cost between 0 and 1")),
+        Err(e) => Err(format!("`{s}` is not a number: {e}")),
+    }
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct EngineArgs {
     /// Tokens per KV block.
@@ -146,6 +154,12 @@ pub struct EngineArgs {
     /// Longest n-gram prompt lookup matches (the longest match found wins).
     #[arg(long, default_value_t = 4, requires = "speculative")]
     pub ngram_max: usize,
+    /// What a proposed token's row costs, relative to a sequence's share of a decode step,
+    /// which the adaptive k weighs against the acceptance rate (0 to 1). Default: measured
+    /// as the engine runs. A fixed value makes the choice of k independent of timing; 0
+    /// speculates wherever the acceptance rate stays above 5%.
+    #[arg(long, value_name = "COST", requires = "speculative", value_parser = parse_row_cost)]
+    pub speculative_row_cost: Option<f64>,
     /// Host blocks the prefix cache may keep prompt blocks in once the device pool evicts
     /// them (copied back up on a later hit instead of recomputed); they share the host pool
     /// with swapping, which comes first. Default: none, or half the host pool with
@@ -186,7 +200,7 @@ impl EngineArgs {
                 num_tokens: self.num_speculative_tokens.into(),
                 ngram_min: self.ngram_min,
                 ngram_max: self.ngram_max,
-                ..SpeculativeConfig::default()
+                row_cost: self.speculative_row_cost,
             }),
             draft_model: match &self.speculative {
                 Some(SpeculativeArg::Draft(dir)) => Some(dir.clone()),
