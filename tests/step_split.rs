@@ -3,12 +3,16 @@
 //! exactly the outputs of `step()`, field by field, for every kind of request and under swap
 //! preemption; requests added while a step is in flight join later steps, and aborts asked
 //! for meanwhile happen when the step ends, leaving the other requests' outputs untouched.
-//! A second `begin_step` while one is in flight is refused without harm.
+//! A second `begin_step` while one is in flight is refused without harm. With a draft
+//! model the step is begun without waiting for the draft's passes (each poll lands one
+//! and submits the next), and the outputs are still those of plain decoding.
 
 mod common;
 use common::outputs::{assert_same, beams, engine, greedy, prompt, run, sampled};
 use common::{contexts, golden};
-use pagellm::internals::engine::{Engine, EngineConfig, PreemptionMode, Request, RequestHandle};
+use pagellm::internals::engine::{
+    Engine, EngineConfig, PreemptionMode, Request, RequestHandle, SpeculativeConfig,
+};
 use pagellm::internals::sampling::SamplingParams;
 use pagellm::{FinishReason, Output};
 
@@ -35,13 +39,16 @@ fn work() -> Vec<(Vec<u32>, SamplingParams)> {
     ]
 }
 
-/// One step through the split API, polling until the step is ready.
-fn split_step(e: &mut Engine) -> usize {
-    let step = e.begin_step().unwrap();
-    while !e.step_ready(&step).unwrap() {
+/// One step through the split API, polling until the step is ready; returns the tokens
+/// computed and how many polls found it not ready.
+fn split_step(e: &mut Engine) -> (usize, usize) {
+    let mut step = e.begin_step().unwrap();
+    let mut busy = 0;
+    while !e.step_ready(&mut step).unwrap() {
+        busy += 1;
         std::thread::yield_now();
     }
-    e.end_step(step).unwrap()
+    (e.end_step(step).unwrap(), busy)
 }
 
 fn add_all(e: &mut Engine, work: &[(Vec<u32>, SamplingParams)]) -> Vec<RequestHandle> {
@@ -130,5 +137,91 @@ fn a_step_dropped_unfinished_fails_its_requests_and_the_engine_goes_on() {
         assert_eq!(e.stats().cache.device.used, 0);
         let got = run(&mut e, &all[..1]);
         assert_same("after the dropped step", &got, &want);
+    }
+}
+
+/// A draft model (the target itself, so greedy proposals are its arg-max) makes proposals
+/// pass by pass as the step is polled: `begin_step` submits the draft's first pass and
+/// returns (the others are submitted by the polls that land the one before), and the outputs are plain decoding's, for greedy,
+/// sampled and beam requests, under swap preemption, with a request aborted while the draft
+/// runs and another added meanwhile.
+#[test]
+fn a_draft_model_proposes_while_the_step_is_polled() {
+    for ctx in contexts() {
+        let dir = golden::fixture_dir("llama-gqa");
+        let all = work();
+        let drafted = |blocks| EngineConfig {
+            draft_model: Some(dir.clone()),
+            speculative: Some(SpeculativeConfig {
+                num_tokens: 3,
+                row_cost: Some(0.0),
+                ..SpeculativeConfig::default()
+            }),
+            ..config(blocks)
+        };
+        for blocks in [64, 28] {
+            let want = run(&mut engine(ctx, &dir, config(blocks)), &all);
+            let mut e = engine(ctx, &dir, drafted(blocks));
+            let hs = add_all(&mut e, &all);
+            let passes = |e: &Engine| e.stats().draft.expect("a draft model").passes;
+            // Steps whose draft made several passes, and how many passes each had
+            // submitted when `begin_step` returned.
+            let mut begun = Vec::new();
+            while e.has_unfinished() {
+                let before = passes(&e);
+                let mut step = e.begin_step().unwrap();
+                let at_begin = passes(&e) - before;
+                while !e.step_ready(&mut step).unwrap() {
+                    std::thread::yield_now();
+                }
+                e.end_step(step).unwrap();
+                if passes(&e) - before > 1 {
+                    begun.push(at_begin);
+                }
+            }
+            let got: Vec<Output> = hs.iter().map(|h| h.wait().unwrap()).collect();
+            let what = format!("drafted, {blocks} blocks");
+            assert_same(&what, &got, &want);
+            let s = e.stats();
+            let d = s.draft.expect("a draft model");
+            assert!(
+                d.passes > 0 && s.scheduler.spec_accepted > 0,
+                "{what}: {s:?}"
+            );
+            assert!(
+                !begun.is_empty() && begun.iter().all(|&n| n == 1),
+                "{what}: passes submitted by begin_step: {begun:?}"
+            );
+            assert_eq!((s.cache.device.used, s.cache.host.used), (0, 0), "{what}");
+            if blocks == 28 {
+                assert!(s.scheduler.preempted_by_swap > 0, "{what}: no preemption");
+            }
+        }
+        // An abort and an add while the draft is running.
+        let want = run(&mut engine(ctx, &dir, config(64)), &all);
+        let mut e = engine(ctx, &dir, drafted(64));
+        let hs = add_all(&mut e, &all[..3]);
+        split_step(&mut e); // the prompts
+        let mut step = e.begin_step().unwrap();
+        assert!(e.abort(hs[2].id));
+        let late = add_all(&mut e, &all[3..]);
+        while !e.step_ready(&mut step).unwrap() {
+            std::thread::yield_now();
+        }
+        e.end_step(step).unwrap();
+        e.run_to_completion().unwrap();
+        assert!(hs[2]
+            .wait()
+            .unwrap()
+            .outputs
+            .iter()
+            .all(|o| o.finish_reason == FinishReason::Abort));
+        let got: Vec<Output> = [&hs[0], &hs[1], &late[0]]
+            .iter()
+            .map(|h| h.wait().unwrap())
+            .collect();
+        let kept = [want[0].clone(), want[1].clone(), want[3].clone()];
+        assert_same("drafted, beside the abort", &got, &kept);
+        assert_eq!(e.stats().cache.device.used, 0);
     }
 }

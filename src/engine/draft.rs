@@ -37,7 +37,7 @@ use crate::gpu::GpuContext;
 use crate::model::step::{FlatBatch, SeqSlice};
 use crate::model::ModelConfig;
 use crate::runner::plan::PoolPlan;
-use crate::runner::{open_model, ModelRunner, RunnerSpec, StepPlan};
+use crate::runner::{open_model, ModelRunner, PendingStep, RunnerSpec, StepPlan};
 use crate::sampling::Sampler;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -161,12 +161,10 @@ impl DraftModel {
         }
     }
 
-    /// Up to `k` proposals after `tokens` for each request: the draft's continuation, greedy
-    /// or drawn as the request samples (see the module docs). A sequence the draft cannot
-    /// hold proposes nothing.
-    pub fn propose(&mut self, reqs: &mut [DraftRequest]) -> Result<Vec<Vec<u32>>> {
-        let mut out = vec![Vec::new(); reqs.len()];
-        // Bring each sequence's cache in line with its tokens, with slots for all of them.
+    /// Starts proposing for `reqs`: brings each sequence's cache in line with its tokens
+    /// and submits the first pass, without waiting for it. [`Self::advance`] lands each
+    /// pass and submits the next; a sequence the draft cannot hold proposes nothing.
+    pub fn start(&mut self, reqs: Vec<DraftRequest>) -> Result<DraftJob> {
         let mut active: Vec<usize> = Vec::new();
         for (i, r) in reqs.iter().enumerate() {
             let (id, tokens) = (r.seq, r.tokens.as_slice());
@@ -180,101 +178,181 @@ impl DraftModel {
                 self.stats.dropped += 1;
             }
         }
-        self.catch_up(reqs, &active, &mut out)?;
-        self.propose_further(reqs, &active, &mut out)?;
-        self.blocks.take_ops();
-        Ok(out)
-    }
-
-    /// Computes every token of the `active` requests the draft has not computed, sequences
-    /// packed into passes of at most `max_tokens` tokens; a sequence's last token gives its
-    /// first proposal, pushed to its `out`.
-    fn catch_up(
-        &mut self,
-        reqs: &mut [DraftRequest],
-        active: &[usize],
-        out: &mut [Vec<u32>],
-    ) -> Result<()> {
-        let mut pending: Vec<(usize, usize)> = active
+        let pending = active
             .iter()
             .map(|&i| (i, self.seqs[&reqs[i].seq].len()))
             .collect();
-        while !pending.is_empty() {
-            let mut pass: Vec<(usize, usize, usize)> = Vec::new(); // (req, start, end)
-            let mut budget = self.max_tokens;
-            for p in pending.iter_mut() {
-                if budget == 0 || pass.len() == self.max_rows {
-                    break;
-                }
-                let len = reqs[p.0].tokens.len();
-                let end = (p.1 + budget).min(len);
-                pass.push((p.0, p.1, end));
-                budget -= end - p.1;
-                p.1 = end;
-            }
-            let tokens: Vec<u32> = pass
-                .iter()
-                .flat_map(|&(i, s, e)| reqs[i].tokens[s..e].iter().copied())
-                .collect();
-            // Only a sequence's last row proposes; the others' picks are not drawn.
-            let last: Vec<bool> = pass
-                .iter()
-                .map(|&(i, _, e)| e == reqs[i].tokens.len())
-                .collect();
-            let next = self.run(reqs, out, &pass, &tokens, &last)?;
-            for ((i, _, end), token) in pass.iter().zip(next) {
-                if *end == reqs[*i].tokens.len() {
-                    out[*i].push(token);
-                }
-            }
-            pending.retain(|&(i, done)| done < reqs[i].tokens.len());
+        let mut job = DraftJob {
+            out: vec![Vec::new(); reqs.len()],
+            reqs,
+            active,
+            pending,
+            caught_up: false,
+            pass: None,
+        };
+        if let Err(e) = self.submit_next(&mut job) {
+            self.abandon(&mut job);
+            return Err(e);
         }
-        for &i in active {
-            self.seqs.insert(reqs[i].seq, reqs[i].tokens.clone());
+        Ok(job)
+    }
+
+    /// Lands `job`'s pass if it has run and submits the next one; true once every proposal
+    /// is made (then [`DraftJob::proposals`] has them). Never waits. On an error the
+    /// draft forgets the job's sequences (computed again next time) and the job is done.
+    pub fn advance(&mut self, job: &mut DraftJob) -> Result<bool> {
+        let Some(pass) = &job.pass else {
+            return Ok(true);
+        };
+        let landed = match self.runner.is_ready(&pass.pending) {
+            Ok(ready) => ready,
+            Err(e) => {
+                self.abandon(job);
+                return Err(e.into());
+            }
+        };
+        if !landed {
+            return Ok(false);
+        }
+        let pass = job.pass.take().expect("a pass in flight");
+        match self.land(job, pass).and_then(|()| self.submit_next(job)) {
+            Ok(()) => Ok(job.pass.is_none()),
+            Err(e) => {
+                self.abandon(job);
+                Err(e)
+            }
+        }
+    }
+
+    /// Waits on this thread until `job`'s pass in flight has run (native drivers).
+    pub fn wait(&self, job: &DraftJob) -> Result<()> {
+        match &job.pass {
+            Some(pass) => Ok(self.runner.wait(&pass.pending)?),
+            None => Ok(()),
+        }
+    }
+
+    /// Submits `job`'s next pass: first the tokens the draft has not computed, sequences
+    /// packed into passes of at most `max_tokens` tokens (a sequence's last token gives its
+    /// first proposal); then one token per sequence and pass, the last proposal going in,
+    /// until each has its `k` (or the pool or the context runs out). None left: the job
+    /// is done.
+    fn submit_next(&mut self, job: &mut DraftJob) -> Result<()> {
+        let (rows, tokens, propose) = match job.pending.is_empty() {
+            false => self.catch_up_pass(job),
+            true => {
+                if !job.caught_up {
+                    job.caught_up = true;
+                    for &i in &job.active {
+                        self.seqs
+                            .insert(job.reqs[i].seq, job.reqs[i].tokens.clone());
+                    }
+                }
+                self.further_pass(job)
+            }
+        };
+        if rows.is_empty() {
+            self.blocks.take_ops();
+            return Ok(());
+        }
+        let pending = self.submit_pass(job, &rows, &tokens, &propose)?;
+        job.pass = Some(Pass {
+            rows,
+            propose,
+            catching_up: !job.caught_up,
+            pending,
+        });
+        Ok(())
+    }
+
+    /// The next catch-up pass's rows (`(request, start, end)`), tokens, and which rows
+    /// propose (a sequence's last).
+    fn catch_up_pass(&self, job: &mut DraftJob) -> (Vec<Row>, Vec<u32>, Vec<bool>) {
+        let mut rows: Vec<Row> = Vec::new();
+        let mut budget = self.max_tokens;
+        for p in job.pending.iter_mut() {
+            if budget == 0 || rows.len() == self.max_rows {
+                break;
+            }
+            let len = job.reqs[p.0].tokens.len();
+            let end = (p.1 + budget).min(len);
+            rows.push((p.0, p.1, end));
+            budget -= end - p.1;
+            p.1 = end;
+        }
+        let reqs = &job.reqs;
+        job.pending.retain(|&(i, done)| done < reqs[i].tokens.len());
+        let tokens = rows
+            .iter()
+            .flat_map(|&(i, s, e)| reqs[i].tokens[s..e].iter().copied())
+            .collect();
+        let last = rows
+            .iter()
+            .map(|&(i, _, e)| e == reqs[i].tokens.len())
+            .collect();
+        (rows, tokens, last)
+    }
+
+    /// The next pass of further proposals: one token (the newest proposal) per sequence
+    /// that wants more, as many as a pass holds.
+    fn further_pass(&mut self, job: &DraftJob) -> (Vec<Row>, Vec<u32>, Vec<bool>) {
+        let mut rows = Vec::new();
+        for &i in &job.active {
+            let (id, k, out) = (job.reqs[i].seq, job.reqs[i].k, &job.out[i]);
+            if out.is_empty() || out.len() >= k || rows.len() == self.max_rows {
+                continue;
+            }
+            let len = job.reqs[i].tokens.len() + out.len();
+            if len > self.max_model_len || self.blocks.grow_to(id, len).is_err() {
+                continue; // the pool is short: this sequence proposes what it has
+            }
+            rows.push((i, len - 1, len));
+        }
+        let tokens = rows
+            .iter()
+            .map(|&(i, _, _)| *job.out[i].last().expect("a proposal"))
+            .collect();
+        let propose = vec![true; rows.len()];
+        (rows, tokens, propose)
+    }
+
+    /// Lands a pass: each proposing row's pick (the arg-max, or a draw of the request's
+    /// sampler copy) joins its request's proposals.
+    fn land(&mut self, job: &mut DraftJob, pass: Pass) -> Result<()> {
+        let read = self.runner.finish(pass.pending)?;
+        for (r, &(i, _, end)) in pass.rows.iter().enumerate() {
+            if !pass.propose[r] {
+                continue;
+            }
+            let mut token = read.argmax[r];
+            let req = &mut job.reqs[i];
+            if let (Some(s), Some(row)) = (req.sampling.as_mut(), read.logits(r)) {
+                token = draw(s, row, &req.tokens, &job.out[i])?;
+            }
+            if pass.catching_up {
+                debug_assert_eq!(end, job.reqs[i].tokens.len());
+            } else {
+                // The proposal that went in is computed now; the new one is not yet.
+                let last = *job.out[i].last().expect("a proposal");
+                self.seqs
+                    .get_mut(&job.reqs[i].seq)
+                    .expect("prepared")
+                    .push(last);
+            }
+            job.out[i].push(token);
         }
         Ok(())
     }
 
-    /// Each further proposal of the `active` requests: the last one goes in, one token per
-    /// sequence and pass, until each has its `k` (or the pool or the context runs out).
-    fn propose_further(
-        &mut self,
-        reqs: &mut [DraftRequest],
-        active: &[usize],
-        out: &mut [Vec<u32>],
-    ) -> Result<()> {
-        loop {
-            let mut pass = Vec::new();
-            for &i in active {
-                let (id, k) = (reqs[i].seq, reqs[i].k);
-                // One token each, as many sequences as one pass holds; the rest next pass.
-                if out[i].is_empty() || out[i].len() >= k || pass.len() == self.max_rows {
-                    continue;
-                }
-                let len = reqs[i].tokens.len() + out[i].len();
-                if len > self.max_model_len || self.blocks.grow_to(id, len).is_err() {
-                    continue; // the pool is short: this sequence proposes what it has
-                }
-                pass.push((i, len - 1, len));
-            }
-            if pass.is_empty() {
-                return Ok(());
-            }
-            let tokens: Vec<u32> = pass
-                .iter()
-                .map(|&(i, _, _)| *out[i].last().expect("a proposal"))
-                .collect();
-            let next = self.run(reqs, out, &pass, &tokens, &vec![true; pass.len()])?;
-            for ((i, _, _), token) in pass.iter().zip(next) {
-                // The proposal that went in is computed now; the new one is not yet.
-                let last = *out[*i].last().expect("a proposal");
-                self.seqs
-                    .get_mut(&reqs[*i].seq)
-                    .expect("prepared")
-                    .push(last);
-                out[*i].push(token);
-            }
+    /// Ends a job that failed: it proposes nothing, and the draft forgets its sequences
+    /// (what their caches hold is unknown; they are computed again next time).
+    pub fn abandon(&mut self, job: &mut DraftJob) {
+        job.pass = None;
+        job.out.iter_mut().for_each(Vec::clear);
+        for &i in &job.active {
+            self.forget(job.reqs[i].seq);
         }
+        self.blocks.take_ops();
     }
 
     /// Makes the draft's table of `id` hold exactly the common prefix of what it computed
@@ -307,25 +385,24 @@ impl DraftModel {
         }
     }
 
-    /// One pass over `pass` (`(request, start, end)`: positions `start..end` of each
-    /// request, whose tokens are `tokens`, in order); returns each one's pick after its
-    /// last token: the arg-max, or where `propose[row]` and the request samples, a draw of
-    /// its sampler copy (`out`: the proposals so far, for the penalties).
-    fn run(
+    /// Submits one pass over `rows` (`(request, start, end)`: positions `start..end` of
+    /// each request, whose tokens are `tokens`, in order), reading back each row's arg-max,
+    /// and the logits where a proposing row's request samples.
+    fn submit_pass(
         &mut self,
-        reqs: &mut [DraftRequest],
-        out: &[Vec<u32>],
-        pass: &[(usize, usize, usize)],
+        job: &DraftJob,
+        rows: &[Row],
         tokens: &[u32],
         propose: &[bool],
-    ) -> Result<Vec<u32>> {
-        let mut tables = Vec::with_capacity(pass.len());
-        for &(i, _, _) in pass {
-            let id = reqs[i].seq;
-            let t: Vec<u32> = self.blocks.block_table(id)?.iter().map(|b| b.0).collect();
+    ) -> Result<PendingStep> {
+        let mut tables = Vec::with_capacity(rows.len());
+        for &(i, _, _) in rows {
+            let t: Vec<u32> = (self.blocks.block_table(job.reqs[i].seq)?.iter())
+                .map(|b| b.0)
+                .collect();
             tables.push(t);
         }
-        let seqs: Vec<SeqSlice> = pass
+        let seqs: Vec<SeqSlice> = rows
             .iter()
             .zip(&tables)
             .map(|(&(_, s, e), t)| SeqSlice {
@@ -334,19 +411,19 @@ impl DraftModel {
                 block_table: t,
             })
             .collect();
-        let mut rows = Vec::with_capacity(pass.len());
+        let mut last_rows = Vec::with_capacity(rows.len());
         let mut at = 0u32;
-        for &(_, s, e) in pass {
+        for &(_, s, e) in rows {
             at += (e - s) as u32;
-            rows.push(at - 1);
+            last_rows.push(at - 1);
         }
-        let sampled = |r: usize| propose[r] && reqs[pass[r].0].sampling.is_some();
-        let read = self.runner.run(&StepPlan {
+        let sampled = |r: usize| propose[r] && job.reqs[rows[r].0].sampling.is_some();
+        let pending = self.runner.submit(&StepPlan {
             ops: &BlockOps::default(),
             forward: Some(FlatBatch {
                 seqs: &seqs,
                 tokens,
-                rows: &rows,
+                rows: &last_rows,
                 argmax: true,
                 group_tables: &[],
             }),
@@ -354,20 +431,43 @@ impl DraftModel {
             read_logits: (0..rows.len()).any(sampled),
             label: "draft step",
         })?;
-        let mut ids = read.argmax.clone();
         self.stats.passes += 1;
         self.stats.tokens += tokens.len() as u64;
-        if !read.logits.is_empty() {
-            for (r, &(i, _, _)) in pass.iter().enumerate() {
-                if !propose[r] {
-                    continue;
-                }
-                if let (Some(s), Some(row)) = (reqs[i].sampling.as_mut(), read.logits(r)) {
-                    ids[r] = draw(s, row, &reqs[i].tokens, &out[i])?;
-                }
-            }
-        }
-        Ok(ids)
+        Ok(pending)
+    }
+}
+
+/// A pass's row: positions `start..end` of request `req`'s tokens (`(req, start, end)`).
+type Row = (usize, usize, usize);
+
+/// A draft pass submitted and not yet landed.
+struct Pass {
+    rows: Vec<Row>,
+    /// Which rows propose (in a catch-up pass, only a sequence's last).
+    propose: Vec<bool>,
+    /// A pass of tokens the draft had not computed (else one of further proposals).
+    catching_up: bool,
+    pending: PendingStep,
+}
+
+/// The draft's proposals for one step, made one pass at a time
+/// ([`DraftModel::start`], [`DraftModel::advance`]).
+pub struct DraftJob {
+    reqs: Vec<DraftRequest>,
+    /// The requests the draft holds (the others propose nothing).
+    active: Vec<usize>,
+    /// Each request's proposals so far.
+    out: Vec<Vec<u32>>,
+    /// Catching up: `(request, next position)` of sequences with tokens left to compute.
+    pending: Vec<(usize, usize)>,
+    caught_up: bool,
+    pass: Option<Pass>,
+}
+
+impl DraftJob {
+    /// Each request's sequence and its proposals (what was made, if the job is cut short).
+    pub fn proposals(self) -> Vec<(SeqId, Vec<u32>)> {
+        self.reqs.iter().map(|r| r.seq).zip(self.out).collect()
     }
 }
 

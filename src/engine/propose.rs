@@ -3,17 +3,17 @@
 //! many as its adaptive `k` says pay; the scheduler gives slots to those that fit.
 
 use super::core::Engine;
-use super::draft::{DraftRequest, DraftSampling};
+use super::draft::{DraftJob, DraftRequest, DraftSampling};
 use crate::cache::SeqId;
 
 impl Engine {
     /// Speculative decoding: every decoding sequence that speculates proposes the tokens
     /// its n-gram index predicts, as many as its acceptance rate and the measured cost of a
-    /// row make worth it; the scheduler gives slots to those that fit.
-    pub(super) fn propose(&mut self) {
-        let Some(spec) = self.config.speculative else {
-            return;
-        };
+    /// row make worth it; the scheduler gives slots to those that fit. With a draft model
+    /// the proposals are asked for and the job making them is returned (its first pass
+    /// submitted); they are set when it is done ([`Self::set_draft_proposals`]).
+    pub(super) fn propose(&mut self) -> Option<DraftJob> {
+        let spec = self.config.speculative?;
         let seqs: usize = self
             .scheduler
             .running()
@@ -70,19 +70,17 @@ impl Engine {
                 };
             }
         }
-        if drafting {
-            self.draft_proposals(wanted);
+        match drafting && !wanted.is_empty() {
+            true => self.start_draft(wanted),
+            false => None,
         }
     }
 
-    /// The draft model's proposals for `wanted` (`(sequence, tokens, k)`), set on the
-    /// running sequences; the draft forgets every sequence no longer running. A draft that
-    /// fails proposes nothing this step (a warning): speculation is an optimization, and
-    /// the step goes on without it.
-    fn draft_proposals(&mut self, mut wanted: Vec<DraftRequest>) {
-        let Some(draft) = self.draft.as_mut() else {
-            return;
-        };
+    /// Starts the draft model's proposals for `wanted`; the draft first forgets every
+    /// sequence no longer running. A draft that fails proposes nothing this step (a
+    /// warning): speculation is an optimization, and the step goes on without it.
+    fn start_draft(&mut self, wanted: Vec<DraftRequest>) -> Option<DraftJob> {
+        let draft = self.draft.as_mut()?;
         let live: std::collections::HashSet<SeqId> = self
             .scheduler
             .running()
@@ -90,15 +88,44 @@ impl Engine {
             .flat_map(|g| g.live_ids())
             .collect();
         draft.retain(&live);
-        let proposals = match draft.propose(&mut wanted) {
-            Ok(p) => p,
+        match draft.start(wanted) {
+            Ok(job) => Some(job),
             Err(e) => {
                 tracing::warn!(error = %e, "the draft model failed; no proposals this step");
-                return;
+                None
             }
+        }
+    }
+
+    /// Drives the draft's `job` (waiting for each pass when `wait`); once it is done, sets
+    /// its proposals on the running sequences and returns true. A draft that fails
+    /// proposes nothing this step (a warning).
+    pub(super) fn advance_draft(&mut self, job: &mut DraftJob, wait: bool) -> bool {
+        let Some(draft) = self.draft.as_mut() else {
+            return true;
         };
+        loop {
+            let waited = match wait {
+                true => draft.wait(job),
+                false => Ok(()),
+            };
+            match waited.and_then(|()| draft.advance(job)) {
+                Ok(true) => return true,
+                Ok(false) if !wait => return false,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "the draft model failed; no proposals this step");
+                    draft.abandon(job);
+                    return true;
+                }
+            }
+        }
+    }
+
+    /// Sets a finished draft job's proposals on the running sequences.
+    pub(super) fn set_draft_proposals(&mut self, job: DraftJob) {
         let by_id: std::collections::HashMap<SeqId, Vec<u32>> =
-            wanted.iter().map(|w| w.seq).zip(proposals).collect();
+            job.proposals().into_iter().collect();
         for g in self.scheduler.running_mut().iter_mut() {
             for seq in g.seqs.iter_mut() {
                 if let Some(p) = by_id.get(&seq.id) {

@@ -7,10 +7,14 @@
 //! ([`Engine::wait_step`]), a browser lets its event loop run and polls
 //! ([`Engine::step_ready`]). Requests may be added meanwhile; aborts wait for the step's end.
 //!
-//! Still waiting inside: a draft model's proposal passes (`propose`), and the copy of the
-//! last step's named blocks to the disk tier when the engine runs out of work.
+//! With a draft model, `begin_step` submits the draft's first pass and schedules nothing
+//! yet: each poll (or wait) lands a pass and submits the next, and once the proposals are
+//! made the step is scheduled and submitted as above. So no part of a step waits unless
+//! its caller asks it to. Still waiting inside: the copy of the last step's named blocks
+//! to the disk tier when the engine runs out of work (a native-only tier).
 
 use super::core::Engine;
+use super::draft::DraftJob;
 use super::error::Result;
 use super::output::{RequestEvent, RequestId};
 use super::request::{RequestSide, SeqOutput};
@@ -31,6 +35,8 @@ pub struct StepInFlight {
 }
 
 enum Work {
+    /// The draft model is making the step's proposals; nothing is scheduled yet.
+    Drafting { job: Box<DraftJob> },
     /// Nothing was submitted: no group could be scheduled.
     Nothing { ops: BlockOps },
     /// Block operations alone (a swap-only step).
@@ -45,7 +51,7 @@ enum Work {
 impl StepInFlight {
     fn pending(&self) -> Option<&PendingStep> {
         match &self.work {
-            Work::Nothing { .. } => None,
+            Work::Drafting { .. } | Work::Nothing { .. } => None,
             Work::Ops { pending, .. } | Work::Forward { pending, .. } => Some(pending),
         }
     }
@@ -64,12 +70,8 @@ impl Engine {
     /// computed. An error here was caused by no single request: every pending request has
     /// then been failed with it, and the engine is empty and can take new requests.
     pub fn step(&mut self) -> Result<usize> {
-        let step = self.begin_step()?;
-        if let Err(e) = self.wait_step(&step) {
-            self.in_flight = false;
-            self.end_profile();
-            return Err(self.failed(e));
-        }
+        let mut step = self.begin_step()?;
+        self.wait_step(&mut step)?;
         self.end_step(step)
     }
 
@@ -103,20 +105,67 @@ impl Engine {
     }
 
     /// Whether `step`'s GPU work has run and its read-backs have landed (this polls the
-    /// device without waiting).
-    pub fn step_ready(&self, step: &StepInFlight) -> Result<bool> {
-        match step.pending() {
-            Some(p) => Ok(self.runner.is_ready(p)?),
-            None => Ok(true),
-        }
+    /// device without waiting). With a draft model this also moves the step on: a landed
+    /// draft pass is taken and the next one (or the step itself) submitted. On an error
+    /// every pending request has been failed and the step is over (ending it does nothing).
+    pub fn step_ready(&mut self, step: &mut StepInFlight) -> Result<bool> {
+        self.drive(step, false)?;
+        let ready = match step.pending() {
+            Some(p) => self.runner.is_ready(p),
+            None => return Ok(!matches!(step.work, Work::Drafting { .. })),
+        };
+        ready.map_err(|e| self.step_failed(step, e.into()))
     }
 
     /// Waits on this thread until `step` is ready (native drivers; a browser never waits).
-    pub fn wait_step(&self, step: &StepInFlight) -> Result<()> {
-        match step.pending() {
-            Some(p) => Ok(self.runner.wait(p)?),
-            None => Ok(()),
+    /// Errors as [`Self::step_ready`].
+    pub fn wait_step(&mut self, step: &mut StepInFlight) -> Result<()> {
+        self.drive(step, true)?;
+        let waited = match step.pending() {
+            Some(p) => self.runner.wait(p),
+            None => return Ok(()),
+        };
+        waited.map_err(|e| self.step_failed(step, e.into()))
+    }
+
+    /// Moves a drafting step on (waiting for each draft pass when `wait`): once the
+    /// proposals are made, the step is scheduled and submitted.
+    fn drive(&mut self, step: &mut StepInFlight, wait: bool) -> Result<()> {
+        let Work::Drafting { job } = &mut step.work else {
+            return Ok(());
+        };
+        if !self.advance_draft(job, wait) {
+            return Ok(());
         }
+        let nothing = Work::Nothing {
+            ops: BlockOps::default(),
+        };
+        if let Work::Drafting { job } = std::mem::replace(&mut step.work, nothing) {
+            self.set_draft_proposals(*job);
+        }
+        match self.schedule_and_submit() {
+            Ok(work) => {
+                step.work = work;
+                Ok(())
+            }
+            Err(e) => Err(self.step_failed(step, e)),
+        }
+    }
+
+    /// A step that failed before its end: every pending request fails with `e`, and the
+    /// step is over.
+    fn step_failed(
+        &mut self,
+        step: &mut StepInFlight,
+        e: super::EngineError,
+    ) -> super::EngineError {
+        step.work = Work::Nothing {
+            ops: BlockOps::default(),
+        };
+        self.in_flight = false;
+        self.deferred_aborts.clear();
+        self.end_profile();
+        self.failed(e)
     }
 
     /// Finishes `step`: its read-backs are taken (waited for if not ready), sampled and
@@ -135,7 +184,21 @@ impl Engine {
     fn try_begin(&mut self) -> Result<StepInFlight> {
         let start = Instant::now();
         let compiled = self.ctx.pipelines_compiled();
-        self.propose();
+        let work = match self.propose() {
+            Some(job) => Work::Drafting { job: Box::new(job) },
+            None => self.schedule_and_submit()?,
+        };
+        Ok(StepInFlight {
+            work,
+            start,
+            compiled,
+            _alive: std::sync::Arc::new(()),
+        })
+    }
+
+    /// Schedules the step (after reading the next requests' blocks from the disk tier) and
+    /// submits its work.
+    fn schedule_and_submit(&mut self) -> Result<Work> {
         self.load_waiting_from_disk();
         let mut sched = self.scheduler.schedule()?;
         for f in std::mem::take(&mut sched.failed) {
@@ -163,15 +226,14 @@ impl Engine {
         } else {
             Work::Nothing { ops: sched.ops }
         };
-        Ok(StepInFlight {
-            work,
-            start,
-            compiled,
-            _alive: std::sync::Arc::new(()),
-        })
+        Ok(work)
     }
 
-    fn try_end(&mut self, step: StepInFlight) -> Result<usize> {
+    fn try_end(&mut self, mut step: StepInFlight) -> Result<usize> {
+        if !self.in_flight {
+            return Ok(0); // the step failed before its end (`step_failed`)
+        }
+        self.drive(&mut step, true)?;
         let StepInFlight {
             work,
             start,
@@ -179,6 +241,7 @@ impl Engine {
             ..
         } = step;
         let (sched, pending) = match work {
+            Work::Drafting { .. } => unreachable!("driven to its schedule above"),
             Work::Nothing { ops } => {
                 let n = self.idle_step(&ops, None, start)?;
                 self.store_to_disk(&ops);
