@@ -444,12 +444,12 @@ fn a_commit_that_does_not_fit_its_group_fails_that_group_alone() {
         assert!(f.reason.contains(want), "{shape:?}: {}", f.reason);
         // The failed group is gone with its blocks; the other one took its token.
         assert_eq!(s.queue_of(0), None);
-        assert!(f.group.seqs.iter().all(|q| !s.blocks.contains(q.id)));
+        assert!(f.group.seqs.iter().all(|q| !s.blocks().contains(q.id)));
         let other = s.get(1).unwrap();
         assert_eq!(other.seqs[0].tokens, [5, 6, 7, 8, 9, 10, 42]);
-        assert_eq!(other.seqs[0].num_computed(&s.blocks), 6);
-        assert_eq!(s.blocks.num_used_device_blocks(), 2);
-        s.blocks.check_invariants().unwrap();
+        assert_eq!(other.seqs[0].num_computed(s.blocks()), 6);
+        assert_eq!(s.blocks().num_used_device_blocks(), 2);
+        s.blocks().check_invariants().unwrap();
     }
 }
 
@@ -487,7 +487,7 @@ fn a_commit_forks_samples_and_frees_what_finishes() {
     let got: Vec<(usize, Vec<u32>, bool)> = g
         .seqs
         .iter()
-        .map(|q| (q.index, q.output_ids().to_vec(), s.blocks.contains(q.id)))
+        .map(|q| (q.index, q.output_ids().to_vec(), s.blocks().contains(q.id)))
         .collect();
     // The finished fork holds no blocks; the live ones share the prompt's two blocks.
     assert_eq!(
@@ -501,10 +501,10 @@ fn a_commit_forks_samples_and_frees_what_finishes() {
     assert!(g.forked);
     assert_eq!(g.slots(), 2);
     let live = g.live_ids();
-    let table = s.blocks.block_table(live[0]).unwrap().to_vec();
-    assert_eq!(s.blocks.block_table(live[1]).unwrap(), &table[..]);
-    assert_eq!(s.blocks.device_refcount(table[1]), Some(2));
-    s.blocks.check_invariants().unwrap();
+    let table = s.blocks().block_table(live[0]).unwrap().to_vec();
+    assert_eq!(s.blocks().block_table(live[1]).unwrap(), &table[..]);
+    assert_eq!(s.blocks().device_refcount(table[1]), Some(2));
+    s.blocks().check_invariants().unwrap();
     // Both live samples finish next step: the group leaves the scheduler, blocks freed.
     let out = s.schedule().unwrap();
     let rows: Vec<NextToken> = out
@@ -535,8 +535,8 @@ fn a_commit_forks_samples_and_frees_what_finishes() {
     assert_eq!(s.queue_of(0), None);
     assert_eq!(s.num_groups(), 1);
     // Only request 1's prompt and the slot it took this step remain.
-    assert_eq!(s.blocks.sequences().count(), 1);
-    s.blocks.check_invariants().unwrap();
+    assert_eq!(s.blocks().sequences().count(), 1);
+    s.blocks().check_invariants().unwrap();
 }
 
 #[test]
@@ -548,7 +548,7 @@ fn a_prompt_takes_blocks_chunk_by_chunk() {
     for step in 1..=12 {
         d.step().unwrap();
         assert_eq!(
-            d.sched.blocks.num_used_device_blocks(),
+            d.sched.blocks().num_used_device_blocks(),
             2 * step,
             "step {step}"
         );

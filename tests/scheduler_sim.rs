@@ -214,14 +214,22 @@ fn run(seed: u64, memo: &mut BTreeMap<String, Outcome>, t: &mut Tally) -> Result
         if pinning && next > 0 && g.chance(5) {
             let r = &reqs[&(g.range(0, next as usize - 1) as u64)];
             let len = g.range(1, r.prompt.len());
-            if let Ok((pin, _)) = d.sched.blocks.pin_prefix(&r.prompt[..len]) {
+            // No room kept for a sequence (0 tokens): the simulation tracks the capacity.
+            let pinned = d
+                .sched
+                .prefix_cache()
+                .pin_prefix_within(&r.prompt[..len], 0);
+            if let Ok((Some(pin), _)) = pinned {
                 pins.push(pin);
-                capacity = capacity.min(d.sched.blocks.group_capacity());
+                capacity = capacity.min(d.sched.blocks().group_capacity());
             }
         }
         if !pins.is_empty() && g.chance(4) {
             let pin = pins.swap_remove(g.range(0, pins.len() - 1));
-            d.sched.blocks.unpin(pin).map_err(|e| e.to_string())?;
+            d.sched
+                .prefix_cache()
+                .unpin(pin)
+                .map_err(|e| e.to_string())?;
         }
         if d.steps - steps_before > 200 + 20 * work as u64 {
             return Err(format!(
@@ -239,7 +247,10 @@ fn run(seed: u64, memo: &mut BTreeMap<String, Outcome>, t: &mut Tally) -> Result
         })?;
     }
     for pin in pins {
-        d.sched.blocks.unpin(pin).map_err(|e| e.to_string())?;
+        d.sched
+            .prefix_cache()
+            .unpin(pin)
+            .map_err(|e| e.to_string())?;
     }
     d.check_drained()?;
     let c = &setup.config;
@@ -254,7 +265,7 @@ fn run(seed: u64, memo: &mut BTreeMap<String, Outcome>, t: &mut Tally) -> Result
                     Some(_) => {
                         w * d
                             .sched
-                            .blocks
+                            .blocks()
                             .blocks_between(0, r.prompt.len() + r.max_tokens)
                     }
                     None => r.worst_blocks(setup.cache.block_size),
@@ -280,7 +291,7 @@ fn run(seed: u64, memo: &mut BTreeMap<String, Outcome>, t: &mut Tally) -> Result
             }
         }
     }
-    let st = d.sched.blocks.stats();
+    let st = d.sched.blocks().stats();
     t.steps += d.steps;
     t.swaps += d.sched.stats.preempted_by_swap;
     t.recomputes += d.sched.stats.preempted_by_recompute;

@@ -14,8 +14,8 @@
 //! prefix cache), `block_table` (per-sequence state), `ops` and `plan` (the step's plan and
 //! what keeps it valid), `manager` (allocate, append, fork, free), `group` (a sequence
 //! group as a whole), `groups` (KV cache groups: a block table per group of layers), `swap`, `tier` (the host tier of the prefix cache), `pins` (pinned and forgotten
-//! prefixes), `queries`,
-//! `stats`, `invariants`.
+//! prefixes), `view` (the prefix cache as the engine's tiers see it), `queries`, `stats`,
+//! `invariants`.
 
 mod allocator;
 mod block_table;
@@ -36,6 +36,7 @@ mod queries;
 mod stats;
 mod swap;
 mod tier;
+mod view;
 
 #[cfg(test)]
 mod tests;
@@ -51,3 +52,4 @@ pub use pins::PinId;
 pub use prefix::{hash_block, BlockHash, ExtraKeys};
 pub use stats::{CacheStats, PoolStats};
 pub use tier::{TierName, TierStats};
+pub use view::PrefixCache;

@@ -1,7 +1,7 @@
 //! What an application says about its prompts' cached blocks (pin a system prompt, forget a
 //! deleted conversation, save everything now), and the disk tier's part in each step (read
 //! the next requests' blocks before scheduling, write what a step named after it), over the
-//! scheduler's block manager and the disk tier (`tiers.rs`).
+//! scheduler's prefix cache (`cache::PrefixCache`) and the disk tier (`tiers.rs`).
 
 use super::core::Engine;
 use super::error::{EngineError, Result};
@@ -15,31 +15,29 @@ impl Engine {
     /// hold more than half of it).
     pub fn pin_prefix(&mut self, prefix: &[u32]) -> Result<(PinId, usize)> {
         let max_model_len = self.max_model_len();
-        let blocks = &mut self.scheduler.blocks;
-        let (pin, held) = blocks.pin_prefix(prefix)?;
-        let needed = blocks.blocks_between(0, max_model_len);
-        if blocks.group_capacity() < needed {
-            blocks.unpin(pin)?;
-            return Err(EngineError::InvalidRequest(format!(
+        let mut cache = self.scheduler.prefix_cache();
+        match cache.pin_prefix_within(prefix, max_model_len)? {
+            (Some(pin), held) => Ok((pin, held)),
+            (None, held) => Err(EngineError::InvalidRequest(format!(
                 "pinning {held} tokens would leave the KV pool unable to hold one sequence of \
                  {max_model_len} tokens; give more blocks (--num-gpu-blocks) or a smaller \
                  --max-model-len"
-            )));
+            ))),
         }
-        Ok((pin, held))
     }
 
     /// Lets go of a pin; its blocks stay cached until evicted.
     pub fn unpin_prefix(&mut self, pin: PinId) -> Result<()> {
-        Ok(self.scheduler.blocks.unpin(pin)?)
+        Ok(self.scheduler.prefix_cache().unpin(pin)?)
     }
 
     /// Forgets `prefix` (a conversation the user deleted) in every tier: no later prompt
     /// reuses its blocks on the device or in host memory, and its disk records are deleted.
     /// Requests running with it keep their blocks. Returns how many disk records went.
     pub fn forget_prefix(&mut self, prefix: &[u32]) -> usize {
-        let chain = self.scheduler.blocks.forget_prefix(prefix);
-        let bs = self.scheduler.blocks.block_size();
+        let mut cache = self.scheduler.prefix_cache();
+        let chain = cache.forget_prefix(prefix);
+        let bs = cache.block_size();
         match self.disk.as_mut() {
             Some(disk) => disk.forget(&chain, prefix, bs),
             None => 0,
@@ -47,13 +45,16 @@ impl Engine {
     }
 
     /// Copies every block named since the last step down to the host tier and on to disk
-    /// now, rather than with the next step. The engine does this when it runs out of work;
-    /// an application may call it before it exits.
+    /// now, rather than with the next step, waiting for the copy. [`Engine::step`] does this
+    /// when the engine runs out of work; a driver of [`Engine::end_step`] calls it when it
+    /// goes idle, and an application may call it before it exits.
     pub fn flush_prefix_tiers(&mut self) -> Result<()> {
-        if self.disk.is_none() || !self.scheduler.blocks.has_tier_saves() {
+        if self.disk.is_none() {
             return Ok(());
         }
-        let ops = self.scheduler.blocks.take_ops();
+        let Some(ops) = self.scheduler.prefix_cache().take_tier_saves() else {
+            return Ok(());
+        };
         self.runner.execute(&ops)?;
         self.store_to_disk(&ops);
         Ok(())
@@ -70,7 +71,7 @@ impl Engine {
     /// `ops` filled to the disk tier.
     pub(super) fn store_to_disk(&mut self, ops: &BlockOps) {
         if let Some(disk) = self.disk.as_mut() {
-            disk.store(&self.scheduler.blocks, self.runner.host_pool(), ops);
+            disk.store(&self.scheduler.prefix_cache(), self.runner.host_pool(), ops);
         }
     }
 }

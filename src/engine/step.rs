@@ -10,8 +10,10 @@
 //! With a draft model, `begin_step` submits the draft's first pass and schedules nothing
 //! yet: each poll (or wait) lands a pass and submits the next, and once the proposals are
 //! made the step is scheduled and submitted as above. So no part of a step waits unless
-//! its caller asks it to. Still waiting inside: the copy of the last step's named blocks
-//! to the disk tier when the engine runs out of work (a native-only tier).
+//! its caller asks it to. The one wait left is [`Engine::step`]'s (and so the engine
+//! thread's): when the engine runs out of work it copies the blocks the last step named to
+//! the disk tier (native only) at once, where [`Engine::end_step`] leaves them for the next
+//! step or an explicit [`Engine::flush_prefix_tiers`].
 
 use super::core::Engine;
 use super::draft::DraftJob;
@@ -69,10 +71,18 @@ impl Engine {
     /// One engine step, waiting for the GPU on this thread. Returns the number of tokens
     /// computed. An error here was caused by no single request: every pending request has
     /// then been failed with it, and the engine is empty and can take new requests.
+    ///
+    /// When the engine runs out of work, the blocks the last step named are copied to the
+    /// disk tier now (waiting for the copy), rather than with a next step that may not come;
+    /// a caller of [`Self::end_step`] does that with [`Self::flush_prefix_tiers`].
     pub fn step(&mut self) -> Result<usize> {
         let mut step = self.begin_step()?;
         self.wait_step(&mut step)?;
-        self.end_step(step)
+        let n = self.end_step(step)?;
+        if !self.has_unfinished() {
+            self.flush_prefix_tiers().map_err(|e| self.failed(e))?;
+        }
+        Ok(n)
     }
 
     /// Schedules a step and submits its GPU work without waiting for it. Refused while
@@ -257,9 +267,6 @@ impl Engine {
         let read = self.runner.finish(pending)?;
         self.store_to_disk(&sched.ops);
         self.advance(&sched, &read)?;
-        if !self.has_unfinished() {
-            self.flush_prefix_tiers()?;
-        }
         self.record_costs(&sched, start, compiled);
         Ok(sched.scheduled.iter().map(|s| s.len).sum())
     }

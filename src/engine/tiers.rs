@@ -24,7 +24,7 @@
 use super::output::RequestId;
 use super::request::{RequestSide, SeqOutput};
 use super::scheduler::Scheduler;
-use crate::cache::BlockManager;
+use crate::cache::PrefixCache;
 use crate::cache_engine::HostPool;
 use crate::config::EngineConfig;
 use crate::disk_tier::DiskStats;
@@ -215,7 +215,7 @@ impl Disk {
             self.chains.clear();
             return;
         }
-        let mut left = scheduler.blocks.tier_stats().budget;
+        let mut left = scheduler.prefix_cache().tier_budget();
         // Admission takes requests in order; a handful ahead is all one step admits.
         let ahead: Vec<RequestId> = scheduler.waiting().take(16).map(|g| g.request_id).collect();
         self.chains.retain(|id, _| ahead.contains(id));
@@ -223,7 +223,8 @@ impl Disk {
             if !self.refresh_chain(scheduler, id) {
                 continue;
             }
-            left = left.saturating_sub(self.load_chain(&mut scheduler.blocks, host, id, left));
+            let used = self.load_chain(&mut scheduler.prefix_cache(), host, id, left);
+            left = left.saturating_sub(used);
             if left == 0 {
                 break;
             }
@@ -251,7 +252,7 @@ impl Disk {
         {
             return true;
         }
-        let bs = scheduler.blocks.block_size();
+        let bs = scheduler.blocks().block_size();
         // As the prefix lookup: the last token is always computed again.
         let lookups = s.tokens.len().saturating_sub(1) / bs;
         let groups = scheduler.kv_groups();
@@ -285,7 +286,7 @@ impl Disk {
     /// and `most` allows. Returns how much of `most` it used.
     fn load_chain(
         &mut self,
-        blocks: &mut BlockManager,
+        blocks: &mut PrefixCache,
         host: &mut HostPool,
         id: RequestId,
         most: usize,
@@ -344,7 +345,7 @@ impl Disk {
 
     /// Writes the host-tier blocks that `ops` filled to the disk tier (after the step's
     /// copies have landed in host memory).
-    pub(super) fn store(&mut self, blocks: &BlockManager, host: &HostPool, ops: &BlockOps) {
+    pub(super) fn store(&mut self, blocks: &PrefixCache, host: &HostPool, ops: &BlockOps) {
         let disk = &mut self.tier;
         for &(_, h) in &ops.swap_out {
             // Swap-outs of preempted sequences have no name; copies down do.

@@ -188,7 +188,7 @@ impl Driver {
             if f.group
                 .seqs
                 .iter()
-                .any(|s| self.sched.blocks.contains(s.id))
+                .any(|s| self.sched.blocks().contains(s.id))
             {
                 return Err(format!("failed request {id} still holds blocks"));
             }
@@ -210,7 +210,7 @@ impl Driver {
         self.check_step(&out, preempted)
             .map_err(|e| format!("step {}: {e}", self.steps))?;
         self.sched
-            .blocks
+            .blocks()
             .check_invariants()
             .map_err(|e| format!("step {}: block manager: {e}", self.steps))?;
         // Scheduled proposals have slots: the blocks hold them after the tokens.
@@ -224,10 +224,10 @@ impl Driver {
             })
             .collect();
         self.sched
-            .blocks
+            .blocks()
             .check_contents(|id| tokens.get(&id).map(Vec::as_slice))
             .map_err(|e| format!("step {}: block contents: {e}", self.steps))?;
-        let bm = &self.sched.blocks;
+        let bm = self.sched.blocks();
         if bm.num_used_device_blocks() != bm.stats().device.used {
             return Err(format!(
                 "step {}: used-block count disagrees with stats",
@@ -264,7 +264,7 @@ impl Driver {
             .map(|g| {
                 g.seqs
                     .iter()
-                    .map(|s| s.num_computed(&self.sched.blocks))
+                    .map(|s| s.num_computed(self.sched.blocks()))
                     .collect()
             })
             .collect();
@@ -303,10 +303,10 @@ impl Driver {
             .iter()
             .min_by_key(|g| g.arrival)
             .filter(|g| {
-                (g.is_decoding(&self.sched.blocks) || !cfg.decode_first)
+                (g.is_decoding(self.sched.blocks()) || !cfg.decode_first)
                     && g.shape.width() <= cfg.max_num_batched_tokens
             })
-            .filter(|g| cfg.decode_first || g.is_decoding(&self.sched.blocks))
+            .filter(|g| cfg.decode_first || g.is_decoding(self.sched.blocks()))
             .map(|g| g.request_id)
     }
 
@@ -327,14 +327,15 @@ impl Driver {
 
     /// Everything is back: no sequence in the block manager, no used device or host block.
     pub fn check_drained(&self) -> Result<(), String> {
-        let st = self.sched.blocks.stats();
-        if st.device.used != 0 || st.host.used != 0 || self.sched.blocks.sequences().count() != 0 {
+        let st = self.sched.blocks().stats();
+        if st.device.used != 0 || st.host.used != 0 || self.sched.blocks().sequences().count() != 0
+        {
             return Err(format!("leak after all requests ended: {st:?}"));
         }
         if self.sched.num_waiting() + self.sched.num_running() + self.sched.num_swapped() != 0 {
             return Err("the scheduler still queues ended requests".into());
         }
-        self.sched.blocks.check_invariants()
+        self.sched.blocks().check_invariants()
     }
 
     fn check_step(
@@ -359,7 +360,7 @@ impl Driver {
                 return Err(format!("{} scheduled twice", s.id));
             }
             // The step's tables are the block manager's, group by group, holes included.
-            let blocks = &self.sched.blocks;
+            let blocks = self.sched.blocks();
             for (g, t) in tables.iter().enumerate() {
                 let live = blocks.block_table_in(s.id, g).map_err(|e| e.to_string())?;
                 let holes = blocks
@@ -393,7 +394,7 @@ impl Driver {
             let own = s.len - s.proposed;
             if s.len == 0
                 || s.proposed > s.len
-                || s.start != seq.num_computed(&self.sched.blocks)
+                || s.start != seq.num_computed(self.sched.blocks())
                 || s.start + own > seq.tokens.len()
             {
                 return Err(format!(
@@ -419,7 +420,7 @@ impl Driver {
             }
             // Slots cover what is computed this step; a sequence that samples has slots for
             // all its tokens (and its proposals); a prompt's later chunks have none yet.
-            let bm = &self.sched.blocks;
+            let bm = self.sched.blocks();
             let slots = bm.num_tokens(s.id).map_err(|e| e.to_string())?;
             let exact = s.sample && slots != seq.tokens.len() + s.proposed;
             if slots < s.start + s.len || slots > seq.tokens.len() + s.proposed || exact {
@@ -510,10 +511,10 @@ impl Driver {
             // Decode first: a running decode is left out only when the budget is spent, or
             // when it waits for blocks it cannot have now (in a step that preempted or failed
             // a group, that group may have made room after it was passed over).
-            if g.is_decoding(&self.sched.blocks) && got.is_none() && cfg.decode_first && !preempted
+            if g.is_decoding(self.sched.blocks()) && got.is_none() && cfg.decode_first && !preempted
             {
                 let k = live.len();
-                let bm = &self.sched.blocks;
+                let bm = self.sched.blocks();
                 let appending: Vec<SeqId> = g
                     .live()
                     .filter(|s| bm.num_tokens(s.id).is_ok_and(|n| n < s.tokens.len()))
@@ -574,7 +575,7 @@ impl Driver {
             ));
         }
         for g in done.finished {
-            if g.seqs.iter().any(|s| self.sched.blocks.contains(s.id)) {
+            if g.seqs.iter().any(|s| self.sched.blocks().contains(s.id)) {
                 return Err(format!(
                     "finished request {} still holds blocks",
                     g.request_id

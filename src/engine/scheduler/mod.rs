@@ -173,7 +173,9 @@ pub struct SchedulerStats {
 
 pub struct Scheduler<D = (), R = ()> {
     pub config: EngineConfig,
-    pub blocks: BlockManager,
+    /// The scheduler's alone: others read it ([`Self::blocks`]) or reach its prefix cache
+    /// ([`Self::prefix_cache`]).
+    blocks: BlockManager,
     /// Measured figures that automatic preemption weighs; the engine keeps them current.
     pub costs: PreemptionCosts,
     pub stats: SchedulerStats,
@@ -200,6 +202,16 @@ struct Pass<D, R> {
 }
 
 impl<D, R> Scheduler<D, R> {
+    /// The block manager, to read (statistics, tests).
+    pub fn blocks(&self) -> &BlockManager {
+        &self.blocks
+    }
+
+    /// The prefix cache's pins, forgotten prefixes and host tier (the engine's tiers).
+    pub fn prefix_cache(&mut self) -> crate::cache::PrefixCache<'_> {
+        crate::cache::PrefixCache::new(&mut self.blocks)
+    }
+
     pub fn new(config: EngineConfig, blocks: BlockManager) -> Self {
         Scheduler {
             config,
