@@ -225,3 +225,62 @@ fn a_draft_model_proposes_while_the_step_is_polled() {
         assert_eq!(e.stats().cache.device.used, 0);
     }
 }
+
+/// Steps awaited as a browser awaits them (`step_async` under an executor that parks its
+/// thread while pending), with another thread polling the device as the browser's event
+/// loop does: the read-backs land there and wake the step, and the outputs are `step()`'s,
+/// with swap preemption and with a draft model. (Nothing but those wakes can resume the
+/// awaiting thread: a step that waited for a map nobody lands would hang, which the
+/// watchdog turns into a failure.)
+#[test]
+fn an_awaited_step_gives_the_outputs_of_step() {
+    for ctx in contexts() {
+        let dir = golden::fixture_dir("llama-gqa");
+        let all = work();
+        let drafted = EngineConfig {
+            draft_model: Some(dir.clone()),
+            speculative: Some(SpeculativeConfig {
+                num_tokens: 3,
+                row_cost: Some(0.0),
+                ..SpeculativeConfig::default()
+            }),
+            ..config(64)
+        };
+        for (what, cfg) in [("swapping", config(24)), ("drafted", drafted)] {
+            let want = run(&mut engine(ctx, &dir, config(64)), &all);
+            // Threads of their own (not scoped), so that a hung step fails the test
+            // rather than hanging it.
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let polling = stop.clone();
+            std::thread::spawn(move || {
+                while !polling.load(std::sync::atomic::Ordering::Relaxed) {
+                    ctx.poll().unwrap();
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+            });
+            let mut e = engine(ctx, &dir, cfg);
+            let hs = add_all(&mut e, &all);
+            let (done, finished) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let mut steps = 0;
+                while e.has_unfinished() {
+                    pollster::block_on(e.step_async()).unwrap();
+                    steps += 1;
+                }
+                let _ = done.send((steps, e.stats()));
+            });
+            let finished = finished.recv_timeout(std::time::Duration::from_secs(300));
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let (steps, stats) = finished.expect("an awaited step never resolved");
+            let sc = stats.scheduler;
+            match what {
+                "swapping" => assert!(sc.preempted_by_swap > 0, "{what}: {sc:?}"),
+                _ => assert!(sc.spec_accepted > 0, "{what}: {sc:?}"),
+            }
+            assert!(steps > 5, "{what}: {steps} steps");
+            assert_eq!(stats.cache.device.used, 0, "{what}");
+            let got: Vec<Output> = hs.iter().map(|h| h.wait().unwrap()).collect();
+            assert_same(what, &got, &want);
+        }
+    }
+}

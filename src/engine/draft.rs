@@ -465,6 +465,14 @@ pub struct DraftJob {
 }
 
 impl DraftJob {
+    /// Resolves once the pass in flight, if any, has landed (see
+    /// [`crate::runner::PendingStep::landed`]).
+    pub async fn landed(&self) {
+        if let Some(pass) = &self.pass {
+            pass.pending.landed().await;
+        }
+    }
+
     /// Each request's sequence and its proposals (what was made, if the job is cut short).
     pub fn proposals(self) -> Vec<(SeqId, Vec<u32>)> {
         self.reqs.iter().map(|r| r.seq).zip(self.out).collect()

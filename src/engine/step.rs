@@ -5,7 +5,8 @@
 //! the disk tier, samples and streams (`advance.rs`), and feeds the cost models. In between
 //! the caller may do anything but step again: a native driver waits on its own thread
 //! ([`Engine::wait_step`]), a browser lets its event loop run and polls
-//! ([`Engine::step_ready`]). Requests may be added meanwhile; aborts wait for the step's end.
+//! ([`Engine::step_ready`]) or awaits ([`Engine::step_async`]). Requests may be added
+//! meanwhile; aborts wait for the step's end.
 //!
 //! With a draft model, `begin_step` submits the draft's first pass and schedules nothing
 //! yet: each poll (or wait) lands a pass and submits the next, and once the proposals are
@@ -51,6 +52,16 @@ enum Work {
 }
 
 impl StepInFlight {
+    /// Resolves once the GPU work submitted for the step so far (a draft pass, or the step
+    /// itself) has landed.
+    async fn landed(&self) {
+        match &self.work {
+            Work::Drafting { job } => job.landed().await,
+            Work::Nothing { .. } => {}
+            Work::Ops { pending, .. } | Work::Forward { pending, .. } => pending.landed().await,
+        }
+    }
+
     fn pending(&self) -> Option<&PendingStep> {
         match &self.work {
             Work::Drafting { .. } | Work::Nothing { .. } => None,
@@ -83,6 +94,20 @@ impl Engine {
             self.flush_prefix_tiers().map_err(|e| self.failed(e))?;
         }
         Ok(n)
+    }
+
+    /// One engine step for a driver that awaits rather than waits (a browser's): the step
+    /// is begun, awaited until what it submitted lands, moved on, and ended. The browser's
+    /// event loop lands GPU read-backs by itself; natively something must poll the device
+    /// meanwhile ([`crate::GpuContext::poll`] on another thread), or the future never
+    /// resolves. Errors as [`Self::step`]; dropping the future drops the step (see
+    /// [`Self::begin_step`]).
+    pub async fn step_async(&mut self) -> Result<usize> {
+        let mut step = self.begin_step()?;
+        while !self.step_ready(&mut step)? {
+            step.landed().await;
+        }
+        self.end_step(step)
     }
 
     /// Schedules a step and submits its GPU work without waiting for it. Refused while

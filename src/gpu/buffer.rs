@@ -185,18 +185,22 @@ impl PendingRead {
             return InFlightRead {
                 staging: None,
                 len: 0,
-                state: Arc::new((Mutex::new(Some(Ok(()))), Condvar::new())),
+                state: Arc::new((Mutex::new(Landing::landed()), Condvar::new())),
             };
         };
         let len = self.len.unwrap_or(staging.size());
-        let state = Arc::new((Mutex::new(None), Condvar::new()));
+        let state = Arc::new((Mutex::new(Landing::default()), Condvar::new()));
         let landed = state.clone();
         staging.map_async(wgpu::MapMode::Read, ..len, move |r| {
-            let (outcome, signal) = &*landed;
-            if let Ok(mut s) = outcome.lock() {
-                *s = Some(r.map_err(|e| e.to_string()));
-            }
+            let (landing, signal) = &*landed;
+            let waker = landing.lock().ok().and_then(|mut s| {
+                s.outcome = Some(r.map_err(|e| e.to_string()));
+                s.waker.take()
+            });
             signal.notify_all();
+            if let Some(w) = waker {
+                w.wake();
+            }
         });
         InFlightRead {
             staging: Some(staging),
@@ -214,26 +218,58 @@ pub struct InFlightRead {
     staging: Option<wgpu::Buffer>,
     len: u64,
     /// The map's outcome once it has landed, and its signal.
-    state: Arc<(Mutex<Option<MapOutcome>>, Condvar)>,
+    state: Arc<(Mutex<Landing>, Condvar)>,
 }
 
 type MapOutcome = std::result::Result<(), String>;
 
+/// A map's outcome once it has landed, and the task to wake then (see
+/// [`InFlightRead::landed`]).
+#[derive(Debug, Default)]
+struct Landing {
+    outcome: Option<MapOutcome>,
+    waker: Option<std::task::Waker>,
+}
+
+impl Landing {
+    fn landed() -> Self {
+        Landing {
+            outcome: Some(Ok(())),
+            waker: None,
+        }
+    }
+}
+
 impl InFlightRead {
     /// Whether the map has landed (successfully or not).
     pub fn is_ready(&self) -> bool {
-        self.state.0.lock().map_or(true, |s| s.is_some())
+        self.state.0.lock().map_or(true, |s| s.outcome.is_some())
+    }
+
+    /// Resolves once the map has landed, for a driver that awaits (the browser's event loop
+    /// lands maps by itself; natively something must poll the device meanwhile).
+    pub fn landed(&self) -> impl std::future::Future<Output = ()> + '_ {
+        std::future::poll_fn(|cx| {
+            let Ok(mut s) = self.state.0.lock() else {
+                return std::task::Poll::Ready(());
+            };
+            if s.outcome.is_some() {
+                return std::task::Poll::Ready(());
+            }
+            s.waker = Some(cx.waker().clone());
+            std::task::Poll::Pending
+        })
     }
 
     /// Waits at most `timeout` for the map to land; whether it has.
     fn wait_landed(&self, timeout: std::time::Duration) -> bool {
-        let (outcome, signal) = &*self.state;
-        let Ok(guard) = outcome.lock() else {
+        let (landing, signal) = &*self.state;
+        let Ok(guard) = landing.lock() else {
             return true;
         };
         signal
-            .wait_timeout_while(guard, timeout, |s| s.is_none())
-            .map_or(true, |(s, _)| s.is_some())
+            .wait_timeout_while(guard, timeout, |s| s.outcome.is_none())
+            .map_or(true, |(s, _)| s.outcome.is_some())
     }
 
     /// The bytes, once ready; an error if the map failed or has not landed. The buffer is
@@ -247,6 +283,7 @@ impl InFlightRead {
             .0
             .lock()
             .map_err(|_| GpuError::Readback("poisoned".into()))?
+            .outcome
             .take();
         let data = match outcome {
             Some(Ok(())) => staging

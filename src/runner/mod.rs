@@ -320,6 +320,16 @@ impl ModelRunner {
 }
 
 impl PendingStep {
+    /// Resolves once every read-back has landed (see [`InFlightRead::landed`]).
+    pub async fn landed(&self) {
+        for read in [self.swap.read(), self.argmax.as_ref(), self.logits.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            read.landed().await;
+        }
+    }
+
     /// Whether every read-back has landed (after the device was polled).
     pub fn is_ready(&self) -> bool {
         self.swap.is_ready()
