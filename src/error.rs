@@ -44,6 +44,11 @@ pub enum GpuError {
     #[error("GPU internal error while {context}: {message}")]
     Internal { context: String, message: String },
 
+    /// A call that waits for the GPU where no thread may wait (a browser's): the work
+    /// lands only once control returns to the event loop, so the wait would never end.
+    #[error("{0} waits for the GPU, which this platform cannot do; use an awaiting call (Engine::step_async)")]
+    CannotWait(String),
+
     /// The device was lost (a driver reset, a removed GPU).
     #[error("the GPU device was lost: {0}")]
     DeviceLost(String),

@@ -363,7 +363,8 @@ impl GpuContext {
     }
 
     /// Blocks until all work submitted so far is done (in slices, see
-    /// [`Self::from_existing`]); a profiled context counts the time as waiting.
+    /// [`Self::from_existing`]); a profiled context counts the time as waiting. In a
+    /// browser (wasm32) nothing may wait: this is an error ([`GpuError::CannotWait`]).
     pub fn wait(&self) -> Result<()> {
         let Some(p) = self.profiler() else {
             return self.wait_untimed();
@@ -375,6 +376,10 @@ impl GpuContext {
     }
 
     pub(crate) fn wait_untimed(&self) -> Result<()> {
+        if cfg!(target_arch = "wasm32") {
+            // WebGPU lands work only when control returns to the browser's event loop.
+            return Err(GpuError::CannotWait("a blocking GPU call".into()));
+        }
         let lost = |e: wgpu::PollError| GpuError::DeviceLost(e.to_string());
         match self.wait_slice {
             None => {
