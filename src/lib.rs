@@ -40,8 +40,8 @@ use internals::{
 pub use constrain::StructuredOutput;
 pub use engine::{
     CompletionOutput, Engine, EngineConfig, EngineError as Error, EngineStats, FinishReason,
-    Intake, PreemptionMode, Prompt, Request, RequestEvent as Event, RequestHandle, RequestId,
-    RequestOutput as Output, SpeculativeConfig, TokenLogprob,
+    Intake, JsonRequest, PreemptionMode, Prompt, Request, RequestEvent as Event, RequestHandle,
+    RequestId, RequestOutput as Output, SpeculativeConfig, TokenLogprob,
 };
 pub use error::GpuError;
 pub use gpu::{enumerate_adapters, AdapterReport, AdapterRequest, GpuContext};

@@ -7,6 +7,7 @@ mod core;
 mod draft;
 mod error;
 mod intake;
+mod json_request;
 pub mod output;
 mod prefix;
 mod propose;
@@ -24,6 +25,7 @@ pub use error::{EngineError, Result};
 #[cfg(feature = "native")]
 pub(crate) use intake::Prepared;
 pub use intake::{Intake, Request};
+pub use json_request::{JsonRequest, OneOrMany};
 pub use output::{
     CompletionOutput, FinishReason, RequestEvent, RequestId, RequestOutput, TokenLogprob,
 };

@@ -7,8 +7,7 @@ use super::engine_args::EngineArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use pagellm::{EngineBuilder, EngineHandle, Notice, RequestStream};
-use pagellm::{EngineStats, Event, Output, Request, SamplingParams, StructuredOutput};
-use serde::Deserialize;
+use pagellm::{EngineStats, Event, JsonRequest, Output, Request, SamplingParams, StructuredOutput};
 use serde_json::json;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -122,56 +121,6 @@ pub struct GenerateArgs {
     engine: EngineArgs,
 }
 
-/// One line of `--prompts-file`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileRequest {
-    prompt: String,
-    max_tokens: Option<usize>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    top_k: Option<usize>,
-    min_p: Option<f32>,
-    seed: Option<u64>,
-    n: Option<usize>,
-    beam_width: Option<usize>,
-    stop: Option<Vec<String>>,
-    logprobs: Option<usize>,
-    ignore_eos: Option<bool>,
-    presence_penalty: Option<f32>,
-    frequency_penalty: Option<f32>,
-    repetition_penalty: Option<f32>,
-    /// Constraints, as on the command line: a schema object, a regex, a list of choices, a
-    /// Lark grammar's text.
-    json_schema: Option<serde_json::Value>,
-    regex: Option<String>,
-    choice: Option<Vec<String>>,
-    grammar: Option<String>,
-}
-
-impl FileRequest {
-    /// The line's constraint, if it sets one (at most one).
-    fn structured_output(&self) -> Result<Option<StructuredOutput>> {
-        let mut set = Vec::new();
-        if let Some(s) = &self.json_schema {
-            set.push(StructuredOutput::JsonSchema(s.clone()));
-        }
-        if let Some(r) = &self.regex {
-            set.push(StructuredOutput::Regex(r.clone()));
-        }
-        if let Some(c) = &self.choice {
-            set.push(StructuredOutput::Choice(c.clone()));
-        }
-        if let Some(g) = &self.grammar {
-            set.push(StructuredOutput::Grammar(g.clone()));
-        }
-        if set.len() > 1 {
-            bail!("set at most one of json_schema, regex, choice and grammar");
-        }
-        Ok(set.pop())
-    }
-}
-
 impl GenerateArgs {
     /// The command line's constraint, with its files read.
     fn structured_output(&self) -> Result<Option<StructuredOutput>> {
@@ -224,7 +173,8 @@ impl GenerateArgs {
         let base = self.params()?;
         let Some(path) = &self.prompts_file else {
             let prompt = self.prompt.clone().unwrap_or_default();
-            return Ok(vec![(1, Ok((prompt, base)))]);
+            let request = Request::text(prompt.clone()).with_params(base);
+            return Ok(vec![(1, Ok((prompt, request)))]);
         };
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -241,36 +191,20 @@ impl GenerateArgs {
     }
 }
 
-/// A request's line number and its prompt and parameters, or why the line is not a request.
-type Line = (usize, std::result::Result<(String, SamplingParams), String>);
+/// A request's line number and its prompt's text and the request, or why the line is not
+/// a request.
+type Line = (usize, std::result::Result<(String, Request), String>);
 
-/// One prompts-file line over the command line's parameters.
+/// One prompts-file line (the library's JSON request shape) over the command line's
+/// parameters.
 fn file_request(
     line: &str,
     base: &SamplingParams,
-) -> std::result::Result<(String, SamplingParams), String> {
-    let r: FileRequest =
-        serde_json::from_str(line).map_err(|e| format!("not a valid request: {e}"))?;
-    let structured = r.structured_output().map_err(|e| e.to_string())?;
-    let p = SamplingParams {
-        max_tokens: r.max_tokens.unwrap_or(base.max_tokens),
-        temperature: r.temperature.unwrap_or(base.temperature),
-        top_p: r.top_p.unwrap_or(base.top_p),
-        top_k: r.top_k.map(|k| (k > 0).then_some(k)).unwrap_or(base.top_k),
-        min_p: r.min_p.unwrap_or(base.min_p),
-        seed: r.seed.or(base.seed),
-        n: r.n.unwrap_or(base.n),
-        beam_width: r.beam_width.or(base.beam_width),
-        stop: r.stop.unwrap_or_else(|| base.stop.clone()),
-        logprobs: r.logprobs.or(base.logprobs),
-        ignore_eos: r.ignore_eos.unwrap_or(base.ignore_eos),
-        presence_penalty: r.presence_penalty.unwrap_or(base.presence_penalty),
-        frequency_penalty: r.frequency_penalty.unwrap_or(base.frequency_penalty),
-        repetition_penalty: r.repetition_penalty.unwrap_or(base.repetition_penalty),
-        structured_output: structured.or_else(|| base.structured_output.clone()),
-        ..base.clone()
-    };
-    Ok((r.prompt, p))
+) -> std::result::Result<(String, Request), String> {
+    let r = JsonRequest::parse(line).map_err(|e| e.to_string())?;
+    let prompt = r.prompt.clone();
+    let request = r.into_request(base).map_err(|e| e.to_string())?;
+    Ok((prompt, request))
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
@@ -282,7 +216,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let engine = load(&args, &dir)?;
     let (streams, early) = submit(&engine, &requests);
     let single = match requests.as_slice() {
-        [(_, Ok((prompt, p)))] if p.n == 1 && p.beam_width.is_none() => Some(prompt),
+        [(_, Ok((prompt, r)))] if r.params.n == 1 && r.params.beam_width.is_none() => Some(prompt),
         _ => None,
     };
     let stream = !args.json && single.is_some() && streams[0].is_some();
@@ -323,7 +257,7 @@ fn submit(engine: &EngineHandle, requests: &[Line]) -> (Vec<Option<RequestStream
     let valid: Vec<Request> = requests
         .iter()
         .filter_map(|(_, r)| r.as_ref().ok())
-        .map(|(prompt, params)| Request::text(prompt.clone()).with_params(params.clone()))
+        .map(|(_, request)| request.clone())
         .collect();
     let mut submitted = engine.submit_all(valid).into_iter();
     let mut early: Vec<Outcome> = Vec::with_capacity(requests.len());
