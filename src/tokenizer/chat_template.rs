@@ -37,8 +37,10 @@ pub enum ChatTemplateError {
 }
 
 /// One message as chat templates see it. The tool fields are left out of the template's
-/// view when absent, so that `message.tool_calls is defined` means what it says.
-#[derive(Clone, Debug, Default, Serialize)]
+/// view when absent, so that `message.tool_calls is defined` means what it says. Read from
+/// JSON, an unknown field is an error.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ChatMessage {
     /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
@@ -47,13 +49,13 @@ pub struct ChatMessage {
     /// An assistant turn's calls, OpenAI-shaped (`{"id", "type", "function": {"name",
     /// "arguments"}}`), with `arguments` as a JSON object where it parses, as transformers'
     /// templates expect.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<serde_json::Value>>,
     /// A `tool` turn: the call it answers.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
     /// A `tool` turn: the name of the function that answered.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
 }
 
