@@ -36,6 +36,9 @@ __all__ = [
     "Logprob",
     "Delta",
     "TokenStream",
+    "BeamSearchParams",
+    "BeamSearchOutput",
+    "BeamSearchSequence",
 ]
 
 _UNSET: Any = object()
@@ -236,6 +239,52 @@ class Delta:
     token_id: int
     text: str
     logprob: Optional[float] = None
+
+
+@dataclass
+class BeamSearchParams:
+    """vLLM's beam search parameters: ``beam_width`` beams, each at most ``max_tokens``
+    long, finished hypotheses scored ``cum_logprob / length ** length_penalty``. Beam
+    search is deterministic: ``temperature`` must stay 0."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def _request(self, prompt: str) -> Dict[str, Any]:
+        if self.include_stop_str_in_output:
+            _refuse("include_stop_str_in_output", "not supported")
+        return {
+            "prompt": prompt,
+            "n": self.beam_width,
+            "beam_width": self.beam_width,
+            "max_tokens": self.max_tokens,
+            "ignore_eos": self.ignore_eos,
+            "temperature": self.temperature,
+            "length_penalty": self.length_penalty,
+        }
+
+
+@dataclass
+class BeamSearchSequence:
+    """One hypothesis: the prompt's tokens and its own (``tokens``), its cumulative
+    log-probability, the prompt's text and its own (``text``) and why it ended."""
+
+    tokens: List[int]
+    logprobs: List[Dict[int, Logprob]]
+    cum_logprob: float
+    text: Optional[str] = None
+    finish_reason: Optional[str] = None
+
+
+@dataclass
+class BeamSearchOutput:
+    """A prompt's hypotheses, best first."""
+
+    sequences: List[BeamSearchSequence]
 
 
 Prompt = Union[str, List[int], Dict[str, Any]]
@@ -443,7 +492,7 @@ class LLM:
             for s in streams:  # after Ctrl-C or an error: nothing keeps running
                 s.abort()
 
-    def _collect(self, stream: Any, prompt: Optional[str], params: SamplingParams) -> RequestOutput:
+    def _collect(self, stream: Any, prompt: Optional[str], params: Optional[SamplingParams]) -> RequestOutput:
         while True:
             event = stream.next(None)
             if event[0] == "finished":
@@ -479,6 +528,40 @@ class LLM:
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
+    def beam_search(
+        self, prompts: Sequence[Prompt], params: BeamSearchParams
+    ) -> List[BeamSearchOutput]:
+        """Beam search over each prompt (batched together): its best ``beam_width``
+        hypotheses, best first (vLLM's ``LLM.beam_search``)."""
+        requests = []
+        for prompt in prompts:
+            text, ids, _ = _prompt_parts(prompt)
+            requests.append((_json.dumps(params._request(text)), ids))
+        streams = self._engine.submit_all(requests)
+        outputs = []
+        try:
+            for stream, prompt in zip(streams, prompts):
+                shown = _prompt_parts(prompt)[2]
+                out = self._collect(stream, shown, None)
+                outputs.append(
+                    BeamSearchOutput(
+                        [
+                            BeamSearchSequence(
+                                tokens=out.prompt_token_ids + o.token_ids,
+                                logprobs=[],
+                                cum_logprob=float(o.cumulative_logprob or 0.0),
+                                text=(shown or "") + o.text,
+                                finish_reason=o.finish_reason,
+                            )
+                            for o in out.outputs
+                        ]
+                    )
+                )
+        finally:
+            for s in streams:
+                s.abort()
+        return outputs
+
     def stream(self, prompt: Prompt, sampling_params: Optional[SamplingParams] = None) -> TokenStream:
         """One request whose tokens are yielded as they are generated (see
         ``TokenStream``)."""
@@ -495,12 +578,16 @@ class LLM:
             self._decoded[token_id] = text
         return text
 
-    def _output(self, output_json: str, prompt: Optional[str], params: SamplingParams) -> RequestOutput:
+    def _output(self, output_json: str, prompt: Optional[str], params: Optional[SamplingParams]) -> RequestOutput:
+        """The engine's output as vLLM's. Per-token logprobs and the cumulative one are
+        given when `params` asked for logprobs; `params` None (beam search) gives the
+        cumulative one alone."""
         raw = _json.loads(output_json)
         outputs = []
+        asked = params is not None and params.logprobs is not None
         for o in raw["outputs"]:
             logprobs = None
-            if params.logprobs is not None:
+            if asked:
                 logprobs = []
                 for lp in o.get("logprobs", []):
                     entry: Dict[int, Logprob] = {}
@@ -517,7 +604,7 @@ class LLM:
                     index=o["index"],
                     text=o["text"],
                     token_ids=list(o["token_ids"]),
-                    cumulative_logprob=o["cumulative_logprob"] if params.logprobs is not None else None,
+                    cumulative_logprob=o["cumulative_logprob"] if asked or params is None else None,
                     logprobs=logprobs,
                     finish_reason=o["finish_reason"],
                 )

@@ -130,34 +130,19 @@ impl Engine {
     /// JSON request (the library's `JsonRequest`) and, where the prompt is given as token
     /// ids, those ids. All are checked first; if one is refused none runs, and the error
     /// names it.
-    fn submit_all(&self, requests: Vec<(String, Option<Vec<u32>>)>) -> PyResult<Vec<Stream>> {
-        let mut prepared = Vec::with_capacity(requests.len());
-        for (i, (json, ids)) in requests.into_iter().enumerate() {
-            let which = |e: pagellm::Error| value_error(format!("request {i}: {e}"));
-            let mut request = JsonRequest::parse(&json)
-                .and_then(|r| r.into_request(&SamplingParams::default()))
-                .map_err(which)?;
-            if let Some(ids) = ids {
-                request.prompt = Prompt::Tokens(ids);
-            }
-            prepared.push(request);
-        }
-        let mut streams = Vec::with_capacity(prepared.len());
-        let mut refused = None;
-        for (i, s) in self.handle.submit_all(prepared).into_iter().enumerate() {
-            match s {
-                Ok(stream) => streams.push(Stream { inner: stream }),
-                Err(e) if refused.is_none() => refused = Some(format!("request {i}: {e}")),
-                Err(_) => {}
-            }
-        }
-        match refused {
-            Some(why) => {
-                streams.iter().for_each(|s| s.inner.abort());
-                Err(value_error(why))
-            }
-            None => Ok(streams),
-        }
+    fn submit_all(
+        &self,
+        py: Python<'_>,
+        requests: Vec<(String, Option<Vec<u32>>)>,
+    ) -> PyResult<Vec<Stream>> {
+        // Preparing requests (tokenizing, compiling constraints) can take a while: without
+        // the GIL.
+        let streams = py.detach(|| self.submit_prepared(requests));
+        Ok(streams
+            .map_err(value_error)?
+            .into_iter()
+            .map(|inner| Stream { inner })
+            .collect())
     }
 
     /// The chat template's rendering of `messages` (JSON: `[{"role", "content"}, ...]`) and
@@ -235,6 +220,39 @@ impl Engine {
 }
 
 impl Engine {
+    /// See `submit_all`.
+    fn submit_prepared(
+        &self,
+        requests: Vec<(String, Option<Vec<u32>>)>,
+    ) -> Result<Vec<RequestStream>, String> {
+        let mut prepared = Vec::with_capacity(requests.len());
+        for (i, (json, ids)) in requests.into_iter().enumerate() {
+            let mut request = JsonRequest::parse(&json)
+                .and_then(|r| r.into_request(&SamplingParams::default()))
+                .map_err(|e| format!("request {i}: {e}"))?;
+            if let Some(ids) = ids {
+                request.prompt = Prompt::Tokens(ids);
+            }
+            prepared.push(request);
+        }
+        let mut streams = Vec::with_capacity(prepared.len());
+        let mut refused = None;
+        for (i, s) in self.handle.submit_all(prepared).into_iter().enumerate() {
+            match s {
+                Ok(stream) => streams.push(stream),
+                Err(e) if refused.is_none() => refused = Some(format!("request {i}: {e}")),
+                Err(_) => {}
+            }
+        }
+        match refused {
+            Some(why) => {
+                streams.iter().for_each(RequestStream::abort);
+                Err(why)
+            }
+            None => Ok(streams),
+        }
+    }
+
     fn intake(&self) -> PyResult<Arc<pagellm::Intake>> {
         self.handle
             .intake()

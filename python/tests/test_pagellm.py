@@ -19,7 +19,7 @@ import time
 import pytest
 
 import pagellm
-from pagellm import LLM, AsyncLLM, SamplingParams, StructuredOutputsParams
+from pagellm import LLM, AsyncLLM, BeamSearchParams, SamplingParams, StructuredOutputsParams
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 MODEL = REPO / "models" / "fortunes-llama"
@@ -91,6 +91,25 @@ def test_seeded_samples_equal_the_cli(llm, tmp_path):
     # The same seed again, batched with another request: the same samples.
     (again, _) = llm.generate([request["prompt"], "Once upon a time"], [params, SamplingParams(max_tokens=5)])
     assert [o.token_ids for o in again.outputs] == [o.token_ids for o in out.outputs]
+
+
+def test_beam_search_equals_the_cli(llm, tmp_path):
+    prompt = EXPECTED[1]["prompt"]
+    (out,) = llm.beam_search([prompt], BeamSearchParams(beam_width=3, max_tokens=8, ignore_eos=True))
+    assert len(out.sequences) == 3
+    (cli,) = cli_outputs(
+        [{"prompt": prompt, "n": 3, "beam_width": 3, "temperature": 0, "max_tokens": 8, "ignore_eos": True}],
+        tmp_path,
+    )
+    prompt_ids = EXPECTED[1]["prompt_ids"]
+    for seq, theirs in zip(out.sequences, cli["outputs"]):
+        assert seq.tokens == prompt_ids + theirs["token_ids"]
+        assert seq.text == prompt + theirs["text"]
+        assert seq.cum_logprob == pytest.approx(theirs["cumulative_logprob"])
+    scores = [s.cum_logprob / (len(s.tokens) - len(prompt_ids)) for s in out.sequences]
+    assert scores == sorted(scores, reverse=True), "not best first"
+    with pytest.raises(ValueError, match="temperature"):
+        llm.beam_search([prompt], BeamSearchParams(beam_width=2, max_tokens=4, temperature=0.7))
 
 
 def test_stop_strings_and_constraints(llm):

@@ -35,6 +35,8 @@ pub struct JsonRequest {
     pub seed: Option<u64>,
     pub n: Option<usize>,
     pub beam_width: Option<usize>,
+    /// Beam search's score exponent (`cum_logprob / length^length_penalty`).
+    pub length_penalty: Option<f32>,
     pub stop: Option<OneOrMany>,
     pub stop_token_ids: Option<Vec<u32>>,
     pub logprobs: Option<usize>,
@@ -115,6 +117,7 @@ impl JsonRequest {
             seed: self.seed.or(base.seed),
             n: self.n.unwrap_or(base.n),
             beam_width: self.beam_width.or(base.beam_width),
+            length_penalty: self.length_penalty.unwrap_or(base.length_penalty),
             stop: match &self.stop {
                 None => base.stop.clone(),
                 Some(OneOrMany::One(s)) => vec![s.clone()],

@@ -375,6 +375,7 @@ fn to_json(out: &Output) -> serde_json::Value {
                 "text": o.text,
                 "token_ids": o.token_ids,
                 "finish_reason": o.finish_reason,
+                "cumulative_logprob": o.cumulative_logprob,
             });
             if !o.logprobs.is_empty() {
                 v["logprobs"] = json!(o.logprobs.iter().map(|l| json!({
