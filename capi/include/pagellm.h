@@ -139,6 +139,8 @@ extern "C" {
 
 // The message of the last error on this thread (empty if none): valid until the next
 // failing call on this thread. Never null.
+//
+// Thread safety: each thread has its own last error.
 const char *pagellm_last_error(void);
 
 // How many engines and requests are alive (handed out and not freed), into `*engines`
@@ -147,9 +149,14 @@ const char *pagellm_last_error(void);
 //
 // # Safety
 // Each pointer is null or writable.
+//
+// Thread safety: any thread; counts taken while other threads create or free handles are
+// those of a moment.
 enum pagellm_status pagellm_handles_alive(size_t *engines_alive, size_t *requests_alive);
 
 // The default options (every field its default; `model_path` null).
+//
+// Thread safety: any thread.
 struct pagellm_config pagellm_config_default(void);
 
 // Loads the model in `config` on a GPU and starts its engine; waits until it is loaded
@@ -159,11 +166,16 @@ struct pagellm_config pagellm_config_default(void);
 // # Safety
 // `config` points to a valid `pagellm_config` whose strings are null or NUL-terminated;
 // `out` points to writable memory.
+//
+// Thread safety: any thread; engines are independent of each other.
 enum pagellm_status pagellm_engine_new(const struct pagellm_config *config,
                                        struct pagellm_engine **out);
 
 // Stops the engine and frees it: pending requests end (their next event says so), and
 // the call returns once the engine's thread has finished its step. Null is ignored.
+//
+// Thread safety: any thread, once per engine. Calls on the engine already running on other
+// threads finish; calls that start after it get `PAGELLM_ERR_HANDLE`.
 void pagellm_engine_free(struct pagellm_engine *engine);
 
 // The engine's statistics as a JSON object (KV cache blocks, requests, throughput), in
@@ -171,15 +183,21 @@ void pagellm_engine_free(struct pagellm_engine *engine);
 //
 // # Safety
 // `out` points to writable memory.
+//
+// Thread safety: any thread, at the same time as any other call.
 enum pagellm_status pagellm_engine_stats_json(struct pagellm_engine *engine, char **out);
 
 // Frees a string the library returned. Null is ignored.
 //
 // # Safety
 // `s` is null or a string from this library, not freed before.
+//
+// Thread safety: any thread; each string once.
 void pagellm_string_free(char *s);
 
 // The default sampling: greedy, 16 tokens.
+//
+// Thread safety: any thread.
 struct pagellm_sampling pagellm_sampling_default(void);
 
 // Submits `prompt` (UTF-8 text, tokenized by the model's tokenizer) with `params` (null:
@@ -190,6 +208,8 @@ struct pagellm_sampling pagellm_sampling_default(void);
 //
 // # Safety
 // `prompt` is NUL-terminated; `params` is null or valid; `out` is writable.
+//
+// Thread safety: any thread, at the same time as any other call on the engine.
 enum pagellm_status pagellm_submit(struct pagellm_engine *engine,
                                    const char *prompt,
                                    const struct pagellm_sampling *params,
@@ -203,6 +223,8 @@ enum pagellm_status pagellm_submit(struct pagellm_engine *engine,
 //
 // # Safety
 // `json` is NUL-terminated; `out` is writable.
+//
+// Thread safety: any thread, at the same time as any other call on the engine.
 enum pagellm_status pagellm_submit_json(struct pagellm_engine *engine,
                                         const char *json,
                                         struct pagellm_request **out);
@@ -216,6 +238,10 @@ enum pagellm_status pagellm_submit_json(struct pagellm_engine *engine,
 //
 // # Safety
 // `event` is writable.
+//
+// Thread safety: any thread; calls on one request are serialized (a second waits for the
+// first), and the event's pointers stay valid until the request's next call, free
+// included.
 enum pagellm_status pagellm_request_next(struct pagellm_request *request,
                                          int32_t timeout_ms,
                                          struct pagellm_event *event);
@@ -226,15 +252,23 @@ enum pagellm_status pagellm_request_next(struct pagellm_request *request,
 //
 // # Safety
 // `out` is writable.
+//
+// Thread safety: any thread; serialized with the request's other calls.
 enum pagellm_status pagellm_request_output_json(struct pagellm_request *request, char **out);
 
 // Asks the engine to end the request: its samples finish with reason "abort" (their
 // FINISHED events follow). A request already finished is left as it is. Unlike the other
 // calls on a request, this one never waits for a read in progress on another thread.
+//
+// Thread safety: any thread, also while another thread waits in `pagellm_request_next` on
+// the same request.
 enum pagellm_status pagellm_request_abort(struct pagellm_request *request);
 
 // Frees a request; one still running is aborted and its memory given back at the engine's
 // next step. Null is ignored.
+//
+// Thread safety: any thread, once per request; a call in progress on another thread
+// finishes first, and the pointers of an event it returns are then no longer valid.
 void pagellm_request_free(struct pagellm_request *request);
 
 #ifdef __cplusplus

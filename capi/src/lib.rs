@@ -205,6 +205,8 @@ fn guard(f: impl FnOnce() -> Result<pagellm_status, Fail>) -> pagellm_status {
 
 /// The message of the last error on this thread (empty if none): valid until the next
 /// failing call on this thread. Never null.
+///
+/// Thread safety: each thread has its own last error.
 #[no_mangle]
 pub extern "C" fn pagellm_last_error() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
@@ -293,6 +295,9 @@ unsafe fn opt_text<'a>(p: *const c_char, what: &str) -> Result<Option<&'a str>, 
 ///
 /// # Safety
 /// Each pointer is null or writable.
+///
+/// Thread safety: any thread; counts taken while other threads create or free handles are
+/// those of a moment.
 #[no_mangle]
 pub unsafe extern "C" fn pagellm_handles_alive(
     engines_alive: *mut usize,
@@ -312,6 +317,8 @@ pub unsafe extern "C" fn pagellm_handles_alive(
 // ---- engines ------------------------------------------------------------------------
 
 /// The default options (every field its default; `model_path` null).
+///
+/// Thread safety: any thread.
 #[no_mangle]
 pub extern "C" fn pagellm_config_default() -> pagellm_config {
     pagellm_config {
@@ -371,6 +378,8 @@ unsafe fn engine_config(c: &pagellm_config) -> Result<EngineConfig, Fail> {
 /// # Safety
 /// `config` points to a valid `pagellm_config` whose strings are null or NUL-terminated;
 /// `out` points to writable memory.
+///
+/// Thread safety: any thread; engines are independent of each other.
 #[no_mangle]
 pub unsafe extern "C" fn pagellm_engine_new(
     config: *const pagellm_config,
@@ -402,6 +411,9 @@ pub unsafe extern "C" fn pagellm_engine_new(
 
 /// Stops the engine and frees it: pending requests end (their next event says so), and
 /// the call returns once the engine's thread has finished its step. Null is ignored.
+///
+/// Thread safety: any thread, once per engine. Calls on the engine already running on other
+/// threads finish; calls that start after it get `PAGELLM_ERR_HANDLE`.
 #[no_mangle]
 pub extern "C" fn pagellm_engine_free(engine: *mut pagellm_engine) {
     let _ = guard(|| {
@@ -417,6 +429,8 @@ pub extern "C" fn pagellm_engine_free(engine: *mut pagellm_engine) {
 ///
 /// # Safety
 /// `out` points to writable memory.
+///
+/// Thread safety: any thread, at the same time as any other call.
 #[no_mangle]
 pub unsafe extern "C" fn pagellm_engine_stats_json(
     engine: *mut pagellm_engine,
@@ -463,6 +477,8 @@ fn owned_string(s: &str) -> *mut c_char {
 ///
 /// # Safety
 /// `s` is null or a string from this library, not freed before.
+///
+/// Thread safety: any thread; each string once.
 #[no_mangle]
 pub unsafe extern "C" fn pagellm_string_free(s: *mut c_char) {
     if !s.is_null() {
@@ -473,6 +489,8 @@ pub unsafe extern "C" fn pagellm_string_free(s: *mut c_char) {
 // ---- requests -----------------------------------------------------------------------
 
 /// The default sampling: greedy, 16 tokens.
+///
+/// Thread safety: any thread.
 #[no_mangle]
 pub extern "C" fn pagellm_sampling_default() -> pagellm_sampling {
     let d = SamplingParams::default();
@@ -563,6 +581,8 @@ fn submit(
 ///
 /// # Safety
 /// `prompt` is NUL-terminated; `params` is null or valid; `out` is writable.
+///
+/// Thread safety: any thread, at the same time as any other call on the engine.
 #[no_mangle]
 pub unsafe extern "C" fn pagellm_submit(
     engine: *mut pagellm_engine,
@@ -588,6 +608,8 @@ pub unsafe extern "C" fn pagellm_submit(
 ///
 /// # Safety
 /// `json` is NUL-terminated; `out` is writable.
+///
+/// Thread safety: any thread, at the same time as any other call on the engine.
 #[no_mangle]
 pub unsafe extern "C" fn pagellm_submit_json(
     engine: *mut pagellm_engine,
@@ -720,6 +742,10 @@ impl RequestState {
 ///
 /// # Safety
 /// `event` is writable.
+///
+/// Thread safety: any thread; calls on one request are serialized (a second waits for the
+/// first), and the event's pointers stay valid until the request's next call, free
+/// included.
 #[no_mangle]
 pub unsafe extern "C" fn pagellm_request_next(
     request: *mut pagellm_request,
@@ -741,6 +767,8 @@ pub unsafe extern "C" fn pagellm_request_next(
 ///
 /// # Safety
 /// `out` is writable.
+///
+/// Thread safety: any thread; serialized with the request's other calls.
 #[no_mangle]
 pub unsafe extern "C" fn pagellm_request_output_json(
     request: *mut pagellm_request,
@@ -763,6 +791,9 @@ pub unsafe extern "C" fn pagellm_request_output_json(
 /// Asks the engine to end the request: its samples finish with reason "abort" (their
 /// FINISHED events follow). A request already finished is left as it is. Unlike the other
 /// calls on a request, this one never waits for a read in progress on another thread.
+///
+/// Thread safety: any thread, also while another thread waits in `pagellm_request_next` on
+/// the same request.
 #[no_mangle]
 pub extern "C" fn pagellm_request_abort(request: *mut pagellm_request) -> pagellm_status {
     guard(|| {
@@ -775,6 +806,9 @@ pub extern "C" fn pagellm_request_abort(request: *mut pagellm_request) -> pagell
 
 /// Frees a request; one still running is aborted and its memory given back at the engine's
 /// next step. Null is ignored.
+///
+/// Thread safety: any thread, once per request; a call in progress on another thread
+/// finishes first, and the pointers of an event it returns are then no longer valid.
 #[no_mangle]
 pub extern "C" fn pagellm_request_free(request: *mut pagellm_request) {
     let _ = guard(|| {
