@@ -83,7 +83,7 @@ GuidedDecodingParams = StructuredOutputsParams
 
 class SamplingParams:
     """How a request samples and stops, with vLLM's names and defaults (``max_tokens=16``,
-    ``temperature=1.0``; ``top_k`` 0 or -1 is off). The values are checked when the request
+    ``None`` for as many as the context leaves; ``temperature=1.0``; ``top_k`` 0 or -1 is off). The values are checked when the request
     is submitted: an impossible one raises ``ValueError`` naming it."""
 
     def __init__(
@@ -447,7 +447,12 @@ class LLM:
         for prompt, p in zip(prompts, params):
             text, ids, _ = _prompt_parts(prompt)
             seed = p.seed if p.seed is not None or self._seeds is None else next(self._seeds)
-            requests.append((_json.dumps(p._request(text, seed)), ids))
+            request = p._request(text, seed)
+            if p.max_tokens is None:
+                # vLLM's None: as many as the context leaves after the prompt.
+                used = len(ids) if ids is not None else len(self.encode(text))
+                request["max_tokens"] = max(self.max_model_len - used, 0)
+            requests.append((_json.dumps(request), ids))
         return self._engine.submit_all(requests)
 
     def _params_for(self, n: int, sampling_params: Any) -> List[SamplingParams]:

@@ -112,6 +112,16 @@ def test_beam_search_equals_the_cli(llm, tmp_path):
         llm.beam_search([prompt], BeamSearchParams(beam_width=2, max_tokens=4, temperature=0.7))
 
 
+def test_max_tokens_none_fills_the_context():
+    short = LLM(str(MODEL), max_model_len=24)
+    try:
+        (out,) = short.generate(EXPECTED[0]["prompt"], SamplingParams(max_tokens=None, ignore_eos=True, seed=5))
+        assert len(out.prompt_token_ids) + len(out.outputs[0].token_ids) == 24
+        assert out.outputs[0].finish_reason == "length"
+    finally:
+        short.shutdown()
+
+
 def test_stop_strings_and_constraints(llm):
     greedy = dict(temperature=0, max_tokens=16, ignore_eos=True)
     (out,) = llm.generate(EXPECTED[0]["prompt"], SamplingParams(stop=[" thing"], **greedy))
