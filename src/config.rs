@@ -61,6 +61,9 @@ pub const DEFAULT_ROW_COST: f64 = 0.15;
 /// vocabulary every row is a `[vocab]` logits row in memory.
 pub const MAX_SPECULATIVE_ROWS: usize = 128;
 
+#[allow(unused_imports)] // for the docs
+use crate::disk_tier::RecordStore;
+
 /// The engine's options: the KV cache's size and format, the scheduler's limits, the
 /// preemption policy, the weights' format, speculative decoding and the prefix cache's
 /// tiers. `EngineConfig::default()` suits the shipped model and most small ones.
@@ -132,6 +135,11 @@ pub struct EngineConfig {
     /// on, and a later prompt (in this process or another, after a restart) that starts
     /// with it reads it instead of recomputing it. Several processes may share the folder.
     pub kv_cache_dir: Option<std::path::PathBuf>,
+    /// The disk tier's records in memory instead of files in `kv_cache_dir` (which must then
+    /// be unset): the host persists them in storage of its own, filling the store before
+    /// the engine opens and saving what [`RecordStore::take_changes`] hands back. The
+    /// browser build keeps them in the Origin Private File System this way.
+    pub kv_cache_store: Option<crate::disk_tier::RecordStore>,
     /// Most bytes the disk tier keeps (least recently used records go first).
     pub kv_cache_disk_bytes: u64,
 }
@@ -175,6 +183,7 @@ impl Default for EngineConfig {
             speculative: None,
             host_tier_blocks: None,
             kv_cache_dir: None,
+            kv_cache_store: None,
             kv_cache_disk_bytes: 4 << 30,
             draft_model: None,
         }

@@ -38,10 +38,11 @@ use internals::{
 };
 
 pub use constrain::StructuredOutput;
+pub use disk_tier::RecordStore;
 pub use engine::{
     CompletionOutput, Engine, EngineConfig, EngineError as Error, EngineStats, FinishReason,
     Intake, JsonRequest, PreemptionMode, Prompt, Request, RequestEvent as Event, RequestHandle,
-    RequestId, RequestOutput as Output, SpeculativeConfig, TokenLogprob,
+    RequestId, RequestOutput as Output, SpeculativeConfig, StepInFlight, TokenLogprob,
 };
 pub use error::GpuError;
 pub use gpu::{enumerate_adapters, AdapterReport, AdapterRequest, GpuContext};

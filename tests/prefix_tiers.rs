@@ -283,3 +283,94 @@ fn a_disk_that_fails_every_write_changes_nothing_but_the_counters() {
         assert_eq!(e.stats().cache.device.used, 0);
     }
 }
+
+/// The disk tier kept in a host's record store (the browser build's way: it persists the
+/// store in the Origin Private File System) holds the very records the folder does, under
+/// the same names with the same bytes; a store refilled from what the first engine handed
+/// back (a page reloaded) gives the next engine its prefix, and damaged records are misses.
+#[test]
+fn a_record_store_holds_what_the_folder_holds_and_survives_a_reload() {
+    use pagellm::RecordStore;
+    let with_store = |store: &RecordStore| EngineConfig {
+        kv_cache_store: Some(store.clone()),
+        ..config(None, None)
+    };
+    for ctx in contexts() {
+        let dir = golden::fixture_dir("llama-gqa");
+        let want = run(&mut engine(ctx, &dir, config(None, None)), &target());
+        let tmp = tempfile::TempDir::new().unwrap();
+        run(
+            &mut engine(ctx, &dir, config(None, Some(tmp.path()))),
+            &target(),
+        );
+        let first = RecordStore::new();
+        assert_same(
+            "writing",
+            &run(&mut engine(ctx, &dir, with_store(&first)), &target()),
+            &want,
+        );
+        let kept = first.take_changes();
+        assert!(kept.len() >= 10, "{} records", kept.len());
+        assert!(
+            first.take_changes().is_empty(),
+            "changes are handed back once"
+        );
+        let files = records(tmp.path());
+        assert_eq!(files.len(), kept.len());
+        for (name, bytes) in &kept {
+            let bytes = bytes.as_ref().expect("written, not deleted");
+            let file = std::fs::read(tmp.path().join(name)).unwrap();
+            assert_eq!(&file[..], &bytes[..], "{name}: the file's bytes");
+        }
+
+        let reloaded = RecordStore::new();
+        for (name, bytes) in &kept {
+            reloaded.insert(name.clone(), bytes.clone().unwrap());
+        }
+        let mut second = engine(ctx, &dir, with_store(&reloaded));
+        assert_same("after a reload", &run(&mut second, &target()), &want);
+        let d = second.stats().disk.unwrap();
+        assert!(d.hits >= 10 && d.corrupt == 0, "{d:?}");
+
+        let damaged = RecordStore::new();
+        for (name, bytes) in &kept {
+            let mut b = bytes.clone().unwrap().to_vec();
+            let at = b.len() / 2;
+            b[at] ^= 1;
+            damaged.insert(name.clone(), b);
+        }
+        let mut third = engine(ctx, &dir, with_store(&damaged));
+        assert_same("damaged records", &run(&mut third, &target()), &want);
+        let d = third.stats().disk.unwrap();
+        assert_eq!(d.hits, 0, "{d:?}");
+        assert!(d.corrupt > 0, "{d:?}");
+        // The damaged records were dropped and the recomputed blocks written again whole.
+        let rewritten = damaged.take_changes();
+        assert!(
+            rewritten.iter().any(|(_, b)| b.is_some()),
+            "{}",
+            rewritten.len()
+        );
+    }
+}
+
+#[test]
+fn a_folder_and_a_record_store_together_are_refused() {
+    let Some(ctx) = contexts().into_iter().next() else {
+        return;
+    };
+    let tmp = tempfile::TempDir::new().unwrap();
+    let cfg = EngineConfig {
+        kv_cache_store: Some(pagellm::RecordStore::new()),
+        ..config(None, Some(tmp.path()))
+    };
+    let dir = golden::fixture_dir("llama-gqa");
+    let err = pagellm::Engine::with_context(common::arc(ctx), &dir, cfg, |_, _| {})
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains("kv_cache_dir") && err.contains("kv_cache_store"),
+        "{err}"
+    );
+}

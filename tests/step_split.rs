@@ -1,8 +1,8 @@
 //! The step split into submit and finish, on the GPU (lavapipe and llvmpipe): an engine
 //! driven by `begin_step`, polling `step_ready` without ever waiting, and `end_step` gives
 //! exactly the outputs of `step()`, field by field, for every kind of request and under swap
-//! preemption; requests added while a step is in flight join later steps, and aborts asked
-//! for meanwhile happen when the step ends, leaving the other requests' outputs untouched.
+//! preemption; requests added while a step is in flight join the queues when it ends, and
+//! aborts asked for meanwhile (of those requests too) happen then, leaving the other requests' outputs untouched.
 //! A second `begin_step` while one is in flight is refused without harm. With a draft
 //! model the step is begun without waiting for the draft's passes (each poll lands one
 //! and submits the next), and the outputs are still those of plain decoding.
@@ -99,7 +99,16 @@ fn adds_and_aborts_during_a_step_wait_for_its_end() {
         assert!(hs[2].events.try_recv().is_err());
         let late = add_all(&mut e, &all[3..]);
         assert!(!e.abort(12345));
+        // A request added and aborted while the step runs: pending until the step ends
+        // (as `has_unfinished` says), then aborted before it computed anything.
+        let gone = add_all(&mut e, &all[..1]);
+        assert_ne!(gone[0].id, late[0].id);
+        assert!(e.abort(gone[0].id));
+        assert!(e.has_unfinished());
         e.end_step(step).unwrap();
+        let gone = gone[0].wait().unwrap();
+        assert_eq!(gone.outputs[0].finish_reason, FinishReason::Abort);
+        assert!(gone.outputs[0].token_ids.is_empty());
         let aborted = hs[2].wait().unwrap();
         assert!(aborted
             .outputs
@@ -126,6 +135,8 @@ fn a_step_dropped_unfinished_fails_its_requests_and_the_engine_goes_on() {
         let mut e = engine(ctx, &dir, config(64));
         let hs = add_all(&mut e, &all[1..3]);
         drop(e.begin_step().unwrap());
+        // A request added after the drop was not held by the dropped step: it runs.
+        let after = add_all(&mut e, &all[..1]);
         // The next step notices: the requests it held fail with the reason, nothing is
         // held any more, and new requests run as on a fresh engine.
         let step = e.begin_step().unwrap();
@@ -134,6 +145,9 @@ fn a_step_dropped_unfinished_fails_its_requests_and_the_engine_goes_on() {
             let err = h.wait().unwrap_err().to_string();
             assert!(err.contains("dropped before it ended"), "{err}");
         }
+        e.run_to_completion().unwrap();
+        let got = [after[0].wait().unwrap()];
+        assert_same("added after the dropped step", &got, &want);
         assert_eq!(e.stats().cache.device.used, 0);
         let got = run(&mut e, &all[..1]);
         assert_same("after the dropped step", &got, &want);

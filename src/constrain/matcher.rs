@@ -11,8 +11,9 @@ use super::{token_env, ConstraintError, StructuredOutput};
 use crate::tokenizer::Tokenizer;
 use llguidance::{Matcher, ParserFactory};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use toktrie::SimpleVob;
+use web_time::Instant;
 
 /// Compiles constraints for one model: its vocabulary's token trie and llguidance's shared
 /// lexer slices, built once (tens of milliseconds for a 150k vocabulary).

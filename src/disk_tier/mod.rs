@@ -17,13 +17,16 @@
 //! the next open.
 
 mod record;
+mod store;
 #[cfg(test)]
 mod tests;
 
 use record::{Expect, RecordError};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
+pub use store::RecordStore;
+use store::Storage;
 
 /// A record's name: stable across processes, builds and Rust versions (BLAKE3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -48,7 +51,10 @@ impl BlockKey {
 
 #[derive(Clone, Debug)]
 pub struct DiskTierConfig {
+    /// The folder (with `store`: the records' common name prefix, usually empty).
     pub dir: PathBuf,
+    /// Keep the records in this store instead of files (a host without files persists it).
+    pub store: Option<RecordStore>,
     /// Most bytes of records this process keeps in its namespace's folder; the least
     /// recently stored or loaded go first past it. 0 writes nothing.
     pub max_bytes: u64,
@@ -82,6 +88,7 @@ const STALE_TEMP: Duration = Duration::from_secs(600);
 
 pub struct DiskTier {
     dir: PathBuf,
+    storage: Storage,
     namespace: [u8; 32],
     block_bytes: usize,
     max_bytes: u64,
@@ -117,34 +124,12 @@ impl DiskTier {
         let namespace = *blake3::hash(namespace).as_bytes();
         let hex: String = namespace[..8].iter().map(|b| format!("{b:02x}")).collect();
         let dir = config.dir.join(hex);
-        std::fs::create_dir_all(&dir)?;
-        let mut found = Vec::new();
-        for sub in std::fs::read_dir(&dir)? {
-            let sub = sub?.path();
-            if !sub.is_dir() {
-                continue;
-            }
-            for entry in std::fs::read_dir(&sub)? {
-                let Ok(entry) = entry else { continue };
-                let path = entry.path();
-                let Ok(meta) = entry.metadata() else { continue };
-                let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-                let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-                if name.ends_with(".tmp") {
-                    let age = SystemTime::now()
-                        .duration_since(modified)
-                        .unwrap_or_default();
-                    if age > STALE_TEMP {
-                        let _ = std::fs::remove_file(&path);
-                    }
-                } else if let Some(key) = name.strip_suffix(".kvb").and_then(BlockKey::from_hex) {
-                    found.push((modified, key, meta.len()));
-                }
-            }
-        }
-        found.sort();
+        let storage = config.store.map_or(Storage::Dir, Storage::Memory);
+        storage.create_dir(&dir)?;
+        let found = storage.scan(&dir, STALE_TEMP)?;
         let mut tier = DiskTier {
             dir,
+            storage,
             namespace,
             block_bytes,
             max_bytes: config.max_bytes,
@@ -155,7 +140,11 @@ impl DiskTier {
             temp_counter: 0,
             stats: DiskStats::default(),
         };
-        for (_, key, bytes) in found {
+        let records = found.into_iter().filter_map(|(name, len)| {
+            let key = name.strip_suffix(".kvb").and_then(BlockKey::from_hex)?;
+            Some((key, len))
+        });
+        for (key, bytes) in records {
             tier.touch(key, bytes);
         }
         Ok(tier)
@@ -179,7 +168,7 @@ impl DiskTier {
     /// Whether a record for `key` exists now (perhaps written by another process); not
     /// verified.
     pub fn contains(&self, key: BlockKey) -> bool {
-        self.path(key).is_file()
+        self.storage.len(&self.path(key)).is_some()
     }
 
     /// Writes the record unless it exists with the right length; see the module docs.
@@ -206,24 +195,12 @@ impl DiskTier {
         let bytes = record::encode(&self.expect(key, parent, tokens), payload);
         // A record of the right length is taken to be whole (every read checks it); one cut
         // short by a torn copy is written again.
-        if std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == bytes.len() as u64) {
+        if self.storage.len(&path) == Some(bytes.len() as u64) {
             self.stats.skipped += 1;
             return false;
         }
         self.temp_counter += 1;
-        let temp = path.with_file_name(format!(
-            ".{}.{}.{}.tmp",
-            key.to_hex(),
-            std::process::id(),
-            self.temp_counter
-        ));
-        let written = path
-            .parent()
-            .map_or(Ok(()), std::fs::create_dir_all)
-            .and_then(|()| std::fs::write(&temp, &bytes))
-            .and_then(|()| std::fs::rename(&temp, &path));
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&temp);
+        if let Err(e) = self.storage.write(&path, self.temp_counter, &bytes) {
             self.write_failed(&format!("{}: {e}", path.display()));
             return false;
         }
@@ -245,13 +222,13 @@ impl DiskTier {
         let path = self.path(key);
         // A file of the wrong length is not read at all (a stray huge file costs nothing).
         let expected = record::encoded_len(tokens.len(), out.len()) as u64;
-        match std::fs::metadata(&path) {
-            Ok(m) if m.len() != expected => {
+        match self.storage.len(&path) {
+            Some(len) if len != expected => {
                 return self.corrupt(key, &path, "the file has the wrong length")
             }
             _ => {}
         }
-        let bytes = match std::fs::read(&path) {
+        let bytes = match self.storage.read(&path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 self.stats.misses += 1;
@@ -276,9 +253,7 @@ impl DiskTier {
         self.stats.hits += 1;
         self.touch(key, bytes.len() as u64);
         // Other processes order their evictions by modification time.
-        if let Ok(f) = std::fs::File::options().append(true).open(&path) {
-            let _ = f.set_modified(SystemTime::now());
-        }
+        self.storage.touch(&path);
         true
     }
 
@@ -286,7 +261,7 @@ impl DiskTier {
     /// Returns whether a file was removed.
     pub fn remove(&mut self, key: BlockKey) -> bool {
         self.forget(key);
-        std::fs::remove_file(self.path(key)).is_ok()
+        self.storage.remove(&self.path(key)).is_ok()
     }
 
     pub fn stats(&self) -> DiskStats {
@@ -347,7 +322,7 @@ impl DiskTier {
                 break;
             };
             self.forget(key);
-            match std::fs::remove_file(self.path(key)) {
+            match self.storage.remove(&self.path(key)) {
                 Ok(()) => self.stats.evictions += 1,
                 // Another process deleted it first.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -359,7 +334,7 @@ impl DiskTier {
     fn corrupt(&mut self, key: BlockKey, path: &Path, why: &str) -> bool {
         self.stats.corrupt += 1;
         tracing::debug!("disk KV record {} ignored: {why}", path.display());
-        let _ = std::fs::remove_file(path);
+        let _ = self.storage.remove(path);
         self.forget(key);
         false
     }

@@ -2,6 +2,7 @@
 //! kind of damage, the byte budget, failing writes, and two "processes" sharing a folder.
 
 use super::*;
+use std::time::SystemTime;
 use tempfile::TempDir;
 
 const BLOCK: usize = 64;
@@ -9,6 +10,7 @@ const BLOCK: usize = 64;
 fn open(dir: &Path, max_bytes: u64) -> DiskTier {
     let config = DiskTierConfig {
         dir: dir.to_path_buf(),
+        store: None,
         max_bytes,
     };
     DiskTier::open(config, b"test model, f16, block 4", BLOCK).unwrap()
@@ -66,6 +68,7 @@ fn keys_name_the_whole_prefix_and_the_namespace() {
     let other = DiskTier::open(
         DiskTierConfig {
             dir: tmp.path().into(),
+            store: None,
             max_bytes: 1 << 20,
         },
         b"another model",
@@ -203,6 +206,7 @@ fn failing_writes_are_counted_not_raised() {
     std::fs::write(&file, b"x").unwrap();
     let config = DiskTierConfig {
         dir: file.join("below"),
+        store: None,
         max_bytes: 1 << 20,
     };
     assert!(DiskTier::open(config, b"ns", BLOCK).is_err());

@@ -34,7 +34,7 @@ use crate::spec::{AcceptanceRate, AdaptiveK, NgramIndex, StepCostFit};
 use crate::tokenizer::Tokenizer;
 
 use std::sync::Arc;
-use std::time::Instant;
+use web_time::Instant;
 
 /// Weight the engine's acceptance rate keeps at each verified step: a memory of about a
 /// hundred steps of proposals, across requests.
@@ -129,9 +129,11 @@ pub struct Engine {
     /// Fixed cost of a submit of its own, measured with the swap path (`calibrate_swap`).
     pub(super) swap_latency_s: f64,
     pub(super) host: HostTime,
-    /// Whether a step is submitted and not yet finished ([`Engine::begin_step`]); aborts
-    /// asked for meanwhile wait in `deferred_aborts` until it is.
+    /// Whether a step is submitted and not yet finished ([`Engine::begin_step`]); requests
+    /// added and aborts asked for meanwhile wait in `deferred_adds` and `deferred_aborts`
+    /// until it is.
     pub(super) in_flight: bool,
+    pub(super) deferred_adds: Vec<(RequestId, Prepared, flume::Sender<RequestEvent>)>,
     pub(super) deferred_aborts: Vec<RequestId>,
     /// Alive while the step in flight has not been dropped.
     pub(super) step_alive: std::sync::Weak<()>,
@@ -262,10 +264,22 @@ fn tiers(
                 .into(),
         ));
     }
-    let disk = match &config.kv_cache_dir {
+    if config.kv_cache_dir.is_some() && config.kv_cache_store.is_some() {
+        return Err(EngineError::Config(
+            "the disk tier of the prefix cache goes in a folder (kv_cache_dir) or in a record \
+             store (kv_cache_store), not both"
+                .into(),
+        ));
+    }
+    let dir = match (&config.kv_cache_dir, &config.kv_cache_store) {
+        (Some(dir), _) => Some(dir.clone()),
+        (None, Some(_)) => Some(std::path::PathBuf::new()),
+        (None, None) => None,
+    };
+    let disk = match dir {
         Some(dir) => {
             let pool = (&pool.layout, pool.rotation());
-            let disk = Disk::open(model, dir, c, max_model_len, config, pool);
+            let disk = Disk::open(model, &dir, c, max_model_len, config, pool);
             Some(disk.map_err(EngineError::Config)?)
         }
         None => None,
@@ -366,6 +380,7 @@ impl Engine {
             swap_latency_s: 0.0,
             host: HostTime::default(),
             in_flight: false,
+            deferred_adds: Vec::new(),
             deferred_aborts: Vec::new(),
             step_alive: std::sync::Weak::new(),
             step_costs: StepCostFit::default(),
@@ -466,12 +481,20 @@ impl Engine {
         self.add(Request::new(prompt).with_params(params))
     }
 
-    /// Queues `request` after checking it; its events arrive on the returned handle.
+    /// Queues `request` after checking it; its events arrive on the returned handle. While
+    /// a step is in flight (between [`Self::begin_step`] and [`Self::end_step`]) the request
+    /// joins the queues when the step ends; an error it meets then arrives as its `Failed`
+    /// event.
     pub fn add(&mut self, request: Request) -> Result<RequestHandle> {
         let prepared = self.intake.prepare(request)?;
         let id = self.next_request;
         let (tx, rx) = flume::unbounded();
-        self.enqueue(id, prepared, tx)?;
+        if self.in_flight {
+            self.next_request += 1;
+            self.deferred_adds.push((id, prepared, tx));
+        } else {
+            self.enqueue(id, prepared, tx)?;
+        }
         Ok(RequestHandle { id, events: rx })
     }
 
@@ -545,7 +568,8 @@ impl Engine {
     pub fn abort(&mut self, id: RequestId) -> bool {
         if self.in_flight {
             // The step in flight computes its rows; the abort happens at its end.
-            let pending = self.scheduler.contains(id);
+            let pending =
+                self.scheduler.contains(id) || self.deferred_adds.iter().any(|a| a.0 == id);
             if pending {
                 self.deferred_aborts.push(id);
             }
@@ -572,9 +596,10 @@ impl Engine {
         ids.len()
     }
 
-    /// Whether any request is pending (waiting, running or swapped).
+    /// Whether any request is pending (waiting, running or swapped, or added during the
+    /// step in flight).
     pub fn has_unfinished(&self) -> bool {
-        !self.scheduler.is_empty()
+        !self.scheduler.is_empty() || !self.deferred_adds.is_empty()
     }
 
     /// The statistics as they are now (this walks every block table).

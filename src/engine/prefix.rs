@@ -47,7 +47,8 @@ impl Engine {
     /// Copies every block named since the last step down to the host tier and on to disk
     /// now, rather than with the next step, waiting for the copy. [`Engine::step`] does this
     /// when the engine runs out of work; a driver of [`Engine::end_step`] calls it when it
-    /// goes idle, and an application may call it before it exits.
+    /// goes idle (or, if it must not wait, see [`Self::has_unsaved_prefix_blocks`]), and
+    /// an application may call it before it exits.
     pub fn flush_prefix_tiers(&mut self) -> Result<()> {
         if self.disk.is_none() {
             return Ok(());
@@ -58,6 +59,14 @@ impl Engine {
         self.runner.execute(&ops)?;
         self.store_to_disk(&ops);
         Ok(())
+    }
+
+    /// Whether blocks named since the last step still wait to be copied down to the disk
+    /// tier. [`Self::flush_prefix_tiers`] waits for those copies; a driver that must not
+    /// wait (a browser's) runs one more step when it goes idle instead: a step with no
+    /// requests carries the copies and writes the records when it ends.
+    pub fn has_unsaved_prefix_blocks(&self) -> bool {
+        self.disk.is_some() && self.scheduler.blocks().has_tier_saves()
     }
 
     /// Before a step: reads the waiting requests' missing prompt blocks from the disk tier.

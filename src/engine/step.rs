@@ -24,7 +24,7 @@ use super::request::{RequestSide, SeqOutput};
 use super::scheduler::SchedulerOutput;
 use crate::cache::BlockOps;
 use crate::runner::{PendingStep, StepPlan};
-use std::time::Instant;
+use web_time::Instant;
 
 /// A step the engine has submitted and not yet finished.
 #[must_use = "finish the step with Engine::end_step"]
@@ -53,8 +53,10 @@ enum Work {
 
 impl StepInFlight {
     /// Resolves once the GPU work submitted for the step so far (a draft pass, or the step
-    /// itself) has landed.
-    async fn landed(&self) {
+    /// itself) has landed; then [`Engine::step_ready`] moves it on. Woken by the GPU's map
+    /// callback, so a driver that awaits this between polls never spins (see
+    /// [`Engine::step_async`]).
+    pub async fn landed(&self) {
         match &self.work {
             Work::Drafting { job } => job.landed().await,
             Work::Nothing { .. } => {}
@@ -122,8 +124,8 @@ impl Engine {
             // The last step was dropped unfinished: what it scheduled cannot be trusted, so
             // its requests fail (with the reason) rather than leave the engine wedged.
             self.in_flight = false;
-            self.deferred_aborts.clear();
             self.fail_all("the engine step failed: a step was dropped before it ended");
+            self.apply_deferred();
         }
         self.drop_abandoned();
         match self.try_begin() {
@@ -198,9 +200,23 @@ impl Engine {
             ops: BlockOps::default(),
         };
         self.in_flight = false;
-        self.deferred_aborts.clear();
         self.end_profile();
-        self.failed(e)
+        let e = self.failed(e);
+        self.apply_deferred();
+        e
+    }
+
+    /// Requests added and aborts asked for while a step was in flight, applied now that
+    /// none is: the additions first, so that an abort can reach a request added meanwhile.
+    fn apply_deferred(&mut self) {
+        for (id, prepared, events) in std::mem::take(&mut self.deferred_adds) {
+            if let Err(e) = self.enqueue(id, prepared, events.clone()) {
+                let _ = events.send(RequestEvent::Failed(e.to_string()));
+            }
+        }
+        for id in std::mem::take(&mut self.deferred_aborts) {
+            self.abort(id);
+        }
     }
 
     /// Finishes `step`: its read-backs are taken (waited for if not ready), sampled and
@@ -210,10 +226,9 @@ impl Engine {
         let result = self.try_end(step);
         self.in_flight = false;
         self.end_profile();
-        for id in std::mem::take(&mut self.deferred_aborts) {
-            self.abort(id);
-        }
-        result.map_err(|e| self.failed(e))
+        let result = result.map_err(|e| self.failed(e));
+        self.apply_deferred();
+        result
     }
 
     fn try_begin(&mut self) -> Result<StepInFlight> {

@@ -19,7 +19,7 @@ impl Engine {
         &mut self,
         sched: &SchedulerOutput<SeqOutput, RequestSide>,
     ) -> Result<PendingStep> {
-        let host_start = std::time::Instant::now();
+        let host_start = web_time::Instant::now();
         let prefill = self.is_prefill(sched)?;
         if let Some(p) = self.ctx.profiler() {
             p.begin_step(if prefill { "prefill" } else { "decode" });

@@ -41,7 +41,7 @@ pub(super) struct DiskChain {
     names: Vec<Vec<BlockHash>>,
 }
 use crate::cache::{hash_block, BlockHash, BlockOps};
-use crate::disk_tier::{BlockKey, DiskTier, DiskTierConfig};
+use crate::disk_tier::{BlockKey, DiskTier, DiskTierConfig, RecordStore};
 use crate::model::ModelConfig;
 use crate::pool::{KvLayout, KvRotation};
 use std::io::Read;
@@ -74,7 +74,7 @@ pub(super) fn namespace(
 /// A content hash of the model's files (config and weights, or the one GGUF file),
 /// remembered in `cache_dir` under the files' paths, sizes and modification times so that
 /// a restart hashes nothing again. Hashing reads every byte once (BLAKE3 on all cores).
-pub(super) fn model_identity(model: &Path, cache_dir: &Path) -> std::io::Result<String> {
+pub(super) fn model_identity(model: &Path, cache_dir: Option<&Path>) -> std::io::Result<String> {
     let mut files: Vec<std::path::PathBuf> = if model.is_dir() {
         std::fs::read_dir(model)?
             .filter_map(|e| e.ok().map(|e| e.path()))
@@ -87,22 +87,11 @@ pub(super) fn model_identity(model: &Path, cache_dir: &Path) -> std::io::Result<
         vec![model.to_path_buf()]
     };
     files.sort();
-    let mut stamp = blake3::Hasher::new();
-    for f in &files {
-        let meta = std::fs::metadata(f)?;
-        let mtime = meta
-            .modified()
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_nanos());
-        let path = std::fs::canonicalize(f)?;
-        stamp.update(path.to_string_lossy().as_bytes());
-        stamp.update(&meta.len().to_le_bytes());
-        stamp.update(&mtime.to_le_bytes());
-    }
-    let memo_dir = cache_dir.join("model-ids");
-    let memo = memo_dir.join(stamp.finalize().to_hex().as_str());
-    if let Ok(mut f) = std::fs::File::open(&memo) {
+    let memo = match cache_dir {
+        Some(dir) => Some(identity_memo(&files, dir)?),
+        None => None,
+    };
+    if let Some(Ok(mut f)) = memo.as_ref().map(std::fs::File::open) {
         let mut id = String::new();
         if f.read_to_string(&mut id).is_ok() && id.len() == 64 {
             return Ok(id);
@@ -115,14 +104,41 @@ pub(super) fn model_identity(model: &Path, cache_dir: &Path) -> std::io::Result<
     }
     let id = content.finalize().to_hex().to_string();
     // Best effort: without the memo the next start hashes again.
-    let tmp = memo_dir.join(format!(".{}.tmp", std::process::id()));
-    let saved = std::fs::create_dir_all(&memo_dir)
-        .and_then(|()| std::fs::write(&tmp, &id))
-        .and_then(|()| std::fs::rename(&tmp, &memo));
-    if let Err(e) = saved {
-        tracing::debug!("could not remember the model's identity: {e}");
+    if let Some(memo) = memo {
+        let memo_dir = memo.parent().unwrap_or(Path::new("."));
+        let tmp = memo_dir.join(format!(".{}.tmp", std::process::id()));
+        let saved = std::fs::create_dir_all(memo_dir)
+            .and_then(|()| std::fs::write(&tmp, &id))
+            .and_then(|()| std::fs::rename(&tmp, &memo));
+        if let Err(e) = saved {
+            tracing::debug!("could not remember the model's identity: {e}");
+        }
     }
     Ok(id)
+}
+
+/// Where the identity of `files` is remembered under `cache_dir`: named by their paths,
+/// sizes and modification times.
+fn identity_memo(
+    files: &[std::path::PathBuf],
+    cache_dir: &Path,
+) -> std::io::Result<std::path::PathBuf> {
+    let mut stamp = blake3::Hasher::new();
+    for f in files {
+        let meta = std::fs::metadata(f)?;
+        let mtime = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos());
+        let path = std::fs::canonicalize(f)?;
+        stamp.update(path.to_string_lossy().as_bytes());
+        stamp.update(&meta.len().to_le_bytes());
+        stamp.update(&mtime.to_le_bytes());
+    }
+    Ok(cache_dir
+        .join("model-ids")
+        .join(stamp.finalize().to_hex().as_str()))
 }
 
 /// The content hash of a model's files held in memory (their names and bytes), as
@@ -146,15 +162,17 @@ fn hash_file(hasher: &mut blake3::Hasher, path: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Opens the disk tier for this engine's namespace.
+/// Opens the disk tier for this engine's namespace: in `dir`, or in `store` when given.
 pub(super) fn open_disk_tier(
     dir: &Path,
+    store: Option<RecordStore>,
     max_bytes: u64,
     namespace: &str,
     block_bytes: usize,
 ) -> std::io::Result<DiskTier> {
     let config = DiskTierConfig {
         dir: dir.to_path_buf(),
+        store,
         max_bytes,
     };
     DiskTier::open(config, namespace.as_bytes(), block_bytes)
@@ -169,7 +187,8 @@ pub(super) struct Disk {
 }
 
 impl Disk {
-    /// The disk tier in `dir` for this model, context, weight format and pool layout.
+    /// The disk tier in `dir` (or in `config.kv_cache_store`, `dir` then being the records'
+    /// name prefix) for this model, context, weight format and pool layout.
     pub(super) fn open(
         model: &ModelSource,
         dir: &Path,
@@ -182,7 +201,11 @@ impl Disk {
             format!("the KV cache folder {} cannot be used: {e}", dir.display())
         };
         let id = match model {
-            ModelSource::Path(path) => model_identity(path, dir).map_err(failed)?,
+            // The memo of file identities lives in the folder, when the records do.
+            ModelSource::Path(path) => {
+                let memo = config.kv_cache_store.is_none().then_some(dir);
+                model_identity(path, memo).map_err(failed)?
+            }
             ModelSource::Memory(files) => memory_identity(files),
         };
         let weights = config
@@ -191,7 +214,9 @@ impl Disk {
         let (layout, rotation) = pool;
         let ns = namespace(&id, c, max_model_len, &weights, layout, rotation);
         let bytes = layout.block_bytes_all_layers() as usize;
-        let tier = open_disk_tier(dir, config.kv_cache_disk_bytes, &ns, bytes).map_err(failed)?;
+        let store = config.kv_cache_store.clone();
+        let tier =
+            open_disk_tier(dir, store, config.kv_cache_disk_bytes, &ns, bytes).map_err(failed)?;
         Ok(Disk {
             tier,
             scratch: Vec::new(),

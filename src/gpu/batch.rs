@@ -5,7 +5,8 @@ use super::bindings::{Arena, UNIFORM_ARENA_BYTES};
 use super::profile::{Profiler, QueryBlock, TimingMethod, QUERIES_PER_SET};
 use super::{CompiledKernel, GpuContext, KernelSource, PendingRead};
 use crate::error::{GpuError, Result};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use web_time::Instant;
 
 /// A storage binding: a whole buffer or a byte range of one.
 #[derive(Clone, Copy, Debug)]
@@ -16,6 +17,45 @@ pub enum Bind<'a> {
         offset: u64,
         size: u64,
     },
+}
+
+/// WebGPU's rule (which browsers enforce and wgpu's native backends do not): within one
+/// dispatch, a storage binding the kernel may write must not overlap any other binding of
+/// the same buffer. Checked whenever a bind group is created, on every platform, so that a
+/// kernel that would fail in a browser fails its native tests too.
+fn check_aliasing<'a>(name: &'static str, writable: &[bool], storage: &[Bind<'a>]) -> Result<()> {
+    let span = |b: &Bind<'a>| -> (&'a wgpu::Buffer, u64, u64) {
+        match *b {
+            Bind::Whole(buffer) => (buffer, 0, buffer.size()),
+            Bind::Range {
+                buffer,
+                offset,
+                size,
+            } => (buffer, offset, offset + size),
+        }
+    };
+    for (i, a) in storage.iter().enumerate() {
+        for (j, b) in storage.iter().enumerate().skip(i + 1) {
+            let (wa, wb) = (
+                writable.get(i) == Some(&true),
+                writable.get(j) == Some(&true),
+            );
+            let ((ba, sa, ea), (bb, sb, eb)) = (span(a), span(b));
+            if (wa || wb) && ba == bb && sa < eb && sb < ea {
+                return Err(GpuError::invalid(
+                    name,
+                    format!(
+                        "storage bindings {} and {} overlap in one buffer (bytes {sa}..{ea} and \
+                         {sb}..{eb}) and {} is written: WebGPU forbids that",
+                        i + 1,
+                        j + 1,
+                        if wa { i + 1 } else { j + 1 }
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 impl<'a> From<&'a wgpu::Buffer> for Bind<'a> {
@@ -421,6 +461,7 @@ impl<'c> Batch<'c> {
             params_size,
             storage,
             || {
+                check_aliasing(name, &pipeline.writable, storage)?;
                 ctx.scoped(&format!("binding arguments of {name}"), || {
                     let params_binding = Bind::Range {
                         buffer: params_buffer,

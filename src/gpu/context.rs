@@ -74,6 +74,9 @@ fn new_instance(backends: wgpu::Backends) -> wgpu::Instance {
     wgpu::Instance::new(desc)
 }
 
+/// How many spare buffers [`GpuContext::spare`] has.
+pub const SPARE_BUFFERS: usize = 2;
+
 /// Longest a wait holds the GL backend's context lock on a device shared with an
 /// application (see [`GpuContext::from_existing`]).
 pub const SHARED_GL_WAIT_SLICE: std::time::Duration = std::time::Duration::from_micros(500);
@@ -105,6 +108,7 @@ pub struct GpuContext {
     pub(crate) bindings: Bindings,
     wait_slice: Option<std::time::Duration>,
     profiler: std::sync::OnceLock<Profiler>,
+    spares: std::sync::OnceLock<Vec<wgpu::Buffer>>,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -163,9 +167,27 @@ impl GpuContext {
             ready_now(adapter.request_device(&desc)).ok_or_else(|| GpuError::RequestDevice {
                 adapter: format!("{} ({:?})", info.name, info.backend),
                 message: "the adapter did not answer at once (a browser's adapters answer \
-                          later; build the context from a device the page has created)"
+                          later: use GpuContext::open_async)"
                     .into(),
             })?;
+        Self::own(adapter, requested)
+    }
+
+    /// Opens pagellm's own device on `adapter` as [`Self::new`] does, awaiting the device
+    /// (a browser's adapters answer later; the page gets its adapter from
+    /// `wgpu::Instance::request_adapter`). The context watches the device as its own:
+    /// a lost device or an error that escaped every scope fails the next call.
+    pub async fn open_async(adapter: wgpu::Adapter) -> Result<Self> {
+        let desc = Self::device_descriptor(&adapter);
+        let requested = adapter.request_device(&desc).await;
+        Self::own(adapter, requested)
+    }
+
+    fn own(
+        adapter: wgpu::Adapter,
+        requested: std::result::Result<(wgpu::Device, wgpu::Queue), wgpu::RequestDeviceError>,
+    ) -> Result<Self> {
+        let info = adapter.get_info();
         let (device, queue) = requested.map_err(|e| GpuError::RequestDevice {
             adapter: format!("{} ({:?})", info.name, info.backend),
             message: e.to_string(),
@@ -243,7 +265,27 @@ impl GpuContext {
             bindings: Bindings::default(),
             wait_slice: None,
             profiler: std::sync::OnceLock::new(),
+            spares: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Spare storage buffer `i` (of [`SPARE_BUFFERS`]; 256 bytes each, distinct): what a
+    /// kernel's writable binding is given when the dispatch writes nothing through it.
+    /// Binding the dispatch's real output there instead would alias it, which WebGPU
+    /// forbids for writable bindings (see `check_aliasing` in `gpu/batch.rs`).
+    pub fn spare(&self, i: usize) -> &wgpu::Buffer {
+        &self.spares.get_or_init(|| {
+            (0..SPARE_BUFFERS)
+                .map(|_| {
+                    self.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("spare"),
+                        size: 256,
+                        usage: wgpu::BufferUsages::STORAGE,
+                        mapped_at_creation: false,
+                    })
+                })
+                .collect()
+        })[i]
     }
 
     /// "name (Backend, DeviceType)".
@@ -283,11 +325,17 @@ impl GpuContext {
     /// into a [`GpuError`] naming `context`.
     pub fn scoped<R>(&self, context: &str, f: impl FnOnce() -> R) -> Result<R> {
         self.check_health()?;
+        if cfg!(target_arch = "wasm32") {
+            // A browser answers a scope's pop only later, through the event loop; a scope
+            // popped and dropped here would swallow its errors. Without scopes they reach
+            // the device's handler (installed on pagellm's own device, see `own`), and the
+            // next call that checks the device's health fails with them.
+            return Ok(f());
+        }
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let out = f();
-        // Natively a scope's errors are known when it is popped; in a browser they arrive
-        // later, and an error the scopes could not report reaches the device's handler.
+        // Natively a scope's errors are known when it is popped.
         let val = ready_now(val.pop()).flatten();
         let oom = ready_now(oom.pop()).flatten();
         if let Some(e) = oom {
@@ -369,7 +417,7 @@ impl GpuContext {
         let Some(p) = self.profiler() else {
             return self.wait_untimed();
         };
-        let t = std::time::Instant::now();
+        let t = web_time::Instant::now();
         let r = self.wait_untimed();
         p.host(None, Default::default(), Default::default(), t.elapsed());
         r

@@ -13,6 +13,7 @@ pub use bindings::{BindGroupStats, STALE_AFTER, UNIFORM_ARENA_BYTES};
 pub use buffer::{InFlightRead, PendingRead, Readback, STORAGE};
 pub use context::{
     enumerate_adapters, AdapterReport, Capabilities, GpuContext, SHARED_GL_WAIT_SLICE,
+    SPARE_BUFFERS,
 };
 pub use pipeline::{reflect_layout, CompiledKernel, KernelSource, PRELUDE};
 pub use profile::{Profiler, TimingMethod};

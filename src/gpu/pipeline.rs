@@ -40,6 +40,8 @@ pub struct CompiledKernel {
     pub layout: wgpu::BindGroupLayout,
     /// Storage bindings the kernel takes after its parameter block (bindings 1..=n).
     pub storage_bindings: usize,
+    /// Per storage binding (1..=n), whether the kernel may write through it.
+    pub writable: Arc<[bool]>,
 }
 
 /// A parsed kernel: the module and its bind group layout, shared by every specialisation.
@@ -48,6 +50,7 @@ struct Module {
     layout: wgpu::BindGroupLayout,
     pipeline_layout: wgpu::PipelineLayout,
     storage_bindings: usize,
+    writable: Arc<[bool]>,
 }
 
 #[derive(Default)]
@@ -155,7 +158,7 @@ impl GpuContext {
         {
             return Ok(p);
         }
-        let started = std::time::Instant::now();
+        let started = web_time::Instant::now();
         let module = self.module(kernel)?;
         let pipeline = self.scoped(&format!("compiling kernel {}", kernel.name), || {
             self.device
@@ -175,6 +178,7 @@ impl GpuContext {
             pipeline,
             layout: module.layout.clone(),
             storage_bindings: module.storage_bindings,
+            writable: module.writable.clone(),
         });
         if let Ok(mut m) = self.pipelines.map.lock() {
             m.insert(key, pipeline.clone());
@@ -204,6 +208,18 @@ impl GpuContext {
         }
         let source = kernel.full_source();
         let entries = reflect_layout(kernel.name, &source, kernel.name)?;
+        let writable: Arc<[bool]> = entries[1..]
+            .iter()
+            .map(|e| {
+                matches!(
+                    e.ty,
+                    wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Storage { read_only: false },
+                        ..
+                    }
+                )
+            })
+            .collect();
         let module = self.scoped(&format!("parsing kernel {}", kernel.name), || {
             let module = self
                 .device
@@ -229,6 +245,7 @@ impl GpuContext {
                 layout,
                 pipeline_layout,
                 storage_bindings: entries.len() - 1,
+                writable,
             }
         })?;
         let module = Arc::new(module);

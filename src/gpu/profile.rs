@@ -106,7 +106,7 @@ pub(crate) const QUERIES_PER_SET: u32 = 4096;
 #[derive(Debug, Default)]
 struct State {
     phase: Option<&'static str>,
-    step_started: Option<std::time::Instant>,
+    step_started: Option<web_time::Instant>,
     phases: BTreeMap<&'static str, PhaseProfile>,
 }
 
@@ -189,7 +189,7 @@ impl Profiler {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         s.close_step();
         s.phase = Some(phase);
-        s.step_started = Some(std::time::Instant::now());
+        s.step_started = Some(web_time::Instant::now());
         s.phases.entry(phase).or_default().steps += 1;
     }
 

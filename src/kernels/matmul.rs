@@ -19,7 +19,7 @@ use super::{
     check_len, groups, params, Weight, MATMUL, MATMUL_SKINNY, MATMUL_SKINNY_SG, MATMUL_SKINNY_VEC,
 };
 use crate::error::{GpuError, Result};
-use crate::gpu::{grid_2d, Batch, Bind, KernelSource};
+use crate::gpu::{grid_2d, Batch, Bind, GpuContext, KernelSource};
 use crate::nn::Activation;
 
 // One parameter block for every matmul kernel (tests/params_layout.rs checks all four).
@@ -174,7 +174,7 @@ pub fn matmul(batch: &mut Batch, plan: &MatmulPlan, call: &Matmul<'_>) -> Result
         ));
     }
     let (x, gated, norm) = checked_input(input, m, k)?;
-    let (ys, split1, split2) = checked_outputs(outputs, m, n_total)?;
+    let (ys, split1, split2) = checked_outputs(batch.ctx(), outputs, m, n_total)?;
     if let Some(b) = bias {
         check_len(K, "bias", b, n_total)?;
     }
@@ -297,8 +297,10 @@ fn checked_input<'a>(
 }
 
 /// The three output bindings and the two split columns of `outputs`, checked against `m`
-/// rows of `n_total` columns.
+/// rows of `n_total` columns. One output leaves y1 and y2 to the context's spare buffers,
+/// which the kernel never writes then.
 fn checked_outputs<'a>(
+    ctx: &'a GpuContext,
     outputs: Outputs<'a>,
     m: usize,
     n_total: usize,
@@ -307,7 +309,7 @@ fn checked_outputs<'a>(
     match outputs {
         Outputs::One(y) => {
             check_len(K, "y", y, m * n_total)?;
-            Ok(([y, y, y], 0, 0))
+            Ok(([y, ctx.spare(0), ctx.spare(1)], 0, 0))
         }
         Outputs::Three(ys, [w0, w1]) => {
             if w0 == 0 || w1 == 0 || w0 + w1 >= n_total {

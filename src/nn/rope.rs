@@ -65,7 +65,7 @@ pub fn inv_freq(head_dim: usize, theta: f64, scaling: &RopeScaling) -> Vec<f32> 
     (0..head_dim / 2)
         .map(|i| {
             let exponent = (2 * i) as f32 / head_dim as f32;
-            let f = 1.0 / (theta as f32).powf(exponent);
+            let f = 1.0 / libm::powf(theta as f32, exponent);
             match *scaling {
                 RopeScaling::None => f,
                 RopeScaling::Linear { factor } => f / factor as f32,
@@ -81,7 +81,7 @@ pub fn inv_freq(head_dim: usize, theta: f64, scaling: &RopeScaling) -> Vec<f32> 
                     } else {
                         short_factor[i]
                     };
-                    1.0 / (factor * (theta as f32).powf(exponent))
+                    1.0 / (factor * libm::powf(theta as f32, exponent))
                 }
                 RopeScaling::Llama3 {
                     factor,
@@ -112,7 +112,8 @@ pub fn inv_freq(head_dim: usize, theta: f64, scaling: &RopeScaling) -> Vec<f32> 
 /// The table rope.wgsl reads: `[max_positions, head_dim]`, each row `cos` of the
 /// `head_dim/2` angles then their `sin`, each times `attention_factor` (in f32, as
 /// transformers scales them). Angles are f32 products as in transformers; the
-/// trigonometry is done in f64.
+/// trigonometry is done in f64, by the `libm` crate so that every platform (the browser's
+/// included) builds the same table to the bit.
 pub fn cos_sin_table(inv_freq: &[f32], max_positions: usize, attention_factor: f32) -> Vec<f32> {
     let half = inv_freq.len();
     let mut table = vec![0.0f32; max_positions * half * 2];
@@ -120,8 +121,8 @@ pub fn cos_sin_table(inv_freq: &[f32], max_positions: usize, attention_factor: f
         let row = &mut table[pos * half * 2..(pos + 1) * half * 2];
         for (i, &f) in inv_freq.iter().enumerate() {
             let angle = (pos as f32 * f) as f64;
-            row[i] = angle.cos() as f32 * attention_factor;
-            row[half + i] = angle.sin() as f32 * attention_factor;
+            row[i] = libm::cos(angle) as f32 * attention_factor;
+            row[half + i] = libm::sin(angle) as f32 * attention_factor;
         }
     }
     table

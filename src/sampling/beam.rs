@@ -103,7 +103,7 @@ pub struct BeamStep {
 
 /// Score of a hypothesis of `length` generated tokens.
 pub fn beam_score(cum_logprob: f64, length: usize, length_penalty: f64) -> f64 {
-    cum_logprob / (length.max(1) as f64).powf(length_penalty)
+    cum_logprob / libm::pow(length.max(1) as f64, length_penalty)
 }
 
 /// Ranks all expansions of `live` by `rows` (`rows[i]`: log-probabilities `[vocab]` of the

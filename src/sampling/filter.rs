@@ -105,7 +105,7 @@ pub fn filtered_distribution(
         .iter()
         .enumerate()
         .filter(|(_, &x)| x != f32::NEG_INFINITY)
-        .map(|(i, &x)| (i as u32, ((f64::from(x) - max) / temperature).exp()))
+        .map(|(i, &x)| (i as u32, libm::exp((f64::from(x) - max) / temperature)))
         .collect();
 
     // Top-k on the raw logits: dividing by a positive temperature keeps their order, but a

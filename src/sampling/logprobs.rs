@@ -38,8 +38,8 @@ pub fn logsumexp(logits: &[f32]) -> Result<f64, SamplingError> {
     if max == f64::NEG_INFINITY {
         return Err(SamplingError::NoCandidates);
     }
-    let sum: f64 = logits.iter().map(|&x| (f64::from(x) - max).exp()).sum();
-    Ok(max + sum.ln())
+    let sum: f64 = logits.iter().map(|&x| libm::exp(f64::from(x) - max)).sum();
+    Ok(max + libm::log(sum))
 }
 
 /// `log_softmax` of a whole row (masked `-inf` entries stay `-inf`).
