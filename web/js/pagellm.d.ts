@@ -181,6 +181,9 @@ export interface EngineStats {
   disk_misses: number;
   disk_corrupt: number;
   disk_writes: number;
+  /** The steps this engine drove: how many, and their milliseconds beginning them (host work
+   * and submission), awaiting the GPU, ending them (sampling, streaming), and in all. */
+  timing: { steps: number; begin_ms: number; wait_ms: number; end_ms: number; total_ms: number };
 }
 
 export class Engine {

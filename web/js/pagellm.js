@@ -232,6 +232,7 @@ export class Engine {
   #closed = false;
   #store;
   #saving = Promise.resolve();
+  #timing = { steps: 0, begin_ms: 0, wait_ms: 0, end_ms: 0, total_ms: 0 };
 
   constructor(native, store = null) {
     this.#native = native;
@@ -313,9 +314,25 @@ export class Engine {
     return pending;
   }
 
-  /** The KV cache's and scheduler's figures now (see `stats()` in web/src/events.rs). */
+  /** The KV cache's and scheduler's figures now (see `stats()` in web/src/events.rs), and
+   * `timing`: the steps this engine drove and their milliseconds (beginning them, awaiting
+   * the GPU, ending them, and in all, with the JavaScript around them). */
   stats() {
-    return JSON.parse(this.#native.stats());
+    return { ...JSON.parse(this.#native.stats()), timing: { ...this.#timing } };
+  }
+
+  #step() {
+    const t = performance.now();
+    return this.#native.step().then((text) => {
+      const step = JSON.parse(text);
+      const m = this.#timing;
+      m.steps++;
+      m.begin_ms += step.begin_ms;
+      m.wait_ms += step.wait_ms;
+      m.end_ms += step.end_ms;
+      m.total_ms += performance.now() - t;
+      return step;
+    });
   }
 
   /** Resolves when no request is pending and the prefix cache's records are saved. */
@@ -353,7 +370,7 @@ export class Engine {
     try {
       for (;;) {
         while (this.#native.has_unfinished()) {
-          const step = JSON.parse(await this.#native.step());
+          const step = await this.#step();
           this.#dispatch(step.events);
           if (step.computed === 0) {
             // Nothing ran (the requests wait for memory, or were aborted): let the page's
@@ -365,7 +382,7 @@ export class Engine {
         // Going idle: one more step writes the blocks the last one named to the disk
         // tier (then the loop looks again: a request may have come meanwhile).
         if (!(this.#store && this.#native.has_unsaved_prefix_blocks())) break;
-        this.#dispatch(JSON.parse(await this.#native.step()).events);
+        this.#dispatch((await this.#step()).events);
         this.#save();
       }
       this.#dispatch(JSON.parse(this.#native.take_events()));

@@ -203,21 +203,25 @@ impl WasmEngine {
     }
 
     /// Runs one engine step, awaiting the GPU; resolves to JSON `{"computed": tokens,
-    /// "events": [...], "error": null | "..."}`. An error failed every pending request
+    /// "events": [...], "error": null | "...", "begin_ms", "wait_ms", "end_ms"}` (the
+    /// milliseconds spent beginning the step, awaiting the GPU and ending it). An error failed every pending request
     /// (their `failed` events are in `events`); the engine takes new requests after it.
     pub fn step(&self) -> js_sys::Promise {
         let state = self.state.clone();
         wasm_bindgen_futures::future_to_promise(async move {
             let result = step(&state).await;
             let mut state = state.borrow_mut();
-            let (computed, error) = match result {
-                Ok(n) => (n, None),
-                Err(e) => (0, Some(e)),
+            let (times, error) = match result {
+                Ok(t) => (Some(t), None),
+                Err(e) => (None, Some(e)),
             };
             let record = serde_json::json!({
-                "computed": computed,
+                "computed": times.as_ref().map_or(0, |t| t.computed),
                 "events": state.drain(),
                 "error": error,
+                "begin_ms": times.as_ref().map_or(0.0, |t| t.begin_ms),
+                "wait_ms": times.as_ref().map_or(0.0, |t| t.wait_ms),
+                "end_ms": times.as_ref().map_or(0.0, |t| t.end_ms),
             });
             Ok(JsValue::from_str(&record.to_string()))
         })
@@ -231,7 +235,8 @@ impl WasmEngine {
 
 /// One step, begun, awaited and ended without holding the engine across an await (so that
 /// requests can be added and aborted while it runs; they take effect when it ends).
-async fn step(state: &Rc<RefCell<State>>) -> Result<usize, String> {
+async fn step(state: &Rc<RefCell<State>>) -> Result<StepTimes, String> {
+    let t0 = web_time::Instant::now();
     let mut step = {
         let mut s = state.borrow_mut();
         if s.stepping {
@@ -241,18 +246,40 @@ async fn step(state: &Rc<RefCell<State>>) -> Result<usize, String> {
         s.stepping = true;
         step
     };
+    let begun = t0.elapsed();
+    let mut waited = std::time::Duration::ZERO;
     let result = loop {
         let ready = state.borrow_mut().engine.step_ready(&mut step);
         match ready {
             Ok(true) => break Ok(()),
-            Ok(false) => step.landed().await,
+            Ok(false) => {
+                let t = web_time::Instant::now();
+                step.landed().await;
+                waited += t.elapsed();
+            }
             Err(e) => break Err(e.to_string()),
         }
     };
+    let t = web_time::Instant::now();
     let mut s = state.borrow_mut();
     s.stepping = false;
     let ended = s.engine.end_step(step).map_err(|e| e.to_string());
-    result.and(ended)
+    let computed = result.and(ended)?;
+    Ok(StepTimes {
+        computed,
+        begin_ms: begun.as_secs_f64() * 1e3,
+        wait_ms: waited.as_secs_f64() * 1e3,
+        end_ms: t.elapsed().as_secs_f64() * 1e3,
+    })
+}
+
+/// A step's tokens and where its time went: beginning it (scheduling, recording and
+/// submitting its GPU work), awaiting the GPU, ending it (sampling, streaming).
+struct StepTimes {
+    computed: usize,
+    begin_ms: f64,
+    wait_ms: f64,
+    end_ms: f64,
 }
 
 /// A record store holding `records` (`[name, Uint8Array]` pairs).

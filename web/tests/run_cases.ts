@@ -87,7 +87,8 @@ for (const c of cases.cases) {
   const r = await runCase(c);
   console.log(`${c.name}: ${(performance.now() - t).toFixed(0)} ms with loading; ` +
     `${r.tokens} tokens in ${r.ms.toFixed(0)} ms (${(r.tokens / r.ms * 1000).toFixed(1)} tokens/s), ` +
-    `preemptions ${r.stats.preemptions}`);
+    `preemptions ${r.stats.preemptions}; per step: ` +
+    ["begin_ms", "wait_ms", "end_ms", "total_ms"].map((k) => `${k.slice(0, -3)} ${(r.stats.timing[k] / r.stats.timing.steps).toFixed(2)} ms`).join(", "));
   results.push(r);
 }
 console.log(`adapter: ${results[0].info.adapter}; shader_f16 ${results[0].info.shader_f16}, subgroups ${results[0].info.subgroups}`);
