@@ -96,11 +96,11 @@ fn shipped() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("models/fortunes-llama")
 }
 
-fn transformers_greedy_tokens(ctx: Arc<GpuContext>, what: &str) {
+fn transformers_greedy_tokens(ctx: Arc<GpuContext>, config: EngineConfig, what: &str) {
     let dir = shipped();
     let expected: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
-    let mut e = Engine::with_context(ctx, &dir, EngineConfig::default(), |_, _| {}).unwrap();
+    let mut e = Engine::with_context(ctx, &dir, config, |_, _| {}).unwrap();
     let ids = |v: &Value| -> Vec<u32> {
         v.as_array()
             .unwrap()
@@ -140,8 +140,26 @@ fn the_shipped_model_runs_within_browser_limits() {
         ] {
             let what = format!("{} with {name}", ctx.describe());
             let small = device_within(ctx, limits, features);
-            transformers_greedy_tokens(small, &what);
+            transformers_greedy_tokens(small, EngineConfig::default(), &what);
         }
+    }
+}
+
+/// A KV pool larger than WebGPU's default largest buffer (256 MiB) and binding (128 MiB)
+/// is split into arenas within them, and still gives transformers' tokens.
+#[test]
+fn a_pool_larger_than_a_browser_buffer_splits_within_the_limits() {
+    for ctx in contexts() {
+        let small = device_within(ctx, webgpu_defaults(), wgpu::Features::empty());
+        let config = EngineConfig {
+            kv_cache_bytes: 384 << 20,
+            ..EngineConfig::default()
+        };
+        let e = Engine::with_context(small.clone(), shipped(), config.clone(), |_, _| {}).unwrap();
+        let st = e.stats();
+        assert!(st.kv_pool_bytes > 256 << 20, "{} bytes", st.kv_pool_bytes);
+        drop(e);
+        transformers_greedy_tokens(small, config, &format!("{}, 384 MiB pool", ctx.describe()));
     }
 }
 

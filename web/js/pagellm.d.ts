@@ -191,6 +191,8 @@ export class Engine {
   static load(options: LoadOptions): Promise<Engine>;
   /** Starts a request (a bad parameter throws a PagellmError naming it). */
   generate(prompt: string, params?: SamplingParams): Request;
+  /** Starts a chat: the messages rendered by the model's chat template, the assistant's turn opened. */
+  chat(messages: { role: string; content: string }[], params?: SamplingParams): Request;
   /** The finished output of a request. */
   complete(prompt: string, params?: SamplingParams): Promise<RequestOutput>;
   abort(request: Request | number): boolean;

@@ -287,11 +287,26 @@ export class Engine {
 
   /** Starts a request and returns it (iterate it for deltas, await `.output`). */
   generate(prompt, params = {}) {
-    if (this.#closed) throw new PagellmError("the engine is closed");
     if (typeof prompt !== "string") throw new PagellmError("the prompt must be a string");
+    return this.#start(() => this.#native.add_request(JSON.stringify({ ...params, prompt })));
+  }
+
+  /**
+   * Starts a chat: `messages` (`[{role, content}, ...]`) rendered by the model's chat
+   * template with the assistant's turn opened; `params` as for `generate`. An error when
+   * the model has no chat template (its files: tokenizer_config.json's `chat_template`,
+   * chat_template.jinja, or the GGUF file's).
+   */
+  chat(messages, params = {}) {
+    if (!Array.isArray(messages)) throw new PagellmError("messages must be an array of {role, content}");
+    return this.#start(() => this.#native.add_chat(JSON.stringify(messages), JSON.stringify({ ...params, prompt: "" })));
+  }
+
+  #start(add) {
+    if (this.#closed) throw new PagellmError("the engine is closed");
     let id;
     try {
-      id = this.#native.add_request(JSON.stringify({ ...params, prompt }));
+      id = add();
     } catch (e) {
       throw new PagellmError(e.message ?? String(e));
     }

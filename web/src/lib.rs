@@ -19,7 +19,8 @@ mod options;
 pub use options::Options;
 
 use pagellm::{
-    Engine, GpuContext, JsonRequest, MemoryFiles, RecordStore, RequestHandle, SamplingParams,
+    open_chat_template, ChatMessage, ChatTemplate, Engine, GpuContext, JsonRequest, MemoryFiles,
+    Prompt, RecordStore, RequestHandle, SamplingParams,
 };
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -76,6 +77,8 @@ pub struct WasmEngine {
     info: String,
     /// The disk tier's records, when the page keeps them.
     store: Option<RecordStore>,
+    /// The model's chat template, or why it has none.
+    chat: Result<ChatTemplate, String>,
 }
 
 #[wasm_bindgen]
@@ -117,6 +120,8 @@ impl WasmEngine {
                 .map_err(|_| js_error(format!("files: {file}'s bytes must be a Uint8Array")))?;
             model = model.with_file(file, bytes.to_vec());
         }
+        // The chat template, if the files have one (`chat` says why not otherwise).
+        let chat = open_chat_template(model.clone()).map_err(|e| e.to_string());
         let ctx = Arc::new(open_gpu(options.power_preference()).await?);
         let mut config = options.engine_config().map_err(js_error)?;
         config.kv_cache_store = store.clone();
@@ -139,7 +144,33 @@ impl WasmEngine {
             })),
             info: info.to_string(),
             store,
+            chat,
         })
+    }
+
+    /// Queues a chat: `messages` (JSON `[{"role": ..., "content": ...}, ...]`) rendered by
+    /// the model's chat template with the assistant's turn opened, its tokens taken as they
+    /// are (the template writes the special tokens), with `request`'s fields (as
+    /// [`Self::add_request`]; its `prompt` is ignored). Returns the request's id.
+    pub fn add_chat(&self, messages: &str, request: &str) -> Result<f64, JsError> {
+        let template = self.chat.as_ref().map_err(js_error)?;
+        let messages: Vec<ChatMessage> =
+            serde_json::from_str(messages).map_err(|e| js_error(format!("messages: {e}")))?;
+        let text = template.render(&messages, true).map_err(js_error)?;
+        let mut request = JsonRequest::parse(request)
+            .and_then(|r| r.into_request(&SamplingParams::default()))
+            .map_err(js_error)?;
+        let mut state = self.state.borrow_mut();
+        let ids = state
+            .engine
+            .tokenizer()
+            .encode_plain(&text)
+            .map_err(js_error)?;
+        request.prompt = Prompt::Tokens(ids);
+        let handle = state.engine.add(request).map_err(js_error)?;
+        let id = handle.id;
+        state.requests.insert(id, handle);
+        Ok(id as f64)
     }
 
     /// The disk-tier records written (`[name, Uint8Array]`) and deleted (`[name, null]`)

@@ -1,7 +1,8 @@
 // The JavaScript API's own behaviour, under Deno's WebGPU: requests started from the code a
 // finished request woke (the driver must start again), a `for await` loop left early
-// aborts its request, n > 1 streams every sample, bad options and bad request fields are
-// errors naming them that take nothing, and everything is freed at the end.
+// aborts its request, n > 1 streams every sample, a chat renders the model's template (and
+// is refused without one), bad options and bad request fields are errors naming them that
+// take nothing, and everything is freed at the end.
 //
 //   deno run --unstable-webgpu --allow-read web/tests/api.ts MODEL_DIR
 
@@ -74,6 +75,36 @@ for (const [params, field] of [[{ max_tokenz: 3 }, "max_tokenz"], [{ temperature
     check(e instanceof PagellmError && (e as Error).message.includes(field), `${field} is refused: ${(e as Error).message}`);
   }
 }
+
+// The shipped model has no chat template: a chat is an error saying so.
+try {
+  engine.chat([{ role: "user", content: "Hi" }]);
+  check(false, "a chat without a template is refused");
+} catch (e) {
+  check(e instanceof PagellmError && /template/i.test((e as Error).message), `a chat without a template is refused: ${(e as Error).message}`);
+}
+
+// With a template among the files: the rendered conversation's tokens, taken as they are
+// (the template writes BOS), are the prompt.
+const template = "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}";
+const chatty = await Engine.load({
+  files: { ...files, "chat_template.jinja": new TextEncoder().encode(template) },
+  options: { kv_cache_bytes: 8 << 20 }, cache: null, prefixCache: null,
+});
+const conversation = [{ role: "user", content: "A wise man once said" }];
+const viaChat = await chatty.chat(conversation, greedy).output;
+const rendered = "user: A wise man once said\nassistant:";
+const plain = await chatty.complete(rendered, greedy);
+check(JSON.stringify(viaChat.prompt_token_ids) === JSON.stringify(plain.prompt_token_ids) &&
+  JSON.stringify(viaChat.outputs[0].token_ids) === JSON.stringify(plain.outputs[0].token_ids),
+  `a chat is its rendered text (${viaChat.prompt_token_ids.length} prompt tokens, one BOS)`);
+try {
+  chatty.chat([{ role: "user" }]);
+  check(false, "a message without content is refused");
+} catch (e) {
+  check(e instanceof PagellmError && /messages/.test((e as Error).message), `a message without content is refused: ${(e as Error).message}`);
+}
+await chatty.close();
 
 await engine.idle();
 const s = engine.stats();
