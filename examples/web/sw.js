@@ -1,7 +1,7 @@
 // The demo's service worker: keeps the page's files, and the engine's package, for offline
 // use (cache first, refreshed from the network when it answers). The model's files are in
 // the "pagellm-models" cache, which the engine fills as it downloads them.
-const CACHE = "pagellm-demo-v1";
+const CACHE = "pagellm-demo-v2";
 const SHELL = ["./", "index.html", "main.js", "worker.js",
   "../../web/pkg/pagellm.js", "../../web/pkg/pagellm_web.js", "../../web/pkg/pagellm_web_bg.wasm"];
 
@@ -16,12 +16,14 @@ self.addEventListener("fetch", (event) => {
   event.respondWith((async () => {
     const cache = await caches.open(CACHE);
     const network = fetch(event.request).then((r) => {
-      if (r.ok && SHELL.some((s) => new URL(s, self.location.href).href === url.href)) {
+      const file = url.origin + url.pathname;
+      if (r.ok && SHELL.some((s) => new URL(s, self.location.href).href === file)) {
         cache.put(event.request, r.clone());
       }
       return r;
     });
-    const cached = await cache.match(event.request);
+    // The page is opened with a query (the form's fields); its file is the same.
+    const cached = await cache.match(event.request, { ignoreSearch: event.request.mode === "navigate" });
     if (cached) {
       network.catch(() => {});
       return cached;

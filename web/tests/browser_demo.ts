@@ -1,17 +1,38 @@
 // Loads the demo page (examples/web) in headless Chromium with WebGPU, lets it generate
 // greedily from the shipped model, keeps a screenshot, and checks the streamed tokens
 // against transformers' greedy tokens for the same prompt (models/fortunes-llama/
-// expected.json). Headless Chromium offers WebGPU on SwiftShader (its CPU Vulkan), not on
-// the machine's lavapipe, so this is a second software adapter, through Dawn.
+// expected.json). Then a long prompt, and the page reloaded: the prompt's blocks come from
+// the Origin Private File System. Last, the server stopped: the page reloads from its
+// service worker and the model from Cache Storage, and generates offline. Headless
+// Chromium offers WebGPU on SwiftShader (its CPU Vulkan), not on the machine's lavapipe, so
+// this is a second software adapter, through Dawn.
 //
 //   deno run --allow-run --allow-net --allow-read --allow-write web/tests/browser_demo.ts \
-//     CHROMIUM BASE_URL SCREENSHOT.png
+//     CHROMIUM SCREENSHOT.png        (from the repository's root, which it serves)
 
-const [chromium, base, shot] = Deno.args;
+const [chromium, shot] = Deno.args;
 if (!shot) {
-  console.error("usage: browser_demo.ts CHROMIUM BASE_URL SCREENSHOT.png");
+  console.error("usage: browser_demo.ts CHROMIUM SCREENSHOT.png");
   Deno.exit(2);
 }
+
+// The repository's root over HTTP, as tools/serve_web.sh serves it.
+const TYPES: Record<string, string> = {
+  html: "text/html", js: "text/javascript", wasm: "application/wasm", json: "application/json",
+};
+const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, async (req) => {
+  const path = decodeURIComponent(new URL(req.url).pathname);
+  const file = "." + (path.endsWith("/") ? path + "index.html" : path);
+  if (file.includes("..")) return new Response("no", { status: 403 });
+  try {
+    const body = await Deno.readFile(file);
+    const type = TYPES[file.split(".").pop() ?? ""] ?? "application/octet-stream";
+    return new Response(body, { headers: { "content-type": type } });
+  } catch {
+    return new Response("not found", { status: 404 });
+  }
+});
+const base = `http://127.0.0.1:${server.addr.port}`;
 const expected = JSON.parse(
   await Deno.readTextFile(new URL("../../models/fortunes-llama/expected.json", import.meta.url)),
 );
@@ -130,6 +151,15 @@ if (JSON.stringify(reloaded.output.outputs) !== JSON.stringify(computed.output.o
 }
 if (!(stats.disk_hits > 0)) fail(`after the reload no block came from OPFS: ${JSON.stringify(stats)}`);
 console.log(`after a reload: ${stats.disk_hits} prompt blocks read from OPFS (${stats.disk_records} records kept), the same tokens`);
+
+// Offline: the server gone, the page comes from its service worker, the model from Cache
+// Storage, and it generates what it generated online.
+await server.shutdown();
+const [offline] = await demo(long, "2", true);
+if (JSON.stringify(offline.output.outputs) !== JSON.stringify(computed.output.outputs)) {
+  fail("offline, the tokens differ");
+}
+console.log("with the server stopped, the page reloaded from its service worker and generated the same tokens");
 browser.kill();
 await browser.status;
 await Deno.remove(profile, { recursive: true }).catch(() => {});
