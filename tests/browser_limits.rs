@@ -27,38 +27,29 @@ fn device_within(
 ) -> Arc<GpuContext> {
     let adapter = ctx.adapter.clone();
     let mut l = adapter.limits();
-    l.max_bind_groups = l.max_bind_groups.min(limits.max_bind_groups);
-    l.max_storage_buffers_per_shader_stage = l
-        .max_storage_buffers_per_shader_stage
-        .min(limits.max_storage_buffers_per_shader_stage);
-    l.max_storage_buffer_binding_size = l
-        .max_storage_buffer_binding_size
-        .min(limits.max_storage_buffer_binding_size);
-    l.max_buffer_size = l.max_buffer_size.min(limits.max_buffer_size);
-    l.max_compute_workgroup_storage_size = l
-        .max_compute_workgroup_storage_size
-        .min(limits.max_compute_workgroup_storage_size);
-    l.max_compute_invocations_per_workgroup = l
-        .max_compute_invocations_per_workgroup
-        .min(limits.max_compute_invocations_per_workgroup);
-    l.max_compute_workgroup_size_x = l
-        .max_compute_workgroup_size_x
-        .min(limits.max_compute_workgroup_size_x);
-    l.max_compute_workgroup_size_y = l
-        .max_compute_workgroup_size_y
-        .min(limits.max_compute_workgroup_size_y);
-    l.max_compute_workgroup_size_z = l
-        .max_compute_workgroup_size_z
-        .min(limits.max_compute_workgroup_size_z);
-    l.max_compute_workgroups_per_dimension = l
-        .max_compute_workgroups_per_dimension
-        .min(limits.max_compute_workgroups_per_dimension);
-    l.min_storage_buffer_offset_alignment = l
-        .min_storage_buffer_offset_alignment
-        .max(limits.min_storage_buffer_offset_alignment);
-    l.min_uniform_buffer_offset_alignment = l
-        .min_uniform_buffer_offset_alignment
-        .max(limits.min_uniform_buffer_offset_alignment);
+    // Each limit as `limits` has it, or the adapter's where that is stricter.
+    macro_rules! at_most {
+        ($($field:ident),*) => { $(l.$field = l.$field.min(limits.$field);)* };
+    }
+    macro_rules! at_least {
+        ($($field:ident),*) => { $(l.$field = l.$field.max(limits.$field);)* };
+    }
+    at_most!(
+        max_bind_groups,
+        max_storage_buffers_per_shader_stage,
+        max_storage_buffer_binding_size,
+        max_buffer_size,
+        max_compute_workgroup_storage_size,
+        max_compute_invocations_per_workgroup,
+        max_compute_workgroup_size_x,
+        max_compute_workgroup_size_y,
+        max_compute_workgroup_size_z,
+        max_compute_workgroups_per_dimension
+    );
+    at_least!(
+        min_storage_buffer_offset_alignment,
+        min_uniform_buffer_offset_alignment
+    );
     let desc = wgpu::DeviceDescriptor {
         label: Some("browser limits"),
         required_features: features & adapter.features(),
@@ -101,13 +92,7 @@ fn transformers_greedy_tokens(ctx: Arc<GpuContext>, config: EngineConfig, what: 
     let expected: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
     let mut e = Engine::with_context(ctx, &dir, config, |_, _| {}).unwrap();
-    let ids = |v: &Value| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
+    let ids = common::json_ids;
     for case in expected["cases"].as_array().unwrap() {
         let mut params = greedy(16);
         params.ignore_eos = true;

@@ -45,13 +45,7 @@ fn greedy_tokens_of(model: &str, kv_dtype: KvDtype) {
         ..EngineConfig::default()
     };
     let mut e = Engine::with_context(arc(ctx), &dir, cfg, |_, _| {}).unwrap();
-    let ids = |v: &Value| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
+    let ids = common::json_ids;
     let cases = expected["cases"].as_array().expect("cases");
     assert!(!cases.is_empty());
     for case in cases {

@@ -176,6 +176,16 @@ pub fn filled_pool(
 pub mod golden;
 
 /// An owned handle on a test context, for APIs that keep an `Arc<GpuContext>`.
+/// A JSON array of token ids (the fixtures' expected.json files), as ids.
+#[allow(dead_code)]
+pub fn json_ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .expect("an array of token ids")
+        .iter()
+        .map(|x| x.as_u64().expect("a token id") as u32)
+        .collect()
+}
+
 pub fn arc(ctx: &GpuContext) -> std::sync::Arc<GpuContext> {
     std::sync::Arc::new(GpuContext::from_existing(
         ctx.adapter.clone(),
