@@ -41,8 +41,9 @@ pub use constrain::StructuredOutput;
 pub use disk_tier::RecordStore;
 pub use engine::{
     CompletionOutput, Engine, EngineConfig, EngineError as Error, EngineStats, FinishReason,
-    Intake, JsonRequest, PreemptionMode, Prompt, Request, RequestEvent as Event, RequestHandle,
-    RequestId, RequestOutput as Output, SpeculativeConfig, StepInFlight, TokenLogprob,
+    Intake, JsonRequest, LocalEngine, PreemptionMode, Prompt, Request, RequestEvent as Event,
+    RequestHandle, RequestId, RequestOutput as Output, SpeculativeConfig, StepInFlight, StepReport,
+    TokenLogprob,
 };
 pub use error::GpuError;
 pub use gpu::{enumerate_adapters, AdapterReport, AdapterRequest, GpuContext};

@@ -298,3 +298,96 @@ fn an_awaited_step_gives_the_outputs_of_step() {
         }
     }
 }
+
+/// A future that is pending once (waking itself), so that the other task of a `join` runs.
+struct YieldOnce(bool);
+
+impl std::future::Future for YieldOnce {
+    type Output = ();
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.0 {
+            return std::task::Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
+}
+
+/// `LocalEngine`, the driver of a one-thread host (the browser build's): one task steps it,
+/// yielding between steps as a host's event loop does, while another task on the same
+/// thread adds a request and aborts another between them; a second step while one is
+/// awaited is refused. The outputs are `step()`'s, and everything is freed. Another thread
+/// polls the device, as the host's event loop would.
+#[test]
+fn a_local_engine_takes_requests_from_other_tasks_between_its_steps() {
+    use futures_util::future::join;
+    use pagellm::LocalEngine;
+    use std::cell::Cell;
+    for ctx in contexts() {
+        let dir = golden::fixture_dir("llama-gqa");
+        let all = work();
+        let want = run(&mut engine(ctx, &dir, config(24)), &all);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let polling = stop.clone();
+        let poller = std::thread::spawn(move || {
+            while !polling.load(std::sync::atomic::Ordering::Relaxed) {
+                ctx.poll().unwrap();
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        });
+        let local = LocalEngine::new(engine(ctx, &dir, config(24)));
+        let request = |i: usize| Request::tokens(all[i].0.clone()).with_params(all[i].1.clone());
+        let first: Vec<RequestHandle> = (0..3).map(|i| local.add(request(i)).unwrap()).collect();
+
+        // A step begun (polled once) and not yet ended: a second one is refused.
+        let mut begun = std::pin::pin!(local.step());
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match std::future::Future::poll(begun.as_mut(), &mut cx) {
+            std::task::Poll::Pending => {
+                let refused = pollster::block_on(local.step()).unwrap_err().to_string();
+                assert!(refused.contains("already awaited"), "{refused}");
+                pollster::block_on(begun).unwrap();
+            }
+            std::task::Poll::Ready(report) => {
+                report.unwrap();
+            }
+        }
+
+        let steps = Cell::new(1usize);
+        let stepping = async {
+            while local.has_work() {
+                local.step().await.unwrap();
+                steps.set(steps.get() + 1);
+                YieldOnce(false).await;
+            }
+        };
+        let meddling = async {
+            while steps.get() < 3 {
+                YieldOnce(false).await;
+            }
+            // Mid-run, as a page's click handlers would.
+            assert!(local.abort(first[2].id));
+            local.add(request(3)).unwrap()
+        };
+        let ((), late) = pollster::block_on(join(stepping, meddling));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        poller.join().unwrap();
+        let aborted = first[2].wait().unwrap();
+        assert!(aborted
+            .outputs
+            .iter()
+            .all(|o| o.finish_reason == FinishReason::Abort));
+        let got: Vec<Output> = [&first[0], &first[1], &late]
+            .iter()
+            .map(|h| h.wait().unwrap())
+            .collect();
+        let kept = [want[0].clone(), want[1].clone(), want[3].clone()];
+        assert_same("a local engine, beside the abort", &got, &kept);
+        let st = local.stats();
+        assert_eq!((st.pending_requests, st.cache.device.used), (0, 0));
+    }
+}

@@ -8,6 +8,7 @@ mod draft;
 mod error;
 mod intake;
 mod json_request;
+mod local;
 pub mod output;
 mod prefix;
 mod propose;
@@ -26,6 +27,7 @@ pub use error::{EngineError, Result};
 pub(crate) use intake::Prepared;
 pub use intake::{Intake, Request};
 pub use json_request::{JsonRequest, OneOrMany};
+pub use local::{LocalEngine, StepReport};
 pub use output::{
     CompletionOutput, FinishReason, RequestEvent, RequestId, RequestOutput, TokenLogprob,
 };

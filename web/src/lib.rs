@@ -3,9 +3,10 @@
 //! hand-written wrapper `web/js/pagellm.js` turns it into the API a web page uses
 //! (`Engine.load`, `for await (const delta of engine.generate(...))`, `abort`, `stats`).
 //!
-//! The engine here is the native one, stepped by awaiting rather than waiting: a step is
-//! begun (its GPU work submitted), awaited until its read-back lands (the browser's event
-//! loop delivers the map callback, so the page stays responsive) and ended. Requests are
+//! The engine here is the native one, shared by the page's tasks as a
+//! [`pagellm::LocalEngine`] and stepped by awaiting rather than waiting: a step is begun
+//! (its GPU work submitted), awaited until its read-back lands (the browser's event loop
+//! delivers the map callback, so the page stays responsive) and ended. Requests are
 //! JSON in the server's completions shape ([`pagellm::JsonRequest`]); events come back as
 //! JSON records (see [`events`]).
 //!
@@ -19,8 +20,8 @@ mod options;
 pub use options::Options;
 
 use pagellm::{
-    open_chat_template, ChatMessage, ChatTemplate, Engine, GpuContext, JsonRequest, MemoryFiles,
-    Prompt, RecordStore, RequestHandle, SamplingParams,
+    open_chat_template, ChatMessage, ChatTemplate, Engine, GpuContext, JsonRequest, LocalEngine,
+    MemoryFiles, Prompt, RecordStore, Request, RequestHandle, SamplingParams,
 };
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -30,18 +31,16 @@ use wasm_bindgen::prelude::*;
 
 /// The engine and the requests it streams to JavaScript.
 struct State {
-    engine: Engine,
-    requests: BTreeMap<u64, RequestHandle>,
-    /// A step is begun and not yet ended (steps never overlap).
-    stepping: bool,
+    engine: LocalEngine,
+    requests: RefCell<BTreeMap<u64, RequestHandle>>,
 }
 
 impl State {
     /// Every event the engine has sent since the last call, in order per request; finished
     /// requests are forgotten.
-    fn drain(&mut self) -> Vec<serde_json::Value> {
+    fn drain(&self) -> Vec<serde_json::Value> {
         let mut out = Vec::new();
-        self.requests.retain(|&id, handle| {
+        self.requests.borrow_mut().retain(|&id, handle| {
             let mut open = true;
             while let Ok(event) = handle.events.try_recv() {
                 open &= !events::is_last(&event);
@@ -50,6 +49,13 @@ impl State {
             open
         });
         out
+    }
+
+    fn add(&self, request: Request) -> Result<f64, JsError> {
+        let handle = self.engine.add(request).map_err(js_error)?;
+        let id = handle.id;
+        self.requests.borrow_mut().insert(id, handle);
+        Ok(id as f64)
     }
 }
 
@@ -73,7 +79,7 @@ fn js_error(e: impl std::fmt::Display) -> JsError {
 /// The engine as JavaScript sees it (the wrapper in `web/js/pagellm.js` drives it).
 #[wasm_bindgen]
 pub struct WasmEngine {
-    state: Rc<RefCell<State>>,
+    state: Rc<State>,
     info: String,
     /// The disk tier's records, when the page keeps them.
     store: Option<RecordStore>,
@@ -137,11 +143,10 @@ impl WasmEngine {
         let engine = Engine::with_context(ctx.clone(), model, config, report).map_err(js_error)?;
         let info = events::info(&engine);
         Ok(WasmEngine {
-            state: Rc::new(RefCell::new(State {
-                engine,
-                requests: BTreeMap::new(),
-                stepping: false,
-            })),
+            state: Rc::new(State {
+                engine: LocalEngine::new(engine),
+                requests: RefCell::new(BTreeMap::new()),
+            }),
             info: info.to_string(),
             store,
             chat,
@@ -160,17 +165,9 @@ impl WasmEngine {
         let mut request = JsonRequest::parse(request)
             .and_then(|r| r.into_request(&SamplingParams::default()))
             .map_err(js_error)?;
-        let mut state = self.state.borrow_mut();
-        let ids = state
-            .engine
-            .tokenizer()
-            .encode_plain(&text)
-            .map_err(js_error)?;
-        request.prompt = Prompt::Tokens(ids);
-        let handle = state.engine.add(request).map_err(js_error)?;
-        let id = handle.id;
-        state.requests.insert(id, handle);
-        Ok(id as f64)
+        let ids = self.state.engine.engine().tokenizer().encode_plain(&text);
+        request.prompt = Prompt::Tokens(ids.map_err(js_error)?);
+        self.state.add(request)
     }
 
     /// The disk-tier records written (`[name, Uint8Array]`) and deleted (`[name, null]`)
@@ -195,7 +192,7 @@ impl WasmEngine {
     /// Whether blocks computed by the last steps still wait to be written to the disk
     /// tier: the driver runs one more [`Self::step`] when it goes idle, which writes them.
     pub fn has_unsaved_prefix_blocks(&self) -> bool {
-        self.state.borrow().engine.has_unsaved_prefix_blocks()
+        self.state.engine.engine().has_unsaved_prefix_blocks()
     }
 
     /// The model, the adapter and the KV pool, as JSON.
@@ -210,27 +207,23 @@ impl WasmEngine {
         let request = JsonRequest::parse(request)
             .and_then(|r| r.into_request(&SamplingParams::default()))
             .map_err(js_error)?;
-        let mut state = self.state.borrow_mut();
-        let handle = state.engine.add(request).map_err(js_error)?;
-        let id = handle.id;
-        state.requests.insert(id, handle);
-        Ok(id as f64)
+        self.state.add(request)
     }
 
     /// Aborts a request; its `finished` event (finish reason `abort`) comes with the next
     /// events. False for an unknown or finished request.
     pub fn abort(&self, id: f64) -> bool {
-        self.state.borrow_mut().engine.abort(id as u64)
+        self.state.engine.abort(id as u64)
     }
 
     /// Whether any request is pending.
     pub fn has_unfinished(&self) -> bool {
-        self.state.borrow().engine.has_unfinished()
+        self.state.engine.has_unfinished()
     }
 
     /// The events sent since the last call (JSON array, see [`events`]).
     pub fn take_events(&self) -> String {
-        serde_json::Value::Array(self.state.borrow_mut().drain()).to_string()
+        serde_json::Value::Array(self.state.drain()).to_string()
     }
 
     /// Runs one engine step, awaiting the GPU; resolves to JSON `{"computed": tokens,
@@ -240,19 +233,16 @@ impl WasmEngine {
     pub fn step(&self) -> js_sys::Promise {
         let state = self.state.clone();
         wasm_bindgen_futures::future_to_promise(async move {
-            let result = step(&state).await;
-            let mut state = state.borrow_mut();
-            let (times, error) = match result {
-                Ok(t) => (Some(t), None),
-                Err(e) => (None, Some(e)),
-            };
+            let result = state.engine.step().await;
+            let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+            let t = result.as_ref().ok();
             let record = serde_json::json!({
-                "computed": times.as_ref().map_or(0, |t| t.computed),
+                "computed": t.map_or(0, |t| t.computed),
                 "events": state.drain(),
-                "error": error,
-                "begin_ms": times.as_ref().map_or(0.0, |t| t.begin_ms),
-                "wait_ms": times.as_ref().map_or(0.0, |t| t.wait_ms),
-                "end_ms": times.as_ref().map_or(0.0, |t| t.end_ms),
+                "error": result.as_ref().err().map(|e| e.to_string()),
+                "begin_ms": t.map_or(0.0, |t| ms(t.begin)),
+                "wait_ms": t.map_or(0.0, |t| ms(t.wait)),
+                "end_ms": t.map_or(0.0, |t| ms(t.end)),
             });
             Ok(JsValue::from_str(&record.to_string()))
         })
@@ -260,57 +250,8 @@ impl WasmEngine {
 
     /// The KV cache and scheduler figures, as JSON (see [`events::stats`]).
     pub fn stats(&self) -> String {
-        events::stats(&self.state.borrow().engine.stats()).to_string()
+        events::stats(&self.state.engine.stats()).to_string()
     }
-}
-
-/// One step, begun, awaited and ended without holding the engine across an await (so that
-/// requests can be added and aborted while it runs; they take effect when it ends).
-async fn step(state: &Rc<RefCell<State>>) -> Result<StepTimes, String> {
-    let t0 = web_time::Instant::now();
-    let mut step = {
-        let mut s = state.borrow_mut();
-        if s.stepping {
-            return Err("a step is already running; await it first".into());
-        }
-        let step = s.engine.begin_step().map_err(|e| e.to_string())?;
-        s.stepping = true;
-        step
-    };
-    let begun = t0.elapsed();
-    let mut waited = std::time::Duration::ZERO;
-    let result = loop {
-        let ready = state.borrow_mut().engine.step_ready(&mut step);
-        match ready {
-            Ok(true) => break Ok(()),
-            Ok(false) => {
-                let t = web_time::Instant::now();
-                step.landed().await;
-                waited += t.elapsed();
-            }
-            Err(e) => break Err(e.to_string()),
-        }
-    };
-    let t = web_time::Instant::now();
-    let mut s = state.borrow_mut();
-    s.stepping = false;
-    let ended = s.engine.end_step(step).map_err(|e| e.to_string());
-    let computed = result.and(ended)?;
-    Ok(StepTimes {
-        computed,
-        begin_ms: begun.as_secs_f64() * 1e3,
-        wait_ms: waited.as_secs_f64() * 1e3,
-        end_ms: t.elapsed().as_secs_f64() * 1e3,
-    })
-}
-
-/// A step's tokens and where its time went: beginning it (scheduling, recording and
-/// submitting its GPU work), awaiting the GPU, ending it (sampling, streaming).
-struct StepTimes {
-    computed: usize,
-    begin_ms: f64,
-    wait_ms: f64,
-    end_ms: f64,
 }
 
 /// A record store holding `records` (`[name, Uint8Array]` pairs).
