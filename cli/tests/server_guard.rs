@@ -1,6 +1,6 @@
 //! `pagellm serve` against the requests a hostile client or a web page in the user's browser
 //! sends, over raw TCP where an HTTP client library would not send them: stalled headers,
-//! idle connections, stalled and oversized bodies, foreign `Host` and `Origin` values,
+//! idle connections, stalled, slow ("slow POST") and oversized bodies, foreign `Host` and `Origin` values,
 //! non-JSON bodies, wrong methods; and a shutdown with requests in flight.
 
 #[path = "../../tests/common/mod.rs"]
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 #[path = "../../tests/common/http.rs"]
 mod http;
-use http::{agent, connect, exchange, read_all, serve};
+use http::{agent, connect, exchange, parse, read_all, serve};
 
 fn skip() -> bool {
     common::contexts().is_empty()
@@ -90,6 +90,81 @@ fn stalled_idle_and_lying_clients_are_cut_off() {
     let (status, v, raw) = exchange(&s, &post_request("127.0.0.1", "", "application/json", BODY));
     assert_eq!(status, 200, "{raw}");
     assert_eq!(v["choices"][0]["finish_reason"], "length");
+}
+
+/// Sends a request's head, then its body a byte every `every` until the server answers (or
+/// `bytes` were sent); returns the answer and when it came.
+fn trickle(s: &http::Served, bytes: usize, every: Duration) -> (u16, Value, Duration) {
+    let mut tcp = connect(s);
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {bytes}\r\n\r\n"
+    );
+    tcp.write_all(head.as_bytes()).unwrap();
+    let mut writer = tcp.try_clone().unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopped = stop.clone();
+    let sender = std::thread::spawn(move || {
+        for _ in 0..bytes {
+            if stopped.load(std::sync::atomic::Ordering::Relaxed) || writer.write_all(b" ").is_err()
+            {
+                break;
+            }
+            std::thread::sleep(every);
+        }
+    });
+    let start = Instant::now();
+    let raw = read_all(&mut tcp);
+    let took = start.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    sender.join().unwrap();
+    let (status, v) = parse(&raw);
+    (status, v, took)
+}
+
+/// A body sent a byte at a time, each within the pause limit, is cut for its pace after the
+/// grace period, and one that keeps a fair pace is cut at the whole body's deadline; both
+/// with a JSON 408, and neither holds the server's only connection slot from a well-formed
+/// request for long.
+#[test]
+fn slow_bodies_are_cut_by_their_pace_and_their_deadline() {
+    if skip() {
+        return;
+    }
+    let s = serve(
+        env!("CARGO_BIN_EXE_pagellm"),
+        &["--model", &fixture(), "--max-connections", "1"],
+    );
+    // The default minimum of 1024 bytes/s after 5 s: a byte every 0.7 s is cut at 5-6 s.
+    let (status, v, took) = trickle(&s, 1000, Duration::from_millis(700));
+    assert_eq!(status, 408, "{v}");
+    assert!(error_message(&v).contains("bytes/s"), "{v}");
+    assert!(
+        took >= Duration::from_secs(5) && took < Duration::from_secs(9),
+        "cut after {took:?}"
+    );
+    let (status, _, _) = exchange(&s, &post_request("127.0.0.1", "", "application/json", BODY));
+    assert_eq!(status, 200, "the slot was given back");
+    drop(s);
+
+    let s = serve(
+        env!("CARGO_BIN_EXE_pagellm"),
+        &[
+            "--model",
+            &fixture(),
+            "--body-deadline-secs",
+            "2",
+            "--min-body-rate",
+            "0",
+        ],
+    );
+    let (status, v, took) = trickle(&s, 1000, Duration::from_millis(100));
+    assert_eq!(status, 408, "{v}");
+    assert!(error_message(&v).contains("2 s in all"), "{v}");
+    assert!(
+        took >= Duration::from_millis(1900) && took < Duration::from_secs(5),
+        "cut after {took:?}"
+    );
 }
 
 #[test]
@@ -338,6 +413,7 @@ fn timeouts_must_be_positive_seconds() {
         ("--header-timeout-secs", "0"),
         ("--body-timeout-secs", "-1"),
         ("--body-timeout-secs", "inf"),
+        ("--body-deadline-secs", "0"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_pagellm"))
             .args(["serve", "--port", "0", &format!("{flag}={value}")])

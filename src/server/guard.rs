@@ -15,8 +15,13 @@
 //!   send a JSON body as `text/plain`, which browsers send cross-site without a preflight.
 //! - **Body**: a `Content-Length` above `--max-body-bytes` is refused before any of the
 //!   body is read (so no `100 Continue` is sent), and so is the body of a `/v1/*` request
-//!   without the API key (401); otherwise the body is read here, and a client that sends
-//!   nothing for `--body-timeout-secs` gets 408 and loses the connection.
+//!   without the API key (401); otherwise the body is read here, within three bounds, each
+//!   cut answering 408 and closing the connection: nothing may arrive for
+//!   `--body-timeout-secs` (a stall), the whole body must arrive within
+//!   `--body-deadline-secs`, and after the first [`BODY_RATE_GRACE`] it must keep up
+//!   `--min-body-rate` bytes a second on average. The last two stop the "slow POST", a
+//!   client that sends a byte now and then, short of every pause limit, to hold its
+//!   connection forever.
 //!
 //! Every refusal is an OpenAI-shaped JSON error.
 
@@ -28,8 +33,67 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tower_http::cors::{AllowOrigin, CorsLayer};
+
+/// How long a body may take after its first [`BODY_RATE_GRACE`] is bounded by
+/// [`BodyLimits::min_rate`]; before, any pace is fine (a connection's slow start).
+pub const BODY_RATE_GRACE: Duration = Duration::from_secs(5);
+
+/// The bounds on a request body's arrival (see the module docs).
+#[derive(Clone, Copy, Debug)]
+pub struct BodyLimits {
+    /// Longest wait for the next piece.
+    pub idle: Duration,
+    /// Longest time for the whole body.
+    pub deadline: Duration,
+    /// Fewest bytes a second, on average since the body began, once [`BODY_RATE_GRACE`]
+    /// has passed; 0: no minimum.
+    pub min_rate: u64,
+}
+
+impl BodyLimits {
+    /// Why a body that began at `start`, last sent something at `last` and has `received`
+    /// bytes is cut at `now`, if it is.
+    fn cut(&self, start: Instant, last: Instant, now: Instant, received: usize) -> Option<String> {
+        let (idle, total) = (now - last, now - start);
+        if idle >= self.idle {
+            return Some(format!(
+                "the request body stalled: nothing arrived for {} s",
+                self.idle.as_secs_f64()
+            ));
+        }
+        if total >= self.deadline {
+            return Some(format!(
+                "the request body took longer than {} s in all",
+                self.deadline.as_secs_f64()
+            ));
+        }
+        let rate = received as f64 / total.as_secs_f64();
+        if self.min_rate > 0 && total >= BODY_RATE_GRACE && rate < self.min_rate as f64 {
+            return Some(format!(
+                "the request body arrived at {rate:.0} bytes/s; after the first {} s the \
+                 minimum is {} bytes/s",
+                BODY_RATE_GRACE.as_secs(),
+                self.min_rate
+            ));
+        }
+        None
+    }
+
+    /// How long to wait for the next piece before looking again: until the stall or the
+    /// deadline would cut, and every second once the rate counts.
+    fn next_look(&self, start: Instant, last: Instant, now: Instant) -> Duration {
+        let mut wait = (last + self.idle)
+            .min(start + self.deadline)
+            .saturating_duration_since(now);
+        if self.min_rate > 0 {
+            let rate_from = (start + BODY_RATE_GRACE).saturating_duration_since(now);
+            wait = wait.min(rate_from.max(Duration::from_secs(1)));
+        }
+        wait.max(Duration::from_millis(1))
+    }
+}
 
 /// The paths that take a JSON body and the API key: `/v1/*`, `/tokenize`, `/detokenize`.
 pub fn is_api(path: &str) -> bool {
@@ -44,8 +108,8 @@ pub struct GuardConfig {
     /// Origins (`scheme://host[:port]`) besides loopback pages; `*`: any.
     pub allowed_origins: Vec<String>,
     pub max_body_bytes: usize,
-    /// Longest wait for the next piece of a request body.
-    pub body_timeout: Duration,
+    /// How a body must arrive (see [`BodyLimits`]).
+    pub body: BodyLimits,
     /// The server's API key: a `/v1/*` body is not read for a client without it.
     pub api_key: Option<String>,
 }
@@ -166,7 +230,7 @@ pub async fn check(State(g): State<Arc<GuardConfig>>, req: Request, next: Next) 
         return close(ApiError::too_large(g.max_body_bytes).into_response());
     }
     let (parts, body) = req.into_parts();
-    match read_body(body, g.max_body_bytes, g.body_timeout).await {
+    match read_body(body, g.max_body_bytes, g.body).await {
         Ok(bytes) => {
             next.run(Request::from_parts(parts, Body::from(bytes)))
                 .await
@@ -209,30 +273,93 @@ fn close(mut r: Response) -> Response {
     r
 }
 
-/// The whole body, at most `limit` bytes, each piece arriving within `timeout`.
-async fn read_body(mut body: Body, limit: usize, timeout: Duration) -> Result<Bytes, ApiError> {
+/// The whole body, at most `limit` bytes, arriving within `limits`.
+async fn read_body(mut body: Body, limit: usize, limits: BodyLimits) -> Result<Bytes, ApiError> {
     let mut buf = Vec::new();
+    let start = Instant::now();
+    let mut last = start;
     loop {
-        let frame = match tokio::time::timeout(timeout, body.frame()).await {
-            Err(_) => {
-                let mut e = ApiError::invalid(format!(
-                    "the request body stalled: nothing arrived for {} s",
-                    timeout.as_secs_f64()
-                ));
-                e.status = StatusCode::REQUEST_TIMEOUT;
-                return Err(e);
-            }
-            Ok(None) => return Ok(Bytes::from(buf)),
-            Ok(Some(Err(e))) => {
-                return Err(ApiError::invalid(format!("reading the request body: {e}")))
-            }
-            Ok(Some(Ok(frame))) => frame,
-        };
+        let now = Instant::now();
+        if let Some(why) = limits.cut(start, last, now, buf.len()) {
+            let mut e = ApiError::invalid(why);
+            e.status = StatusCode::REQUEST_TIMEOUT;
+            return Err(e);
+        }
+        let frame =
+            match tokio::time::timeout(limits.next_look(start, last, now), body.frame()).await {
+                Err(_) => continue, // time to look at the bounds again
+                Ok(None) => return Ok(Bytes::from(buf)),
+                Ok(Some(Err(e))) => {
+                    return Err(ApiError::invalid(format!("reading the request body: {e}")))
+                }
+                Ok(Some(Ok(frame))) => frame,
+            };
         if let Ok(data) = frame.into_data() {
+            last = Instant::now();
             if buf.len() + data.len() > limit {
                 return Err(ApiError::too_large(limit));
             }
             buf.extend_from_slice(&data);
         }
+    }
+}
+
+#[cfg(test)]
+mod body_tests {
+    use super::*;
+
+    const LIMITS: BodyLimits = BodyLimits {
+        idle: Duration::from_secs(30),
+        deadline: Duration::from_secs(120),
+        min_rate: 1024,
+    };
+
+    #[test]
+    fn each_bound_cuts_a_body_and_names_itself() {
+        let t0 = Instant::now();
+        let at = |s: f64| t0 + Duration::from_secs_f64(s);
+        // A byte every few seconds: under every pause limit, cut by the rate after 5 s.
+        let why = LIMITS.cut(t0, at(4.0), at(5.0), 3).unwrap();
+        assert!(why.contains("bytes/s") && why.contains("1024"), "{why}");
+        assert!(
+            LIMITS.cut(t0, at(4.0), at(4.9), 3).is_none(),
+            "within the grace"
+        );
+        // Fast enough, but past the deadline.
+        let why = LIMITS.cut(t0, at(119.0), at(120.0), 10 << 20).unwrap();
+        assert!(why.contains("120 s in all"), "{why}");
+        // A stall.
+        let why = LIMITS.cut(t0, at(1.0), at(31.0), 1 << 20).unwrap();
+        assert!(why.contains("stalled"), "{why}");
+        // A body at 2 KiB/s for a minute passes.
+        assert!(LIMITS.cut(t0, at(59.5), at(60.0), 120 << 10).is_none());
+        // No minimum: only the stall and the deadline count.
+        let none = BodyLimits {
+            min_rate: 0,
+            ..LIMITS
+        };
+        assert!(none.cut(t0, at(9.0), at(10.0), 1).is_none());
+    }
+
+    #[test]
+    fn the_next_look_comes_before_any_bound_cuts() {
+        let t0 = Instant::now();
+        let at = |s: f64| t0 + Duration::from_secs_f64(s);
+        let wait = LIMITS.next_look(t0, t0, t0);
+        assert_eq!(
+            wait, BODY_RATE_GRACE,
+            "the rate counts from the grace's end"
+        );
+        assert_eq!(
+            LIMITS.next_look(t0, at(6.0), at(6.5)),
+            Duration::from_secs(1)
+        );
+        let near_end = LIMITS.next_look(t0, at(119.7), at(119.8));
+        assert!(near_end <= Duration::from_millis(200), "{near_end:?}");
+        let none = BodyLimits {
+            min_rate: 0,
+            ..LIMITS
+        };
+        assert_eq!(none.next_look(t0, t0, t0), Duration::from_secs(30));
     }
 }

@@ -43,6 +43,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use guard::GuardConfig;
+pub use guard::{BodyLimits, BODY_RATE_GRACE};
 use listen::ConnLimits;
 use serde_json::json;
 use std::net::SocketAddr;
@@ -72,8 +73,9 @@ pub struct ServerConfig {
     pub allowed_hosts: Vec<String>,
     /// Origins whose pages may call the server, besides loopback pages; `*`: any.
     pub allowed_origins: Vec<String>,
-    /// Longest wait for the next piece of a request body.
-    pub body_timeout: Duration,
+    /// How a request body must arrive: its longest pause, its longest time in all, its
+    /// slowest average pace.
+    pub body: BodyLimits,
     pub connections: ConnLimits,
     /// A Jinja chat template file used instead of the model's own.
     pub chat_template: Option<PathBuf>,
@@ -215,7 +217,7 @@ async fn serve(
         allowed_hosts: GuardConfig::hosts_for(&config.host, &config.allowed_hosts),
         allowed_origins: config.allowed_origins.clone(),
         max_body_bytes: config.max_body_bytes,
-        body_timeout: config.body_timeout,
+        body: config.body,
         api_key: config.api_key.clone(),
     });
     let (stop, stopped) = tokio::sync::watch::channel(false);

@@ -5,7 +5,7 @@ use super::generate::default_model_dir;
 use anyhow::{Context, Result};
 use clap::Args;
 use pagellm::server::listen::ConnLimits;
-use pagellm::server::{self, AutoToolChoice, ServerConfig, ToolParser};
+use pagellm::server::{self, AutoToolChoice, BodyLimits, ServerConfig, ToolParser};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -52,6 +52,14 @@ pub struct ServeArgs {
     /// Seconds a client may pause while sending a request body before it gets 408.
     #[arg(long, default_value_t = 30.0)]
     body_timeout_secs: f64,
+    /// Seconds a client may take to send a whole request body before it gets 408 (the
+    /// default fits the largest body, --max-body-bytes, at about 35 KB/s).
+    #[arg(long, default_value_t = 120.0)]
+    body_deadline_secs: f64,
+    /// Fewest bytes a second a request body must average once its first 5 seconds have
+    /// passed, or it gets 408 (a "slow POST" holding its connection); 0: no minimum.
+    #[arg(long, default_value_t = 1024)]
+    min_body_rate: u64,
     /// Most connections open at once; more clients wait to be accepted.
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
@@ -94,7 +102,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
         shutdown_grace: Duration::from_secs(args.shutdown_grace_secs),
         allowed_hosts: args.allowed_hosts.clone(),
         allowed_origins: args.allowed_origins.clone(),
-        body_timeout: seconds("--body-timeout-secs", args.body_timeout_secs)?,
+        body: BodyLimits {
+            idle: seconds("--body-timeout-secs", args.body_timeout_secs)?,
+            deadline: seconds("--body-deadline-secs", args.body_deadline_secs)?,
+            min_rate: args.min_body_rate,
+        },
         connections: ConnLimits {
             header_timeout: seconds("--header-timeout-secs", args.header_timeout_secs)?,
             max_connections: args.max_connections.max(1),
