@@ -327,10 +327,19 @@ fn a_record_store_holds_what_the_folder_holds_and_survives_a_reload() {
         for (name, bytes) in &kept {
             reloaded.insert(name.clone(), bytes.clone().unwrap());
         }
+        // Another model's record in the host's storage: not held in memory, not deleted.
+        let foreign = format!("0123456789abcdef/ab/{}.kvb", "ab".repeat(32));
+        reloaded.insert(foreign.clone(), vec![7u8; 64]);
         let mut second = engine(ctx, &dir, with_store(&reloaded));
+        assert_eq!(
+            reloaded.size().0,
+            kept.len(),
+            "only this engine's records are held"
+        );
         assert_same("after a reload", &run(&mut second, &target()), &want);
         let d = second.stats().disk.unwrap();
         assert!(d.hits >= 10 && d.corrupt == 0, "{d:?}");
+        assert!(reloaded.take_changes().iter().all(|(n, _)| *n != foreign));
 
         let damaged = RecordStore::new();
         for (name, bytes) in &kept {

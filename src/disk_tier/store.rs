@@ -53,6 +53,13 @@ impl RecordStore {
             .collect()
     }
 
+    /// Forgets, in memory only (no change to hand back), every record whose name does not
+    /// start with `prefix`: the host's storage may hold other models' records, which this
+    /// engine never reads.
+    fn keep_only(&self, prefix: &str) {
+        self.lock().files.retain(|name, _| name.starts_with(prefix));
+    }
+
     /// How many records the store holds, and their bytes.
     pub fn size(&self) -> (usize, u64) {
         let r = self.lock();
@@ -193,11 +200,15 @@ impl Storage {
         }
     }
 
-    /// Creates the namespace's folder (files only).
+    /// Creates the namespace's folder (files); a store forgets the records outside it, so
+    /// that memory holds only records this engine may read.
     pub fn create_dir(&self, dir: &Path) -> std::io::Result<()> {
         match self {
             Storage::Dir => std::fs::create_dir_all(dir),
-            Storage::Memory(_) => Ok(()),
+            Storage::Memory(s) => {
+                s.keep_only(&format!("{}/", name(dir)));
+                Ok(())
+            }
         }
     }
 }

@@ -36,7 +36,7 @@ export interface EngineOptions {
   /** Quantize the weights at load. */
   weight_dtype?: "f32" | "f16" | "bf16" | "q4_0" | "q4_1" | "q5_0" | "q5_1" | "q8_0" | "q4_k" | "q5_k" | "q6_k";
   power_preference?: "high-performance" | "low-power";
-  /** Most bytes of prefix-cache records kept across reloads. */
+  /** Most bytes of prefix-cache records kept across reloads (default 256 MiB). */
   prefix_cache_bytes?: number;
 }
 

@@ -4,6 +4,10 @@
 use pagellm::{EngineConfig, KvDtype, PreemptionMode, WeightDtype};
 use serde::Deserialize;
 
+/// Most bytes of prefix-cache records a page keeps unless `prefix_cache_bytes` says
+/// otherwise (they are held in the engine's memory as well as in the page's storage).
+pub const PREFIX_CACHE_BYTES: u64 = 256 << 20;
+
 /// Options of [`crate::WasmEngine::load`]. Unset fields keep the engine's defaults.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -27,7 +31,7 @@ pub struct Options {
     /// Quantize the weights at load: `"f16"`, `"q8_0"`, `"q4_k"`, ...
     pub weight_dtype: Option<String>,
     /// Most bytes of prefix-cache records the page keeps (its disk tier), when it keeps
-    /// them.
+    /// them; default [`PREFIX_CACHE_BYTES`].
     pub prefix_cache_bytes: Option<u64>,
     /// `"high-performance"` (default) or `"low-power"`: which adapter the page asks for.
     pub power_preference: Option<String>,
@@ -79,7 +83,9 @@ impl Options {
             c.max_model_len = self.max_model_len;
         }
         set(&mut c.enable_prefix_caching, self.enable_prefix_caching);
-        set(&mut c.kv_cache_disk_bytes, self.prefix_cache_bytes);
+        // The page's records live in the engine's memory too: a browser's default budget
+        // is far below the native disk tier's.
+        c.kv_cache_disk_bytes = self.prefix_cache_bytes.unwrap_or(PREFIX_CACHE_BYTES);
         if let Some(w) = &self.weight_dtype {
             let w = w
                 .parse::<WeightDtype>()
@@ -123,6 +129,7 @@ mod tests {
         assert!(!c.enable_prefix_caching);
         let d = EngineConfig::default();
         assert_eq!(c.block_size, d.block_size);
+        assert_eq!(c.kv_cache_disk_bytes, PREFIX_CACHE_BYTES);
         assert_eq!(c.kv_cache_bytes, d.kv_cache_bytes);
     }
 
