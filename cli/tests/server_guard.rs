@@ -70,6 +70,30 @@ fn stalled_idle_and_lying_clients_are_cut_off() {
             "{opening:?}: closed after {held:?}"
         );
     }
+    // A head trickled a byte every 0.2 s, each well within the timeout: cut all the same,
+    // for the timeout bounds the whole head.
+    let mut tcp = connect(&s);
+    let mut writer = tcp.try_clone().unwrap();
+    let sender = std::thread::spawn(move || {
+        for b in "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            .repeat(4)
+            .bytes()
+        {
+            if writer.write_all(&[b]).is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    });
+    let start = Instant::now();
+    let _ = read_all(&mut tcp);
+    let held = start.elapsed();
+    assert!(
+        held >= Duration::from_millis(900) && held < Duration::from_secs(3),
+        "a trickled head closed after {held:?}"
+    );
+    drop(tcp);
+    sender.join().unwrap();
     // A body declared larger than the limit: refused before any of it is read, so the
     // client that asked to continue is never told to.
     let huge = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: \
@@ -90,6 +114,18 @@ fn stalled_idle_and_lying_clients_are_cut_off() {
     let (status, v, raw) = exchange(&s, &post_request("127.0.0.1", "", "application/json", BODY));
     assert_eq!(status, 200, "{raw}");
     assert_eq!(v["choices"][0]["finish_reason"], "length");
+    // Each cut counted by its kind.
+    let metrics = agent()
+        .get(&format!("{}/metrics", s.base))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    for (kind, n) in [("head_deadline", 3), ("body_stall", 1), ("body_rate", 0)] {
+        let line = format!("pagellm_http_cuts_total{{kind=\"{kind}\"}} {n}\n");
+        assert!(metrics.contains(&line), "{line:?} in\n{metrics}");
+    }
 }
 
 /// Sends a request's head, then its body a byte every `every` until the server answers (or
@@ -380,6 +416,16 @@ fn a_shutdown_answers_503_until_its_requests_are_done_or_aborted() {
             })
         })
         .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    // Four streams as well, queued behind those: aborted at the grace's end, each ends with
+    // its `abort` finish reason and then an OpenAI-shaped error event.
+    let streams: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            let body = body.replace('}', r#", "stream": true}"#);
+            std::thread::spawn(move || http::post_stream(&url, &body, &[]))
+        })
+        .collect();
     std::thread::sleep(Duration::from_millis(300));
     s.terminate();
     // During the grace period the listener stays open and says it is going away.
@@ -403,6 +449,18 @@ fn a_shutdown_answers_503_until_its_requests_are_done_or_aborted() {
         }
     }
     assert!(results.iter().any(|(st, _)| *st == 503), "{results:?}");
+    for stream in streams {
+        let events = stream.join().unwrap();
+        let reason = events
+            .iter()
+            .find_map(|e| e["choices"][0]["finish_reason"].as_str())
+            .unwrap_or_else(|| panic!("no finish reason: {events:?}"));
+        assert_eq!(reason, "abort", "{events:?}");
+        let errors: Vec<&Value> = events.iter().filter(|e| e.get("error").is_some()).collect();
+        assert_eq!(errors.len(), 1, "{events:?}");
+        assert!(error_message(errors[0]).contains("shut down"), "{errors:?}");
+        assert_eq!(errors[0]["error"]["type"], "server_error");
+    }
     s.assert_exits_cleanly();
 }
 

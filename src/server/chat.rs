@@ -10,6 +10,7 @@
 use super::completions::{now_secs, stream_response, whole_response, Api, Ctx};
 use super::error::ApiError;
 use super::fields::Common;
+use super::listen::Peer;
 use super::state::AppState;
 use super::tools::{self, Tool, ToolChoice};
 use crate::sampling::SamplingParams;
@@ -18,6 +19,7 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::sync::Arc;
@@ -157,6 +159,7 @@ impl ChatRequest {
 
 pub async fn chat_completions(
     State(app): State<Arc<AppState>>,
+    peer: Option<Extension<Peer>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: ChatRequest = app.parse_body(body)?;
@@ -189,7 +192,7 @@ pub async fn chat_completions(
         let context = app.max_model_len();
         params.max_tokens = context.map_or(16, |c| c.saturating_sub(ids.len()).max(1));
     }
-    let guard = app.admit(1)?;
+    let guard = app.admit(1, peer.map(|Extension(Peer(ip))| ip))?;
     let handle = app.submit(req.common.request(ids, params.clone())?).await?;
     let ctx = Ctx {
         api: Api::Chat,

@@ -9,6 +9,7 @@
 
 use super::error::ApiError;
 use super::fields::Common;
+use super::listen::Peer;
 use super::state::{AppState, InFlight};
 use super::timing::Timing;
 use super::tools::{self, ToolMode, ToolStream};
@@ -19,10 +20,12 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use futures_util::stream::{self, Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::convert::Infallible;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 #[derive(Debug, Deserialize)]
@@ -92,6 +95,7 @@ impl CompletionRequest {
 
 pub async fn completions(
     State(app): State<Arc<AppState>>,
+    peer: Option<Extension<Peer>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: CompletionRequest = app.parse_body(body)?;
@@ -102,7 +106,7 @@ pub async fn completions(
     if echo && params.beam_width.is_some() {
         return Err(ApiError::invalid("echo is not supported with beam search").with_param("echo"));
     }
-    let guard = app.admit(prompts.len())?;
+    let guard = app.admit(prompts.len(), peer.map(|Extension(Peer(ip))| ip))?;
     // Echo returns each prompt as given (token-id prompts decoded).
     let echoes: Vec<String> = prompts
         .iter()
@@ -299,6 +303,10 @@ fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
     })
 }
 
+/// Why a request was aborted before it finished, when a shutdown's grace period ran out.
+const SHUT_DOWN: &str =
+    "the server shut down before the request finished; retry on another server or later";
+
 /// Waits for every prompt's final output, then answers in one JSON body.
 pub(super) async fn whole_response(
     ctx: Ctx,
@@ -332,9 +340,7 @@ pub(super) async fn whole_response(
         .flat_map(|o| &o.outputs)
         .any(|o| o.finish_reason == FinishReason::Abort);
     if aborted {
-        return Err(ApiError::unavailable(
-            "the server shut down before the request finished; retry on another server or later",
-        ));
+        return Err(ApiError::unavailable(SHUT_DOWN));
     }
     let mut choices = Vec::new();
     let (mut prompt_tokens, mut completion_tokens) = (0, 0);
@@ -399,6 +405,8 @@ struct Streamed {
     completion_tokens: usize,
     include_usage: bool,
     done: bool,
+    /// Whether the shutdown's error event was sent.
+    shutdown_told: bool,
     _guard: InFlight,
 }
 
@@ -432,6 +440,7 @@ pub(super) fn stream_response(
         completion_tokens: 0,
         include_usage,
         done: false,
+        shutdown_told: false,
         _guard: guard,
     };
     let body = stream::unfold(state, |mut st| async move {
@@ -565,37 +574,52 @@ async fn next_events(st: &mut Streamed) -> Vec<Event> {
             out.push(data(st.ctx.chunk(vec![st.ctx.piece(c, &text, logprobs)])));
             out
         }
-        RequestEvent::Finished(output) => {
-            st.timings[pi].finish(&output);
-            st.open -= 1;
-            st.prompt_tokens += output.prompt_token_ids.len();
-            let beams = st.timings[pi].streamed() == 0;
-            let mut out = Vec::new();
-            for o in &output.outputs {
-                st.completion_tokens += o.token_ids.len();
-                let c = pi * n + o.index;
-                // Beam search streams nothing until it ends: its whole text goes here.
-                let mut text = if beams {
-                    out.extend(st.opening(pi, c).into_iter().map(data));
-                    o.text.clone()
-                } else {
-                    String::new()
-                };
-                let mut reason = Ctx::finish_reason(o.finish_reason);
-                if st.tool_streams[c].is_some() {
-                    let (chunks, r) = st.tool_finish(c, &text, reason);
-                    out.extend(chunks.into_iter().map(data));
-                    (text, reason) = (String::new(), r);
-                }
-                out.push(data(
-                    st.ctx.chunk(vec![st.ctx.last_piece(c, &text, reason)]),
-                ));
-            }
-            out
-        }
+        RequestEvent::Finished(output) => finished(st, pi, &output),
         RequestEvent::Failed(msg) => {
             st.open -= 1;
             vec![data(failure(msg).body())]
         }
     }
+}
+
+/// The SSE events that end prompt `pi`: each choice's last chunk (a beam's whole text).
+fn finished(st: &mut Streamed, pi: usize, output: &RequestOutput) -> Vec<Event> {
+    let data = |v: Value| Event::default().data(v.to_string());
+    let n = st.ctx.n;
+    st.timings[pi].finish(output);
+    st.open -= 1;
+    st.prompt_tokens += output.prompt_token_ids.len();
+    let beams = st.timings[pi].streamed() == 0;
+    let mut out = Vec::new();
+    for o in &output.outputs {
+        st.completion_tokens += o.token_ids.len();
+        let c = pi * n + o.index;
+        // Beam search streams nothing until it ends: its whole text goes here.
+        let mut text = if beams {
+            out.extend(st.opening(pi, c).into_iter().map(data));
+            o.text.clone()
+        } else {
+            String::new()
+        };
+        let mut reason = Ctx::finish_reason(o.finish_reason);
+        if st.tool_streams[c].is_some() {
+            let (chunks, r) = st.tool_finish(c, &text, reason);
+            out.extend(chunks.into_iter().map(data));
+            (text, reason) = (String::new(), r);
+        }
+        out.push(data(
+            st.ctx.chunk(vec![st.ctx.last_piece(c, &text, reason)]),
+        ));
+    }
+    // Aborted by a shutdown: say so as an error too, for clients that only watch
+    // for errors (once per response).
+    let aborted = output
+        .outputs
+        .iter()
+        .any(|o| o.finish_reason == FinishReason::Abort);
+    if aborted && !st.shutdown_told && st.ctx.app.draining.load(Ordering::Acquire) {
+        st.shutdown_told = true;
+        out.push(data(ApiError::unavailable(SHUT_DOWN).body()));
+    }
+    out
 }

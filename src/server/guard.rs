@@ -26,6 +26,7 @@
 //! Every refusal is an OpenAI-shaped JSON error.
 
 use super::error::ApiError;
+use super::metrics::{cut, Metrics};
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
@@ -54,28 +55,44 @@ pub struct BodyLimits {
 
 impl BodyLimits {
     /// Why a body that began at `start`, last sent something at `last` and has `received`
-    /// bytes is cut at `now`, if it is.
-    fn cut(&self, start: Instant, last: Instant, now: Instant, received: usize) -> Option<String> {
+    /// bytes is cut at `now`, if it is: the kind of cut (as `/metrics` counts it) and the
+    /// client's message.
+    fn cut(
+        &self,
+        start: Instant,
+        last: Instant,
+        now: Instant,
+        received: usize,
+    ) -> Option<(&'static str, String)> {
         let (idle, total) = (now - last, now - start);
         if idle >= self.idle {
-            return Some(format!(
-                "the request body stalled: nothing arrived for {} s",
-                self.idle.as_secs_f64()
+            return Some((
+                cut::BODY_STALL,
+                format!(
+                    "the request body stalled: nothing arrived for {} s",
+                    self.idle.as_secs_f64()
+                ),
             ));
         }
         if total >= self.deadline {
-            return Some(format!(
-                "the request body took longer than {} s in all",
-                self.deadline.as_secs_f64()
+            return Some((
+                cut::BODY_DEADLINE,
+                format!(
+                    "the request body took longer than {} s in all",
+                    self.deadline.as_secs_f64()
+                ),
             ));
         }
         let rate = received as f64 / total.as_secs_f64();
         if self.min_rate > 0 && total >= BODY_RATE_GRACE && rate < self.min_rate as f64 {
-            return Some(format!(
-                "the request body arrived at {rate:.0} bytes/s; after the first {} s the \
-                 minimum is {} bytes/s",
-                BODY_RATE_GRACE.as_secs(),
-                self.min_rate
+            return Some((
+                cut::BODY_RATE,
+                format!(
+                    "the request body arrived at {rate:.0} bytes/s; after the first {} s the \
+                     minimum is {} bytes/s",
+                    BODY_RATE_GRACE.as_secs(),
+                    self.min_rate
+                ),
             ));
         }
         None
@@ -112,6 +129,8 @@ pub struct GuardConfig {
     pub body: BodyLimits,
     /// The server's API key: a `/v1/*` body is not read for a client without it.
     pub api_key: Option<String>,
+    /// Where cut bodies are counted.
+    pub metrics: Arc<Metrics>,
 }
 
 impl GuardConfig {
@@ -230,7 +249,7 @@ pub async fn check(State(g): State<Arc<GuardConfig>>, req: Request, next: Next) 
         return close(ApiError::too_large(g.max_body_bytes).into_response());
     }
     let (parts, body) = req.into_parts();
-    match read_body(body, g.max_body_bytes, g.body).await {
+    match read_body(body, g.max_body_bytes, g.body, &g.metrics).await {
         Ok(bytes) => {
             next.run(Request::from_parts(parts, Body::from(bytes)))
                 .await
@@ -274,13 +293,19 @@ fn close(mut r: Response) -> Response {
 }
 
 /// The whole body, at most `limit` bytes, arriving within `limits`.
-async fn read_body(mut body: Body, limit: usize, limits: BodyLimits) -> Result<Bytes, ApiError> {
+async fn read_body(
+    mut body: Body,
+    limit: usize,
+    limits: BodyLimits,
+    metrics: &Metrics,
+) -> Result<Bytes, ApiError> {
     let mut buf = Vec::new();
     let start = Instant::now();
     let mut last = start;
     loop {
         let now = Instant::now();
-        if let Some(why) = limits.cut(start, last, now, buf.len()) {
+        if let Some((kind, why)) = limits.cut(start, last, now, buf.len()) {
+            metrics.cut(kind);
             let mut e = ApiError::invalid(why);
             e.status = StatusCode::REQUEST_TIMEOUT;
             return Err(e);
@@ -319,17 +344,20 @@ mod body_tests {
         let t0 = Instant::now();
         let at = |s: f64| t0 + Duration::from_secs_f64(s);
         // A byte every few seconds: under every pause limit, cut by the rate after 5 s.
-        let why = LIMITS.cut(t0, at(4.0), at(5.0), 3).unwrap();
+        let (kind, why) = LIMITS.cut(t0, at(4.0), at(5.0), 3).unwrap();
+        assert_eq!(kind, cut::BODY_RATE);
         assert!(why.contains("bytes/s") && why.contains("1024"), "{why}");
         assert!(
             LIMITS.cut(t0, at(4.0), at(4.9), 3).is_none(),
             "within the grace"
         );
         // Fast enough, but past the deadline.
-        let why = LIMITS.cut(t0, at(119.0), at(120.0), 10 << 20).unwrap();
+        let (kind, why) = LIMITS.cut(t0, at(119.0), at(120.0), 10 << 20).unwrap();
+        assert_eq!(kind, cut::BODY_DEADLINE);
         assert!(why.contains("120 s in all"), "{why}");
         // A stall.
-        let why = LIMITS.cut(t0, at(1.0), at(31.0), 1 << 20).unwrap();
+        let (kind, why) = LIMITS.cut(t0, at(1.0), at(31.0), 1 << 20).unwrap();
+        assert_eq!(kind, cut::BODY_STALL);
         assert!(why.contains("stalled"), "{why}");
         // A body at 2 KiB/s for a minute passes.
         assert!(LIMITS.cut(t0, at(59.5), at(60.0), 120 << 10).is_none());

@@ -27,6 +27,46 @@ pub struct ModeLabel {
     pub mode: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CutLabel {
+    pub kind: &'static str,
+}
+
+/// The kinds of connection and request the server cuts or refuses to protect itself from a
+/// client (the `kind` label of `pagellm_http_cuts_total`).
+pub mod cut {
+    /// A request head not complete within `--header-timeout-secs` (an idle keep-alive
+    /// connection included).
+    pub const HEAD_DEADLINE: &str = "head_deadline";
+    /// A request body that paused for `--body-timeout-secs`.
+    pub const BODY_STALL: &str = "body_stall";
+    /// A request body not complete within `--body-deadline-secs`.
+    pub const BODY_DEADLINE: &str = "body_deadline";
+    /// A request body slower than `--min-body-rate`.
+    pub const BODY_RATE: &str = "body_rate";
+    /// A response that could not be written for `--write-timeout-secs` (a client that
+    /// stopped reading).
+    pub const WRITE_STALL: &str = "write_stall";
+    /// A connection waiting for a request head, closed to let a new one in at
+    /// `--max-connections` (or at its peer's limit).
+    pub const EVICTED: &str = "evicted";
+    /// A connection refused at `--max-connections-per-peer`.
+    pub const PEER_CONNECTIONS: &str = "peer_connections";
+    /// A request refused at `--max-queued-per-peer`.
+    pub const PEER_QUEUE: &str = "peer_queue";
+    /// Every kind, for exporting zeros before the first cut.
+    pub const ALL: [&str; 8] = [
+        HEAD_DEADLINE,
+        BODY_STALL,
+        BODY_DEADLINE,
+        BODY_RATE,
+        WRITE_STALL,
+        EVICTED,
+        PEER_CONNECTIONS,
+        PEER_QUEUE,
+    ];
+}
+
 pub struct Metrics {
     registry: Registry,
     running: Gauge,
@@ -42,6 +82,8 @@ pub struct Metrics {
     tier_evictions: Family<TierLabel, Counter>,
     tier_bytes: Family<TierLabel, Gauge>,
     abandoned: Counter,
+    cuts: Family<CutLabel, Counter>,
+    pub connections_open: Gauge,
     spec_drafts: Counter,
     spec_draft_tokens: Counter,
     spec_accepted_tokens: Counter,
@@ -75,6 +117,8 @@ impl Metrics {
             tier_evictions: Family::default(),
             tier_bytes: Family::default(),
             abandoned: Counter::default(),
+            cuts: Family::default(),
+            connections_open: Gauge::default(),
             spec_drafts: Counter::default(),
             spec_draft_tokens: Counter::default(),
             spec_accepted_tokens: Counter::default(),
@@ -86,6 +130,9 @@ impl Metrics {
             last: Mutex::new([0; 14]),
             registry: Registry::default(),
         };
+        for kind in cut::ALL {
+            let _ = m.cuts.get_or_create(&CutLabel { kind });
+        }
         m.registry = m.registered();
         m
     }
@@ -125,6 +172,10 @@ impl Metrics {
                 "Bytes of cached prefix blocks not in use, per tier";
             abandoned: "requests_abandoned",
                 "Requests aborted because the client went away";
+            cuts: "http_cuts",
+                "Connections and requests cut or refused to protect the server, per kind";
+            connections_open: "http_connections_open",
+                "HTTP connections open";
             spec_drafts: "spec_decode_num_drafts",
                 "Speculative decoding: sequence steps that verified proposed tokens";
             spec_draft_tokens: "spec_decode_num_draft_tokens",
@@ -221,10 +272,21 @@ impl Metrics {
         }
     }
 
+    /// Counts one cut of `kind` (one of [`cut::ALL`]).
+    pub fn cut(&self, kind: &'static str) {
+        self.cuts.get_or_create(&CutLabel { kind }).inc();
+    }
+
     pub fn encode(&self) -> String {
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
     }
 }
 

@@ -21,7 +21,7 @@ mod error;
 mod fields;
 pub mod guard;
 pub mod listen;
-mod metrics;
+pub mod metrics;
 mod rejections;
 mod state;
 mod structured;
@@ -65,6 +65,8 @@ pub struct ServerConfig {
     pub engine: EngineConfig,
     /// Prompts admitted and not yet answered before new requests get 503.
     pub max_queued_requests: usize,
+    /// Of those, most from one peer (IP address) before its new requests get 429.
+    pub max_queued_per_peer: usize,
     pub max_body_bytes: usize,
     /// How long running requests may finish after SIGINT/SIGTERM before they are aborted.
     pub shutdown_grace: Duration,
@@ -203,6 +205,7 @@ async fn serve(
         config.api_key.clone(),
         config.max_body_bytes,
         config.max_queued_requests,
+        config.max_queued_per_peer,
         config.auto_tools,
     ));
     let addr = format!("{}:{}", config.host, config.port);
@@ -219,6 +222,7 @@ async fn serve(
         max_body_bytes: config.max_body_bytes,
         body: config.body,
         api_key: config.api_key.clone(),
+        metrics: app.metrics.clone(),
     });
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let router = router(app.clone(), guard);
@@ -226,6 +230,7 @@ async fn serve(
         listener,
         router,
         config.connections,
+        app.metrics.clone(),
         stopped,
     ));
     shutdown_signal().await;

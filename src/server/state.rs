@@ -9,8 +9,10 @@ use crate::tokenizer::{ChatTemplate, Tokenizer};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use serde::de::DeserializeOwned;
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 pub struct AppState {
     pub engine: Arc<EngineHandle>,
@@ -23,22 +25,40 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// Most requests (prompts) admitted and not yet answered.
     pub max_queued: usize,
+    /// Most of those one peer (IP address) may have.
+    pub max_queued_per_peer: usize,
     /// How `tool_choice: auto` is read.
     pub auto_tools: super::tools::AutoToolChoice,
     in_flight: Arc<AtomicUsize>,
+    /// Admitted requests per peer.
+    per_peer: PeerCounts,
     pub draining: AtomicBool,
     ids: AtomicU64,
 }
+
+/// Admitted requests per peer.
+type PeerCounts = Arc<Mutex<HashMap<IpAddr, usize>>>;
 
 /// A slot among the admitted requests, released when the response is done (or dropped).
 pub struct InFlight {
     count: Arc<AtomicUsize>,
     n: usize,
+    /// The peer's count, when the peer is known.
+    peer: Option<(IpAddr, PeerCounts)>,
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.count.fetch_sub(self.n, Ordering::AcqRel);
+        if let Some((peer, counts)) = self.peer.take() {
+            let mut counts = counts.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(c) = counts.get_mut(&peer) {
+                *c = c.saturating_sub(self.n);
+                if *c == 0 {
+                    counts.remove(&peer);
+                }
+            }
+        }
     }
 }
 
@@ -52,6 +72,7 @@ impl AppState {
         api_key: Option<String>,
         max_body_bytes: usize,
         max_queued: usize,
+        max_queued_per_peer: usize,
         auto_tools: super::tools::AutoToolChoice,
     ) -> Self {
         AppState {
@@ -63,8 +84,10 @@ impl AppState {
             api_key,
             max_body_bytes,
             max_queued,
+            max_queued_per_peer,
             auto_tools,
             in_flight: Arc::new(AtomicUsize::new(0)),
+            per_peer: Arc::default(),
             draining: AtomicBool::new(false),
             ids: AtomicU64::new(0),
         }
@@ -78,9 +101,10 @@ impl AppState {
         self.in_flight.load(Ordering::Acquire)
     }
 
-    /// Takes `n` request slots, or refuses with 503 when the queue is full, the model is
-    /// not loaded, or the server is shutting down.
-    pub fn admit(&self, n: usize) -> Result<InFlight, ApiError> {
+    /// Takes `n` request slots for `peer`, or refuses with 503 when the queue is full, the
+    /// model is not loaded, or the server is shutting down, and with 429 when the peer has
+    /// its share of the queue.
+    pub fn admit(&self, n: usize, peer: Option<IpAddr>) -> Result<InFlight, ApiError> {
         if self.draining.load(Ordering::Acquire) {
             return Err(ApiError::unavailable("the server is shutting down"));
         }
@@ -104,15 +128,33 @@ impl AppState {
             .with_param("prompt"));
         }
         let before = self.in_flight.fetch_add(n, Ordering::AcqRel);
-        let slot = InFlight {
+        let mut slot = InFlight {
             count: self.in_flight.clone(),
             n,
+            peer: None,
         };
         if before + n > self.max_queued {
             return Err(ApiError::unavailable(format!(
                 "{before} requests are queued, the limit is {} (--max-queued-requests); retry later",
                 self.max_queued
             )));
+        }
+        if let Some(peer) = peer {
+            let mut counts = self.per_peer.lock().unwrap_or_else(|e| e.into_inner());
+            let mine = counts.get(&peer).copied().unwrap_or(0);
+            if mine + n > self.max_queued_per_peer {
+                self.metrics.cut(super::metrics::cut::PEER_QUEUE);
+                let mut e = ApiError::unavailable(format!(
+                    "{peer} has {mine} requests queued, the most one address may have is {} \
+                     (--max-queued-per-peer); retry later",
+                    self.max_queued_per_peer
+                ));
+                e.status = axum::http::StatusCode::TOO_MANY_REQUESTS;
+                e.kind = "rate_limit_error";
+                return Err(e);
+            }
+            *counts.entry(peer).or_default() += n;
+            slot.peer = Some((peer, self.per_peer.clone()));
         }
         Ok(slot)
     }

@@ -29,6 +29,10 @@ pub struct ServeArgs {
     /// Prompts admitted and not yet answered before new requests get 503 with Retry-After.
     #[arg(long, default_value_t = 256)]
     max_queued_requests: usize,
+    /// Of those, most from one client address before its new requests get 429 with
+    /// Retry-After (all programs on this machine are one address, 127.0.0.1).
+    #[arg(long, default_value_t = 128)]
+    max_queued_per_peer: usize,
     /// Largest accepted request body, in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     max_body_bytes: usize,
@@ -60,9 +64,19 @@ pub struct ServeArgs {
     /// passed, or it gets 408 (a "slow POST" holding its connection); 0: no minimum.
     #[arg(long, default_value_t = 1024)]
     min_body_rate: u64,
-    /// Most connections open at once; more clients wait to be accepted.
+    /// Most connections open at once. A client arriving at the limit takes the place of the
+    /// connection that has waited longest for a request head; when every connection is in
+    /// the middle of a request, it waits to be accepted.
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
+    /// Most connections one client address may hold; past it, its own longest-waiting
+    /// connection is closed to make room, or the new one gets 429 when all are busy.
+    #[arg(long, default_value_t = 256)]
+    max_connections_per_peer: usize,
+    /// Seconds a response may be unable to write anything (its client stopped reading)
+    /// before the connection is closed and the request aborted.
+    #[arg(long, default_value_t = 30.0)]
+    write_timeout_secs: f64,
     /// A Jinja chat template file to use instead of the model's own (the model's BOS and
     /// EOS strings are kept).
     #[arg(long)]
@@ -98,6 +112,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         served_model_name: args.served_model_name.clone(),
         engine: args.engine.config(),
         max_queued_requests: args.max_queued_requests,
+        max_queued_per_peer: args.max_queued_per_peer.max(1),
         max_body_bytes: args.max_body_bytes,
         shutdown_grace: Duration::from_secs(args.shutdown_grace_secs),
         allowed_hosts: args.allowed_hosts.clone(),
@@ -110,6 +125,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         connections: ConnLimits {
             header_timeout: seconds("--header-timeout-secs", args.header_timeout_secs)?,
             max_connections: args.max_connections.max(1),
+            max_per_peer: args.max_connections_per_peer.max(1),
+            write_timeout: seconds("--write-timeout-secs", args.write_timeout_secs)?,
         },
         chat_template: args.chat_template.clone(),
         auto_tools: AutoToolChoice {
