@@ -58,17 +58,24 @@ fn stalled_idle_and_lying_clients_are_cut_off() {
         ],
     );
     // Headers begun and never finished, and a connection that sends nothing: both closed
-    // after the header timeout, not held open.
+    // after the header timeout, not held open; the first is told why.
     for opening in ["POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n", ""] {
         let mut tcp = connect(&s);
         tcp.write_all(opening.as_bytes()).unwrap();
         let start = Instant::now();
-        let _ = read_all(&mut tcp);
+        let raw = read_all(&mut tcp);
         let held = start.elapsed();
         assert!(
             held >= Duration::from_millis(900) && held < Duration::from_secs(5),
             "{opening:?}: closed after {held:?}"
         );
+        if opening.is_empty() {
+            assert_eq!(raw, "", "an idle connection is closed without a word");
+        } else {
+            let (status, v) = parse(&raw);
+            assert_eq!(status, 408, "{raw}");
+            assert!(error_message(&v).contains("--header-timeout-secs"), "{v}");
+        }
     }
     // A head trickled a byte every 0.2 s, each well within the timeout: cut all the same,
     // for the timeout bounds the whole head.
@@ -86,12 +93,13 @@ fn stalled_idle_and_lying_clients_are_cut_off() {
         }
     });
     let start = Instant::now();
-    let _ = read_all(&mut tcp);
+    let raw = read_all(&mut tcp);
     let held = start.elapsed();
     assert!(
         held >= Duration::from_millis(900) && held < Duration::from_secs(3),
         "a trickled head closed after {held:?}"
     );
+    assert_eq!(parse(&raw).0, 408, "{raw}");
     drop(tcp);
     sender.join().unwrap();
     // A body declared larger than the limit: refused before any of it is read, so the

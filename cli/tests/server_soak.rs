@@ -29,8 +29,17 @@ fn skip() -> bool {
 
 /// A connection to the server from source address 127.0.0.`from`.
 fn connect_from(base: &str, from: u8) -> std::io::Result<TcpStream> {
+    connect_with(base, from, None)
+}
+
+/// [`connect_from`], with a receive buffer of `rcvbuf` bytes if given (so that a client
+/// that stops reading soon blocks the server's writes).
+fn connect_with(base: &str, from: u8, rcvbuf: Option<usize>) -> std::io::Result<TcpStream> {
     let addr: SocketAddr = base.trim_start_matches("http://").parse().unwrap();
     let sock = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+    if let Some(n) = rcvbuf {
+        sock.set_recv_buffer_size(n)?;
+    }
     sock.bind(&SocketAddr::from(([127, 0, 0, from], 0)).into())?;
     sock.connect_timeout(&addr.into(), Duration::from_secs(2))?;
     let tcp: TcpStream = sock.into();
@@ -249,20 +258,25 @@ fn well_behaved_clients_are_served_correctly_through_a_hostile_soak() {
         .as_str()
         .unwrap()
         .contains("--max-connections-per-peer"));
-    // Stalled readers: streams whose client never reads.
-    let stalled: Vec<TcpStream> = (0..2)
-        .map(|_| {
-            let body = json!({
-                "prompt": "x", "max_tokens": 200, "n": 4, "logprobs": 5, "ignore_eos": true,
-                "stream": true,
-            })
-            .to_string();
-            let mut tcp = connect_from(&base, 7).unwrap();
-            tcp.write_all(format!("{}{body}", head(body.len())).as_bytes())
-                .unwrap();
-            tcp
+    // A stalled reader: a client that pipelines three large streams (16 samples of 250
+    // tokens with logprobs, about 1.4 MB each) and reads nothing. Once the socket's buffers
+    // are full (about 3 MB on loopback) the server cannot write, and the connection is cut
+    // at the 2 s write deadline.
+    let stalled = {
+        let body = json!({
+            "prompt": "x", "max_tokens": 250, "n": 16, "logprobs": 5, "ignore_eos": true,
+            "stream": true,
         })
-        .collect();
+        .to_string();
+        let one = format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: \
+             application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let mut tcp = connect_with(&base, 7, Some(4096)).unwrap();
+        tcp.write_all(one.repeat(3).as_bytes()).unwrap();
+        tcp
+    };
     // A lying Content-Length: 408 when the rest never comes.
     let liar = {
         let base = base.clone();
@@ -360,6 +374,14 @@ fn well_behaved_clients_are_served_correctly_through_a_hostile_soak() {
     }
     attack.store(false, Ordering::Relaxed);
     let opened: usize = floods.into_iter().map(|h| h.join().unwrap()).sum();
+    let start = Instant::now();
+    while cuts(&s, "write_stall") < 1.0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the reader that stopped reading was never cut"
+        );
+        thread::sleep(Duration::from_millis(200));
+    }
     drop(stalled);
 
     // Everything let go: only the scrape's own connection open, no request running, no KV

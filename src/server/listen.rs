@@ -4,7 +4,8 @@
 //! - **Heads.** A whole request head must arrive within `header_timeout` of the connection
 //!   starting to wait for it (hyper's header-read timeout is a deadline, not a pause limit),
 //!   so it bounds a client that trickles its headers (slowloris) and an idle keep-alive
-//!   connection alike.
+//!   connection alike. A client that sent part of a head is answered with a JSON 408 (the
+//!   socket comes back from hyper for it, see `Tracked`); an idle one is just closed.
 //! - **Writes.** A response that cannot be written for `write_timeout` (the client stopped
 //!   reading and the socket's buffers are full) fails its connection ([`WriteDeadline`]);
 //!   dropping the response drops the engine request's stream, which aborts the request and
@@ -36,12 +37,13 @@ use std::future::Future;
 use std::io;
 use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Notify};
+use tokio::sync::{oneshot, watch, Notify};
 use tokio::time::Sleep;
 use tower::ServiceExt;
 
@@ -118,7 +120,18 @@ pub async fn accept(
         let slot = table.insert(peer);
         // Per-token SSE writes are small: send each at once.
         let _ = tcp.set_nodelay(true);
-        let io = WriteDeadline::new(JsonRejections::new(tcp), limits.write_timeout, &metrics);
+        // The connection comes back when hyper lets go of it, to answer a head cut at its
+        // deadline.
+        let (back, returned) = oneshot::channel();
+        let io = Tracked {
+            inner: Some(WriteDeadline::new(
+                JsonRejections::new(tcp),
+                limits.write_timeout,
+                &metrics,
+            )),
+            read: slot.read.clone(),
+            back: Some(back),
+        };
         let service = Service {
             router: router.clone(),
             peer: Peer(peer),
@@ -130,16 +143,24 @@ pub async fn accept(
             .serve_connection(TokioIo::new(io), service);
         let conn = graceful.watch(conn);
         let metrics = metrics.clone();
+        let header_timeout = limits.header_timeout;
         tokio::spawn(async move {
-            tokio::select! {
-                ended = conn => if let Err(e) = ended {
-                    if e.is_timeout() {
-                        metrics.cut(cut::HEAD_DEADLINE);
-                    }
-                    tracing::debug!("connection ended: {e}");
-                },
+            let ended = tokio::select! {
+                ended = conn => ended,
                 // Closed to make room: it was waiting for a head, so nothing is lost.
-                _ = slot.evicted.notified() => {}
+                _ = slot.evicted.notified() => Ok(()),
+            };
+            // The connection is dropped by now, so its socket has come back.
+            if let Err(e) = ended {
+                if e.is_timeout() {
+                    metrics.cut(cut::HEAD_DEADLINE);
+                    // Part of a head came: the client is told (an idle keep-alive
+                    // connection is just closed).
+                    if let (true, Ok(io)) = (slot.head_begun(), returned.await) {
+                        answer_head_timeout(io, header_timeout).await;
+                    }
+                }
+                tracing::debug!("connection ended: {e}");
             }
             drop(slot);
         });
@@ -152,6 +173,37 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|&s| s).await;
 }
 
+/// Writes a JSON 408 for a request head not complete within `timeout` to a connection hyper
+/// has let go of, and closes it.
+async fn answer_head_timeout(mut io: impl AsyncWrite + Unpin, timeout: Duration) {
+    let mut e = ApiError::invalid(format!(
+        "the request head took longer than {} s (--header-timeout-secs)",
+        timeout.as_secs_f64()
+    ));
+    e.status = StatusCode::REQUEST_TIMEOUT;
+    let write = async {
+        io.write_all(raw_response(&e).as_bytes()).await?;
+        io.shutdown().await
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(2), write).await;
+}
+
+/// `e` as a whole HTTP/1.1 response that closes its connection.
+fn raw_response(e: &ApiError) -> String {
+    let body = e.body().to_string();
+    let retry = e
+        .retry_after
+        .map(|s| format!("retry-after: {s}\r\n"))
+        .unwrap_or_default();
+    format!(
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         {retry}connection: close\r\n\r\n{body}",
+        e.status.as_u16(),
+        e.status.canonical_reason().unwrap_or(""),
+        body.len()
+    )
+}
+
 /// Answers a connection refused at the per-peer limit with a JSON 429 and closes it.
 async fn refuse(mut tcp: TcpStream, peer: IpAddr, limit: usize) {
     let mut e = ApiError::invalid(format!(
@@ -160,12 +212,7 @@ async fn refuse(mut tcp: TcpStream, peer: IpAddr, limit: usize) {
     ));
     e.status = StatusCode::TOO_MANY_REQUESTS;
     e.retry_after = Some(1);
-    let body = e.body().to_string();
-    let response = format!(
-        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
+    let response = raw_response(&e);
     let write = async {
         tcp.write_all(response.as_bytes()).await?;
         tcp.shutdown().await
@@ -265,6 +312,8 @@ impl Table {
             table: self.clone(),
             id,
             evicted,
+            read: Arc::default(),
+            read_when_idle: AtomicU64::new(0),
         })
     }
 
@@ -313,6 +362,10 @@ struct Slot {
     table: Arc<Table>,
     id: u64,
     evicted: Arc<Notify>,
+    /// Bytes read from the connection.
+    read: Arc<AtomicU64>,
+    /// `read` when the connection last started waiting for a head.
+    read_when_idle: AtomicU64,
 }
 
 impl Slot {
@@ -322,6 +375,11 @@ impl Slot {
             c.busy += 1;
         }
         Busy(Some(self.clone()))
+    }
+
+    /// Whether some of a request head has arrived since the connection began waiting.
+    fn head_begun(&self) -> bool {
+        self.read.load(Ordering::Relaxed) > self.read_when_idle.load(Ordering::Relaxed)
     }
 }
 
@@ -350,6 +408,8 @@ impl Drop for Busy {
             c.busy -= 1;
             if c.busy == 0 {
                 c.waiting_since = Instant::now();
+                let read = slot.read.load(Ordering::Relaxed);
+                slot.read_when_idle.store(read, Ordering::Relaxed);
             }
         }
         drop(t);
@@ -409,6 +469,75 @@ impl hyper::body::Body for HeldBody {
 
     fn size_hint(&self) -> hyper::body::SizeHint {
         self.body.size_hint()
+    }
+}
+
+/// A connection that counts the bytes read from it and, once dropped (hyper has let go of
+/// it), is sent back through `back`.
+struct Tracked<T> {
+    inner: Option<T>,
+    read: Arc<AtomicU64>,
+    back: Option<oneshot::Sender<T>>,
+}
+
+impl<T> Drop for Tracked<T> {
+    fn drop(&mut self) {
+        if let (Some(io), Some(back)) = (self.inner.take(), self.back.take()) {
+            let _ = back.send(io);
+        }
+    }
+}
+
+impl<T: Unpin> Tracked<T> {
+    fn io(&mut self) -> io::Result<Pin<&mut T>> {
+        self.inner
+            .as_mut()
+            .map(Pin::new)
+            .ok_or_else(|| io::ErrorKind::NotConnected.into())
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Tracked<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = self.io()?.poll_read(cx, buf);
+        let n = buf.filled().len() - before;
+        self.read.fetch_add(n as u64, Ordering::Relaxed);
+        polled
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.io()?.poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.io()?.poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.as_ref().is_some_and(T::is_write_vectored)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.io()?.poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.io()?.poll_shutdown(cx)
     }
 }
 
