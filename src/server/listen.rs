@@ -118,54 +118,67 @@ pub async fn accept(
             }
         }
         let slot = table.insert(peer);
-        // Per-token SSE writes are small: send each at once.
-        let _ = tcp.set_nodelay(true);
-        // The connection comes back when hyper lets go of it, to answer a head cut at its
-        // deadline.
-        let (back, returned) = oneshot::channel();
-        let io = Tracked {
-            inner: Some(WriteDeadline::new(
-                JsonRejections::new(tcp),
-                limits.write_timeout,
-                &metrics,
-            )),
-            read: slot.read.clone(),
-            back: Some(back),
-        };
-        let service = Service {
-            router: router.clone(),
-            peer: Peer(peer),
-            slot: slot.clone(),
-        };
-        let conn = http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_timeout)
-            .serve_connection(TokioIo::new(io), service);
-        let conn = graceful.watch(conn);
-        let metrics = metrics.clone();
-        let header_timeout = limits.header_timeout;
-        tokio::spawn(async move {
-            let ended = tokio::select! {
-                ended = conn => ended,
-                // Closed to make room: it was waiting for a head, so nothing is lost.
-                _ = slot.evicted.notified() => Ok(()),
-            };
-            // The connection is dropped by now, so its socket has come back.
-            if let Err(e) = ended {
-                if e.is_timeout() {
-                    metrics.cut(cut::HEAD_DEADLINE);
-                    // Part of a head came: the client is told (an idle keep-alive
-                    // connection is just closed).
-                    if let (true, Ok(io)) = (slot.head_begun(), returned.await) {
-                        answer_head_timeout(io, header_timeout).await;
-                    }
-                }
-                tracing::debug!("connection ended: {e}");
-            }
-            drop(slot);
-        });
+        serve(tcp, slot, Peer(peer), &router, limits, &metrics, &graceful);
     }
     graceful
+}
+
+/// Serves connection `tcp` (holding `slot`) on its own task.
+fn serve(
+    tcp: TcpStream,
+    slot: Arc<Slot>,
+    peer: Peer,
+    router: &Router,
+    limits: ConnLimits,
+    metrics: &Arc<Metrics>,
+    graceful: &GracefulShutdown,
+) {
+    // Per-token SSE writes are small: send each at once.
+    let _ = tcp.set_nodelay(true);
+    // The connection comes back when hyper lets go of it, to answer a head cut at its
+    // deadline.
+    let (back, returned) = oneshot::channel();
+    let io = Tracked {
+        inner: Some(WriteDeadline::new(
+            JsonRejections::new(tcp),
+            limits.write_timeout,
+            metrics,
+        )),
+        read: slot.read.clone(),
+        back: Some(back),
+    };
+    let service = Service {
+        router: router.clone(),
+        peer,
+        slot: slot.clone(),
+    };
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .serve_connection(TokioIo::new(io), service);
+    let conn = graceful.watch(conn);
+    let metrics = metrics.clone();
+    let header_timeout = limits.header_timeout;
+    tokio::spawn(async move {
+        let ended = tokio::select! {
+            ended = conn => ended,
+            // Closed to make room: it was waiting for a head, so nothing is lost.
+            _ = slot.evicted.notified() => Ok(()),
+        };
+        // The connection is dropped by now, so its socket has come back.
+        if let Err(e) = ended {
+            if e.is_timeout() {
+                metrics.cut(cut::HEAD_DEADLINE);
+                // Part of a head came: the client is told (an idle keep-alive
+                // connection is just closed).
+                if let (true, Ok(io)) = (slot.head_begun(), returned.await) {
+                    answer_head_timeout(io, header_timeout).await;
+                }
+            }
+            tracing::debug!("connection ended: {e}");
+        }
+        drop(slot);
+    });
 }
 
 /// Resolves once `stop` is true (or its sender is gone).
