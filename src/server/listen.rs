@@ -138,6 +138,7 @@ fn serve(
     // The connection comes back when hyper lets go of it, to answer a head cut at its
     // deadline.
     let (back, returned) = oneshot::channel();
+    let after_flush = AfterFlush::default();
     let io = Tracked {
         inner: Some(WriteDeadline::new(
             JsonRejections::new(tcp),
@@ -146,11 +147,13 @@ fn serve(
         )),
         read: slot.read.clone(),
         back: Some(back),
+        after_flush: after_flush.clone(),
     };
     let service = Service {
         router: router.clone(),
         peer,
         slot: slot.clone(),
+        after_flush,
     };
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
@@ -431,13 +434,18 @@ impl Drop for Busy {
 }
 
 /// The router, for one connection: each request gets the peer's address and keeps the
-/// connection marked busy until its response body is done.
+/// connection marked busy until its response is written whole.
 #[derive(Clone)]
 struct Service {
     router: Router,
     peer: Peer,
     slot: Arc<Slot>,
+    after_flush: AfterFlush,
 }
+
+/// A finished response's [`Busy`], released once the connection's writes are flushed: only
+/// then may a connection be closed to make room without cutting a response short.
+type AfterFlush = Arc<Mutex<Option<Busy>>>;
 
 impl hyper::service::Service<hyper::Request<Incoming>> for Service {
     type Response = axum::response::Response;
@@ -446,19 +454,35 @@ impl hyper::service::Service<hyper::Request<Incoming>> for Service {
 
     fn call(&self, mut req: hyper::Request<Incoming>) -> Self::Future {
         req.extensions_mut().insert(self.peer);
-        let busy = self.slot.busy();
+        let busy = Some(self.slot.busy());
         let router = self.router.clone();
+        let after_flush = self.after_flush.clone();
         Box::pin(async move {
             let response = router.oneshot(req.map(Body::new)).await?;
-            Ok(response.map(|body| Body::new(HeldBody { body, busy })))
+            Ok(response.map(|body| {
+                Body::new(HeldBody {
+                    body,
+                    busy,
+                    after_flush,
+                })
+            }))
         })
     }
 }
 
-/// A response body that keeps its connection marked busy until it ends.
+/// A response body that keeps its connection marked busy; once hyper is done with it (it
+/// ended, or the connection did), until the next flush.
 struct HeldBody {
     body: Body,
-    busy: Busy,
+    busy: Option<Busy>,
+    after_flush: AfterFlush,
+}
+
+impl Drop for HeldBody {
+    fn drop(&mut self) {
+        let mut cell = self.after_flush.lock().unwrap_or_else(|e| e.into_inner());
+        *cell = self.busy.take();
+    }
 }
 
 impl hyper::body::Body for HeldBody {
@@ -469,11 +493,7 @@ impl hyper::body::Body for HeldBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
-        let polled = Pin::new(&mut self.body).poll_frame(cx);
-        if matches!(polled, Poll::Ready(None)) {
-            drop(self.busy.0.take());
-        }
-        polled
+        Pin::new(&mut self.body).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
@@ -491,6 +511,8 @@ struct Tracked<T> {
     inner: Option<T>,
     read: Arc<AtomicU64>,
     back: Option<oneshot::Sender<T>>,
+    /// Released by the next flush that completes.
+    after_flush: AfterFlush,
 }
 
 impl<T> Drop for Tracked<T> {
@@ -546,7 +568,16 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.io()?.poll_flush(cx)
+        let flushed = self.io()?.poll_flush(cx);
+        if matches!(flushed, Poll::Ready(Ok(()))) {
+            let done = self
+                .after_flush
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            drop(done);
+        }
+        flushed
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -701,6 +732,74 @@ mod tests {
         assert_eq!(table.lock().open(), 0);
         assert!(table.lock().per_peer.is_empty());
         assert!(metrics.encode().contains("pagellm_http_connections_open 0"));
+    }
+
+    /// At the connection limit, a newcomer may take the place of a connection waiting for a
+    /// head, never of one whose response is still being written (even when hyper is done
+    /// with the response body and only the socket lags behind).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_response_being_written_is_never_cut_to_make_room() {
+        const BIG: usize = 8 << 20;
+        let router = Router::new().route("/big", axum::routing::get(|| async { vec![b'x'; BIG] }));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = ConnLimits {
+            header_timeout: Duration::from_secs(10),
+            max_connections: 1,
+            max_per_peer: 4,
+            write_timeout: Duration::from_secs(30),
+        };
+        let metrics = Arc::new(Metrics::new());
+        let (stop, stopped) = watch::channel(false);
+        let server = tokio::spawn(accept(listener, router, limits, metrics.clone(), stopped));
+        // The first client asks for 8 MiB and reads none of it for a while.
+        let mut first = TcpStream::connect(addr).await.unwrap();
+        first
+            .write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // A second arrives at the limit, and waits.
+        let mut second = TcpStream::connect(addr).await.unwrap();
+        second
+            .write_all(b"GET /big HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(cuts(&metrics, cut::EVICTED), 0);
+        // The first reads its whole response; then, idle, it makes room for the second.
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 1 << 16];
+        let whole = loop {
+            let n = first.read(&mut buf).await.unwrap();
+            assert!(
+                n > 0,
+                "the first response was cut after {} bytes",
+                got.len()
+            );
+            got.extend_from_slice(&buf[..n]);
+            if let Some(head) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                if got.len() == head + 4 + BIG {
+                    break got;
+                }
+            }
+        };
+        assert!(whole.starts_with(b"HTTP/1.1 200"));
+        let mut rest = Vec::new();
+        second.read_to_end(&mut rest).await.unwrap();
+        assert!(
+            rest.starts_with(b"HTTP/1.1 200") && rest.len() > BIG,
+            "{}",
+            rest.len()
+        );
+        assert_eq!(cuts(&metrics, cut::EVICTED), 1);
+        assert_eq!(
+            first.read(&mut buf).await.unwrap(),
+            0,
+            "closed to make room"
+        );
+        stop.send(true).unwrap();
+        drop(server.await.unwrap());
     }
 
     #[tokio::test]
