@@ -104,8 +104,8 @@ fn missing_config_field_and_bad_values() {
     edit_config(&d, |v| v["hidden_act"] = "gelu".into());
     assert!(err(&d).contains("hidden_act \"gelu\""));
     let d = copy("llama3-rope-scaled", "rope");
-    edit_config(&d, |v| v["rope_parameters"]["rope_type"] = "yarn".into());
-    assert!(err(&d).contains("rope scaling type \"yarn\""));
+    edit_config(&d, |v| v["rope_parameters"]["rope_type"] = "dynamic".into());
+    assert!(err(&d).contains("rope scaling type \"dynamic\""));
 }
 
 #[test]
@@ -233,6 +233,78 @@ fn transformers4_style_rope_settings_are_read() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// YaRN's settings as transformers reads them: the attention factor from the factor (or
+/// DeepSeek's mscale pair), the original context from the top level before the scaling's
+/// own, the factor from the two contexts when it is missing; and the context it serves.
+#[test]
+fn yarn_settings_are_read_as_transformers_reads_them() {
+    use pagellm::internals::nn::rope::RopeScaling;
+    let yarn = |edit: &dyn Fn(&mut Value)| {
+        let d = copy("llama-yarn", "yarn");
+        edit_config(&d, edit);
+        let c = ModelFiles::open(&d).unwrap().config;
+        let _ = std::fs::remove_dir_all(&d);
+        let RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings,
+            beta_fast,
+            beta_slow,
+            attention_factor,
+            truncate,
+        } = c.rope_scaling
+        else {
+            panic!("not yarn: {:?}", c.rope_scaling);
+        };
+        (
+            [
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                attention_factor,
+            ],
+            truncate,
+            c.max_model_len(),
+        )
+    };
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+    // The fixture as written: factor 4 over 64 of 256 positions.
+    let (v, truncate, len) = yarn(&|_| {});
+    assert_eq!(v[..4], [4.0, 64.0, 16.0, 1.0]);
+    assert!(
+        close(v[4], 0.1 * 4f64.ln() + 1.0) && truncate && len == 256,
+        "{v:?}"
+    );
+    // The paper's betas when none are given; DeepSeek's attention factor from mscale
+    // 0.707 over mscale_all_dim 0.707... and 1.0.
+    let (v, _, _) = yarn(&|c| {
+        let p = c["rope_parameters"].as_object_mut().unwrap();
+        p.remove("beta_fast");
+        p.remove("beta_slow");
+        p.insert("mscale".into(), serde_json::json!(1.0));
+        p.insert("mscale_all_dim".into(), serde_json::json!(0.5));
+        p.insert("truncate".into(), serde_json::json!(false));
+    });
+    let m = |x: f64| 0.1 * x * 4f64.ln() + 1.0;
+    assert_eq!(v[2..4], [32.0, 1.0]);
+    assert!(close(v[4], m(1.0) / m(0.5)), "{v:?}");
+    // A top-level original context wins over the scaling's; without a factor, it is the
+    // ratio of the two contexts.
+    let (v, _, _) = yarn(&|c| {
+        c["original_max_position_embeddings"] = serde_json::json!(32);
+        c["rope_parameters"]
+            .as_object_mut()
+            .unwrap()
+            .remove("factor");
+    });
+    assert_eq!(v[..2], [8.0, 32.0]);
+    assert!(close(v[4], 0.1 * 8f64.ln() + 1.0), "{v:?}");
+    // Qwen3's way: the pretrained context kept as max_position_embeddings and YaRN added
+    // on top reaches the original context times the factor.
+    let (_, _, len) = yarn(&|c| c["max_position_embeddings"] = serde_json::json!(64));
+    assert_eq!(len, 256);
+}
+
 /// Config errors of known architectures with a feature pagellm does not implement: each
 /// names the feature.
 #[test]
@@ -249,9 +321,24 @@ fn unsupported_features_of_known_architectures_are_named() {
             "qwen3-qknorm-window",
             Box::new(|v| {
                 v["rope_parameters"] =
-                    json!({"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6})
+                    json!({"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e6})
             }),
-            "rope scaling type \"yarn\"",
+            "rope scaling type \"dynamic\"",
+        ),
+        (
+            "llama-yarn",
+            Box::new(|v| v["rope_parameters"]["factor"] = json!(-4.0)),
+            "yarn scaling needs a positive factor",
+        ),
+        (
+            "llama-yarn",
+            Box::new(|v| v["rope_parameters"]["attention_factor"] = json!(0.0)),
+            "yarn scaling needs a positive attention_factor",
+        ),
+        (
+            "llama-yarn",
+            Box::new(|v| v["rope_parameters"]["beta_slow"] = json!(-1.0)),
+            "yarn scaling needs positive beta_fast and beta_slow",
         ),
         (
             "gemma3-local-rope",

@@ -39,6 +39,10 @@ What each variant exercises:
 - gemma3-local-rope: Gemma3ForCausalLM (text): Gemma 2's graph plus (1 + w) q/k norms,
   layer_types sliding / sliding / global with window 8, a local rope (theta 1e4) and a
   global one (theta 1e6, linear factor 2), multi-query 4:1, tied, bfloat16 weights.
+- llama-yarn: a float32 Llama with YaRN rope scaling (factor 4 over an original 64 of 256
+  positions, beta_fast 16, beta_slow 1): head_dim 32, so the fastest frequencies are kept,
+  the slowest divided by 4 and a ramp blends those between; cos and sin are multiplied by
+  the attention factor 0.1 ln 4 + 1.
 - phi3-longrope-window: Phi3ForCausalLM with fused qkv_proj and gate_up_proj, LongRoPE
   (short and long factors; original 128 of 512 positions, so every greedy sequence stays in
   the short factors' range), an 8-token window on every layer, float16 weights.
@@ -218,6 +222,21 @@ def check_phi3(model):
     assert abs(rot.attention_scaling - (1 + np.log(4.0) / np.log(128.0)) ** 0.5) < 1e-6
 
 
+def check_yarn(model):
+    c = model.config
+    p = c.rope_parameters
+    assert p["rope_type"] == "yarn" and p["factor"] == 4.0, p
+    assert p["original_max_position_embeddings"] == 64, p
+    rot = model.model.rotary_emb
+    # The paper's attention factor for a factor of 4, and frequencies of both kinds: the
+    # fastest kept as they were (extrapolated), the slowest divided by the factor.
+    assert abs(rot.attention_scaling - (0.1 * np.log(4.0) + 1.0)) < 1e-6
+    head_dim = c.head_dim
+    plain = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    assert torch.equal(rot.inv_freq[0], plain[0]), (rot.inv_freq, plain)
+    assert torch.allclose(rot.inv_freq[-1], plain[-1] / 4.0), (rot.inv_freq, plain)
+
+
 def zero(*suffixes):
     """An ablation that zeroes every tensor whose name ends with one of `suffixes`."""
 
@@ -363,6 +382,45 @@ VARIANTS = {
         },
     ),
 }
+
+YARN = {
+    "rope_type": "yarn",
+    "factor": 4.0,
+    "original_max_position_embeddings": 64,
+    "beta_fast": 16.0,
+    "beta_slow": 1.0,
+    "rope_theta": 10000.0,
+}
+
+VARIANTS["llama-yarn"] = dict(
+    model=LlamaForCausalLM,
+    config=lambda: LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        rope_parameters=dict(YARN),
+        tie_word_embeddings=True,
+        **COMMON,
+    ),
+    dtype=torch.float32,
+    head_scale=8.0,
+    final_norm_scale=8.0,
+    first_seed=900,
+    check=check_yarn,
+    ablations={
+        "no rope scaling": rope({"rope_type": "default", "rope_theta": 10000.0}),
+        "no attention factor": rope(dict(YARN, attention_factor=1.0)),
+        "linear scaling instead": rope(
+            {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}
+        ),
+    },
+)
 
 GEMMA = dict(
     bos_token_id=0,

@@ -161,9 +161,22 @@ impl ModelConfig {
         }
     }
 
-    /// The longest sequence the model may process: `max_position_embeddings`.
+    /// The longest sequence the model may process: `max_position_embeddings`, or for YaRN
+    /// the original context times the factor when that is longer (a checkpoint such as
+    /// Qwen3 keeps its pretrained `max_position_embeddings` and gets YaRN added to reach
+    /// four times as far; vLLM derives the same length).
     pub fn max_model_len(&self) -> usize {
-        self.max_position_embeddings
+        match self.rope_scaling {
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                ..
+            } => {
+                let scaled = (original_max_position_embeddings * factor).floor();
+                self.max_position_embeddings.max(scaled as usize)
+            }
+            _ => self.max_position_embeddings,
+        }
     }
 
     /// The context an engine serves unless told otherwise: [`Self::max_model_len`], except
@@ -306,8 +319,78 @@ fn parse_scaling(
                 long: false,
             })
         }
+        "yarn" => parse_yarn(r, top, max_pos),
         other => Err(ModelError::Unsupported(format!(
-            "rope scaling type {other:?} (supported: default, linear, llama3, longrope)"
+            "rope scaling type {other:?} (supported: default, linear, llama3, longrope, yarn)"
         ))),
     }
+}
+
+/// YaRN's settings as transformers reads them; `top` is the whole config, `max_pos` its
+/// `max_position_embeddings`.
+fn parse_yarn(r: &ConfigReader<'_>, top: &ConfigReader<'_>, max_pos: usize) -> Result<RopeScaling> {
+    // transformers: the top-level field wins, then the scaling's own, then the
+    // model's whole context.
+    let original = match top.f64("original_max_position_embeddings")? {
+        Some(n) => n,
+        None => r
+            .f64("original_max_position_embeddings")?
+            .unwrap_or(max_pos as f64),
+    };
+    if original <= 0.0 {
+        return Err(r.err(format!(
+            "yarn scaling needs a positive original_max_position_embeddings, not \
+             {original}"
+        )));
+    }
+    let factor = match r.f64("factor")? {
+        Some(f) if f > 0.0 => f,
+        Some(f) => {
+            let why = format!("yarn scaling needs a positive factor, not {f}");
+            return Err(r.err(why));
+        }
+        None => max_pos as f64 / original,
+    };
+    // The paper's attention factor, 0.1 ln(factor) + 1, or DeepSeek's ratio of two
+    // such when mscale and mscale_all_dim are both given.
+    let mscale = |m: f64| {
+        if factor <= 1.0 {
+            1.0
+        } else {
+            0.1 * m * factor.ln() + 1.0
+        }
+    };
+    let attention_factor = match (
+        r.f64("attention_factor")?,
+        r.f64("mscale")?.filter(|m| *m != 0.0),
+        r.f64("mscale_all_dim")?.filter(|m| *m != 0.0),
+    ) {
+        (Some(a), _, _) if a > 0.0 => a,
+        (Some(a), _, _) => {
+            return Err(r.err(format!(
+                "yarn scaling needs a positive attention_factor, not {a}"
+            )))
+        }
+        (None, Some(m), Some(all)) => mscale(m) / mscale(all),
+        (None, _, _) => mscale(1.0),
+    };
+    // transformers: a missing (or zero) beta takes the paper's value.
+    let beta = |key: &str, default: f64| -> Result<f64> {
+        Ok(r.f64(key)?.filter(|b| *b != 0.0).unwrap_or(default))
+    };
+    let (beta_fast, beta_slow) = (beta("beta_fast", 32.0)?, beta("beta_slow", 1.0)?);
+    if beta_fast <= 0.0 || beta_slow <= 0.0 {
+        return Err(r.err(format!(
+            "yarn scaling needs positive beta_fast and beta_slow, not {beta_fast} and \
+             {beta_slow}"
+        )));
+    }
+    Ok(RopeScaling::Yarn {
+        factor,
+        original_max_position_embeddings: original,
+        beta_fast,
+        beta_slow,
+        attention_factor,
+        truncate: r.bool("truncate")?.unwrap_or(true),
+    })
 }

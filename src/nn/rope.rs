@@ -1,5 +1,6 @@
 //! Rotary position embedding, the host-side half: frequency scaling (`rope_scaling` /
-//! `rope_parameters`: linear, Llama 3, LongRoPE, following Hugging Face's `rope_init_fn`s),
+//! `rope_parameters`: linear, Llama 3, LongRoPE, YaRN, following Hugging Face's
+//! `rope_init_fn`s),
 //! the inverse frequencies, and the cos/sin table the GPU kernel reads.
 
 /// Frequency scaling of the rotary embedding (`rope_scaling` / `rope_parameters`).
@@ -31,6 +32,19 @@ pub enum RopeScaling {
         /// Use `long_factor`.
         long: bool,
     },
+    /// YaRN (Peng et al. 2023; Qwen3, gpt-oss, DeepSeek): frequencies that turn fewer than
+    /// `beta_slow` times over the original context are divided by `factor`, those that turn
+    /// more than `beta_fast` times are kept, a linear ramp over the dimensions blends the
+    /// ones between; cos and sin are multiplied by `attention_factor`.
+    Yarn {
+        factor: f64,
+        original_max_position_embeddings: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        attention_factor: f64,
+        /// Round the ramp's ends outwards to whole dimensions (transformers' default).
+        truncate: bool,
+    },
 }
 
 impl RopeScaling {
@@ -54,6 +68,9 @@ impl RopeScaling {
         match self {
             RopeScaling::LongRope {
                 attention_factor, ..
+            }
+            | RopeScaling::Yarn {
+                attention_factor, ..
             } => *attention_factor as f32,
             _ => 1.0,
         }
@@ -62,6 +79,9 @@ impl RopeScaling {
 
 /// The `head_dim / 2` inverse frequencies, in f32 as transformers computes them.
 pub fn inv_freq(head_dim: usize, theta: f64, scaling: &RopeScaling) -> Vec<f32> {
+    if let RopeScaling::Yarn { .. } = scaling {
+        return yarn_inv_freq(head_dim, theta, scaling);
+    }
     (0..head_dim / 2)
         .map(|i| {
             let exponent = (2 * i) as f32 / head_dim as f32;
@@ -104,7 +124,51 @@ pub fn inv_freq(head_dim: usize, theta: f64, scaling: &RopeScaling) -> Vec<f32> 
                     };
                     scaled as f32
                 }
+                // Computed whole by `yarn_inv_freq`.
+                RopeScaling::Yarn { .. } => f,
             }
+        })
+        .collect()
+}
+
+/// YaRN's inverse frequencies, as transformers computes them: the ramp's ends in f64, the
+/// rest in f32.
+fn yarn_inv_freq(head_dim: usize, theta: f64, scaling: &RopeScaling) -> Vec<f32> {
+    let RopeScaling::Yarn {
+        factor,
+        original_max_position_embeddings: original,
+        beta_fast,
+        beta_slow,
+        truncate,
+        ..
+    } = *scaling
+    else {
+        return Vec::new();
+    };
+    let dim = head_dim as f64;
+    // The dimension at which a frequency turns `rotations` times over the original context.
+    let dim_of = |rotations: f64| {
+        dim * libm::log(original / (rotations * 2.0 * std::f64::consts::PI))
+            / (2.0 * libm::log(theta))
+    };
+    let (mut low, mut high) = (dim_of(beta_fast), dim_of(beta_slow));
+    if truncate {
+        (low, high) = (libm::floor(low), libm::ceil(high));
+    }
+    let low = low.max(0.0);
+    let mut high = high.min(dim - 1.0);
+    if low == high {
+        high += 0.001;
+    }
+    (0..head_dim / 2)
+        .map(|i| {
+            let exponent = (2 * i) as f32 / head_dim as f32;
+            let pos_freq = libm::powf(theta as f32, exponent);
+            let extrapolated = 1.0 / pos_freq;
+            let interpolated = 1.0 / (factor as f32 * pos_freq);
+            let ramp = ((i as f32 - low as f32) / (high - low) as f32).clamp(0.0, 1.0);
+            let keep = 1.0 - ramp;
+            interpolated * (1.0 - keep) + extrapolated * keep
         })
         .collect()
 }
@@ -126,4 +190,62 @@ pub fn cos_sin_table(inv_freq: &[f32], max_positions: usize, attention_factor: f
         }
     }
     table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// YaRN's frequencies against the paper's formula worked in f64: dimensions below the
+    /// ramp keep their frequency, those above are divided by the factor, those on it blend
+    /// linearly; the attention factor scales the table.
+    #[test]
+    fn yarn_blends_kept_and_divided_frequencies_along_its_ramp() {
+        let (head_dim, theta, factor, original) = (32usize, 10000.0f64, 4.0f64, 64.0f64);
+        let scaling = RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings: original,
+            beta_fast: 16.0,
+            beta_slow: 1.0,
+            attention_factor: 1.25,
+            truncate: true,
+        };
+        let got = inv_freq(head_dim, theta, &scaling);
+        // The ramp: from floor(d(16)) to ceil(d(1)), d(r) = dim ln(orig / (2 pi r)) / (2 ln theta).
+        let d = |r: f64| {
+            head_dim as f64 * (original / (r * 2.0 * std::f64::consts::PI)).ln()
+                / (2.0 * theta.ln())
+        };
+        let (low, high) = (d(16.0).floor().max(0.0), d(1.0).ceil());
+        assert_eq!((low, high), (0.0, 5.0));
+        for (i, &g) in got.iter().enumerate() {
+            let f = theta.powf(-(2.0 * i as f64) / head_dim as f64);
+            let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+            let want = f / factor * ramp + f * (1.0 - ramp);
+            assert!(
+                ((g as f64) - want).abs() <= want * 1e-6,
+                "dimension {i}: {g} against {want}"
+            );
+        }
+        assert_eq!(got[0], 1.0, "the fastest frequency is kept exactly");
+        let table = cos_sin_table(&got, 2, scaling.attention_factor());
+        assert_eq!(table[0], 1.25, "cos(0) times the attention factor");
+        // Without truncation the ramp ends at d(1) itself, unrounded.
+        let loose = RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings: original,
+            beta_fast: 16.0,
+            beta_slow: 1.0,
+            attention_factor: 1.25,
+            truncate: false,
+        };
+        let got = inv_freq(head_dim, theta, &loose);
+        let (low, high) = (d(16.0).max(0.0), d(1.0));
+        for (i, &g) in got.iter().enumerate() {
+            let f = theta.powf(-(2.0 * i as f64) / head_dim as f64);
+            let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+            let want = f / factor * ramp + f * (1.0 - ramp);
+            assert!(((g as f64) - want).abs() <= want * 1e-6, "untruncated {i}");
+        }
+    }
 }

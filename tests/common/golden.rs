@@ -15,7 +15,7 @@ use pagellm::internals::model::{spec, ModelFiles};
 use serde_json::Value;
 use std::path::PathBuf;
 
-pub const NAMES: [&str; 12] = [
+pub const NAMES: [&str; 13] = [
     "llama-gqa",
     "qwen2-bias-tied",
     "mistral-f16",
@@ -30,6 +30,8 @@ pub const NAMES: [&str; 12] = [
     "gemma2-softcap-window",
     "gemma3-local-rope",
     "phi3-longrope-window",
+    // YaRN rope scaling.
+    "llama-yarn",
 ];
 
 pub struct Case {
