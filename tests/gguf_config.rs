@@ -217,6 +217,35 @@ fn a_quantized_file_opens_with_its_tensors_in_their_formats() {
     );
 }
 
+/// A GGUF model with a tensor of a type pagellm has no decoder for: the error names the
+/// file as GGUF and the type (it once called the file a malformed safetensors file).
+#[test]
+fn a_tensor_type_without_a_decoder_is_named_as_such() {
+    let path = Path::new("tests/fixtures/gguf/llama-gqa-q8_0.gguf");
+    let bytes = std::fs::read(path).unwrap();
+    // output.weight's directory entry: name, 2 dimensions, 2 extents, then its type (Q8_0).
+    let name = b"output.weight";
+    let at = bytes.windows(name.len()).position(|w| w == name).unwrap() + name.len();
+    assert_eq!(bytes[at..at + 4], 2u32.to_le_bytes());
+    let ty = at + 4 + 2 * 8;
+    assert_eq!(bytes[ty..ty + 4], 8u32.to_le_bytes(), "Q8_0");
+    let mut retyped = bytes.clone();
+    retyped[ty..ty + 4].copy_from_slice(&23u32.to_le_bytes()); // IQ4_XS
+    let dir = std::env::temp_dir().join(format!("pagellm-iq4xs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("model.gguf");
+    std::fs::write(&file, retyped).unwrap();
+    let e = pagellm::internals::model::ModelFiles::open(&file)
+        .unwrap_err()
+        .to_string();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(
+        e.contains("GGUF") && e.contains("IQ4_XS (id 23) is not supported"),
+        "{e}"
+    );
+    assert!(!e.contains("safetensors"), "{e}");
+}
+
 #[test]
 fn rope_factors_that_are_not_a_list_of_f32_are_named() {
     // llama3-rope-scaled.gguf with its rope_freqs.weight retyped F16 in the tensor

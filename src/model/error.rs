@@ -30,6 +30,11 @@ pub enum ModelError {
     #[error("{path} is not a valid safetensors file (truncated or malformed?): {message}")]
     Malformed { path: PathBuf, message: String },
 
+    /// A GGUF file that is truncated, malformed, or holds what pagellm cannot read (a tensor
+    /// type it has no decoder for).
+    #[error("{path}: cannot read it as a GGUF model: {message}")]
+    Gguf { path: PathBuf, message: String },
+
     #[error("no weights found in {0}: expected model.safetensors or model.safetensors.index.json")]
     NoWeights(PathBuf),
 

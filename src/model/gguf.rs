@@ -34,7 +34,7 @@ pub fn open_bytes(
     bytes: FileBytes,
     config: Option<ModelConfig>,
 ) -> Result<(ModelConfig, Checkpoint)> {
-    let malformed = |message: String| ModelError::Malformed {
+    let malformed = |message: String| ModelError::Gguf {
         path: path.to_path_buf(),
         message,
     };
