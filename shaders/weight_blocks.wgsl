@@ -1,12 +1,14 @@
-// The GGML block formats of weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), read
+// The GGML block formats of weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL,
+// MXFP4), read
 // where a kernel reads weights: `block8(row, j)` decodes elements 8j .. 8j + 8 of a weight
 // row. Shared by the matmul kernels and the embedding gather, each of which defines
 // `wword(i)`, word i of its weight binding, and the WEIGHT_DTYPE override.
 //
 // On the GPU each GGUF block is kept as it is in the file, in a whole number of 4-byte
 // words (gpu_block in src/kernels/weight.rs writes that layout): two bytes of padding go
-// before a Q4_0, Q5_0 or Q8_0 block (its f16 scale then fills the upper half of word 0 and
-// its codes start on a word) and after a Q6_K block; Q4_K and Q5_K have their 6-bit
+// before a Q4_0, Q5_0, Q8_0 or IQ4_NL block (its f16 scale then fills the upper half of word 0
+// and its codes start on a word), three before an MXFP4 block (its exponent is the top byte of
+// word 0), and two after a Q6_K block; Q4_K and Q5_K have their 6-bit
 // sub-block scales and mins unpacked to one byte each (words 1..5). A row is its blocks one
 // after another. Every 8-element group
 // lies within one block and shares its scale, so a group is decoded from a few words.
@@ -16,7 +18,10 @@
 // Q6_K's super-block scale times a sub-block scale, times a code) needs at most 22
 // significant bits, so every product is exact in f32, and where a min is then added or
 // subtracted (Q4_1, Q5_1, Q4_K, Q5_K) there is one rounding whether or not the compiler
-// fuses the two into a multiply-add. tests/kernels_quant.rs checks every fixture block.
+// fuses the two into a multiply-add. IQ4_NL's and MXFP4's codes index tables of small
+// integers, times a scale: exact products too (MXFP4's scale is a power of two, an f32
+// subnormal for exponents 0 and 1, where a GPU that flushes subnormals gives zeros).
+// tests/kernels_quant.rs checks every fixture block.
 
 const DTYPE_Q4_0: u32 = 10u;
 const DTYPE_Q4_1: u32 = 11u;
@@ -26,6 +31,14 @@ const DTYPE_Q8_0: u32 = 14u;
 const DTYPE_Q4_K: u32 = 15u;
 const DTYPE_Q5_K: u32 = 16u;
 const DTYPE_Q6_K: u32 = 17u;
+const DTYPE_IQ4_NL: u32 = 18u;
+const DTYPE_MXFP4: u32 = 19u;
+
+// IQ4_NL's levels and MXFP4's (E2M1 values doubled), as src/formats/ggml.rs lists them.
+const IQ4_LEVELS = array<f32, 16>(-127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0, 1.0,
+    13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0);
+const FP4_LEVELS = array<f32, 16>(0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 0.0, -1.0, -2.0, -3.0,
+    -4.0, -6.0, -8.0, -12.0);
 
 // Whether WEIGHT_DTYPE is a block format.
 fn is_block_dtype() -> bool {
@@ -34,12 +47,12 @@ fn is_block_dtype() -> bool {
 
 // Elements and words of one block of WEIGHT_DTYPE.
 fn block_elems() -> u32 {
-    return select(32u, 256u, WEIGHT_DTYPE >= DTYPE_Q4_K);
+    return select(32u, 256u, WEIGHT_DTYPE >= DTYPE_Q4_K && WEIGHT_DTYPE <= DTYPE_Q6_K);
 }
 
 fn block_words() -> u32 {
     switch WEIGHT_DTYPE {
-        case 10u, 11u: { return 5u; }
+        case 10u, 11u, 18u, 19u: { return 5u; }
         case 12u, 13u: { return 6u; }
         case 14u: { return 9u; }
         case 15u: { return 37u; }
@@ -70,6 +83,27 @@ fn nibbles8(a: u32, b: u32, shift: u32) -> array<u32, 8> {
 
 fn pack8(v: array<f32, 8>) -> array<vec4<f32>, 2> {
     return array<vec4<f32>, 2>(vec4<f32>(v[0], v[1], v[2], v[3]), vec4<f32>(v[4], v[5], v[6], v[7]));
+}
+
+// IQ4_NL and MXFP4: group g (0..4) of the 32-block at word `base`, a scale times levels.
+fn block8_levels(base: u32, g: u32) -> array<vec4<f32>, 2> {
+    let head = wword(base);
+    var scale = unpack2x16float(head).y;
+    var levels = IQ4_LEVELS;
+    if WEIGHT_DTYPE == DTYPE_MXFP4 {
+        // 2^(e - 128), built as ggml builds it.
+        let e = head >> 24u;
+        scale = bitcast<f32>(select((e - 1u) << 23u, 0x00200000u << e, e < 2u));
+        levels = FP4_LEVELS;
+    }
+    // Byte l of the codes holds element l (low nibble) and l + 16 (high nibble).
+    let qs = base + 1u + 2u * (g % 2u);
+    let q = nibbles8(wword(qs), wword(qs + 1u), 4u * (g / 2u));
+    var v: array<f32, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        v[i] = scale * levels[q[i]];
+    }
+    return pack8(v);
 }
 
 // Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0: group g (0..4) of the 32-block at word `base`.
@@ -164,6 +198,9 @@ fn block8(row: u32, j: u32) -> array<vec4<f32>, 2> {
     let per_block = block_elems() / 8u;
     let base = row + (j / per_block) * block_words();
     let g = j % per_block;
+    if WEIGHT_DTYPE >= DTYPE_IQ4_NL {
+        return block8_levels(base, g);
+    }
     if WEIGHT_DTYPE == DTYPE_Q6_K {
         return block8_q6_k(base, g);
     }

@@ -23,7 +23,7 @@ const QUANT_CASES: [&str; 8] = [
     "q8_0_quant.bin",
 ];
 
-const RAW_CASES: [&str; 11] = [
+const RAW_CASES: [&str; 13] = [
     "f32_raw.bin",
     "f16_raw.bin",
     "bf16_raw.bin",
@@ -35,6 +35,8 @@ const RAW_CASES: [&str; 11] = [
     "q4_k_raw.bin",
     "q5_k_raw.bin",
     "q6_k_raw.bin",
+    "iq4_nl_raw.bin",
+    "mxfp4_raw.bin",
 ];
 
 fn first_bit_difference(got: &[f32], want: &[f32]) -> Option<usize> {
@@ -98,13 +100,16 @@ fn quantize_matches_the_gguf_package_byte_for_byte() {
             "{ty} has no package quantizer to match"
         );
     }
+    for ty in [GgmlType::IQ4_NL, GgmlType::MXFP4] {
+        assert!(!ty.quantize_matches_ggml(), "{ty}: pagellm's own quantizer");
+    }
 }
 
 /// Ids, names, block sizes and bytes per block as the package's `GGMLQuantizationType` and
 /// `GGML_QUANT_SIZES` give them.
 #[test]
 fn type_table_matches_ggml() {
-    let table: [(u32, &str, usize, usize); 11] = [
+    let table: [(u32, &str, usize, usize); 13] = [
         (0, "F32", 1, 4),
         (1, "F16", 1, 2),
         (2, "Q4_0", 32, 18),
@@ -115,7 +120,9 @@ fn type_table_matches_ggml() {
         (12, "Q4_K", 256, 144),
         (13, "Q5_K", 256, 176),
         (14, "Q6_K", 256, 210),
+        (20, "IQ4_NL", 32, 18),
         (30, "BF16", 1, 2),
+        (39, "MXFP4", 32, 17),
     ];
     for (id, name, block, bytes) in table {
         let ty = GgmlType::from_id(id).unwrap();
@@ -205,6 +212,29 @@ fn bounds(ty: GgmlType, x: &[f32]) -> Vec<f32> {
             flat(d / 2.0 + levels * f16_err(d) + f16_err(lo.abs()))
         }
         GgmlType::Q4_K | GgmlType::Q5_K => k_asym_bounds(ty, x, slack),
+        GgmlType::IQ4_NL => x
+            .chunks(32)
+            .flat_map(|b| {
+                let d = absmax(b) / 127.0;
+                [14.0 * d + 128.0 * f16_err(d) + slack; 32]
+            })
+            .collect(),
+        GgmlType::MXFP4 => x
+            .chunks(32)
+            .flat_map(|b| {
+                // The scale unit: 2^(floor(log2 max|x|) - 3), at least the smallest
+                // scale, 2^-128.
+                let a = absmax(b);
+                let smallest = f32::from_bits(0x0020_0000);
+                let unit = if a > 0.0 {
+                    (a.log2().floor() - 3.0).exp2()
+                } else {
+                    0.0
+                };
+                let unit = unit.max(smallest);
+                [4.0 * unit + slack; 32]
+            })
+            .collect(),
         GgmlType::Q6_K => {
             let need: Vec<f32> = x.chunks(16).map(|s| absmax(s) / 31.0).collect();
             let d = f16_up(need.iter().fold(0.0f32, |m, &v| m.max(v)) / 127.0);
@@ -464,7 +494,7 @@ fn unsupported_and_unknown_type_ids_are_named() {
         (16, "IQ2_XXS"),
         (23, "IQ4_XS"),
         (34, "TQ1_0"),
-        (39, "MXFP4"),
+        (40, "NVFP4"),
     ] {
         let err = GgmlType::from_id(id).unwrap_err();
         assert_eq!(err, QuantError::UnsupportedType { id, name });
@@ -495,9 +525,15 @@ fn non_finite_values_and_overflowing_scales_are_errors() {
             );
             assert!(err.to_string().contains(ty.name()), "{err}");
         }
-        // Far beyond what an f16 scale times the largest code reaches.
+        // Far beyond what an f16 scale times the largest code reaches (MXFP4's scale is a
+        // power of two up to 2^126: it takes any finite value).
         let mut x = vec![1.0f32; 2 * n];
         x[n] = 3.0e38;
+        if ty == GgmlType::MXFP4 {
+            let back = dequantize(ty, &quantize(ty, &x).unwrap(), x.len()).unwrap();
+            assert_eq!((back[n], back[n + 1]), (3.0 * 2f32.powi(126), 0.0), "{ty}");
+            continue;
+        }
         let err = quantize(ty, &x).unwrap_err();
         assert_eq!(err, QuantError::ScaleOverflow { ty, block: 1 });
         assert!(err.to_string().contains("f16"), "{err}");

@@ -25,8 +25,10 @@ Two kinds of case per type:
   f16.
 - `<type>_raw.bin`: blocks built directly from seeded random bytes, with random finite f16
   scales, plus all-zero, largest-scale (both signs), negative-min, subnormal-scale and
-  negative-zero-scale blocks, and `gguf.quants.dequantize` of them. For every block type
-  (the package has no quantizer for Q4_K, Q5_K or Q6_K, so this is their only case) and for
+  negative-zero-scale blocks (MXFP4: every exponent byte at random, and the edge exponents
+  of MXFP4_EDGES), and `gguf.quants.dequantize` of them. For every block type
+  (the package has no quantizer for Q4_K, Q5_K, Q6_K or IQ4_NL, and pagellm none for IQ4_NL
+  or MXFP4, so this is their only case) and for
   F32/F16/BF16 (random bit patterns and special values: infinities, NaNs, subnormals).
 
 File format (all little-endian):
@@ -57,7 +59,10 @@ F16_MAX = 65504.0
 
 # Types `gguf.quants.quantize` implements among those pagellm reads.
 QUANTIZABLE = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
-BLOCK_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
+# New types go at the end: each type's seed is its place in the list.
+BLOCK_TYPES = [
+    T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.MXFP4,
+]
 
 # Byte offsets of the f16 fields of one block: the scale d and, where the type has one, the
 # min/dmin field. Facts of the GGML layouts.
@@ -70,7 +75,12 @@ F16_FIELDS = {
     T.Q4_K: [0, 2],
     T.Q5_K: [0, 2],
     T.Q6_K: [208],
+    T.IQ4_NL: [0],
 }
+
+# MXFP4's scale byte (an E8M0 exponent, 2^(e - 127)) for its edge blocks: the subnormal f32
+# scales ggml makes of 0 and 1, one, and the largest (whose top codes overflow to infinity).
+MXFP4_EDGES = [0, 1, 2, 126, 127, 128, 253, 254, 255]
 
 
 def write_case(path: Path, qtype: T, data: np.ndarray, inputs: np.ndarray | None) -> int:
@@ -269,9 +279,26 @@ def raw_float_bits(qtype: T, rng: np.random.Generator, n: int) -> np.ndarray:
     return bits.view(np.uint8)
 
 
+def raw_mxfp4(rng: np.random.Generator, n_random: int) -> np.ndarray:
+    _, size = GGML_QUANT_SIZES[T.MXFP4]
+    blocks = [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(n_random)]
+    for e in MXFP4_EDGES:
+        for payload in ("random", "ones"):
+            if payload == "random":
+                blk = rng.integers(0, 256, size, dtype=np.uint8)
+            else:
+                blk = np.full(size, 0xFF, dtype=np.uint8)
+            blk[0] = e
+            blocks.append(blk)
+    blocks.append(np.zeros(size, dtype=np.uint8))
+    return np.concatenate(blocks)
+
+
 def raw_case(qtype: T, rng: np.random.Generator) -> int:
     if qtype in (T.F32, T.F16, T.BF16):
         data = raw_float_bits(qtype, rng, 256)
+    elif qtype == T.MXFP4:
+        data = raw_mxfp4(rng, 10)
     else:
         block, _ = GGML_QUANT_SIZES[qtype]
         data = raw_blocks(qtype, rng, 10 if block == 32 else 4)

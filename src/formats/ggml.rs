@@ -19,13 +19,20 @@
 //! | Q4_K | 256 | 144 | `d`, `dmin: f16`, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles | `d * sc * q - dmin * m` |
 //! | Q5_K | 256 | 176 | as Q4_K, then 32 bytes of fifth bits before the nibbles | `d * sc * q - dmin * m` |
 //! | Q6_K | 256 | 210 | 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 `i8` scales, `d: f16` | `d * sc * (q - 32)` |
+//! | IQ4_NL | 32 | 18 | `d: f16`, 16 bytes of 4-bit codes | `d * IQ4[q]` |
+//! | MXFP4 | 32 | 17 | `e: u8` (an E8M0 exponent), 16 bytes of 4-bit codes | `2^(e - 128) * FP4[q]` |
 //!
 //! In the 32-blocks, byte `j` of the nibbles holds element `j` in its low half and element
 //! `j + 16` in its high half; bit `j` of `qh` is the fifth bit of element `j`. In Q4_K and
 //! Q5_K each run of 32 nibble bytes holds two sub-blocks of 32 (low halves first), and bit `s`
 //! of high-bit byte `l` belongs to element `l` of sub-block `s`. Q6_K works in halves of 128
 //! values; `dequant_q6_k` below spells out the interleaving. Every product is an f32 product of
-//! the f16 fields widened to f32, in the order the value column shows.
+//! the f16 fields widened to f32, in the order the value column shows. IQ4_NL's codes index
+//! a non-linear table of 16 `i8` levels ([`IQ4_LEVELS`]); MXFP4's index the OCP E2M1 values
+//! doubled ([`FP4_LEVELS`], hence the exponent's extra halving), so that both are products of
+//! a scale and a small integer, exact in f32 (MXFP4's scale may be an f32 subnormal, for
+//! exponents 0 and 1, or overflow to infinity with the largest codes at exponent 255, as in
+//! ggml).
 //!
 //! Quantization ([`quantize`]): for F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 the bytes
 //! are exactly those of the `gguf` package's quantizer (itself a port of ggml's reference
@@ -33,7 +40,8 @@
 //! same round-to-nearest-even of scales to f16. The package has no quantizer for the
 //! K-quants, so Q4_K, Q5_K and Q6_K use a simple quantizer of this module's own, described at
 //! [`quantize`]; it is not llama.cpp's error-minimising scale search and will not reproduce
-//! llama.cpp's bytes, only dequantize within the documented bound.
+//! llama.cpp's bytes, only dequantize within the documented bound. IQ4_NL and MXFP4 also use
+//! quantizers of this module's own (see [`quantize`]).
 
 use half::{bf16, f16};
 
@@ -57,7 +65,18 @@ pub enum GgmlType {
     Q4_K,
     Q5_K,
     Q6_K,
+    IQ4_NL,
+    MXFP4,
 }
+
+/// IQ4_NL's 16 levels (ggml's `kvalues_iq4nl`, a fact of the format).
+pub const IQ4_LEVELS: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// MXFP4's 16 levels: the E2M1 values (sign, two exponent bits, one mantissa bit) doubled,
+/// as ggml's `kvalues_mxfp4` keeps them.
+pub const FP4_LEVELS: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 /// GGML type ids that exist (or once existed) in the format but that pagellm does not read,
 /// with their GGML names, so that an error can say which type a file asked for.
@@ -72,7 +91,6 @@ const UNSUPPORTED: &[(u32, &str)] = &[
     (17, "IQ2_XS"),
     (18, "IQ3_XXS"),
     (19, "IQ1_S"),
-    (20, "IQ4_NL"),
     (21, "IQ3_S"),
     (22, "IQ2_S"),
     (23, "IQ4_XS"),
@@ -90,14 +108,13 @@ const UNSUPPORTED: &[(u32, &str)] = &[
     (36, "IQ4_NL_4_4"),
     (37, "IQ4_NL_4_8"),
     (38, "IQ4_NL_8_8"),
-    (39, "MXFP4"),
     (40, "NVFP4"),
     (41, "Q1_0"),
 ];
 
 impl GgmlType {
     /// Every supported type, in GGML id order.
-    pub const ALL: [GgmlType; 11] = [
+    pub const ALL: [GgmlType; 13] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -108,7 +125,9 @@ impl GgmlType {
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q6_K,
+        GgmlType::IQ4_NL,
         GgmlType::BF16,
+        GgmlType::MXFP4,
     ];
 
     /// The type a GGUF tensor info's type id names. Ids of GGML types pagellm does not
@@ -137,7 +156,9 @@ impl GgmlType {
             GgmlType::Q4_K => 12,
             GgmlType::Q5_K => 13,
             GgmlType::Q6_K => 14,
+            GgmlType::IQ4_NL => 20,
             GgmlType::BF16 => 30,
+            GgmlType::MXFP4 => 39,
         }
     }
 
@@ -155,6 +176,8 @@ impl GgmlType {
             GgmlType::Q4_K => "Q4_K",
             GgmlType::Q5_K => "Q5_K",
             GgmlType::Q6_K => "Q6_K",
+            GgmlType::IQ4_NL => "IQ4_NL",
+            GgmlType::MXFP4 => "MXFP4",
         }
     }
 
@@ -162,9 +185,13 @@ impl GgmlType {
     pub fn block_elems(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
-                QK
-            }
+            GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q8_0
+            | GgmlType::IQ4_NL
+            | GgmlType::MXFP4 => QK,
             GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => QK_K,
         }
     }
@@ -182,6 +209,8 @@ impl GgmlType {
             GgmlType::Q4_K => 144,
             GgmlType::Q5_K => 176,
             GgmlType::Q6_K => 210,
+            GgmlType::IQ4_NL => 18,
+            GgmlType::MXFP4 => 17,
         }
     }
 
@@ -203,7 +232,10 @@ impl GgmlType {
     /// Whether [`quantize`] reproduces the `gguf` package's (and ggml's reference) bytes for
     /// this type; false for the K-quants, which use this module's own quantizer.
     pub fn quantize_matches_ggml(self) -> bool {
-        !matches!(self, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+        !matches!(
+            self,
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_NL | GgmlType::MXFP4
+        )
     }
 }
 
@@ -331,6 +363,8 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], elems: usize) -> Result<Vec<f32>, 
         GgmlType::Q4_K => dequant_q4_k,
         GgmlType::Q5_K => dequant_q5_k,
         GgmlType::Q6_K => dequant_q6_k,
+        GgmlType::IQ4_NL => dequant_iq4_nl,
+        GgmlType::MXFP4 => dequant_mxfp4,
     };
     for (b, o) in bytes
         .chunks_exact(ty.block_bytes())
@@ -339,6 +373,34 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], elems: usize) -> Result<Vec<f32>, 
         block(b, o);
     }
     Ok(out)
+}
+
+/// A 32-block whose byte `j` of `qs` holds codes `j` (low nibble) and `j + 16` (high), each
+/// an index into `levels`, times `scale`.
+fn dequant_levels(scale: f32, qs: &[u8], levels: &[i8; 16], out: &mut [f32]) {
+    for (j, &byte) in qs.iter().enumerate().take(QK / 2) {
+        out[j] = scale * f32::from(levels[usize::from(byte & 0xF)]);
+        out[j + QK / 2] = scale * f32::from(levels[usize::from(byte >> 4)]);
+    }
+}
+
+fn dequant_iq4_nl(b: &[u8], out: &mut [f32]) {
+    dequant_levels(f16_at(b, 0), &b[2..], &IQ4_LEVELS, out);
+}
+
+/// MXFP4's scale: 2^(e - 128), as ggml's `ggml_e8m0_to_fp32_half` builds its bits (f32
+/// subnormals for e of 0 and 1).
+pub fn e8m0_half(e: u8) -> f32 {
+    let e = u32::from(e);
+    f32::from_bits(if e < 2 {
+        0x0020_0000 << e
+    } else {
+        (e - 1) << 23
+    })
+}
+
+fn dequant_mxfp4(b: &[u8], out: &mut [f32]) {
+    dequant_levels(e8m0_half(b[0]), &b[1..], &FP4_LEVELS, out);
 }
 
 fn dequant_q4_0(b: &[u8], out: &mut [f32]) {
@@ -486,6 +548,14 @@ fn dequant_q6_k(b: &[u8], out: &mut [f32]) {
 ///   So a super-block's squared error never exceeds what the bound-first per-value bounds
 ///   allow in sum, and on normal data it is 9-12% lower than bound-first alone. The search
 ///   costs ~50 ns a value on one core; large tensors are split across threads.
+/// - IQ4_NL, MXFP4: this module's own, one pass per block (llama.cpp searches IQ4_NL's scale,
+///   so its bytes differ). IQ4_NL puts the value of largest magnitude on the level -127
+///   (`d = max / -127`, stored as f16) and every value on the level nearest `x / d`: error at
+///   most `14 |d|` (half the widest gap between levels, or the distance from 113 to 127),
+///   plus the f16 rounding of `d`. MXFP4 takes the `gguf` package's exponent
+///   `floor(log2 max|x|) - 2 + 127`, so the largest magnitude lies between 8 and 16 scale
+///   units, and every value goes to the nearest level: error at most 4 units (above the top
+///   level 12), and 2 below it.
 ///
 /// Errors: [`QuantError::NotBlockMultiple`] for a length that is not whole blocks;
 /// [`QuantError::NonFinite`] for a NaN or infinite value given to a block format;
@@ -515,6 +585,8 @@ pub fn quantize(ty: GgmlType, values: &[f32]) -> Result<Vec<u8>, QuantError> {
         GgmlType::Q4_K => quant_q4_k,
         GgmlType::Q5_K => quant_q5_k,
         GgmlType::Q6_K => quant_q6_k,
+        GgmlType::IQ4_NL => quant_iq4_nl,
+        GgmlType::MXFP4 => quant_mxfp4,
     };
     if let Some(index) = values.iter().position(|v| !v.is_finite()) {
         return Err(QuantError::NonFinite {
@@ -617,6 +689,60 @@ fn pack_q5(q: &[u8; QK], out: &mut [u8]) {
         .fold(0u32, |acc, (j, &v)| acc | (u32::from(v >> 4) << j));
     out[..4].copy_from_slice(&qh.to_le_bytes());
     pack_nibbles(q, &mut out[4..20]);
+}
+
+/// The index of the level nearest `v` (the first of two equally near).
+fn nearest_level(v: f32, levels: &[i8; 16]) -> u8 {
+    let (mut best, mut err) = (0u8, f32::INFINITY);
+    for (i, &l) in levels.iter().enumerate() {
+        let e = (v - f32::from(l)).abs();
+        if e < err {
+            (best, err) = (i as u8, e);
+        }
+    }
+    best
+}
+
+/// IQ4_NL: the value of largest magnitude on the level -127 (`d = max / -127`, stored as
+/// f16), every value on the level nearest `x / d` of the stored `d`.
+fn quant_iq4_nl(x: &[f32], out: &mut [u8]) -> Result<(), ScaleOverflow> {
+    put_f16(out, 0, signed_absmax(x) / -127.0)?;
+    let id = inverse(f16_at(out, 0));
+    let mut q = [0u8; QK];
+    for (c, &v) in q.iter_mut().zip(x) {
+        *c = nearest_level(v * id, &IQ4_LEVELS);
+    }
+    pack_nibbles(&q, &mut out[2..18]);
+    Ok(())
+}
+
+/// `floor(log2(v))` of a positive finite `v`, from its bits (subnormals included).
+fn floor_log2(v: f32) -> i32 {
+    let bits = v.to_bits();
+    match (bits >> 23) & 0xFF {
+        0 => (31 - bits.leading_zeros() as i32) - 149,
+        e => e as i32 - 127,
+    }
+}
+
+/// MXFP4: the exponent `floor(log2(max |x|)) - 2 + 127`, as the `gguf` package chooses it
+/// (0 for a block of zeros; clamped to 0..=254), which puts the largest magnitude between
+/// levels 8 and 16 of the scale `2^(e - 128)`; every value on the level nearest `x / scale`.
+fn quant_mxfp4(x: &[f32], out: &mut [u8]) -> Result<(), ScaleOverflow> {
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let e = if amax > 0.0 {
+        (floor_log2(amax) + 125).clamp(0, 254) as u8
+    } else {
+        0
+    };
+    out[0] = e;
+    let scale = e8m0_half(e);
+    let mut q = [0u8; QK];
+    for (c, &v) in q.iter_mut().zip(x) {
+        *c = nearest_level(v / scale, &FP4_LEVELS);
+    }
+    pack_nibbles(&q, &mut out[1..17]);
+    Ok(())
 }
 
 fn quant_q4_0(x: &[f32], out: &mut [u8]) -> Result<(), ScaleOverflow> {

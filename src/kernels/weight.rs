@@ -16,7 +16,7 @@ pub use crate::formats::WeightDtype;
 
 impl WeightDtype {
     /// Every block format.
-    pub const BLOCKS: [WeightDtype; 8] = [
+    pub const BLOCKS: [WeightDtype; 10] = [
         WeightDtype::Q4_0,
         WeightDtype::Q4_1,
         WeightDtype::Q5_0,
@@ -25,6 +25,8 @@ impl WeightDtype {
         WeightDtype::Q4_K,
         WeightDtype::Q5_K,
         WeightDtype::Q6_K,
+        WeightDtype::IQ4_NL,
+        WeightDtype::MXFP4,
     ];
 
     /// The value of the kernels' `WEIGHT_DTYPE` override (shaders/common.wgsl has the float
@@ -42,6 +44,8 @@ impl WeightDtype {
             WeightDtype::Q4_K => 15.0,
             WeightDtype::Q5_K => 16.0,
             WeightDtype::Q6_K => 17.0,
+            WeightDtype::IQ4_NL => 18.0,
+            WeightDtype::MXFP4 => 19.0,
         }
     }
 
@@ -59,8 +63,8 @@ impl WeightDtype {
     /// Bytes of one block on the GPU ([`gpu_block`] writes them).
     fn gpu_block_bytes(self) -> usize {
         match self {
-            // Two bytes of padding.
-            WeightDtype::Q4_0 => 20,
+            // Two bytes of padding (MXFP4: three).
+            WeightDtype::Q4_0 | WeightDtype::IQ4_NL | WeightDtype::MXFP4 => 20,
             WeightDtype::Q5_0 => 24,
             WeightDtype::Q8_0 => 36,
             WeightDtype::Q6_K => 212,
@@ -73,7 +77,8 @@ impl WeightDtype {
 
     /// Bytes of a row of `cols` elements on the GPU (`cols` a whole number of blocks). Per
     /// element (in a file): Q4_0 5 bits (4.5), Q4_1 5 (5), Q5_0 6 (5.5), Q5_1 6 (6), Q8_0
-    /// 9 (8.5), Q4_K 4.625 (4.5), Q5_K 5.625 (5.5), Q6_K 6.625 (6.5625).
+    /// 9 (8.5), Q4_K 4.625 (4.5), Q5_K 5.625 (5.5), Q6_K 6.625 (6.5625), IQ4_NL 5 (4.5),
+    /// MXFP4 5 (4.25).
     pub fn gpu_row_bytes(self, cols: usize) -> usize {
         cols / self.block_elems() * self.gpu_block_bytes()
     }
@@ -335,15 +340,20 @@ fn gpu_layout(dtype: WeightDtype, pieces: &[&[u8]]) -> Vec<u8> {
 }
 
 /// Appends file block `b` of `dtype` as shaders/weight_blocks.wgsl reads it: a whole number
-/// of words with the codes on word boundaries. Q4_0, Q5_0 and Q8_0 get two zero bytes in
-/// front (their f16 scale then fills the upper half of word 0), Q6_K two at the end. Q4_K
+/// of words with the codes on word boundaries. Q4_0, Q5_0, Q8_0 and IQ4_NL get two zero bytes
+/// in front (their f16 scale then fills the upper half of word 0), MXFP4 three (its exponent
+/// byte is then the top byte of word 0), Q6_K two at the end. Q4_K
 /// and Q5_K keep their f16 `d` and `dmin`, then the eight sub-blocks' 6-bit scales and
 /// mins unpacked to a byte each (scale, min, scale, min, ...), then the rest of the block:
 /// decoding the packed 6-bit fields cost a third of a Q4_K matmul on lavapipe.
 fn gpu_block(dtype: WeightDtype, b: &[u8], out: &mut Vec<u8>) {
     match dtype {
-        WeightDtype::Q4_0 | WeightDtype::Q5_0 | WeightDtype::Q8_0 => {
+        WeightDtype::Q4_0 | WeightDtype::Q5_0 | WeightDtype::Q8_0 | WeightDtype::IQ4_NL => {
             out.extend_from_slice(&[0, 0]);
+            out.extend_from_slice(b);
+        }
+        WeightDtype::MXFP4 => {
+            out.extend_from_slice(&[0, 0, 0]);
             out.extend_from_slice(b);
         }
         WeightDtype::Q6_K => {
