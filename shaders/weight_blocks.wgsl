@@ -13,7 +13,7 @@
 // after another. Every 8-element group
 // lies within one block and shares its scale, so a group is decoded from a few words.
 //
-// Values are computed with the expressions of src/gguf/quant.rs, the plain-Rust reference,
+// Values are computed with the expressions of src/formats/ggml.rs, the plain-Rust reference,
 // and come out as its bits on any conforming GPU: a scale times a code (and Q4_K's and
 // Q6_K's super-block scale times a sub-block scale, times a code) needs at most 22
 // significant bits, so every product is exact in f32, and where a min is then added or
@@ -34,11 +34,26 @@ const DTYPE_Q6_K: u32 = 17u;
 const DTYPE_IQ4_NL: u32 = 18u;
 const DTYPE_MXFP4: u32 = 19u;
 
-// IQ4_NL's levels and MXFP4's (E2M1 values doubled), as src/formats/ggml.rs lists them.
-const IQ4_LEVELS = array<f32, 16>(-127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0, 1.0,
-    13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0);
-const FP4_LEVELS = array<f32, 16>(0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 0.0, -1.0, -2.0, -3.0,
-    -4.0, -6.0, -8.0, -12.0);
+// IQ4_NL's 16 levels (src/formats/ggml.rs's IQ4_LEVELS) as i8 bytes of four words: picked
+// with selects and a bit extraction rather than an indexed array, which compilers may keep
+// in memory (3x slower on lavapipe).
+const IQ4_W0: u32 = 0xbfad9881u; // -127 -104 -83 -65
+const IQ4_W1: u32 = 0xf6eaddcfu; //  -49  -35 -22 -10
+const IQ4_W2: u32 = 0x26190d01u; //    1   13  25  38
+const IQ4_W3: u32 = 0x71594535u; //   53   69  89 113
+
+fn iq4_level(q: u32) -> f32 {
+    let w = select(select(IQ4_W0, IQ4_W1, q >= 4u), select(IQ4_W2, IQ4_W3, q >= 12u), q >= 8u);
+    return f32(extractBits(bitcast<i32>(w), 8u * (q & 3u), 8u));
+}
+
+// MXFP4's levels, the E2M1 values doubled: codes 0-7 are 0, 1, 2, 3, 4, 6, 8, 12, codes 8-15
+// their negatives (code 8 is +0, as in the table).
+fn fp4_level(q: u32) -> f32 {
+    let m = q & 7u;
+    let mag = select(f32((2u + (m & 1u)) << ((m >> 1u) - 1u)), f32(m), m < 4u);
+    return select(mag, -mag, q > 8u);
+}
 
 // Whether WEIGHT_DTYPE is a block format.
 fn is_block_dtype() -> bool {
@@ -88,20 +103,22 @@ fn pack8(v: array<f32, 8>) -> array<vec4<f32>, 2> {
 // IQ4_NL and MXFP4: group g (0..4) of the 32-block at word `base`, a scale times levels.
 fn block8_levels(base: u32, g: u32) -> array<vec4<f32>, 2> {
     let head = wword(base);
-    var scale = unpack2x16float(head).y;
-    var levels = IQ4_LEVELS;
-    if WEIGHT_DTYPE == DTYPE_MXFP4 {
-        // 2^(e - 128), built as ggml builds it.
-        let e = head >> 24u;
-        scale = bitcast<f32>(select((e - 1u) << 23u, 0x00200000u << e, e < 2u));
-        levels = FP4_LEVELS;
-    }
     // Byte l of the codes holds element l (low nibble) and l + 16 (high nibble).
     let qs = base + 1u + 2u * (g % 2u);
     let q = nibbles8(wword(qs), wword(qs + 1u), 4u * (g / 2u));
     var v: array<f32, 8>;
+    if WEIGHT_DTYPE == DTYPE_MXFP4 {
+        // 2^(e - 128), built as ggml builds it.
+        let e = head >> 24u;
+        let scale = bitcast<f32>(select((e - 1u) << 23u, 0x00200000u << e, e < 2u));
+        for (var i = 0u; i < 8u; i++) {
+            v[i] = scale * fp4_level(q[i]);
+        }
+        return pack8(v);
+    }
+    let d = unpack2x16float(head).y;
     for (var i = 0u; i < 8u; i++) {
-        v[i] = scale * levels[q[i]];
+        v[i] = d * iq4_level(q[i]);
     }
     return pack8(v);
 }
