@@ -1,5 +1,5 @@
 // The GGML block formats of weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL,
-// MXFP4), read
+// MXFP4, IQ4_XS), read
 // where a kernel reads weights: `block8(row, j)` decodes elements 8j .. 8j + 8 of a weight
 // row. Shared by the matmul kernels and the embedding gather, each of which defines
 // `wword(i)`, word i of its weight binding, and the WEIGHT_DTYPE override.
@@ -33,6 +33,7 @@ const DTYPE_Q5_K: u32 = 16u;
 const DTYPE_Q6_K: u32 = 17u;
 const DTYPE_IQ4_NL: u32 = 18u;
 const DTYPE_MXFP4: u32 = 19u;
+const DTYPE_IQ4_XS: u32 = 20u;
 
 // IQ4_NL's 16 levels (src/formats/ggml.rs's IQ4_LEVELS) as i8 bytes of four words: picked
 // with selects and a bit extraction rather than an indexed array, which compilers may keep
@@ -62,7 +63,8 @@ fn is_block_dtype() -> bool {
 
 // Elements and words of one block of WEIGHT_DTYPE.
 fn block_elems() -> u32 {
-    return select(32u, 256u, WEIGHT_DTYPE >= DTYPE_Q4_K && WEIGHT_DTYPE <= DTYPE_Q6_K);
+    let k = WEIGHT_DTYPE >= DTYPE_Q4_K && WEIGHT_DTYPE <= DTYPE_Q6_K;
+    return select(32u, 256u, k || WEIGHT_DTYPE == DTYPE_IQ4_XS);
 }
 
 fn block_words() -> u32 {
@@ -72,6 +74,7 @@ fn block_words() -> u32 {
         case 14u: { return 9u; }
         case 15u: { return 37u; }
         case 16u: { return 45u; }
+        case 20u: { return 34u; }
         default: { return 53u; }
     }
 }
@@ -119,6 +122,24 @@ fn block8_levels(base: u32, g: u32) -> array<vec4<f32>, 2> {
     let d = unpack2x16float(head).y;
     for (var i = 0u; i < 8u; i++) {
         v[i] = d * iq4_level(q[i]);
+    }
+    return pack8(v);
+}
+
+// IQ4_XS: group g (0..32) of the super-block at word `base` (as the file has it: d and
+// scales_h in word 0, scales_l in word 1, then sub-block s's 16 code bytes at word 2 + 4 s,
+// laid out as an IQ4_NL block's).
+fn block8_iq4_xs(base: u32, g: u32) -> array<vec4<f32>, 2> {
+    let head = wword(base);
+    let s = g / 4u;
+    let low = (wword(base + 1u) >> (4u * s)) & 0xfu;
+    let high = (head >> (16u + 2u * s)) & 3u;
+    let dl = unpack2x16float(head).x * f32(i32(low | (high << 4u)) - 32);
+    let qs = base + 2u + 4u * s + 2u * (g % 2u);
+    let q = nibbles8(wword(qs), wword(qs + 1u), 4u * ((g % 4u) / 2u));
+    var v: array<f32, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        v[i] = dl * iq4_level(q[i]);
     }
     return pack8(v);
 }
@@ -215,6 +236,9 @@ fn block8(row: u32, j: u32) -> array<vec4<f32>, 2> {
     let per_block = block_elems() / 8u;
     let base = row + (j / per_block) * block_words();
     let g = j % per_block;
+    if WEIGHT_DTYPE == DTYPE_IQ4_XS {
+        return block8_iq4_xs(base, g);
+    }
     if WEIGHT_DTYPE >= DTYPE_IQ4_NL {
         return block8_levels(base, g);
     }

@@ -217,8 +217,8 @@ fn a_quantized_file_opens_with_its_tensors_in_their_formats() {
     );
 }
 
-/// A GGUF model with a tensor of a type pagellm has no decoder for: the error names the
-/// file as GGUF and the type (it once called the file a malformed safetensors file).
+/// A GGUF model with a tensor of a type pagellm has no decoder for (IQ2_XXS): the error names
+/// the file as GGUF and the type (it once called the file a malformed safetensors file).
 #[test]
 fn a_tensor_type_without_a_decoder_is_named_as_such() {
     let path = Path::new("tests/fixtures/gguf/llama-gqa-q8_0.gguf");
@@ -230,8 +230,8 @@ fn a_tensor_type_without_a_decoder_is_named_as_such() {
     let ty = at + 4 + 2 * 8;
     assert_eq!(bytes[ty..ty + 4], 8u32.to_le_bytes(), "Q8_0");
     let mut retyped = bytes.clone();
-    retyped[ty..ty + 4].copy_from_slice(&23u32.to_le_bytes()); // IQ4_XS
-    let dir = std::env::temp_dir().join(format!("pagellm-iq4xs-{}", std::process::id()));
+    retyped[ty..ty + 4].copy_from_slice(&16u32.to_le_bytes()); // IQ2_XXS
+    let dir = std::env::temp_dir().join(format!("pagellm-iq2xxs-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("model.gguf");
     std::fs::write(&file, retyped).unwrap();
@@ -240,7 +240,7 @@ fn a_tensor_type_without_a_decoder_is_named_as_such() {
         .to_string();
     std::fs::remove_dir_all(&dir).unwrap();
     assert!(
-        e.contains("GGUF") && e.contains("IQ4_XS (id 23) is not supported"),
+        e.contains("GGUF") && e.contains("IQ2_XXS (id 16) is not supported"),
         "{e}"
     );
     assert!(!e.contains("safetensors"), "{e}");

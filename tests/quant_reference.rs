@@ -23,7 +23,7 @@ const QUANT_CASES: [&str; 8] = [
     "q8_0_quant.bin",
 ];
 
-const RAW_CASES: [&str; 13] = [
+const RAW_CASES: [&str; 14] = [
     "f32_raw.bin",
     "f16_raw.bin",
     "bf16_raw.bin",
@@ -37,6 +37,7 @@ const RAW_CASES: [&str; 13] = [
     "q6_k_raw.bin",
     "iq4_nl_raw.bin",
     "mxfp4_raw.bin",
+    "iq4_xs_raw.bin",
 ];
 
 fn first_bit_difference(got: &[f32], want: &[f32]) -> Option<usize> {
@@ -100,7 +101,7 @@ fn quantize_matches_the_gguf_package_byte_for_byte() {
             "{ty} has no package quantizer to match"
         );
     }
-    for ty in [GgmlType::IQ4_NL, GgmlType::MXFP4] {
+    for ty in [GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4] {
         assert!(!ty.quantize_matches_ggml(), "{ty}: pagellm's own quantizer");
     }
 }
@@ -109,7 +110,7 @@ fn quantize_matches_the_gguf_package_byte_for_byte() {
 /// `GGML_QUANT_SIZES` give them.
 #[test]
 fn type_table_matches_ggml() {
-    let table: [(u32, &str, usize, usize); 13] = [
+    let table: [(u32, &str, usize, usize); 14] = [
         (0, "F32", 1, 4),
         (1, "F16", 1, 2),
         (2, "Q4_0", 32, 18),
@@ -121,6 +122,7 @@ fn type_table_matches_ggml() {
         (13, "Q5_K", 256, 176),
         (14, "Q6_K", 256, 210),
         (20, "IQ4_NL", 32, 18),
+        (23, "IQ4_XS", 256, 136),
         (30, "BF16", 1, 2),
         (39, "MXFP4", 32, 17),
     ];
@@ -217,6 +219,18 @@ fn bounds(ty: GgmlType, x: &[f32]) -> Vec<f32> {
             .flat_map(|b| {
                 let d = absmax(b) / 127.0;
                 [14.0 * d + 128.0 * f16_err(d) + slack; 32]
+            })
+            .collect(),
+        GgmlType::IQ4_XS => x
+            .chunks(256)
+            .flat_map(|sup| {
+                let d = f16_up(absmax(sup) / 127.0 / 31.0);
+                sup.chunks(32)
+                    .flat_map(|b| {
+                        let step = absmax(b) / 127.0;
+                        [14.0 * (step + d) + slack; 32]
+                    })
+                    .collect::<Vec<f32>>()
             })
             .collect(),
         GgmlType::MXFP4 => x
@@ -492,7 +506,7 @@ fn unsupported_and_unknown_type_ids_are_named() {
         (11, "Q3_K"),
         (15, "Q8_K"),
         (16, "IQ2_XXS"),
-        (23, "IQ4_XS"),
+        (22, "IQ2_S"),
         (34, "TQ1_0"),
         (40, "NVFP4"),
     ] {

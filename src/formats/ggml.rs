@@ -20,6 +20,7 @@
 //! | Q5_K | 256 | 176 | as Q4_K, then 32 bytes of fifth bits before the nibbles | `d * sc * q - dmin * m` |
 //! | Q6_K | 256 | 210 | 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 `i8` scales, `d: f16` | `d * sc * (q - 32)` |
 //! | IQ4_NL | 32 | 18 | `d: f16`, 16 bytes of 4-bit codes | `d * IQ4[q]` |
+//! | IQ4_XS | 256 | 136 | `d: f16`, `scales_h: u16`, 4 bytes `scales_l`, 128 bytes of 4-bit codes | `d * (ls - 32) * IQ4[q]` |
 //! | MXFP4 | 32 | 17 | `e: u8` (an E8M0 exponent), 16 bytes of 4-bit codes | `2^(e - 128) * FP4[q]` |
 //!
 //! In the 32-blocks, byte `j` of the nibbles holds element `j` in its low half and element
@@ -32,7 +33,10 @@
 //! doubled ([`FP4_LEVELS`], hence the exponent's extra halving), so that both are products of
 //! a scale and a small integer, exact in f32 (MXFP4's scale may be an f32 subnormal, for
 //! exponents 0 and 1, or overflow to infinity with the largest codes at exponent 255, as in
-//! ggml).
+//! ggml). IQ4_XS is IQ4_NL in super-blocks: sub-block `s` (of 8, 32 values each, its codes
+//! laid out as an IQ4_NL block's in bytes `16 s ..`) has the 6-bit scale `ls` whose low four
+//! bits are nibble `s % 2` of `scales_l[s / 2]` and high two bits are bits `2 s ..` of
+//! `scales_h`.
 //!
 //! Quantization ([`quantize`]): for F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 the bytes
 //! are exactly those of the `gguf` package's quantizer (itself a port of ggml's reference
@@ -66,6 +70,7 @@ pub enum GgmlType {
     Q5_K,
     Q6_K,
     IQ4_NL,
+    IQ4_XS,
     MXFP4,
 }
 
@@ -93,7 +98,6 @@ const UNSUPPORTED: &[(u32, &str)] = &[
     (19, "IQ1_S"),
     (21, "IQ3_S"),
     (22, "IQ2_S"),
-    (23, "IQ4_XS"),
     (24, "I8"),
     (25, "I16"),
     (26, "I32"),
@@ -114,7 +118,7 @@ const UNSUPPORTED: &[(u32, &str)] = &[
 
 impl GgmlType {
     /// Every supported type, in GGML id order.
-    pub const ALL: [GgmlType; 13] = [
+    pub const ALL: [GgmlType; 14] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -126,6 +130,7 @@ impl GgmlType {
         GgmlType::Q5_K,
         GgmlType::Q6_K,
         GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,
         GgmlType::BF16,
         GgmlType::MXFP4,
     ];
@@ -157,6 +162,7 @@ impl GgmlType {
             GgmlType::Q5_K => 13,
             GgmlType::Q6_K => 14,
             GgmlType::IQ4_NL => 20,
+            GgmlType::IQ4_XS => 23,
             GgmlType::BF16 => 30,
             GgmlType::MXFP4 => 39,
         }
@@ -177,6 +183,7 @@ impl GgmlType {
             GgmlType::Q5_K => "Q5_K",
             GgmlType::Q6_K => "Q6_K",
             GgmlType::IQ4_NL => "IQ4_NL",
+            GgmlType::IQ4_XS => "IQ4_XS",
             GgmlType::MXFP4 => "MXFP4",
         }
     }
@@ -192,7 +199,7 @@ impl GgmlType {
             | GgmlType::Q8_0
             | GgmlType::IQ4_NL
             | GgmlType::MXFP4 => QK,
-            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => QK_K,
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS => QK_K,
         }
     }
 
@@ -210,6 +217,7 @@ impl GgmlType {
             GgmlType::Q5_K => 176,
             GgmlType::Q6_K => 210,
             GgmlType::IQ4_NL => 18,
+            GgmlType::IQ4_XS => 136,
             GgmlType::MXFP4 => 17,
         }
     }
@@ -234,7 +242,12 @@ impl GgmlType {
     pub fn quantize_matches_ggml(self) -> bool {
         !matches!(
             self,
-            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_NL | GgmlType::MXFP4
+            GgmlType::Q4_K
+                | GgmlType::Q5_K
+                | GgmlType::Q6_K
+                | GgmlType::IQ4_NL
+                | GgmlType::IQ4_XS
+                | GgmlType::MXFP4
         )
     }
 }
@@ -364,6 +377,7 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], elems: usize) -> Result<Vec<f32>, 
         GgmlType::Q5_K => dequant_q5_k,
         GgmlType::Q6_K => dequant_q6_k,
         GgmlType::IQ4_NL => dequant_iq4_nl,
+        GgmlType::IQ4_XS => dequant_iq4_xs,
         GgmlType::MXFP4 => dequant_mxfp4,
     };
     for (b, o) in bytes
@@ -386,6 +400,21 @@ fn dequant_levels(scale: f32, qs: &[u8], levels: &[i8; 16], out: &mut [f32]) {
 
 fn dequant_iq4_nl(b: &[u8], out: &mut [f32]) {
     dequant_levels(f16_at(b, 0), &b[2..], &IQ4_LEVELS, out);
+}
+
+/// IQ4_XS sub-block `s`'s 6-bit scale, 0..=63 (`ls - 32` multiplies `d`).
+fn iq4_xs_scale(b: &[u8], s: usize) -> u8 {
+    let high = u16::from_le_bytes([b[2], b[3]]) >> (2 * s) & 3;
+    (b[4 + s / 2] >> (4 * (s % 2)) & 0xF) | (high as u8) << 4
+}
+
+fn dequant_iq4_xs(b: &[u8], out: &mut [f32]) {
+    let d = f16_at(b, 0);
+    for s in 0..QK_K / QK {
+        let dl = d * f32::from(i16::from(iq4_xs_scale(b, s)) - 32);
+        let qs = &b[8 + 16 * s..8 + 16 * (s + 1)];
+        dequant_levels(dl, qs, &IQ4_LEVELS, &mut out[QK * s..QK * (s + 1)]);
+    }
 }
 
 /// MXFP4's scale: 2^(e - 128), as ggml's `ggml_e8m0_to_fp32_half` builds its bits (f32
@@ -548,8 +577,11 @@ fn dequant_q6_k(b: &[u8], out: &mut [f32]) {
 ///   So a super-block's squared error never exceeds what the bound-first per-value bounds
 ///   allow in sum, and on normal data it is 9-12% lower than bound-first alone. The search
 ///   costs ~50 ns a value on one core; large tensors are split across threads.
-/// - IQ4_NL, MXFP4: this module's own, one pass per block (llama.cpp searches IQ4_NL's scale,
-///   so its bytes differ). IQ4_NL puts the value of largest magnitude on the level -127
+/// - IQ4_NL, IQ4_XS, MXFP4: this module's own, one pass per block (llama.cpp searches
+///   IQ4_NL's and IQ4_XS's scales, so its bytes differ). IQ4_XS scales each sub-block as
+///   IQ4_NL does, its step rounded away from zero to a 6-bit multiple of the super-block's
+///   f16 `d` (the smallest f16 at least the largest step over 31): error at most `14` steps
+///   of `|step| + d`. IQ4_NL puts the value of largest magnitude on the level -127
 ///   (`d = max / -127`, stored as f16) and every value on the level nearest `x / d`: error at
 ///   most `14 |d|` (half the widest gap between levels, or the distance from 113 to 127),
 ///   plus the f16 rounding of `d`. MXFP4 takes the `gguf` package's exponent
@@ -586,6 +618,7 @@ pub fn quantize(ty: GgmlType, values: &[f32]) -> Result<Vec<u8>, QuantError> {
         GgmlType::Q5_K => quant_q5_k,
         GgmlType::Q6_K => quant_q6_k,
         GgmlType::IQ4_NL => quant_iq4_nl,
+        GgmlType::IQ4_XS => quant_iq4_xs,
         GgmlType::MXFP4 => quant_mxfp4,
     };
     if let Some(index) = values.iter().position(|v| !v.is_finite()) {
@@ -713,6 +746,34 @@ fn quant_iq4_nl(x: &[f32], out: &mut [u8]) -> Result<(), ScaleOverflow> {
         *c = nearest_level(v * id, &IQ4_LEVELS);
     }
     pack_nibbles(&q, &mut out[2..18]);
+    Ok(())
+}
+
+/// IQ4_XS: each sub-block's ideal step `max / -127` (as IQ4_NL's) is rounded away from zero
+/// to a multiple `m` (-32..=31) of the super-block's `d`, the smallest f16 at least the
+/// largest ideal step over 31, so every value stays within the levels; every value then goes
+/// to the level nearest `x / (d m)`.
+fn quant_iq4_xs(x: &[f32], out: &mut [u8]) -> Result<(), ScaleOverflow> {
+    let steps: Vec<f32> = x.chunks(QK).map(|b| signed_absmax(b) / -127.0).collect();
+    let largest = steps.iter().fold(0.0f32, |m, s| m.max(s.abs()));
+    let d = f16_at_least(largest / 31.0)?;
+    put_f16(out, 0, d)?;
+    let id = inverse(d);
+    let mut scales_h = 0u16;
+    out[4..8].fill(0);
+    for (s, (&step, b)) in steps.iter().zip(x.chunks(QK)).enumerate() {
+        let m = (step.abs() * id).ceil().min(31.0).copysign(step) as i32;
+        let ls = (m + 32) as u8;
+        out[4 + s / 2] |= (ls & 0xF) << (4 * (s % 2));
+        scales_h |= u16::from(ls >> 4) << (2 * s);
+        let il = inverse(d * m as f32);
+        let mut q = [0u8; QK];
+        for (c, &v) in q.iter_mut().zip(b) {
+            *c = nearest_level(v * il, &IQ4_LEVELS);
+        }
+        pack_nibbles(&q, &mut out[8 + 16 * s..8 + 16 * (s + 1)]);
+    }
+    out[2..4].copy_from_slice(&scales_h.to_le_bytes());
     Ok(())
 }
 

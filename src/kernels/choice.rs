@@ -28,7 +28,8 @@ impl MatmulKernel {
         use GgmlType::*;
         match format {
             F32 | F16 | BF16 => true,
-            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K | Q6_K | IQ4_NL | MXFP4 => true,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K | Q6_K => true,
+            IQ4_NL | IQ4_XS | MXFP4 => true,
         }
     }
 
