@@ -1,5 +1,5 @@
 // The GGML block formats of weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL,
-// MXFP4, IQ4_XS), read
+// MXFP4, IQ4_XS, Q2_K), read
 // where a kernel reads weights: `block8(row, j)` decodes elements 8j .. 8j + 8 of a weight
 // row. Shared by the matmul kernels and the embedding gather, each of which defines
 // `wword(i)`, word i of its weight binding, and the WEIGHT_DTYPE override.
@@ -34,6 +34,7 @@ const DTYPE_Q6_K: u32 = 17u;
 const DTYPE_IQ4_NL: u32 = 18u;
 const DTYPE_MXFP4: u32 = 19u;
 const DTYPE_IQ4_XS: u32 = 20u;
+const DTYPE_Q2_K: u32 = 21u;
 
 // IQ4_NL's 16 levels (src/formats/ggml.rs's IQ4_LEVELS) as i8 bytes of four words: picked
 // with selects and a bit extraction rather than an indexed array, which compilers may keep
@@ -64,7 +65,7 @@ fn is_block_dtype() -> bool {
 // Elements and words of one block of WEIGHT_DTYPE.
 fn block_elems() -> u32 {
     let k = WEIGHT_DTYPE >= DTYPE_Q4_K && WEIGHT_DTYPE <= DTYPE_Q6_K;
-    return select(32u, 256u, k || WEIGHT_DTYPE == DTYPE_IQ4_XS);
+    return select(32u, 256u, k || WEIGHT_DTYPE == DTYPE_IQ4_XS || WEIGHT_DTYPE == DTYPE_Q2_K);
 }
 
 fn block_words() -> u32 {
@@ -75,6 +76,7 @@ fn block_words() -> u32 {
         case 15u: { return 37u; }
         case 16u: { return 45u; }
         case 20u: { return 34u; }
+        case 21u: { return 21u; }
         default: { return 53u; }
     }
 }
@@ -140,6 +142,29 @@ fn block8_iq4_xs(base: u32, g: u32) -> array<vec4<f32>, 2> {
     var v: array<f32, 8>;
     for (var i = 0u; i < 8u; i++) {
         v[i] = dl * iq4_level(q[i]);
+    }
+    return pack8(v);
+}
+
+// Q2_K: group g (0..32) of the super-block at word `base` (the file's layout: 16 scale bytes
+// in words 0..4, 64 code bytes in words 4..20, d and dmin in word 20): half n, elements
+// 32 j + l .. + 8 of it (l = 8 (g % 4)), codes at bit 2 j of bytes 32 n + l .., in sub-block
+// 8 n + 2 j + l / 16 of 16.
+fn block8_q2_k(base: u32, g: u32) -> array<vec4<f32>, 2> {
+    let n = g / 16u;
+    let j = (g % 16u) / 4u;
+    let qs = base + 4u + 8u * n + 2u * (g % 4u);
+    let a = wword(qs);
+    let b = wword(qs + 1u);
+    let si = 8u * n + 2u * j + (g % 4u) / 2u;
+    let sc = byte_at(wword(base + si / 4u), si % 4u);
+    let dm = unpack2x16float(wword(base + 20u));
+    let dl = dm.x * f32(sc & 15u);
+    let ml = dm.y * f32(sc >> 4u);
+    var v: array<f32, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        let word = select(b, a, i < 4u);
+        v[i] = dl * f32((byte_at(word, i % 4u) >> (2u * j)) & 3u) - ml;
     }
     return pack8(v);
 }
@@ -236,6 +261,9 @@ fn block8(row: u32, j: u32) -> array<vec4<f32>, 2> {
     let per_block = block_elems() / 8u;
     let base = row + (j / per_block) * block_words();
     let g = j % per_block;
+    if WEIGHT_DTYPE == DTYPE_Q2_K {
+        return block8_q2_k(base, g);
+    }
     if WEIGHT_DTYPE == DTYPE_IQ4_XS {
         return block8_iq4_xs(base, g);
     }

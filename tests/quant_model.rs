@@ -118,12 +118,16 @@ fn every_block_format_quantized_at_load_computes_its_dequantized_copy_exactly() 
             let (a, b) = (greedy(ctx, &q), greedy(ctx, &twin));
             assert_eq!(a.0, b.0, "tokens of {what}");
             assert_eq!(bits(&a.1), bits(&b.1), "logits of {what}");
-            // Quantization moves logits, so tokens may part from f16's; the first agrees.
-            assert_eq!(
-                a.0[0], base_tokens[0],
-                "first token of {what}: {:?} vs {base_tokens:?}",
-                a.0
-            );
+            // Quantization moves logits, so tokens may part from f16's; the first agrees,
+            // except at Q2_K's 2.6 bits a weight (this small model's first greedy token
+            // moves; what Q2_K computes is checked above against its dequantized copy).
+            if dtype != WeightDtype::Q2_K {
+                assert_eq!(
+                    a.0[0], base_tokens[0],
+                    "first token of {what}: {:?} vs {base_tokens:?}",
+                    a.0
+                );
+            }
             let (qb, fb) = (matmul_weight_bytes(&q), matmul_weight_bytes(&f16));
             assert!(qb < fb, "{what}: {qb} bytes against f16's {fb}");
         }

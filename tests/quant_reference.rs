@@ -23,7 +23,7 @@ const QUANT_CASES: [&str; 8] = [
     "q8_0_quant.bin",
 ];
 
-const RAW_CASES: [&str; 14] = [
+const RAW_CASES: [&str; 15] = [
     "f32_raw.bin",
     "f16_raw.bin",
     "bf16_raw.bin",
@@ -38,6 +38,7 @@ const RAW_CASES: [&str; 14] = [
     "iq4_nl_raw.bin",
     "mxfp4_raw.bin",
     "iq4_xs_raw.bin",
+    "q2_k_raw.bin",
 ];
 
 fn first_bit_difference(got: &[f32], want: &[f32]) -> Option<usize> {
@@ -101,7 +102,12 @@ fn quantize_matches_the_gguf_package_byte_for_byte() {
             "{ty} has no package quantizer to match"
         );
     }
-    for ty in [GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4] {
+    for ty in [
+        GgmlType::Q2_K,
+        GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,
+        GgmlType::MXFP4,
+    ] {
         assert!(!ty.quantize_matches_ggml(), "{ty}: pagellm's own quantizer");
     }
 }
@@ -110,7 +116,7 @@ fn quantize_matches_the_gguf_package_byte_for_byte() {
 /// `GGML_QUANT_SIZES` give them.
 #[test]
 fn type_table_matches_ggml() {
-    let table: [(u32, &str, usize, usize); 14] = [
+    let table: [(u32, &str, usize, usize); 15] = [
         (0, "F32", 1, 4),
         (1, "F16", 1, 2),
         (2, "Q4_0", 32, 18),
@@ -121,6 +127,7 @@ fn type_table_matches_ggml() {
         (12, "Q4_K", 256, 144),
         (13, "Q5_K", 256, 176),
         (14, "Q6_K", 256, 210),
+        (10, "Q2_K", 256, 84),
         (20, "IQ4_NL", 32, 18),
         (23, "IQ4_XS", 256, 136),
         (30, "BF16", 1, 2),
@@ -221,6 +228,23 @@ fn bounds(ty: GgmlType, x: &[f32]) -> Vec<f32> {
                 [14.0 * d + 128.0 * f16_err(d) + slack; 32]
             })
             .collect(),
+        GgmlType::Q2_K => {
+            let subs: Vec<(f32, f32)> = x.chunks(16).map(min_max).collect();
+            let mut out = Vec::with_capacity(x.len());
+            for sup in subs.chunks(16) {
+                let offset = sup.iter().fold(0.0f32, |m, &(lo, _)| m.max(-lo.min(0.0)));
+                let dmin = f16_up(offset / 15.0);
+                let need: Vec<f32> = sup
+                    .iter()
+                    .map(|&(lo, hi)| (hi - lo.min(0.0) + dmin) / 3.0)
+                    .collect();
+                let d = f16_up(need.iter().fold(0.0f32, |m, &v| m.max(v)) / 15.0);
+                for n in need {
+                    out.extend([(n + d) / 2.0 + slack; 16]);
+                }
+            }
+            out
+        }
         GgmlType::IQ4_XS => x
             .chunks(256)
             .flat_map(|sup| {
@@ -502,7 +526,6 @@ fn element_counts_off_the_block_are_errors() {
 #[test]
 fn unsupported_and_unknown_type_ids_are_named() {
     for (id, name) in [
-        (10, "Q2_K"),
         (11, "Q3_K"),
         (15, "Q8_K"),
         (16, "IQ2_XXS"),

@@ -19,6 +19,7 @@
 //! | Q4_K | 256 | 144 | `d`, `dmin: f16`, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles | `d * sc * q - dmin * m` |
 //! | Q5_K | 256 | 176 | as Q4_K, then 32 bytes of fifth bits before the nibbles | `d * sc * q - dmin * m` |
 //! | Q6_K | 256 | 210 | 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 `i8` scales, `d: f16` | `d * sc * (q - 32)` |
+//! | Q2_K | 256 | 84 | 16 bytes of 4-bit scales and mins, 64 bytes of 2-bit codes, `d`, `dmin: f16` | `d * sc * q - dmin * m` |
 //! | IQ4_NL | 32 | 18 | `d: f16`, 16 bytes of 4-bit codes | `d * IQ4[q]` |
 //! | IQ4_XS | 256 | 136 | `d: f16`, `scales_h: u16`, 4 bytes `scales_l`, 128 bytes of 4-bit codes | `d * (ls - 32) * IQ4[q]` |
 //! | MXFP4 | 32 | 17 | `e: u8` (an E8M0 exponent), 16 bytes of 4-bit codes | `2^(e - 128) * FP4[q]` |
@@ -27,7 +28,10 @@
 //! `j + 16` in its high half; bit `j` of `qh` is the fifth bit of element `j`. In Q4_K and
 //! Q5_K each run of 32 nibble bytes holds two sub-blocks of 32 (low halves first), and bit `s`
 //! of high-bit byte `l` belongs to element `l` of sub-block `s`. Q6_K works in halves of 128
-//! values; `dequant_q6_k` below spells out the interleaving. Every product is an f32 product of
+//! values; `dequant_q6_k` below spells out the interleaving. Q2_K works in halves of 128 too:
+//! element `128 n + 32 j + l` (`l` < 32) is bits `2 j ..` of code byte `32 n + l`, in
+//! sub-block `8 n + 2 j + l / 16` of 16, whose scale byte holds its scale (low nibble) and
+//! min (high nibble). Every product is an f32 product of
 //! the f16 fields widened to f32, in the order the value column shows. IQ4_NL's codes index
 //! a non-linear table of 16 `i8` levels ([`IQ4_LEVELS`]); MXFP4's index the OCP E2M1 values
 //! doubled ([`FP4_LEVELS`], hence the exponent's extra halving), so that both are products of
@@ -69,6 +73,7 @@ pub enum GgmlType {
     Q4_K,
     Q5_K,
     Q6_K,
+    Q2_K,
     IQ4_NL,
     IQ4_XS,
     MXFP4,
@@ -89,7 +94,6 @@ const UNSUPPORTED: &[(u32, &str)] = &[
     (4, "Q4_2"),
     (5, "Q4_3"),
     (9, "Q8_1"),
-    (10, "Q2_K"),
     (11, "Q3_K"),
     (15, "Q8_K"),
     (16, "IQ2_XXS"),
@@ -118,7 +122,7 @@ const UNSUPPORTED: &[(u32, &str)] = &[
 
 impl GgmlType {
     /// Every supported type, in GGML id order.
-    pub const ALL: [GgmlType; 14] = [
+    pub const ALL: [GgmlType; 15] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -126,6 +130,7 @@ impl GgmlType {
         GgmlType::Q5_0,
         GgmlType::Q5_1,
         GgmlType::Q8_0,
+        GgmlType::Q2_K,
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q6_K,
@@ -161,6 +166,7 @@ impl GgmlType {
             GgmlType::Q4_K => 12,
             GgmlType::Q5_K => 13,
             GgmlType::Q6_K => 14,
+            GgmlType::Q2_K => 10,
             GgmlType::IQ4_NL => 20,
             GgmlType::IQ4_XS => 23,
             GgmlType::BF16 => 30,
@@ -182,6 +188,7 @@ impl GgmlType {
             GgmlType::Q4_K => "Q4_K",
             GgmlType::Q5_K => "Q5_K",
             GgmlType::Q6_K => "Q6_K",
+            GgmlType::Q2_K => "Q2_K",
             GgmlType::IQ4_NL => "IQ4_NL",
             GgmlType::IQ4_XS => "IQ4_XS",
             GgmlType::MXFP4 => "MXFP4",
@@ -199,7 +206,11 @@ impl GgmlType {
             | GgmlType::Q8_0
             | GgmlType::IQ4_NL
             | GgmlType::MXFP4 => QK,
-            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS => QK_K,
+            GgmlType::Q2_K
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
+            | GgmlType::IQ4_XS => QK_K,
         }
     }
 
@@ -216,6 +227,7 @@ impl GgmlType {
             GgmlType::Q4_K => 144,
             GgmlType::Q5_K => 176,
             GgmlType::Q6_K => 210,
+            GgmlType::Q2_K => 84,
             GgmlType::IQ4_NL => 18,
             GgmlType::IQ4_XS => 136,
             GgmlType::MXFP4 => 17,
@@ -242,7 +254,8 @@ impl GgmlType {
     pub fn quantize_matches_ggml(self) -> bool {
         !matches!(
             self,
-            GgmlType::Q4_K
+            GgmlType::Q2_K
+                | GgmlType::Q4_K
                 | GgmlType::Q5_K
                 | GgmlType::Q6_K
                 | GgmlType::IQ4_NL
@@ -376,6 +389,7 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], elems: usize) -> Result<Vec<f32>, 
         GgmlType::Q4_K => dequant_q4_k,
         GgmlType::Q5_K => dequant_q5_k,
         GgmlType::Q6_K => dequant_q6_k,
+        GgmlType::Q2_K => dequant_q2_k,
         GgmlType::IQ4_NL => dequant_iq4_nl,
         GgmlType::IQ4_XS => dequant_iq4_xs,
         GgmlType::MXFP4 => dequant_mxfp4,
@@ -400,6 +414,17 @@ fn dequant_levels(scale: f32, qs: &[u8], levels: &[i8; 16], out: &mut [f32]) {
 
 fn dequant_iq4_nl(b: &[u8], out: &mut [f32]) {
     dequant_levels(f16_at(b, 0), &b[2..], &IQ4_LEVELS, out);
+}
+
+fn dequant_q2_k(b: &[u8], out: &mut [f32]) {
+    let (d, dmin) = (f16_at(b, 80), f16_at(b, 82));
+    for (e, o) in out.iter_mut().enumerate().take(QK_K) {
+        let (n, j, l) = (e / 128, e % 128 / 32, e % 32);
+        let q = b[16 + 32 * n + l] >> (2 * j) & 3;
+        let sc = b[8 * n + 2 * j + l / 16];
+        let (dl, ml) = (d * f32::from(sc & 0xF), dmin * f32::from(sc >> 4));
+        *o = dl * f32::from(q) - ml;
+    }
 }
 
 /// IQ4_XS sub-block `s`'s 6-bit scale, 0..=63 (`ls - 32` multiplies `d`).
@@ -577,6 +602,10 @@ fn dequant_q6_k(b: &[u8], out: &mut [f32]) {
 ///   So a super-block's squared error never exceeds what the bound-first per-value bounds
 ///   allow in sum, and on normal data it is 9-12% lower than bound-first alone. The search
 ///   costs ~50 ns a value on one core; large tensors are split across threads.
+/// - Q2_K: this module's own bound-first encoding (per sub-block of 16, an offset rounded up
+///   to a 4-bit multiple of `dmin` and a step covering the values rounded up to a 4-bit
+///   multiple of `d`; codes round to nearest): error at most half a step,
+///   `((span + dmin) / 3 + d) / 2`, `span = max x - min(0, min x)` over the sub-block.
 /// - IQ4_NL, IQ4_XS, MXFP4: this module's own, one pass per block (llama.cpp searches
 ///   IQ4_NL's and IQ4_XS's scales, so its bytes differ). IQ4_XS scales each sub-block as
 ///   IQ4_NL does, its step rounded away from zero to a 6-bit multiple of the super-block's
@@ -617,6 +646,7 @@ pub fn quantize(ty: GgmlType, values: &[f32]) -> Result<Vec<u8>, QuantError> {
         GgmlType::Q4_K => quant_q4_k,
         GgmlType::Q5_K => quant_q5_k,
         GgmlType::Q6_K => quant_q6_k,
+        GgmlType::Q2_K => quant_q2_k,
         GgmlType::IQ4_NL => quant_iq4_nl,
         GgmlType::IQ4_XS => quant_iq4_xs,
         GgmlType::MXFP4 => quant_mxfp4,
@@ -746,6 +776,44 @@ fn quant_iq4_nl(x: &[f32], out: &mut [u8]) -> Result<(), ScaleOverflow> {
         *c = nearest_level(v * id, &IQ4_LEVELS);
     }
     pack_nibbles(&q, &mut out[2..18]);
+    Ok(())
+}
+
+/// Q2_K, bound-first: each sub-block of 16 gets the offset `-min(0, min x)`, rounded up to a
+/// 4-bit multiple `m` of `dmin` (the smallest f16 at least the largest offset over 15), and
+/// the step `(max x + m dmin) / 3`, rounded up to a 4-bit multiple of `d` (the smallest f16
+/// at least the largest step over 15), so its grid covers its values; codes round to
+/// nearest on that grid.
+fn quant_q2_k(x: &[f32], out: &mut [u8]) -> Result<(), ScaleOverflow> {
+    const SUB: usize = 16;
+    let offsets: Vec<f32> = x.chunks(SUB).map(|b| -min_max(b).0.min(0.0)).collect();
+    let largest = offsets.iter().fold(0.0f32, |a, &o| a.max(o));
+    let dmin = f16_at_least(largest / 15.0)?;
+    let mins: Vec<u8> = offsets
+        .iter()
+        .map(|&o| (o * inverse(dmin)).ceil().min(15.0) as u8)
+        .collect();
+    let steps: Vec<f32> = x
+        .chunks(SUB)
+        .zip(&mins)
+        .map(|(b, &m)| ((min_max(b).1 + f32::from(m) * dmin) / 3.0).max(0.0))
+        .collect();
+    let d = f16_at_least(steps.iter().fold(0.0f32, |a, &s| a.max(s)) / 15.0)?;
+    put_f16(out, 80, d)?;
+    put_f16(out, 82, dmin)?;
+    out[16..80].fill(0);
+    for (s, (b, (&step, &m))) in x.chunks(SUB).zip(steps.iter().zip(&mins)).enumerate() {
+        let sc = (step * inverse(d)).ceil().min(15.0) as u8;
+        out[s] = sc | m << 4;
+        let (dl, ml) = (d * f32::from(sc), dmin * f32::from(m));
+        let il = inverse(dl);
+        for (i, &v) in b.iter().enumerate() {
+            let q = ((v + ml) * il).round().clamp(0.0, 3.0) as u8;
+            let e = SUB * s + i;
+            let (n, j, l) = (e / 128, e % 128 / 32, e % 32);
+            out[16 + 32 * n + l] |= q << (2 * j);
+        }
+    }
     Ok(())
 }
 

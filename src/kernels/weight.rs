@@ -16,7 +16,7 @@ pub use crate::formats::WeightDtype;
 
 impl WeightDtype {
     /// Every block format.
-    pub const BLOCKS: [WeightDtype; 11] = [
+    pub const BLOCKS: [WeightDtype; 12] = [
         WeightDtype::Q4_0,
         WeightDtype::Q4_1,
         WeightDtype::Q5_0,
@@ -28,6 +28,7 @@ impl WeightDtype {
         WeightDtype::IQ4_NL,
         WeightDtype::MXFP4,
         WeightDtype::IQ4_XS,
+        WeightDtype::Q2_K,
     ];
 
     /// The value of the kernels' `WEIGHT_DTYPE` override (shaders/common.wgsl has the float
@@ -48,6 +49,7 @@ impl WeightDtype {
             WeightDtype::IQ4_NL => 18.0,
             WeightDtype::MXFP4 => 19.0,
             WeightDtype::IQ4_XS => 20.0,
+            WeightDtype::Q2_K => 21.0,
         }
     }
 
@@ -80,7 +82,7 @@ impl WeightDtype {
     /// Bytes of a row of `cols` elements on the GPU (`cols` a whole number of blocks). Per
     /// element (in a file): Q4_0 5 bits (4.5), Q4_1 5 (5), Q5_0 6 (5.5), Q5_1 6 (6), Q8_0
     /// 9 (8.5), Q4_K 4.625 (4.5), Q5_K 5.625 (5.5), Q6_K 6.625 (6.5625), IQ4_NL 5 (4.5),
-    /// MXFP4 5 (4.25), IQ4_XS 4.25 (4.25).
+    /// MXFP4 5 (4.25), IQ4_XS 4.25 (4.25), Q2_K 2.625 (2.625).
     pub fn gpu_row_bytes(self, cols: usize) -> usize {
         cols / self.block_elems() * self.gpu_block_bytes()
     }
