@@ -1,5 +1,5 @@
 // The GGML block formats of weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL,
-// MXFP4, IQ4_XS, Q2_K), read
+// MXFP4, IQ4_XS, Q2_K, Q3_K), read
 // where a kernel reads weights: `block8(row, j)` decodes elements 8j .. 8j + 8 of a weight
 // row. Shared by the matmul kernels and the embedding gather, each of which defines
 // `wword(i)`, word i of its weight binding, and the WEIGHT_DTYPE override.
@@ -35,6 +35,7 @@ const DTYPE_IQ4_NL: u32 = 18u;
 const DTYPE_MXFP4: u32 = 19u;
 const DTYPE_IQ4_XS: u32 = 20u;
 const DTYPE_Q2_K: u32 = 21u;
+const DTYPE_Q3_K: u32 = 22u;
 
 // IQ4_NL's 16 levels (src/formats/ggml.rs's IQ4_LEVELS) as i8 bytes of four words: picked
 // with selects and a bit extraction rather than an indexed array, which compilers may keep
@@ -65,7 +66,7 @@ fn is_block_dtype() -> bool {
 // Elements and words of one block of WEIGHT_DTYPE.
 fn block_elems() -> u32 {
     let k = WEIGHT_DTYPE >= DTYPE_Q4_K && WEIGHT_DTYPE <= DTYPE_Q6_K;
-    return select(32u, 256u, k || WEIGHT_DTYPE == DTYPE_IQ4_XS || WEIGHT_DTYPE == DTYPE_Q2_K);
+    return select(32u, 256u, k || WEIGHT_DTYPE >= DTYPE_IQ4_XS);
 }
 
 fn block_words() -> u32 {
@@ -77,6 +78,7 @@ fn block_words() -> u32 {
         case 16u: { return 45u; }
         case 20u: { return 34u; }
         case 21u: { return 21u; }
+        case 22u: { return 29u; }
         default: { return 53u; }
     }
 }
@@ -165,6 +167,32 @@ fn block8_q2_k(base: u32, g: u32) -> array<vec4<f32>, 2> {
     for (var i = 0u; i < 8u; i++) {
         let word = select(b, a, i < 4u);
         v[i] = dl * f32((byte_at(word, i % 4u) >> (2u * j)) & 3u) - ml;
+    }
+    return pack8(v);
+}
+
+// Q3_K: group g (0..32) of the super-block at word `base` (high bits in words 0..8, codes in
+// words 8..24 laid out as Q2_K's, the 16 scales unpacked to bytes in words 24..28, d in the
+// low half of word 28): as Q2_K, the code minus 4 where its high bit (bit 4 n + j of byte l)
+// is clear.
+fn block8_q3_k(base: u32, g: u32) -> array<vec4<f32>, 2> {
+    let n = g / 16u;
+    let j = (g % 16u) / 4u;
+    let qs = base + 8u + 8u * n + 2u * (g % 4u);
+    let a = wword(qs);
+    let b = wword(qs + 1u);
+    let ha = wword(base + 2u * (g % 4u));
+    let hb = wword(base + 2u * (g % 4u) + 1u);
+    let si = 8u * n + 2u * j + (g % 4u) / 2u;
+    let sc = byte_at(wword(base + 24u + si / 4u), si % 4u);
+    let dl = unpack2x16float(wword(base + 28u)).x * f32(i32(sc) - 32);
+    var v: array<f32, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        let word = select(b, a, i < 4u);
+        let hword = select(hb, ha, i < 4u);
+        let low = i32((byte_at(word, i % 4u) >> (2u * j)) & 3u);
+        let high = (byte_at(hword, i % 4u) >> (4u * n + j)) & 1u;
+        v[i] = dl * f32(select(low - 4, low, high == 1u));
     }
     return pack8(v);
 }
@@ -261,6 +289,9 @@ fn block8(row: u32, j: u32) -> array<vec4<f32>, 2> {
     let per_block = block_elems() / 8u;
     let base = row + (j / per_block) * block_words();
     let g = j % per_block;
+    if WEIGHT_DTYPE == DTYPE_Q3_K {
+        return block8_q3_k(base, g);
+    }
     if WEIGHT_DTYPE == DTYPE_Q2_K {
         return block8_q2_k(base, g);
     }

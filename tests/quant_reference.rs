@@ -23,7 +23,7 @@ const QUANT_CASES: [&str; 8] = [
     "q8_0_quant.bin",
 ];
 
-const RAW_CASES: [&str; 15] = [
+const RAW_CASES: [&str; 16] = [
     "f32_raw.bin",
     "f16_raw.bin",
     "bf16_raw.bin",
@@ -39,6 +39,7 @@ const RAW_CASES: [&str; 15] = [
     "mxfp4_raw.bin",
     "iq4_xs_raw.bin",
     "q2_k_raw.bin",
+    "q3_k_raw.bin",
 ];
 
 fn first_bit_difference(got: &[f32], want: &[f32]) -> Option<usize> {
@@ -104,6 +105,7 @@ fn quantize_matches_the_gguf_package_byte_for_byte() {
     }
     for ty in [
         GgmlType::Q2_K,
+        GgmlType::Q3_K,
         GgmlType::IQ4_NL,
         GgmlType::IQ4_XS,
         GgmlType::MXFP4,
@@ -116,7 +118,7 @@ fn quantize_matches_the_gguf_package_byte_for_byte() {
 /// `GGML_QUANT_SIZES` give them.
 #[test]
 fn type_table_matches_ggml() {
-    let table: [(u32, &str, usize, usize); 15] = [
+    let table: [(u32, &str, usize, usize); 16] = [
         (0, "F32", 1, 4),
         (1, "F16", 1, 2),
         (2, "Q4_0", 32, 18),
@@ -128,6 +130,7 @@ fn type_table_matches_ggml() {
         (13, "Q5_K", 256, 176),
         (14, "Q6_K", 256, 210),
         (10, "Q2_K", 256, 84),
+        (11, "Q3_K", 256, 110),
         (20, "IQ4_NL", 32, 18),
         (23, "IQ4_XS", 256, 136),
         (30, "BF16", 1, 2),
@@ -241,6 +244,23 @@ fn bounds(ty: GgmlType, x: &[f32]) -> Vec<f32> {
                 let d = f16_up(need.iter().fold(0.0f32, |m, &v| m.max(v)) / 15.0);
                 for n in need {
                     out.extend([(n + d) / 2.0 + slack; 16]);
+                }
+            }
+            out
+        }
+        GgmlType::Q3_K => {
+            let steps: Vec<f32> = x
+                .chunks(16)
+                .map(|b| {
+                    let (lo, hi) = min_max(b);
+                    (hi / 3.0).max(-lo / 4.0).max(0.0)
+                })
+                .collect();
+            let mut out = Vec::with_capacity(x.len());
+            for sup in steps.chunks(16) {
+                let d = f16_up(sup.iter().fold(0.0f32, |m, &v| m.max(v)) / 31.0);
+                for &step in sup {
+                    out.extend([(step + d) / 2.0 + slack; 16]);
                 }
             }
             out
@@ -526,7 +546,6 @@ fn element_counts_off_the_block_are_errors() {
 #[test]
 fn unsupported_and_unknown_type_ids_are_named() {
     for (id, name) in [
-        (11, "Q3_K"),
         (15, "Q8_K"),
         (16, "IQ2_XXS"),
         (22, "IQ2_S"),

@@ -27,7 +27,7 @@ Two kinds of case per type:
   scales, plus all-zero, largest-scale (both signs), negative-min, subnormal-scale and
   negative-zero-scale blocks (MXFP4: every exponent byte at random, and the edge exponents
   of MXFP4_EDGES), and `gguf.quants.dequantize` of them. For every block type
-  (the package has no quantizer for Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS, and pagellm's own
+  (the package has no quantizer for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS, and pagellm's own
   for IQ4_NL and MXFP4 are not the package's, so this is their only case) and for
   F32/F16/BF16 (random bit patterns and special values: infinities, NaNs, subnormals).
 
@@ -62,7 +62,7 @@ QUANTIZABLE = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 # New types go at the end: each type's seed is its place in the list.
 BLOCK_TYPES = [
     T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.MXFP4,
-    T.IQ4_XS, T.Q2_K,
+    T.IQ4_XS, T.Q2_K, T.Q3_K,
 ]
 
 # Byte offsets of the f16 fields of one block: the scale d and, where the type has one, the
@@ -79,6 +79,7 @@ F16_FIELDS = {
     T.IQ4_NL: [0],
     T.IQ4_XS: [0],
     T.Q2_K: [80, 82],
+    T.Q3_K: [108],
 }
 
 # MXFP4's scale byte (an E8M0 exponent, 2^(e - 127)) for its edge blocks: the subnormal f32

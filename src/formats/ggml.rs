@@ -20,6 +20,7 @@
 //! | Q5_K | 256 | 176 | as Q4_K, then 32 bytes of fifth bits before the nibbles | `d * sc * q - dmin * m` |
 //! | Q6_K | 256 | 210 | 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 `i8` scales, `d: f16` | `d * sc * (q - 32)` |
 //! | Q2_K | 256 | 84 | 16 bytes of 4-bit scales and mins, 64 bytes of 2-bit codes, `d`, `dmin: f16` | `d * sc * q - dmin * m` |
+//! | Q3_K | 256 | 110 | 32 bytes of high bits, 64 bytes of 2-bit codes, 12 bytes of 6-bit scales, `d: f16` | `d * (sc - 32) * q` |
 //! | IQ4_NL | 32 | 18 | `d: f16`, 16 bytes of 4-bit codes | `d * IQ4[q]` |
 //! | IQ4_XS | 256 | 136 | `d: f16`, `scales_h: u16`, 4 bytes `scales_l`, 128 bytes of 4-bit codes | `d * (ls - 32) * IQ4[q]` |
 //! | MXFP4 | 32 | 17 | `e: u8` (an E8M0 exponent), 16 bytes of 4-bit codes | `2^(e - 128) * FP4[q]` |
@@ -31,7 +32,10 @@
 //! values; `dequant_q6_k` below spells out the interleaving. Q2_K works in halves of 128 too:
 //! element `128 n + 32 j + l` (`l` < 32) is bits `2 j ..` of code byte `32 n + l`, in
 //! sub-block `8 n + 2 j + l / 16` of 16, whose scale byte holds its scale (low nibble) and
-//! min (high nibble). Every product is an f32 product of
+//! min (high nibble). Q3_K lays out its low two bits as Q2_K does; the code is those bits
+//! minus 4 unless bit `4 n + j` of high-bit byte `l` is set, and its 16 six-bit scales keep
+//! their low nibbles in bytes 0..8 (sub-block `s` in byte `s % 8`, high half for `s >= 8`)
+//! and their high two bits in bytes 8..12 (bits `2 (s / 4)` of byte `8 + s % 4`). Every product is an f32 product of
 //! the f16 fields widened to f32, in the order the value column shows. IQ4_NL's codes index
 //! a non-linear table of 16 `i8` levels ([`IQ4_LEVELS`]); MXFP4's index the OCP E2M1 values
 //! doubled ([`FP4_LEVELS`], hence the exponent's extra halving), so that both are products of
@@ -74,6 +78,7 @@ pub enum GgmlType {
     Q5_K,
     Q6_K,
     Q2_K,
+    Q3_K,
     IQ4_NL,
     IQ4_XS,
     MXFP4,
@@ -94,7 +99,6 @@ const UNSUPPORTED: &[(u32, &str)] = &[
     (4, "Q4_2"),
     (5, "Q4_3"),
     (9, "Q8_1"),
-    (11, "Q3_K"),
     (15, "Q8_K"),
     (16, "IQ2_XXS"),
     (17, "IQ2_XS"),
@@ -122,7 +126,7 @@ const UNSUPPORTED: &[(u32, &str)] = &[
 
 impl GgmlType {
     /// Every supported type, in GGML id order.
-    pub const ALL: [GgmlType; 15] = [
+    pub const ALL: [GgmlType; 16] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -131,6 +135,7 @@ impl GgmlType {
         GgmlType::Q5_1,
         GgmlType::Q8_0,
         GgmlType::Q2_K,
+        GgmlType::Q3_K,
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q6_K,
@@ -167,6 +172,7 @@ impl GgmlType {
             GgmlType::Q5_K => 13,
             GgmlType::Q6_K => 14,
             GgmlType::Q2_K => 10,
+            GgmlType::Q3_K => 11,
             GgmlType::IQ4_NL => 20,
             GgmlType::IQ4_XS => 23,
             GgmlType::BF16 => 30,
@@ -189,6 +195,7 @@ impl GgmlType {
             GgmlType::Q5_K => "Q5_K",
             GgmlType::Q6_K => "Q6_K",
             GgmlType::Q2_K => "Q2_K",
+            GgmlType::Q3_K => "Q3_K",
             GgmlType::IQ4_NL => "IQ4_NL",
             GgmlType::IQ4_XS => "IQ4_XS",
             GgmlType::MXFP4 => "MXFP4",
@@ -207,6 +214,7 @@ impl GgmlType {
             | GgmlType::IQ4_NL
             | GgmlType::MXFP4 => QK,
             GgmlType::Q2_K
+            | GgmlType::Q3_K
             | GgmlType::Q4_K
             | GgmlType::Q5_K
             | GgmlType::Q6_K
@@ -228,6 +236,7 @@ impl GgmlType {
             GgmlType::Q5_K => 176,
             GgmlType::Q6_K => 210,
             GgmlType::Q2_K => 84,
+            GgmlType::Q3_K => 110,
             GgmlType::IQ4_NL => 18,
             GgmlType::IQ4_XS => 136,
             GgmlType::MXFP4 => 17,
@@ -255,6 +264,7 @@ impl GgmlType {
         !matches!(
             self,
             GgmlType::Q2_K
+                | GgmlType::Q3_K
                 | GgmlType::Q4_K
                 | GgmlType::Q5_K
                 | GgmlType::Q6_K
@@ -390,6 +400,7 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], elems: usize) -> Result<Vec<f32>, 
         GgmlType::Q5_K => dequant_q5_k,
         GgmlType::Q6_K => dequant_q6_k,
         GgmlType::Q2_K => dequant_q2_k,
+        GgmlType::Q3_K => dequant_q3_k,
         GgmlType::IQ4_NL => dequant_iq4_nl,
         GgmlType::IQ4_XS => dequant_iq4_xs,
         GgmlType::MXFP4 => dequant_mxfp4,
@@ -424,6 +435,29 @@ fn dequant_q2_k(b: &[u8], out: &mut [f32]) {
         let sc = b[8 * n + 2 * j + l / 16];
         let (dl, ml) = (d * f32::from(sc & 0xF), dmin * f32::from(sc >> 4));
         *o = dl * f32::from(q) - ml;
+    }
+}
+
+/// Q3_K sub-block `s`'s 6-bit scale, 0..=63 (`sc - 32` multiplies `d`), from its 12 bytes.
+pub(crate) fn q3_k_scale(scales: &[u8], s: usize) -> u8 {
+    let low = if s < 8 {
+        scales[s] & 0xF
+    } else {
+        scales[s - 8] >> 4
+    };
+    low | (scales[8 + s % 4] >> (2 * (s / 4)) & 3) << 4
+}
+
+fn dequant_q3_k(b: &[u8], out: &mut [f32]) {
+    let d = f16_at(b, 108);
+    for (e, o) in out.iter_mut().enumerate().take(QK_K) {
+        let (n, j, l) = (e / 128, e % 128 / 32, e % 32);
+        let low = i8::try_from(b[32 + 32 * n + l] >> (2 * j) & 3).unwrap_or(0);
+        let high = b[l] >> (4 * n + j) & 1;
+        let q = if high == 1 { low } else { low - 4 };
+        let sc = q3_k_scale(&b[96..108], 8 * n + 2 * j + l / 16);
+        let dl = d * f32::from(i16::from(sc) - 32);
+        *o = dl * f32::from(q);
     }
 }
 
@@ -606,6 +640,9 @@ fn dequant_q6_k(b: &[u8], out: &mut [f32]) {
 ///   to a 4-bit multiple of `dmin` and a step covering the values rounded up to a 4-bit
 ///   multiple of `d`; codes round to nearest): error at most half a step,
 ///   `((span + dmin) / 3 + d) / 2`, `span = max x - min(0, min x)` over the sub-block.
+/// - Q3_K: the same bound-first idea, symmetric: per sub-block of 16 the step
+///   `max(max x / 3, -min x / 4)` rounded up to a 6-bit multiple of `d`: error at most
+///   `(step + d) / 2`.
 /// - IQ4_NL, IQ4_XS, MXFP4: this module's own, one pass per block (llama.cpp searches
 ///   IQ4_NL's and IQ4_XS's scales, so its bytes differ). IQ4_XS scales each sub-block as
 ///   IQ4_NL does, its step rounded away from zero to a 6-bit multiple of the super-block's
@@ -647,6 +684,7 @@ pub fn quantize(ty: GgmlType, values: &[f32]) -> Result<Vec<u8>, QuantError> {
         GgmlType::Q5_K => quant_q5_k,
         GgmlType::Q6_K => quant_q6_k,
         GgmlType::Q2_K => quant_q2_k,
+        GgmlType::Q3_K => quant_q3_k,
         GgmlType::IQ4_NL => quant_iq4_nl,
         GgmlType::IQ4_XS => quant_iq4_xs,
         GgmlType::MXFP4 => quant_mxfp4,
@@ -812,6 +850,44 @@ fn quant_q2_k(x: &[f32], out: &mut [u8]) -> Result<(), ScaleOverflow> {
             let e = SUB * s + i;
             let (n, j, l) = (e / 128, e % 128 / 32, e % 32);
             out[16 + 32 * n + l] |= q << (2 * j);
+        }
+    }
+    Ok(())
+}
+
+/// Q3_K, bound-first and symmetric: each sub-block of 16 gets the step `max(max x / 3,
+/// -min x / 4)` (codes run -4..=3), rounded up to a multiple `m` (1..=31) of `d`, the
+/// smallest f16 at least the largest step over 31; codes round to nearest on that grid.
+fn quant_q3_k(x: &[f32], out: &mut [u8]) -> Result<(), ScaleOverflow> {
+    const SUB: usize = 16;
+    let steps: Vec<f32> = x
+        .chunks(SUB)
+        .map(|b| {
+            let (lo, hi) = min_max(b);
+            (hi / 3.0).max(-lo / 4.0).max(0.0)
+        })
+        .collect();
+    let d = f16_at_least(steps.iter().fold(0.0f32, |a, &s| a.max(s)) / 31.0)?;
+    out[..108].fill(0);
+    put_f16(out, 108, d)?;
+    for (s, (b, &step)) in x.chunks(SUB).zip(&steps).enumerate() {
+        let m = (step * inverse(d)).ceil().min(31.0) as u8;
+        let sc = m + 32;
+        if s < 8 {
+            out[96 + s] |= sc & 0xF;
+        } else {
+            out[96 + s - 8] |= (sc & 0xF) << 4;
+        }
+        out[96 + 8 + s % 4] |= (sc >> 4) << (2 * (s / 4));
+        let il = inverse(d * f32::from(m));
+        for (i, &v) in b.iter().enumerate() {
+            let q = (v * il).round().clamp(-4.0, 3.0) as i8;
+            let e = SUB * s + i;
+            let (n, j, l) = (e / 128, e % 128 / 32, e % 32);
+            out[32 + 32 * n + l] |= ((q & 3) as u8) << (2 * j);
+            if q >= 0 {
+                out[l] |= 1 << (4 * n + j);
+            }
         }
     }
     Ok(())

@@ -29,7 +29,7 @@ impl MatmulKernel {
         match format {
             F32 | F16 | BF16 => true,
             Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K | Q6_K => true,
-            Q2_K | IQ4_NL | IQ4_XS | MXFP4 => true,
+            Q2_K | Q3_K | IQ4_NL | IQ4_XS | MXFP4 => true,
         }
     }
 

@@ -16,7 +16,7 @@ pub use crate::formats::WeightDtype;
 
 impl WeightDtype {
     /// Every block format.
-    pub const BLOCKS: [WeightDtype; 12] = [
+    pub const BLOCKS: [WeightDtype; 13] = [
         WeightDtype::Q4_0,
         WeightDtype::Q4_1,
         WeightDtype::Q5_0,
@@ -29,6 +29,7 @@ impl WeightDtype {
         WeightDtype::MXFP4,
         WeightDtype::IQ4_XS,
         WeightDtype::Q2_K,
+        WeightDtype::Q3_K,
     ];
 
     /// The value of the kernels' `WEIGHT_DTYPE` override (shaders/common.wgsl has the float
@@ -50,6 +51,7 @@ impl WeightDtype {
             WeightDtype::MXFP4 => 19.0,
             WeightDtype::IQ4_XS => 20.0,
             WeightDtype::Q2_K => 21.0,
+            WeightDtype::Q3_K => 22.0,
         }
     }
 
@@ -75,6 +77,8 @@ impl WeightDtype {
             // The 6-bit scales and mins unpacked to bytes: 16 bytes instead of 12.
             WeightDtype::Q4_K => 148,
             WeightDtype::Q5_K => 180,
+            // The 16 six-bit scales unpacked to bytes, then d and two bytes of padding.
+            WeightDtype::Q3_K => 116,
             other => other.block_bytes(),
         }
     }
@@ -82,7 +86,7 @@ impl WeightDtype {
     /// Bytes of a row of `cols` elements on the GPU (`cols` a whole number of blocks). Per
     /// element (in a file): Q4_0 5 bits (4.5), Q4_1 5 (5), Q5_0 6 (5.5), Q5_1 6 (6), Q8_0
     /// 9 (8.5), Q4_K 4.625 (4.5), Q5_K 5.625 (5.5), Q6_K 6.625 (6.5625), IQ4_NL 5 (4.5),
-    /// MXFP4 5 (4.25), IQ4_XS 4.25 (4.25), Q2_K 2.625 (2.625).
+    /// MXFP4 5 (4.25), IQ4_XS 4.25 (4.25), Q2_K 2.625 (2.625), Q3_K 3.625 (3.4375).
     pub fn gpu_row_bytes(self, cols: usize) -> usize {
         cols / self.block_elems() * self.gpu_block_bytes()
     }
@@ -349,7 +353,9 @@ fn gpu_layout(dtype: WeightDtype, pieces: &[&[u8]]) -> Vec<u8> {
 /// byte is then the top byte of word 0), Q6_K two at the end. Q4_K
 /// and Q5_K keep their f16 `d` and `dmin`, then the eight sub-blocks' 6-bit scales and
 /// mins unpacked to a byte each (scale, min, scale, min, ...), then the rest of the block:
-/// decoding the packed 6-bit fields cost a third of a Q4_K matmul on lavapipe.
+/// decoding the packed 6-bit fields cost a third of a Q4_K matmul on lavapipe. Q3_K keeps its
+/// high bits and codes, then its 16 six-bit scales unpacked to a byte each, then `d` and two
+/// zero bytes.
 fn gpu_block(dtype: WeightDtype, b: &[u8], out: &mut Vec<u8>) {
     match dtype {
         WeightDtype::Q4_0 | WeightDtype::Q5_0 | WeightDtype::Q8_0 | WeightDtype::IQ4_NL => {
@@ -371,6 +377,14 @@ fn gpu_block(dtype: WeightDtype, b: &[u8], out: &mut Vec<u8>) {
                 out.extend_from_slice(&[sc, m]);
             }
             out.extend_from_slice(&b[16..]);
+        }
+        WeightDtype::Q3_K => {
+            out.extend_from_slice(&b[..96]);
+            for s in 0..16 {
+                out.push(quant::q3_k_scale(&b[96..108], s));
+            }
+            out.extend_from_slice(&b[108..110]);
+            out.extend_from_slice(&[0, 0]);
         }
         _ => out.extend_from_slice(b),
     }
