@@ -130,9 +130,9 @@ pub struct EngineArgs {
     #[arg(long)]
     pub keep_out_of_window_blocks: bool,
     /// Convert the weights that matmuls and the embedding read as they load: q8_0, q4_k,
-    /// q5_k, q6_k, q4_0, q4_1, q5_0, q5_1, q2_k, iq4_nl, iq4_xs or mxfp4 quantize a safetensors
-    /// model (Q4_K takes 0.28x the memory of f16); f32, f16 or bf16 widen a GGUF model's
-    /// blocks. Default: as stored on disk.
+    /// q5_k, q6_k, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, iq4_nl, iq4_xs or mxfp4 quantize a
+    /// safetensors model (Q4_K takes 0.28x the memory of f16); f32, f16 or bf16 widen a GGUF
+    /// model's blocks. Default: as stored on disk.
     #[arg(long, value_name = "FORMAT")]
     pub weight_dtype: Option<WeightDtype>,
     /// Speculative decoding: `ngram` proposes the tokens that followed the newest n-gram's
