@@ -123,13 +123,7 @@ fn stalled_idle_and_lying_clients_are_cut_off() {
     assert_eq!(status, 200, "{raw}");
     assert_eq!(v["choices"][0]["finish_reason"], "length");
     // Each cut counted by its kind.
-    let metrics = agent()
-        .get(&format!("{}/metrics", s.base))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap();
+    let metrics = http::metrics_text(&s);
     for (kind, n) in [("head_deadline", 3), ("body_stall", 1), ("body_rate", 0)] {
         let line = format!("pagellm_http_cuts_total{{kind=\"{kind}\"}} {n}\n");
         assert!(metrics.contains(&line), "{line:?} in\n{metrics}");

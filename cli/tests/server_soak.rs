@@ -135,13 +135,7 @@ fn stream_greedy(base: &str, prompt: &str, max_tokens: usize) -> (String, Durati
 
 /// A figure of the server's `/metrics`, by its exact name and labels.
 fn metric(s: &Served, name: &str) -> f64 {
-    let text = agent()
-        .get(&format!("{}/metrics", s.base))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap();
+    let text = http::metrics_text(s);
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
         .unwrap_or_else(|| panic!("no {name} in\n{text}"))

@@ -99,6 +99,17 @@ pub fn listening(child: &mut Child) -> String {
     base
 }
 
+/// The server's `/metrics` text.
+pub fn metrics_text(s: &Served) -> String {
+    agent()
+        .get(&format!("{}/metrics", s.base))
+        .call()
+        .expect("GET /metrics")
+        .body_mut()
+        .read_to_string()
+        .expect("metrics text")
+}
+
 // Raw HTTP/1.1 over TCP, for requests a client library would not send.
 
 pub fn connect(s: &Served) -> TcpStream {
