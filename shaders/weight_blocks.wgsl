@@ -9,8 +9,9 @@
 // before a Q4_0, Q5_0, Q8_0 or IQ4_NL block (its f16 scale then fills the upper half of word 0
 // and its codes start on a word), three before an MXFP4 block (its exponent is the top byte of
 // word 0), and two after a Q6_K block; Q4_K and Q5_K have their 6-bit
-// sub-block scales and mins unpacked to one byte each (words 1..5). A row is its blocks one
-// after another. Every 8-element group
+// sub-block scales and mins unpacked to one byte each (words 1..5), and Q3_K its 16 six-bit
+// scales (words 24..28, then d and two bytes of padding); Q2_K and IQ4_XS blocks are whole
+// words as they are. A row is its blocks one after another. Every 8-element group
 // lies within one block and shares its scale, so a group is decoded from a few words.
 //
 // Values are computed with the expressions of src/formats/ggml.rs, the plain-Rust reference,
@@ -18,8 +19,10 @@
 // Q6_K's super-block scale times a sub-block scale, times a code) needs at most 22
 // significant bits, so every product is exact in f32, and where a min is then added or
 // subtracted (Q4_1, Q5_1, Q4_K, Q5_K) there is one rounding whether or not the compiler
-// fuses the two into a multiply-add. IQ4_NL's and MXFP4's codes index tables of small
-// integers, times a scale: exact products too (MXFP4's scale is a power of two, an f32
+// fuses the two into a multiply-add (Q2_K's min too). Q3_K's and IQ4_XS's products of a
+// super-block scale, a six-bit sub-block scale and a code need at most 20 and 24 bits.
+// IQ4_NL's, IQ4_XS's and MXFP4's codes index tables of small integers, times a scale: exact
+// products too (MXFP4's scale is a power of two, an f32
 // subnormal for exponents 0 and 1, where a GPU that flushes subnormals gives zeros).
 // tests/kernels_quant.rs checks every fixture block.
 

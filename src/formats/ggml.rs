@@ -52,8 +52,8 @@
 //! same round-to-nearest-even of scales to f16. The package has no quantizer for the
 //! K-quants, so Q4_K, Q5_K and Q6_K use a simple quantizer of this module's own, described at
 //! [`quantize`]; it is not llama.cpp's error-minimising scale search and will not reproduce
-//! llama.cpp's bytes, only dequantize within the documented bound. IQ4_NL and MXFP4 also use
-//! quantizers of this module's own (see [`quantize`]).
+//! llama.cpp's bytes, only dequantize within the documented bound. Q2_K, Q3_K, IQ4_NL,
+//! IQ4_XS and MXFP4 also use quantizers of this module's own (see [`quantize`]).
 
 use half::{bf16, f16};
 
