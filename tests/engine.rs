@@ -109,10 +109,15 @@ fn an_int8_cache_gives_transformers_greedy_tokens_but_at_near_ties() {
     // of transformers' top 5 within `NEAR_TIE` nats of the top; each divergence is printed
     // with its gap. The trained shipped model keeps every greedy token with int8 and int4
     // (tests/shipped_model.rs).
+    // The mixtures of experts are left out: their routers' margins are smaller than an
+    // int8 cache's errors (golden::MOE); tests/moe.rs checks int8 caches with them.
     const NEAR_TIE: f64 = 0.5;
     let (mut cases, mut diverged, mut same_tokens, mut tokens) = (0, 0, 0, 0);
     for ctx in contexts() {
-        for f in golden::all() {
+        let dense = golden::all()
+            .into_iter()
+            .filter(|f| !golden::MOE.contains(&f.name));
+        for f in dense {
             let cfg = EngineConfig {
                 kv_dtype: pagellm::internals::pool::KvDtype::Int8,
                 ..EngineConfig::default()

@@ -60,7 +60,10 @@ fn matmul_weight_bytes(m: &GpuModel) -> u64 {
     let layers: u64 = m
         .layers
         .iter()
-        .map(|l| l.qkv.gpu_bytes() + l.o.gpu_bytes() + l.gate_up.gpu_bytes() + l.down.gpu_bytes())
+        .map(|l| {
+            let mlp: u64 = l.mlp.weights().iter().map(|w| w.gpu_bytes()).sum();
+            l.qkv.gpu_bytes() + l.o.gpu_bytes() + mlp
+        })
         .sum();
     layers + m.embed.gpu_bytes() + m.lm_head.as_ref().map_or(0, |w| w.gpu_bytes())
 }
@@ -108,7 +111,8 @@ fn every_block_format_quantized_at_load_computes_its_dequantized_copy_exactly() 
             // blocks of any and keep their f16.
             assert_eq!(q.layers[0].qkv.dtype(), dtype, "{what}");
             assert_eq!(q.embed.dtype(), dtype, "{what}");
-            assert_eq!(q.layers[0].down.dtype(), WeightDtype::F16, "{what}");
+            let down = q.layers[0].mlp.weights()[1].dtype();
+            assert_eq!(down, WeightDtype::F16, "{what}");
             let twin = files
                 .converted(dtype)
                 .unwrap()

@@ -31,11 +31,13 @@ PAGELLM_BACKEND=vulkan cargo run --locked -q -p pagellm-web --example reference 
 "$deno" run --quiet --allow-read web/tests/run_cases.ts \
   compare web/tests/cases.json "$out/wasm.json" "$out/native.json"
 
-# The transformers fixtures (each architecture, a sharded folder, GGUF files with f16 and
-# Q8_0 weights): greedy tokens, logprobs and seeded samples equal to the native build's.
+# The transformers fixtures (each architecture, mixtures of experts included, a sharded
+# folder, GGUF files with f16 and Q8_0 weights): greedy tokens, logprobs and seeded samples
+# equal to the native build's.
 for model in llama-gqa llama-bias-mha llama-odd-heads llama3-rope-scaled mistral-f16 \
     qwen2-bias-tied qwen2-sharded-untied qwen3-qknorm-window gemma2-softcap-window \
-    gemma3-local-rope phi3-longrope-window gguf/llama-gqa-q8_0.gguf gguf/gemma3-local-rope.gguf; do
+    gemma3-local-rope phi3-longrope-window mixtral-moe qwen3-moe-dense-layer \
+    gguf/llama-gqa-q8_0.gguf gguf/gemma3-local-rope.gguf; do
   name=${model//\//-}
   "$deno" run --quiet --unstable-webgpu --allow-read --allow-write web/tests/run_cases.ts \
     run web/tests/fixture_cases.json "tests/fixtures/$model" "$out/$name.wasm.json" > /dev/null

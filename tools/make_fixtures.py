@@ -98,12 +98,16 @@ from transformers import (
     Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -422,6 +426,84 @@ VARIANTS["llama-yarn"] = dict(
     },
 )
 
+def check_mixtral(model):
+    c = model.config
+    assert c.num_local_experts == 4 and c.num_experts_per_tok == 2, c
+    moe = model.model.layers[0].mlp
+    assert type(moe).__name__ == "MixtralSparseMoeBlock", type(moe)
+    assert moe.experts.gate_up_proj.shape == (4, 2 * 48, 64), moe.experts.gate_up_proj.shape
+
+
+def check_qwen3_moe(model):
+    c = model.config
+    assert c.num_experts == 8 and c.num_experts_per_tok == 3 and not c.norm_topk_prob, c
+    kinds = [type(layer.mlp).__name__ for layer in model.model.layers]
+    assert kinds == ["Qwen3MoeSparseMoeBlock", "Qwen3MoeMLP", "Qwen3MoeSparseMoeBlock"], kinds
+    assert model.model.layers[0].self_attn.q_norm.weight.shape == (16,)
+
+
+VARIANTS["mixtral-moe"] = dict(
+    model=MixtralForCausalLM,
+    config=lambda: MixtralConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=True,
+        **COMMON,
+    ),
+    dtype=torch.float32,
+    head_scale=8.0,
+    final_norm_scale=8.0,
+    router_scale=4.0,
+    first_seed=1000,
+    check=check_mixtral,
+    ablations={
+        "one expert per token": setting(num_experts_per_tok=1),
+        "router weights zeroed": zero("mlp.gate.weight"),
+    },
+)
+
+VARIANTS["qwen3-moe-dense-layer"] = dict(
+    model=Qwen3MoeForCausalLM,
+    config=lambda: Qwen3MoeConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        num_experts=8,
+        num_experts_per_tok=3,
+        norm_topk_prob=False,
+        mlp_only_layers=[1],
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        tie_word_embeddings=True,
+        **COMMON,
+    ),
+    dtype=torch.float32,
+    head_scale=8.0,
+    final_norm_scale=8.0,
+    router_scale=2.0,
+    first_seed=1100,
+    check=check_qwen3_moe,
+    ablations={
+        "top-k renormalised": setting(norm_topk_prob=True),
+        "dense layer's MLP zeroed": zero("layers.1.mlp.down_proj.weight"),
+        "q_norm weights zeroed": zero("q_norm.weight"),
+    },
+)
+
 GEMMA = dict(
     bos_token_id=0,
     eos_token_id=1,
@@ -580,7 +662,7 @@ def min_gap_for(dtype) -> float:
 
 
 @torch.no_grad()
-def scale_up(model, cfg, head_scale, final_norm_scale):
+def scale_up(model, cfg, head_scale, final_norm_scale, router_scale=1.0):
     """Peaky distributions: matrices x8, LM head x`head_scale`, random biases and norm
     weights, the final norm's weights x`final_norm_scale`."""
     tied = cfg.tie_word_embeddings
@@ -590,7 +672,12 @@ def scale_up(model, cfg, head_scale, final_norm_scale):
             # Padded vocabulary rows (beyond the tokenizer) stay small, as in real models
             # whose padding rows are never trained up: they must not win a greedy step.
             p[TOKENIZER_VOCAB:].mul_(0.25)
-        elif p.dim() == 2:
+        elif name.endswith("mlp.gate.weight") or name.endswith("block_sparse_moe.gate.weight"):
+            # Routers spread their logits wider, so that every token's choice of experts
+            # is clear (see ROUTER_GAP).
+            p.mul_(8.0 * router_scale)
+        elif p.dim() in (2, 3):
+            # 3-D: a mixture's experts, stacked (transformers 5 keeps them so in memory).
             p.mul_(8.0)
         elif name.endswith(".bias"):
             p.normal_(0.0, 0.5)
@@ -634,13 +721,47 @@ def build(variant, seed):
     cfg = variant["config"]()
     cfg._attn_implementation = "eager"
     model = variant["model"](cfg).eval()
-    scale_up(model, cfg, variant.get("head_scale", 32.0), variant.get("final_norm_scale", 1.0))
+    scale_up(
+        model,
+        cfg,
+        variant.get("head_scale", 32.0),
+        variant.get("final_norm_scale", 1.0),
+        variant.get("router_scale", 1.0),
+    )
     # The weights as they will be on disk, computed with in float32. Only the parameters:
     # model.to() would also round buffers such as the rotary inv_freq.
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(p.to(variant["dtype"]).to(torch.float32))
     return model
+
+
+# A mixture of experts' choice is a discontinuity: where a token's k-th and (k+1)-th router
+# logits are nearly equal, rounding differences between implementations could pick other
+# experts. Every token of every case must separate them by at least this much.
+ROUTER_GAP = 0.01
+
+
+@torch.no_grad()
+def router_gap(model, prompt_ids, cases):
+    """The smallest gap between the k-th and (k+1)-th router logit over every token of
+    every case's prompt and greedy continuation (infinity for a dense model)."""
+    gaps = []
+
+    def hook(module, args, out):
+        logits = out[0].float()
+        top = torch.topk(logits, module.top_k + 1, dim=-1).values
+        gaps.append(float((top[:, -2] - top[:, -1]).min()))
+
+    routers = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+    handles = [m.register_forward_hook(hook) for m in routers]
+    try:
+        for ids, c in zip(prompt_ids, cases):
+            model(torch.tensor([list(ids) + c["greedy_ids"]]))
+    finally:
+        for h in handles:
+            h.remove()
+    return min(gaps, default=float("inf"))
 
 
 def acceptable(cases, dtype):
@@ -727,7 +848,7 @@ def make(name, variant, prompts, prompt_ids):
         model = build(variant, seed)
         cases = run_cases(model, prompt_ids)
         worst, ok = acceptable(cases, dtype)
-        if ok:
+        if ok and router_gap(model, prompt_ids, cases) > ROUTER_GAP:
             break
     else:
         sys.exit(f"{name}: no seed in {SEEDS_TO_TRY} gives clear greedy choices")
@@ -783,6 +904,10 @@ def make(name, variant, prompts, prompt_ids):
         assert torch.allclose(a["prompt_logits"], b["prompt_logits"], atol=1e-4)
     worst, ok = acceptable(expected, dtype)
     assert ok, f"{name}: smallest greedy gap {worst}"
+    gap = router_gap(loaded, prompt_ids, expected)
+    assert gap > ROUTER_GAP, f"{name}: smallest router gap {gap}"
+    if gap != float("inf"):
+        print(f"  smallest gap between a token's last chosen and first other expert: {gap:.3f}")
 
     # The feature the variant exists for must matter to the numbers.
     long_ids = torch.tensor([prompt_ids[-1]])

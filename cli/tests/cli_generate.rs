@@ -43,6 +43,8 @@ fn json_output_has_transformers_greedy_tokens() {
         "gemma2-softcap-window",
         "gemma3-local-rope",
         "phi3-longrope-window",
+        "mixtral-moe",
+        "qwen3-moe-dense-layer",
     ] {
         json_output_matches(name);
     }

@@ -11,6 +11,7 @@ pub mod copy_blocks;
 pub mod embedding;
 pub mod logits;
 pub mod matmul;
+pub mod moe;
 pub mod paged_attention;
 pub mod plan;
 pub mod reshape_and_cache;
@@ -84,6 +85,9 @@ kernel!(
         "weight_blocks"
     ]
 );
+kernel!(MOE_ROUTE, "moe_route");
+kernel!(MOE_MATMUL, "moe_matmul", ["weight_blocks"]);
+kernel!(MOE_COMBINE, "moe_combine");
 kernel!(ROPE, "rope");
 kernel!(SILU_MUL, "silu_mul");
 kernel!(ADD, "add");
@@ -156,6 +160,9 @@ pub const ALL: &[KernelSource] = &[
     ARGMAX_MERGE,
     ROTATE_ROWS,
     ROTATE_QK,
+    MOE_ROUTE,
+    MOE_MATMUL,
+    MOE_COMBINE,
 ];
 
 /// A uniform parameter block shared with a WGSL kernel: the Rust mirror of its `Params`.

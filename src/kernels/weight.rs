@@ -223,6 +223,31 @@ impl Weight {
         Ok(Weight { rows, cols, chunks })
     }
 
+    /// The weights of `parts.len()` experts of `[rows, cols]` each as one `[experts * rows,
+    /// cols]` weight, in buffers that each hold whole experts (as many as fit a binding).
+    pub fn upload_experts(
+        ctx: &GpuContext,
+        name: &str,
+        parts: &[&[u8]],
+        rows: usize,
+        cols: usize,
+        dtype: WeightDtype,
+    ) -> Result<Self> {
+        let expert = (rows * dtype.gpu_row_bytes(cols)) as u64;
+        let pad = if dtype.is_block() { 16 } else { 0 };
+        let fit = ctx.max_binding_bytes().saturating_sub(pad) / expert.max(1);
+        if fit == 0 {
+            return Err(GpuError::TooLarge {
+                what: format!("one expert of {name}"),
+                needed: expert + pad,
+                limit: ctx.max_binding_bytes(),
+            });
+        }
+        let limit = fit * expert + pad;
+        let total = rows * parts.len();
+        Self::upload_parts_with_limit(ctx, name, parts, total, cols, dtype, limit)
+    }
+
     /// One weight stacked from `parts` of `cols`-element rows, each `(format, rows,
     /// bytes)`, one after the other: consecutive parts of one format share chunks, and a
     /// change of format starts a new chunk.

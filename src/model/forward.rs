@@ -18,12 +18,13 @@
 //! The parenthesised steps run when the architecture's [`Recipe`](super::arch::Recipe)
 //! asks for them; the rotations run when the pool's [`KvRotation`] is Hadamard.
 
-use super::gpu::{GpuLayer, GpuModel};
+use super::gpu::{GpuExperts, GpuLayer, GpuMlp, GpuModel};
 use super::ModelConfig;
 use crate::error::{GpuError, Result};
 use crate::gpu::{Batch, Bind, GpuContext};
 use crate::kernels::logits::{argmax_partials_len, lm_head, ArgmaxKernel, LogitsBuffers};
 use crate::kernels::matmul::{matmul, Matmul, Norm, Output, Outputs};
+use crate::kernels::moe::{self, ExpertMatmul, Mixture, Routes};
 use crate::kernels::paged_attention::{
     paged_attention, Attention, AttentionBuffers, AttentionOptions,
 };
@@ -65,6 +66,32 @@ pub struct Workspace {
     pub argmax: wgpu::Buffer,
     /// The arg-max's partials, where the plan splits it across workgroups.
     argmax_partials: Option<wgpu::Buffer>,
+    /// A mixture of experts' buffers, for models with sparse layers.
+    moe: Option<MoeBuffers>,
+}
+
+/// What a mixture of experts computes through, for `T` tokens of `S = T * top_k` slots.
+#[derive(Debug)]
+struct MoeBuffers {
+    logits: wgpu::Buffer,  // [T, experts] router logits
+    expert: wgpu::Buffer,  // [S] u32: each slot's expert
+    weight: wgpu::Buffer,  // [S] f32: each slot's routing weight
+    offsets: wgpu::Buffer, // [experts + 1] u32
+    list: wgpu::Buffer,    // [S] u32: the slots by expert
+    gate_up: wgpu::Buffer, // [S, 2 * intermediate]
+    act: wgpu::Buffer,     // [S, intermediate]
+    out: wgpu::Buffer,     // [S, hidden]
+}
+
+impl MoeBuffers {
+    fn routes(&self) -> Routes<'_> {
+        Routes {
+            expert: &self.expert,
+            weight: &self.weight,
+            offsets: &self.offsets,
+            list: &self.list,
+        }
+    }
 }
 
 impl Workspace {
@@ -125,6 +152,22 @@ impl Workspace {
                     argmax_partials_len(r, cfg.vocab_size),
                 )?),
                 _ => None,
+            },
+            moe: match cfg.recipe.moe {
+                Some(m) => {
+                    let slots = t * m.top_k;
+                    Some(MoeBuffers {
+                        logits: f("router logits", t * m.experts)?,
+                        expert: f("slot experts", slots)?,
+                        weight: f("slot weights", slots)?,
+                        offsets: f("expert offsets", m.experts + 1)?,
+                        list: f("slots by expert", slots)?,
+                        gate_up: f("expert gate up", 2 * slots * m.intermediate)?,
+                        act: f("expert act", slots * m.intermediate)?,
+                        out: f("expert out", slots * cfg.hidden_size)?,
+                    })
+                }
+                None => None,
             },
         })
     }
@@ -274,12 +317,22 @@ impl Pass<'_> {
         }
     }
 
-    /// `x += [norm](down(act(gate(norm(x))) * up(norm(x))))`.
+    /// `x += [norm](down(act(gate(norm(x))) * up(norm(x))))`, or for a mixture of experts
+    /// the same through each token's experts, weighted and summed.
     fn mlp_block(&self, batch: &mut Batch, l: &GpuLayer) -> Result<()> {
         let (c, ws) = (&self.model.config, self.ws);
+        let (gate_up_w, down_w, gate_up_bias, down_bias) = match &l.mlp {
+            GpuMlp::Dense {
+                gate_up,
+                down,
+                gate_up_bias,
+                down_bias,
+            } => (gate_up, down, gate_up_bias, down_bias),
+            GpuMlp::Experts(x) => return self.experts_block(batch, l, x),
+        };
         let gate_up = Outputs::One(&ws.gate_up);
-        let bias = l.gate_up_bias.as_ref();
-        self.normed(batch, "gate up", &l.mlp_norm, &l.gate_up, bias, gate_up)?;
+        let bias = gate_up_bias.as_ref();
+        self.normed(batch, "gate up", &l.mlp_norm, gate_up_w, bias, gate_up)?;
         // The gated activation (SiLU or GELU of the gate, times up): its own pass, or
         // computed as the down projection reads the gate-up output.
         let activation = c.recipe.activation;
@@ -293,7 +346,67 @@ impl Pass<'_> {
         };
         batch.profile_site(Some("down"));
         let post = l.post_mlp_norm.as_ref();
-        self.residual(batch, post, down_in, gated, &l.down, l.down_bias.as_ref())?;
+        self.residual(batch, post, down_in, gated, down_w, down_bias.as_ref())?;
+        batch.profile_site(None);
+        Ok(())
+    }
+
+    /// `x += sum over the token's experts e of weight_e * down_e(act(gate_e(h)) * up_e(h))`
+    /// with `h = norm(x)`: the router's logits, the routing (on the GPU), each projection
+    /// of every expert in one dispatch over the slots routed to it, and the weighted sum.
+    fn experts_block(&self, batch: &mut Batch, l: &GpuLayer, x: &GpuExperts) -> Result<()> {
+        let (c, ws, t) = (&self.model.config, self.ws, self.t);
+        let (Some(b), None) = (&ws.moe, &l.post_mlp_norm) else {
+            return Err(GpuError::invalid(
+                "forward",
+                "a mixture of experts needs the workspace's expert buffers, and no norm after it",
+            ));
+        };
+        let m = x.moe;
+        let (slots, inter) = (t * m.top_k, m.intermediate);
+        batch.profile_site(None);
+        rms_norm::rms_norm(
+            batch,
+            ws.plan.rms_norm,
+            &ws.x,
+            &l.mlp_norm,
+            &ws.h,
+            t,
+            self.eps,
+        )?;
+        batch.profile_site(Some("router"));
+        matmul(
+            batch,
+            &ws.plan.matmul,
+            &Matmul::new(&ws.h, &x.router, &b.logits, t),
+        )?;
+        let mixture = Mixture {
+            experts: m.experts,
+            top_k: m.top_k,
+            routing: m.routing,
+        };
+        moe::route(batch, mixture, &b.logits, t, b.routes())?;
+        batch.profile_site(Some("experts"));
+        let projection = |weight, input, n, y, ldy, n_offset, in_div| ExpertMatmul {
+            x: input,
+            weight,
+            n,
+            routes: b.routes(),
+            y,
+            ldy,
+            n_offset,
+            in_div,
+            slots,
+        };
+        let gate = projection(&x.gate, &ws.h, inter, &b.gate_up, 2 * inter, 0, m.top_k);
+        moe::expert_matmul(batch, &gate)?;
+        let up = projection(&x.up, &ws.h, inter, &b.gate_up, 2 * inter, inter, m.top_k);
+        moe::expert_matmul(batch, &up)?;
+        silu_mul::gated_rows(batch, c.recipe.activation, &b.gate_up, &b.act, slots, inter)?;
+        let h = c.hidden_size;
+        let down = projection(&x.down, &b.act, h, &b.out, h, 0, 1);
+        moe::expert_matmul(batch, &down)?;
+        moe::combine(batch, &b.out, &b.weight, &ws.x, t, h, m.top_k)?;
         batch.profile_site(None);
         Ok(())
     }

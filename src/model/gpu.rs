@@ -2,7 +2,7 @@
 //! precision (fused projections split into their parts, Gemma's `1 + w` norms widened to
 //! f32 with the one added), plus the rotary tables.
 
-use super::arch::{NormKind, Rope, Slice};
+use super::arch::{MlpTensors, Moe, NormKind, Rope, Slice};
 use super::checkpoint::Checkpoint;
 use super::convert::converted;
 use super::error::{ModelError, Result};
@@ -27,13 +27,45 @@ pub struct GpuLayer {
     pub post_attn_norm: Option<Weight>,
     pub mlp_norm: Weight,
     pub post_mlp_norm: Option<Weight>,
-    /// The gate and up projections stacked: `[2 * intermediate, hidden]`, gate's rows first.
-    pub gate_up: Weight,
-    pub down: Weight,
-    pub gate_up_bias: Option<wgpu::Buffer>,
-    pub down_bias: Option<wgpu::Buffer>,
+    pub mlp: GpuMlp,
     /// Index into [`GpuModel::ropes`].
     pub rope: usize,
+}
+
+/// A layer's MLP on the GPU.
+#[derive(Debug)]
+pub enum GpuMlp {
+    Dense {
+        /// The gate and up projections stacked: `[2 * intermediate, hidden]`, gate's rows
+        /// first.
+        gate_up: Weight,
+        down: Weight,
+        gate_up_bias: Option<wgpu::Buffer>,
+        down_bias: Option<wgpu::Buffer>,
+    },
+    Experts(GpuExperts),
+}
+
+/// A mixture of experts on the GPU: the router `[experts, hidden]`, and every expert's
+/// gate, up (`[experts * intermediate, hidden]`, expert e's rows at `e * intermediate`) and
+/// down (`[experts * hidden, intermediate]`) projections, each in buffers of whole experts.
+#[derive(Debug)]
+pub struct GpuExperts {
+    pub moe: Moe,
+    pub router: Weight,
+    pub gate: Weight,
+    pub up: Weight,
+    pub down: Weight,
+}
+
+impl GpuMlp {
+    /// Its matmuls' weights.
+    pub fn weights(&self) -> Vec<&Weight> {
+        match self {
+            GpuMlp::Dense { gate_up, down, .. } => vec![gate_up, down],
+            GpuMlp::Experts(x) => vec![&x.router, &x.gate, &x.up, &x.down],
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -106,6 +138,32 @@ impl Uploader<'_> {
         let qd = cfg.num_heads * cfg.head_dim;
         let kvd = cfg.num_kv_heads * cfg.head_dim;
         let inter = cfg.intermediate_size;
+        let mlp = match &n.mlp {
+            MlpTensors::Dense(d) => GpuMlp::Dense {
+                gate_up: self.stacked(&[&d.gate, &d.up], p)?,
+                down: self.weight(&d.down, p)?,
+                gate_up_bias: self.stacked_bias(
+                    "gate up bias",
+                    &[&d.gate_bias, &d.up_bias],
+                    &[inter, inter],
+                )?,
+                down_bias: self.bias(&d.down_bias)?,
+            },
+            MlpTensors::Experts(x) => {
+                let moe = rc.moe.ok_or_else(|| {
+                    ModelError::Unsupported(format!(
+                        "layer {i}: expert tensors without the recipe's experts"
+                    ))
+                })?;
+                GpuMlp::Experts(GpuExperts {
+                    moe,
+                    router: self.weight(&x.router, p)?,
+                    gate: self.experts(&x.gate, p)?,
+                    up: self.experts(&x.up, p)?,
+                    down: self.experts(&x.down, p)?,
+                })
+            }
+        };
         Ok(GpuLayer {
             input_norm: self.norm(&n.input_norm, p)?,
             qkv: self.stacked(&[&n.q, &n.k, &n.v], p)?,
@@ -121,14 +179,7 @@ impl Uploader<'_> {
             post_attn_norm: self.opt_norm(&n.post_attn_norm, p)?,
             mlp_norm: self.norm(&n.mlp_norm, p)?,
             post_mlp_norm: self.opt_norm(&n.post_mlp_norm, p)?,
-            gate_up: self.stacked(&[&n.gate, &n.up], p)?,
-            down: self.weight(&n.down, p)?,
-            gate_up_bias: self.stacked_bias(
-                "gate up bias",
-                &[&n.gate_bias, &n.up_bias],
-                &[inter, inter],
-            )?,
-            down_bias: self.bias(&n.down_bias)?,
+            mlp,
             rope: usize::from(rc.layers[i].local_rope && rc.local_rope.is_some()),
         })
     }
@@ -181,6 +232,44 @@ impl Uploader<'_> {
             .map(|((bytes, dtype), p)| (*dtype, p.rows, &bytes[..]))
             .collect();
         let w = Weight::upload_stack(self.ctx, &name, &stack, first.cols)?;
+        self.done += parts.iter().map(|p| p.bytes.len() as u64).sum::<u64>();
+        progress(self.done, self.total);
+        Ok(w)
+    }
+
+    /// Every expert's weight of one projection as one, expert after expert, in buffers of
+    /// whole experts (the expert kernels bind a buffer per dispatch). The experts must share
+    /// one format and shape.
+    fn experts(&mut self, slices: &[Slice], progress: &mut impl FnMut(u64, u64)) -> Result<Weight> {
+        let parts = slices
+            .iter()
+            .map(|s| self.ck.part(s))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let converted = slices
+            .iter()
+            .zip(&parts)
+            .map(|(s, p)| converted(&s.name, p, self.to))
+            .collect::<Result<Vec<_>>>()?;
+        let (first, (_, dtype)) = (&parts[0], &converted[0]);
+        for ((s, p), (_, d)) in slices.iter().zip(&parts).zip(&converted) {
+            if (p.rows, p.cols, *d) != (first.rows, first.cols, *dtype) {
+                return Err(ModelError::Unsupported(format!(
+                    "{} ({} x {} {}) differs from {} ({} x {} {}): every expert of a layer \
+                     must have one shape and format",
+                    s.name,
+                    p.rows,
+                    p.cols,
+                    d.name(),
+                    slices[0].name,
+                    first.rows,
+                    first.cols,
+                    dtype.name()
+                )));
+            }
+        }
+        let name = format!("{} ({} experts)", slices[0].name, slices.len());
+        let bytes: Vec<&[u8]> = converted.iter().map(|(b, _)| &b[..]).collect();
+        let w = Weight::upload_experts(self.ctx, &name, &bytes, first.rows, first.cols, *dtype)?;
         self.done += parts.iter().map(|p| p.bytes.len() as u64).sum::<u64>();
         progress(self.done, self.total);
         Ok(w)
@@ -254,14 +343,8 @@ impl GpuModel {
         let mut all: Vec<&Weight> = vec![&self.embed, &self.norm];
         all.extend(self.lm_head.as_ref());
         for l in &self.layers {
-            all.extend([
-                &l.input_norm,
-                &l.qkv,
-                &l.o,
-                &l.mlp_norm,
-                &l.gate_up,
-                &l.down,
-            ]);
+            all.extend([&l.input_norm, &l.qkv, &l.o, &l.mlp_norm]);
+            all.extend(l.mlp.weights());
             let optional = [&l.q_norm, &l.k_norm, &l.post_attn_norm, &l.post_mlp_norm];
             all.extend(optional.into_iter().flatten());
         }

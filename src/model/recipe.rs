@@ -16,6 +16,8 @@ pub enum Architecture {
     Gemma2,
     Gemma3,
     Phi3,
+    Mixtral,
+    Qwen3Moe,
 }
 
 /// How a norm applies its weight.
@@ -43,6 +45,29 @@ pub struct LayerRecipe {
     pub window: Option<usize>,
     /// Uses [`Recipe::local_rope`] instead of the model's main rope (Gemma 3's local layers).
     pub local_rope: bool,
+    /// The MLP is the mixture of experts of [`Recipe::moe`] (else the dense MLP).
+    pub sparse: bool,
+}
+
+/// How a mixture-of-experts layer turns its router's logits into the weights of the `k`
+/// experts it runs for a token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Routing {
+    /// A softmax over every expert's logit; the `k` largest probabilities kept, divided by
+    /// their sum when `renormalize` (Mixtral always; Qwen3-MoE with `norm_topk_prob`).
+    SoftmaxTopK { renormalize: bool },
+}
+
+/// The mixture-of-experts MLP of a family's sparse layers: a router (a linear map to one
+/// logit per expert), the top `top_k` experts per token by [`Routing`], each a gated MLP of
+/// `intermediate` (the recipe's activation), and their outputs summed with the routing
+/// weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Moe {
+    pub experts: usize,
+    pub top_k: usize,
+    pub intermediate: usize,
+    pub routing: Routing,
 }
 
 /// How the shared layer graph computes for one architecture.
@@ -65,6 +90,8 @@ pub struct Recipe {
     pub final_softcap: Option<f32>,
     /// The rope of layers with [`LayerRecipe::local_rope`].
     pub local_rope: Option<Rope>,
+    /// The experts of the layers with [`LayerRecipe::sparse`].
+    pub moe: Option<Moe>,
     /// One entry per layer.
     pub layers: Vec<LayerRecipe>,
 }
@@ -82,10 +109,12 @@ impl Recipe {
             attn_softcap: None,
             final_softcap: None,
             local_rope: None,
+            moe: None,
             layers: vec![
                 LayerRecipe {
                     window: None,
                     local_rope: false,
+                    sparse: false,
                 };
                 num_layers
             ],

@@ -3,7 +3,8 @@
 //! GPU engine is tested against, built only from [`crate::reference`] and the checkpoint,
 //! and it follows the same architecture recipe ([`super::arch::Recipe`]) as the GPU graph.
 
-use super::arch::Slice;
+use super::arch::{MlpTensors, Moe, Slice};
+use super::error::ModelError;
 use super::error::Result;
 use super::gpu::{computing_config, norm_values};
 use super::spec;
@@ -26,15 +27,30 @@ struct Layer {
     post_attn_norm: Option<Vec<f32>>,
     mlp_norm: Vec<f32>,
     post_mlp_norm: Option<Vec<f32>>,
+    mlp: Mlp,
+    /// Inverse frequencies of this layer's rope, and the factor on cos/sin.
+    inv_freq: Vec<f64>,
+    rope_factor: f32,
+}
+
+/// A gated MLP's weights: `[inter, hidden]` gate and up, `[hidden, inter]` down.
+struct Dense {
     gate: Vec<f32>,
     up: Vec<f32>,
     down: Vec<f32>,
     gate_bias: Option<Vec<f32>>,
     up_bias: Option<Vec<f32>>,
     down_bias: Option<Vec<f32>>,
-    /// Inverse frequencies of this layer's rope, and the factor on cos/sin.
-    inv_freq: Vec<f64>,
-    rope_factor: f32,
+}
+
+enum Mlp {
+    Dense(Dense),
+    /// The router `[experts, hidden]` and each expert's MLP.
+    Experts {
+        moe: Moe,
+        router: Vec<f32>,
+        experts: Vec<Dense>,
+    },
 }
 
 /// The model's weights widened to f32 on the host.
@@ -65,6 +81,8 @@ impl ReferenceModel {
             name: name.to_string(),
             rows: None,
         };
+        let no_moe =
+            || ModelError::Unsupported("expert tensors without the recipe's experts".into());
         let layers = (0..cfg.num_layers)
             .map(|i| {
                 let n = spec::layer(&cfg, i);
@@ -84,12 +102,32 @@ impl ReferenceModel {
                     post_attn_norm: opt_norm(&n.post_attn_norm)?,
                     mlp_norm: norm(&n.mlp_norm)?,
                     post_mlp_norm: opt_norm(&n.post_mlp_norm)?,
-                    gate: get(&n.gate)?,
-                    up: get(&n.up)?,
-                    down: get(&n.down)?,
-                    gate_bias: opt(&n.gate_bias)?,
-                    up_bias: opt(&n.up_bias)?,
-                    down_bias: opt(&n.down_bias)?,
+                    mlp: match &n.mlp {
+                        MlpTensors::Dense(d) => Mlp::Dense(Dense {
+                            gate: get(&d.gate)?,
+                            up: get(&d.up)?,
+                            down: get(&d.down)?,
+                            gate_bias: opt(&d.gate_bias)?,
+                            up_bias: opt(&d.up_bias)?,
+                            down_bias: opt(&d.down_bias)?,
+                        }),
+                        MlpTensors::Experts(x) => Mlp::Experts {
+                            moe: cfg.recipe.moe.ok_or_else(no_moe)?,
+                            router: get(&x.router)?,
+                            experts: (0..x.gate.len())
+                                .map(|e| {
+                                    Ok(Dense {
+                                        gate: get(&x.gate[e])?,
+                                        up: get(&x.up[e])?,
+                                        down: get(&x.down[e])?,
+                                        gate_bias: None,
+                                        up_bias: None,
+                                        down_bias: None,
+                                    })
+                                })
+                                .collect::<Result<_>>()?,
+                        },
+                    },
                     inv_freq: crate::nn::rope::inv_freq(cfg.head_dim, rope.theta, &rope.scaling)
                         .into_iter()
                         .map(f64::from)
@@ -155,13 +193,14 @@ impl ReferenceModel {
             let o = r::matmul(&attn, &l.o, l.o_bias.as_deref(), t, h, nh * hd);
             add(&mut x, o, &l.post_attn_norm);
             let m = r::rms_norm(&x, &l.mlp_norm, eps);
-            let g = r::matmul(&m, &l.gate, l.gate_bias.as_deref(), t, inter, h);
-            let u = r::matmul(&m, &l.up, l.up_bias.as_deref(), t, inter, h);
-            let act = match rc.activation {
-                Activation::Silu => r::silu_mul(&g, &u),
-                Activation::GeluTanh => r::gelu_tanh_mul(&g, &u),
+            let d = match &l.mlp {
+                Mlp::Dense(d) => self.dense(d, &m, t, inter),
+                Mlp::Experts {
+                    moe,
+                    router,
+                    experts,
+                } => self.experts(moe, router, experts, &m, t),
             };
-            let d = r::matmul(&act, &l.down, l.down_bias.as_deref(), t, h, inter);
             add(&mut x, d, &l.post_mlp_norm);
         }
         let x = r::rms_norm(&x, &self.norm, eps);
@@ -173,6 +212,49 @@ impl ReferenceModel {
                 .for_each(|v| *v = (cap as f64 * (*v as f64 / cap as f64).tanh()) as f32);
         }
         logits.chunks(c.vocab_size).map(<[f32]>::to_vec).collect()
+    }
+
+    /// A gated MLP of width `inter` over `t` rows of `m`.
+    fn dense(&self, d: &Dense, m: &[f32], t: usize, inter: usize) -> Vec<f32> {
+        let h = self.config.hidden_size;
+        let g = r::matmul(m, &d.gate, d.gate_bias.as_deref(), t, inter, h);
+        let u = r::matmul(m, &d.up, d.up_bias.as_deref(), t, inter, h);
+        let act = match self.config.recipe.activation {
+            Activation::Silu => r::silu_mul(&g, &u),
+            Activation::GeluTanh => r::gelu_tanh_mul(&g, &u),
+        };
+        r::matmul(&act, &d.down, d.down_bias.as_deref(), t, h, inter)
+    }
+
+    /// A mixture of experts over `t` rows of `m`: each row's chosen experts' outputs, times
+    /// their routing weights, summed in f64.
+    fn experts(
+        &self,
+        moe: &Moe,
+        router: &[f32],
+        experts: &[Dense],
+        m: &[f32],
+        t: usize,
+    ) -> Vec<f32> {
+        let h = self.config.hidden_size;
+        let logits = r::matmul(m, router, None, t, moe.experts, h);
+        let mut out = vec![0.0; t * h];
+        for (row, (x, y)) in m.chunks(h).zip(out.chunks_mut(h)).enumerate() {
+            let chosen = r::route(
+                &logits[row * moe.experts..][..moe.experts],
+                moe.top_k,
+                moe.routing,
+            );
+            let mut acc = vec![0.0f64; h];
+            for (e, w) in chosen {
+                let d = self.dense(&experts[e], x, 1, moe.intermediate);
+                acc.iter_mut()
+                    .zip(&d)
+                    .for_each(|(a, &v)| *a += w as f64 * v as f64);
+            }
+            y.iter_mut().zip(&acc).for_each(|(y, &a)| *y = a as f32);
+        }
+        out
     }
 
     /// `n` greedy tokens after `prompt`, recomputing the sequence at each step.

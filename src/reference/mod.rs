@@ -95,6 +95,34 @@ pub fn gelu_tanh_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
         .collect()
 }
 
+/// The experts a mixture of experts runs for one token and their weights, from its router
+/// logits: the `top_k` largest logits (the lower expert index first among equal ones), in
+/// decreasing order, weighted as `routing` says, in f64.
+pub fn route(
+    logits: &[f32],
+    top_k: usize,
+    routing: crate::model::arch::Routing,
+) -> Vec<(usize, f32)> {
+    use crate::model::arch::Routing;
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    // Stable: equal logits keep increasing expert order.
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    order.truncate(top_k);
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+    let exp = |e: usize| (logits[e] as f64 - max).exp();
+    match routing {
+        Routing::SoftmaxTopK { renormalize } => {
+            let all: f64 = (0..logits.len()).map(exp).sum();
+            let kept: f64 = order.iter().map(|&e| exp(e) / all).sum();
+            let scale = if renormalize { kept } else { 1.0 };
+            order
+                .iter()
+                .map(|&e| (e, (exp(e) / all / scale) as f32))
+                .collect()
+        }
+    }
+}
+
 /// Causal attention of one query head vector over a contiguous history.
 /// `keys`, `values`: `[ctx_len, head_dim]` rows of this query's KV head; the query attends to
 /// all `ctx_len` rows. Softmax in f64 with the max subtracted.

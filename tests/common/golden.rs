@@ -15,7 +15,7 @@ use pagellm::internals::model::{spec, ModelFiles};
 use serde_json::Value;
 use std::path::PathBuf;
 
-pub const NAMES: [&str; 13] = [
+pub const NAMES: [&str; 15] = [
     "llama-gqa",
     "qwen2-bias-tied",
     "mistral-f16",
@@ -32,7 +32,16 @@ pub const NAMES: [&str; 13] = [
     "phi3-longrope-window",
     // YaRN rope scaling.
     "llama-yarn",
+    // Mixtures of experts (Qwen3-MoE with a dense layer between two sparse ones).
+    "mixtral-moe",
+    "qwen3-moe-dense-layer",
 ];
+
+/// The fixtures whose MLPs are mixtures of experts. Their random routers pick experts by
+/// margins of 0.014 (qwen3-moe-dense-layer) and 0.036 (mixtral-moe) between a token's last
+/// chosen and first other expert's logits: enough for f16 and f32 caches, not for the
+/// errors of an int8 cache, which move the hidden states by more and flip choices.
+pub const MOE: [&str; 2] = ["mixtral-moe", "qwen3-moe-dense-layer"];
 
 pub struct Case {
     pub prompt: String,

@@ -16,13 +16,15 @@ mod gemma2;
 mod gemma3;
 mod llama;
 mod mistral;
+mod mixtral;
 mod phi3;
 mod qwen2;
 mod qwen3;
+mod qwen3_moe;
 
 use super::config::{ConfigReader, ModelConfig};
 use super::error::{ModelError, Result};
-pub use super::recipe::{Architecture, LayerRecipe, NormKind, Recipe, Rope};
+pub use super::recipe::{Architecture, LayerRecipe, Moe, NormKind, Recipe, Rope, Routing};
 use crate::nn::Activation;
 
 /// Where one logical weight lives: a checkpoint tensor, or a run of its rows (a fused
@@ -55,14 +57,37 @@ pub struct LayerTensors {
     pub mlp_norm: Slice,
     /// The norm of the MLP output ([`Recipe::sandwich_norms`]).
     pub post_mlp_norm: Option<Slice>,
+    pub mlp: MlpTensors,
+    /// Every checkpoint tensor the slices come from, with its full shape.
+    pub checkpoint: Vec<(String, Vec<usize>)>,
+}
+
+/// A layer's MLP: dense, or a mixture of experts ([`LayerRecipe::sparse`]).
+#[derive(Clone, Debug)]
+pub enum MlpTensors {
+    Dense(DenseMlp),
+    Experts(ExpertTensors),
+}
+
+/// A gated MLP's projections and their optional biases.
+#[derive(Clone, Debug)]
+pub struct DenseMlp {
     pub gate: Slice,
     pub up: Slice,
     pub down: Slice,
     pub gate_bias: Option<Slice>,
     pub up_bias: Option<Slice>,
     pub down_bias: Option<Slice>,
-    /// Every checkpoint tensor the slices come from, with its full shape.
-    pub checkpoint: Vec<(String, Vec<usize>)>,
+}
+
+/// A mixture of experts' weights: the router `[experts, hidden]` and each expert's gate
+/// and up `[intermediate, hidden]` and down `[hidden, intermediate]`, in expert order.
+#[derive(Clone, Debug)]
+pub struct ExpertTensors {
+    pub router: Slice,
+    pub gate: Vec<Slice>,
+    pub up: Vec<Slice>,
+    pub down: Vec<Slice>,
 }
 
 /// An architecture of the registry.
@@ -109,6 +134,8 @@ pub const REGISTRY: &[&ArchDef] = &[
     &gemma2::DEF,
     &gemma3::DEF,
     &phi3::DEF,
+    &mixtral::DEF,
+    &qwen3_moe::DEF,
 ];
 
 /// The registry entry of `model_type`.
@@ -158,6 +185,29 @@ impl Tensors {
         on.then(|| self.whole(name, shape))
     }
 
+    /// A mixture of experts' router and projections, named as `names` says.
+    fn experts(&mut self, names: &ExpertNames, moe: &Moe, hidden: usize) -> ExpertTensors {
+        let (n, inter, module) = (moe.experts, moe.intermediate, names.module);
+        let router = self.whole(&format!("{module}.gate.weight"), vec![n, hidden]);
+        let mut each = |which: &str, shape: [usize; 2]| -> Vec<Slice> {
+            (0..n)
+                .map(|e| {
+                    let name = format!("{module}.{}", (names.expert)(e, which));
+                    self.whole(&name, shape.to_vec())
+                })
+                .collect()
+        };
+        let gate = each("gate", [inter, hidden]);
+        let up = each("up", [inter, hidden]);
+        let down = each("down", [hidden, inter]);
+        ExpertTensors {
+            router,
+            gate,
+            up,
+            down,
+        }
+    }
+
     /// Consecutive row runs of the fused 2-D tensor `{prefix}.{name}`, `parts` rows each.
     fn split(&mut self, name: &str, parts: &[usize], cols: usize) -> Vec<Slice> {
         let name = format!("{}.{name}", self.prefix);
@@ -184,6 +234,24 @@ impl Tensors {
 /// or, with [`Recipe::sandwich_norms`], Gemma's four (`post_attention_layernorm`
 /// normalises the attention output, `pre_feedforward_layernorm` is the MLP's input norm).
 fn separate_layer(cfg: &ModelConfig, i: usize) -> LayerTensors {
+    separate_layer_named(cfg, i, &EXPERTS)
+}
+
+/// How a family names a mixture of experts' tensors: `{module}.gate.weight` is the router,
+/// `{module}.{expert(e, which)}` expert e's projection `which` ("gate", "up" or "down").
+struct ExpertNames {
+    module: &'static str,
+    expert: fn(usize, &str) -> String,
+}
+
+/// Qwen's (and most families') names: `mlp.experts.{e}.gate_proj.weight`, ...
+const EXPERTS: ExpertNames = ExpertNames {
+    module: "mlp",
+    expert: |e, which| format!("experts.{e}.{which}_proj.weight"),
+};
+
+/// [`separate_layer`] with a family's own names for its experts.
+fn separate_layer_named(cfg: &ModelConfig, i: usize, names: &ExpertNames) -> LayerTensors {
     let (h, inter, hd) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
     let (qd, kvd) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
     let mut t = Tensors::new(i);
@@ -206,12 +274,17 @@ fn separate_layer(cfg: &ModelConfig, i: usize) -> LayerTensors {
         false => t.whole("post_attention_layernorm.weight", vec![h]),
     };
     let post_mlp_norm = t.opt(sandwich, "post_feedforward_layernorm.weight", vec![h]);
-    let gate = t.whole("mlp.gate_proj.weight", vec![inter, h]);
-    let up = t.whole("mlp.up_proj.weight", vec![inter, h]);
-    let down = t.whole("mlp.down_proj.weight", vec![h, inter]);
-    let gate_bias = t.opt(cfg.mlp_bias, "mlp.gate_proj.bias", vec![inter]);
-    let up_bias = t.opt(cfg.mlp_bias, "mlp.up_proj.bias", vec![inter]);
-    let down_bias = t.opt(cfg.mlp_bias, "mlp.down_proj.bias", vec![h]);
+    let mlp = match (cfg.recipe.layers[i].sparse, cfg.recipe.moe) {
+        (true, Some(moe)) => MlpTensors::Experts(t.experts(names, &moe, h)),
+        _ => MlpTensors::Dense(DenseMlp {
+            gate: t.whole("mlp.gate_proj.weight", vec![inter, h]),
+            up: t.whole("mlp.up_proj.weight", vec![inter, h]),
+            down: t.whole("mlp.down_proj.weight", vec![h, inter]),
+            gate_bias: t.opt(cfg.mlp_bias, "mlp.gate_proj.bias", vec![inter]),
+            up_bias: t.opt(cfg.mlp_bias, "mlp.up_proj.bias", vec![inter]),
+            down_bias: t.opt(cfg.mlp_bias, "mlp.down_proj.bias", vec![h]),
+        }),
+    };
     LayerTensors {
         input_norm,
         q,
@@ -227,12 +300,7 @@ fn separate_layer(cfg: &ModelConfig, i: usize) -> LayerTensors {
         post_attn_norm,
         mlp_norm,
         post_mlp_norm,
-        gate,
-        up,
-        down,
-        gate_bias,
-        up_bias,
-        down_bias,
+        mlp,
         checkpoint: t.list,
     }
 }
@@ -314,4 +382,50 @@ fn refuse_bool(r: &ConfigReader<'_>, key: &str, what: &str) -> Result<()> {
         return Err(ModelError::Unsupported(format!("{key}: {what}")));
     }
     Ok(())
+}
+
+/// The most experts a mixture may have, and the most it may run per token (the routing
+/// kernel's limits, above every published model's 128-256 and 8).
+pub const MAX_EXPERTS: usize = 256;
+pub const MAX_TOP_K: usize = 16;
+
+/// A mixture of experts' settings from the config: the expert count (`num_local_experts`,
+/// or its alias `num_experts`, as transformers' attribute maps read them), `top_k` from
+/// `num_experts_per_tok` (`default_top_k` where absent), and each expert's width.
+fn moe(
+    r: &ConfigReader<'_>,
+    intermediate: usize,
+    default_top_k: usize,
+    routing: Routing,
+) -> Result<Moe> {
+    let experts = match (
+        r.opt_usize("num_local_experts")?,
+        r.opt_usize("num_experts")?,
+    ) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(r.err(format!(
+                "num_local_experts ({a}) and num_experts ({b}) disagree"
+            )))
+        }
+        (Some(n), _) | (None, Some(n)) => n,
+        (None, None) => return Err(r.err("missing num_local_experts (or num_experts)".into())),
+    };
+    let top_k = r.opt_usize("num_experts_per_tok")?.unwrap_or(default_top_k);
+    if top_k > experts {
+        return Err(r.err(format!(
+            "num_experts_per_tok ({top_k}) exceeds the number of experts ({experts})"
+        )));
+    }
+    if experts > MAX_EXPERTS || top_k > MAX_TOP_K {
+        return Err(ModelError::Unsupported(format!(
+            "{experts} experts with {top_k} per token (implemented: up to {MAX_EXPERTS} \
+             experts and {MAX_TOP_K} per token)"
+        )));
+    }
+    Ok(Moe {
+        experts,
+        top_k,
+        intermediate,
+        routing,
+    })
 }

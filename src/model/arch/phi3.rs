@@ -5,7 +5,8 @@
 //! formerly `su`), and every layer is windowed when `sliding_window` is set.
 
 use super::{
-    activation, all_layers, window_or, ArchDef, Architecture, Defaults, LayerTensors, Tensors,
+    activation, all_layers, window_or, ArchDef, Architecture, Defaults, DenseMlp, LayerTensors,
+    MlpTensors, Tensors,
 };
 use crate::model::config::ModelConfig;
 
@@ -44,12 +45,14 @@ fn layer(cfg: &ModelConfig, i: usize) -> LayerTensors {
         post_attn_norm: None,
         mlp_norm,
         post_mlp_norm: None,
-        gate,
-        up,
-        down,
-        gate_bias: None,
-        up_bias: None,
-        down_bias: None,
+        mlp: MlpTensors::Dense(DenseMlp {
+            gate,
+            up,
+            down,
+            gate_bias: None,
+            up_bias: None,
+            down_bias: None,
+        }),
         checkpoint: t.list,
     }
 }

@@ -1,0 +1,210 @@
+//! Launchers for a mixture of experts' kernels: the routing (`shaders/moe_route.wgsl`: each
+//! token's experts and weights, and the slots grouped by expert), one projection of every
+//! expert over the slots routed to it (`shaders/moe_matmul.wgsl`), and the weighted sum of a
+//! token's experts into the residual stream (`shaders/moe_combine.wgsl`). Nothing is read
+//! back to the host between them: the expert matmul's grid covers every expert of the layer,
+//! and an expert no token chose costs a workgroup that returns at once.
+
+use super::{check_len, groups, params, Weight, MOE_COMBINE, MOE_MATMUL, MOE_ROUTE};
+use crate::error::{GpuError, Result};
+use crate::gpu::Batch;
+use crate::model::arch::{Routing, MAX_EXPERTS, MAX_TOP_K};
+
+params!(MoeRouteParams for MOE_ROUTE {
+    tokens: u32,
+    experts: u32,
+    top_k: u32,
+    _pad: u32,
+});
+
+params!(MoeMatmulParams for MOE_MATMUL {
+    n: u32,
+    k: u32,
+    ldy: u32,
+    n_offset: u32,
+    expert_first: u32,
+    in_div: u32,
+    _pad0: u32,
+    _pad1: u32,
+});
+
+params!(MoeCombineParams for MOE_COMBINE {
+    tokens: u32,
+    width: u32,
+    top_k: u32,
+    _pad: u32,
+});
+
+/// Where the routing of one step goes: `[slots]` expert and weight of each slot (slot
+/// `t * top_k + j` is token t's j-th expert), `[experts + 1]` offsets into `[slots]` list,
+/// which holds each expert's slots.
+#[derive(Clone, Copy, Debug)]
+pub struct Routes<'a> {
+    pub expert: &'a wgpu::Buffer,
+    pub weight: &'a wgpu::Buffer,
+    pub offsets: &'a wgpu::Buffer,
+    pub list: &'a wgpu::Buffer,
+}
+
+/// The shape of one mixture: experts, experts per token, and the routing rule.
+#[derive(Clone, Copy, Debug)]
+pub struct Mixture {
+    pub experts: usize,
+    pub top_k: usize,
+    pub routing: Routing,
+}
+
+impl Mixture {
+    fn check(&self) -> Result<()> {
+        let ok = (1..=MAX_EXPERTS).contains(&self.experts)
+            && (1..=MAX_TOP_K.min(self.experts)).contains(&self.top_k);
+        if !ok {
+            return Err(GpuError::invalid(
+                "moe_route",
+                format!(
+                    "{} experts, {} per token (up to {MAX_EXPERTS} and {MAX_TOP_K})",
+                    self.experts, self.top_k
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Routes `tokens` tokens from their router logits `[tokens, experts]` into `out`.
+pub fn route(
+    batch: &mut Batch,
+    mixture: Mixture,
+    logits: &wgpu::Buffer,
+    tokens: usize,
+    out: Routes<'_>,
+) -> Result<()> {
+    mixture.check()?;
+    let slots = tokens * mixture.top_k;
+    check_len("moe_route", "logits", logits, tokens * mixture.experts)?;
+    check_len("moe_route", "slot experts", out.expert, slots)?;
+    check_len("moe_route", "slot weights", out.weight, slots)?;
+    check_len("moe_route", "offsets", out.offsets, mixture.experts + 1)?;
+    check_len("moe_route", "list", out.list, slots)?;
+    let p = MoeRouteParams {
+        tokens: tokens as u32,
+        experts: mixture.experts as u32,
+        top_k: mixture.top_k as u32,
+        _pad: 0,
+    };
+    let Routing::SoftmaxTopK { renormalize } = mixture.routing;
+    let constants = [
+        ("ROUTING", 0.0),
+        ("RENORMALIZE", f64::from(u8::from(renormalize))),
+    ];
+    let storage = [
+        logits.into(),
+        out.expert.into(),
+        out.weight.into(),
+        out.offsets.into(),
+        out.list.into(),
+    ];
+    batch.dispatch(MOE_ROUTE, &constants, &p, &storage, [1, 1, 1])
+}
+
+/// One projection of every expert: `weight` stacks the experts' `[n, k]` weights,
+/// `[experts * n, k]`, in buffers of whole experts. For each slot s routed to expert e,
+/// `y[s, n_offset ..][.. n] = x[s / in_div] · W_eᵀ`; `y` is `[slots, ldy]`.
+#[derive(Clone, Copy, Debug)]
+pub struct ExpertMatmul<'a> {
+    pub x: &'a wgpu::Buffer,
+    pub weight: &'a Weight,
+    pub n: usize,
+    pub routes: Routes<'a>,
+    pub y: &'a wgpu::Buffer,
+    pub ldy: usize,
+    pub n_offset: usize,
+    /// `top_k` when x holds a row per token, 1 when a row per slot.
+    pub in_div: usize,
+    pub slots: usize,
+}
+
+/// Records [`ExpertMatmul`]: one dispatch per buffer of the weight.
+pub fn expert_matmul(batch: &mut Batch, call: &ExpertMatmul<'_>) -> Result<()> {
+    const K: &str = "moe_matmul";
+    let (w, n, k) = (call.weight, call.n, call.weight.cols);
+    if n == 0 || !w.rows.is_multiple_of(n) || call.in_div == 0 || call.n_offset + n > call.ldy {
+        return Err(GpuError::invalid(
+            K,
+            format!(
+                "a weight of {} rows for experts of {n} (output columns {}..{} of {})",
+                w.rows,
+                call.n_offset,
+                call.n_offset + n,
+                call.ldy
+            ),
+        ));
+    }
+    let experts = w.rows / n;
+    check_len(K, "x", call.x, call.slots.div_ceil(call.in_div) * k)?;
+    check_len(K, "y", call.y, call.slots * call.ldy)?;
+    check_len(K, "offsets", call.routes.offsets, experts + 1)?;
+    check_len(K, "list", call.routes.list, call.slots)?;
+    for chunk in &w.chunks {
+        if !chunk.first_row.is_multiple_of(n) || !chunk.rows.is_multiple_of(n) {
+            return Err(GpuError::invalid(
+                K,
+                format!(
+                    "a buffer of rows {}..{} splits an expert of {n} rows",
+                    chunk.first_row,
+                    chunk.first_row + chunk.rows
+                ),
+            ));
+        }
+        let p = MoeMatmulParams {
+            n: n as u32,
+            k: k as u32,
+            ldy: call.ldy as u32,
+            n_offset: call.n_offset as u32,
+            expert_first: (chunk.first_row / n) as u32,
+            in_div: call.in_div as u32,
+            _pad0: 0,
+            _pad1: 0,
+        };
+        let storage = [
+            call.x.into(),
+            (&chunk.buffer).into(),
+            call.routes.offsets.into(),
+            call.routes.list.into(),
+            call.y.into(),
+        ];
+        let constants = [("WEIGHT_DTYPE", chunk.dtype.code())];
+        let grid = [groups(n, 64), (chunk.rows / n) as u32, 1];
+        batch.dispatch(MOE_MATMUL, &constants, &p, &storage, grid)?;
+    }
+    Ok(())
+}
+
+/// `x[t] += sum_j weight[t * top_k + j] * y[t * top_k + j]` for `tokens` rows of `width`.
+pub fn combine(
+    batch: &mut Batch,
+    y: &wgpu::Buffer,
+    weights: &wgpu::Buffer,
+    x: &wgpu::Buffer,
+    tokens: usize,
+    width: usize,
+    top_k: usize,
+) -> Result<()> {
+    check_len("moe_combine", "y", y, tokens * top_k * width)?;
+    check_len("moe_combine", "weights", weights, tokens * top_k)?;
+    check_len("moe_combine", "x", x, tokens * width)?;
+    let p = MoeCombineParams {
+        tokens: tokens as u32,
+        width: width as u32,
+        top_k: top_k as u32,
+        _pad: 0,
+    };
+    let grid = [groups(width, 256), tokens as u32, 1];
+    batch.dispatch(
+        MOE_COMBINE,
+        &[],
+        &p,
+        &[y.into(), weights.into(), x.into()],
+        grid,
+    )
+}
