@@ -233,14 +233,29 @@ impl Weight {
         cols: usize,
         dtype: WeightDtype,
     ) -> Result<Self> {
+        let limit = ctx.max_binding_bytes();
+        Self::upload_experts_with_limit(ctx, name, parts, rows, cols, dtype, limit)
+    }
+
+    /// [`Self::upload_experts`] with an explicit per-buffer byte limit (tests force
+    /// splitting).
+    pub fn upload_experts_with_limit(
+        ctx: &GpuContext,
+        name: &str,
+        parts: &[&[u8]],
+        rows: usize,
+        cols: usize,
+        dtype: WeightDtype,
+        max_chunk_bytes: u64,
+    ) -> Result<Self> {
         let expert = (rows * dtype.gpu_row_bytes(cols)) as u64;
         let pad = if dtype.is_block() { 16 } else { 0 };
-        let fit = ctx.max_binding_bytes().saturating_sub(pad) / expert.max(1);
+        let fit = max_chunk_bytes.saturating_sub(pad) / expert.max(1);
         if fit == 0 {
             return Err(GpuError::TooLarge {
                 what: format!("one expert of {name}"),
                 needed: expert + pad,
-                limit: ctx.max_binding_bytes(),
+                limit: max_chunk_bytes,
             });
         }
         let limit = fit * expert + pad;
