@@ -553,3 +553,128 @@ fn family_recipes_from_config_json() {
         }
     }
 }
+
+#[test]
+fn mixture_of_experts_settings_are_read_as_transformers_reads_them() {
+    use pagellm::internals::model::arch::{Moe, Routing};
+    use pagellm::internals::model::ModelConfig;
+    use serde_json::json;
+    let base = |model_type: &str| {
+        json!({"model_type": model_type, "vocab_size": 100, "hidden_size": 64,
+               "intermediate_size": 128, "num_hidden_layers": 4,
+               "num_attention_heads": 4, "num_key_value_heads": 2})
+    };
+    let parse = |v: Value| ModelConfig::parse(Path::new("config.json"), &v);
+    let sparse =
+        |c: &ModelConfig| -> Vec<bool> { c.recipe.layers.iter().map(|l| l.sparse).collect() };
+
+    // Mixtral: transformers' defaults (8 experts, 2 per token) and the alias num_experts.
+    let c = parse(base("mixtral")).unwrap();
+    let moe = |experts, top_k, intermediate, renormalize| Moe {
+        experts,
+        top_k,
+        intermediate,
+        routing: Routing::SoftmaxTopK { renormalize },
+    };
+    assert_eq!(c.recipe.moe, Some(moe(8, 2, 128, true)), "defaults");
+    assert_eq!(sparse(&c), [true; 4]);
+    let mut v = base("mixtral");
+    v["num_experts"] = json!(6);
+    v["num_experts_per_tok"] = json!(3);
+    assert_eq!(parse(v).unwrap().recipe.moe, Some(moe(6, 3, 128, true)));
+
+    // Qwen3-MoE: 128 experts, 8 per token, width 768, no renormalisation by default;
+    // num_local_experts is its alias; dense layers by mlp_only_layers and by the step.
+    let c = parse(base("qwen3_moe")).unwrap();
+    assert_eq!(c.recipe.moe, Some(moe(128, 8, 768, false)));
+    assert!(c.recipe.qk_norm);
+    assert_eq!(c.head_dim, 16, "hidden / heads when head_dim is not given");
+    let mut v = base("qwen3_moe");
+    v["num_local_experts"] = json!(16);
+    v["num_experts_per_tok"] = json!(4);
+    v["moe_intermediate_size"] = json!(32);
+    v["norm_topk_prob"] = json!(true);
+    v["mlp_only_layers"] = json!([0]);
+    v["decoder_sparse_step"] = json!(2);
+    let c = parse(v).unwrap();
+    assert_eq!(c.recipe.moe, Some(moe(16, 4, 32, true)));
+    assert_eq!(sparse(&c), [false, true, false, true]);
+
+    // Bad values are named.
+    let bad = |edit: &dyn Fn(&mut Value), want: &str| {
+        let mut v = base("qwen3_moe");
+        edit(&mut v);
+        let e = parse(v).expect_err(want).to_string();
+        assert!(e.contains(want), "{e} (wanted {want:?})");
+    };
+    bad(
+        &|v| v["num_experts_per_tok"] = json!(200),
+        "exceeds the number of experts",
+    );
+    bad(
+        &|v| {
+            v["num_experts"] = json!(8);
+            v["num_local_experts"] = json!(16);
+        },
+        "disagree",
+    );
+    bad(&|v| v["num_experts"] = json!(512), "up to 256 experts");
+    bad(
+        &|v| v["num_experts"] = json!(0),
+        "num_experts must be a positive integer",
+    );
+    bad(
+        &|v| v["mlp_only_layers"] = json!("all"),
+        "mlp_only_layers must list",
+    );
+}
+
+#[test]
+fn expert_tensors_that_disagree_with_the_config_are_named() {
+    use serde_json::json;
+    // An expert count that disagrees with the checkpoint: the router's shape says so.
+    for n in [3, 5] {
+        let dir = copy("mixtral-moe", &format!("moe-count{n}"));
+        edit_config(&dir, |v| v["num_local_experts"] = json!(n));
+        let e = err(&dir);
+        let want = format!(
+            "block_sparse_moe.gate.weight has shape [4, 64], but config.json implies [{n}, 64]"
+        );
+        assert!(e.contains(&want), "{e}");
+    }
+    // Experts missing beside a router of the right shape: the first missing one is named.
+    let dir = copy("mixtral-moe", "moe-missing");
+    let path = dir.join("model.safetensors");
+    let mut map = tensors(&path);
+    map.remove("model.layers.1.block_sparse_moe.experts.2.w3.weight");
+    write(&path, &map);
+    let e = err(&dir);
+    assert!(
+        e.contains("model.layers.1.block_sparse_moe.experts.2.w3.weight"),
+        "{e}"
+    );
+    // A router of the wrong shape.
+    let dir = copy("qwen3-moe-dense-layer", "moe-router");
+    let path = dir.join("model.safetensors");
+    let mut map = tensors(&path);
+    let (d, shape, bytes) = map.remove("model.layers.0.mlp.gate.weight").unwrap();
+    assert_eq!(shape, [8, 64]);
+    map.insert(
+        "model.layers.0.mlp.gate.weight".into(),
+        (d, vec![4, 64], bytes[..bytes.len() / 2].to_vec()),
+    );
+    write(&path, &map);
+    let e = err(&dir);
+    assert!(
+        e.contains("model.layers.0.mlp.gate.weight") && e.contains("[8, 64]"),
+        "{e}"
+    );
+    // The dense layer of a Qwen3-MoE declared sparse: its router is missing.
+    let dir = copy("qwen3-moe-dense-layer", "moe-dense");
+    edit_config(&dir, |v| v["mlp_only_layers"] = json!([]));
+    let e = err(&dir);
+    assert!(
+        e.contains("model.layers.1.mlp.gate.weight is missing"),
+        "{e}"
+    );
+}

@@ -31,7 +31,7 @@ pub(super) const DEF: ArchDef = ArchDef {
         (cfg.qkv_bias, cfg.o_bias, cfg.mlp_bias) = (false, false, false);
         all_layers(cfg, window_or(r, None)?);
         let routing = Routing::SoftmaxTopK { renormalize: true };
-        cfg.recipe.moe = Some(moe(r, cfg.intermediate_size, 2, routing)?);
+        cfg.recipe.moe = Some(moe(r, cfg.intermediate_size, (8, 2), routing)?);
         cfg.recipe.layers.iter_mut().for_each(|l| l.sparse = true);
         Ok(())
     },

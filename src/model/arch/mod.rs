@@ -391,11 +391,12 @@ pub const MAX_TOP_K: usize = 16;
 
 /// A mixture of experts' settings from the config: the expert count (`num_local_experts`,
 /// or its alias `num_experts`, as transformers' attribute maps read them), `top_k` from
-/// `num_experts_per_tok` (`default_top_k` where absent), and each expert's width.
+/// `num_experts_per_tok`, each absent one the family's default (`defaults`: experts, top
+/// k), and each expert's width.
 fn moe(
     r: &ConfigReader<'_>,
     intermediate: usize,
-    default_top_k: usize,
+    defaults: (usize, usize),
     routing: Routing,
 ) -> Result<Moe> {
     let experts = match (
@@ -408,9 +409,9 @@ fn moe(
             )))
         }
         (Some(n), _) | (None, Some(n)) => n,
-        (None, None) => return Err(r.err("missing num_local_experts (or num_experts)".into())),
+        (None, None) => defaults.0,
     };
-    let top_k = r.opt_usize("num_experts_per_tok")?.unwrap_or(default_top_k);
+    let top_k = r.opt_usize("num_experts_per_tok")?.unwrap_or(defaults.1);
     if top_k > experts {
         return Err(r.err(format!(
             "num_experts_per_tok ({top_k}) exceeds the number of experts ({experts})"

@@ -26,7 +26,7 @@ pub(super) const DEF: ArchDef = ArchDef {
         all_layers(cfg, window);
         let inter = r.opt_usize("moe_intermediate_size")?.unwrap_or(768);
         let renormalize = r.bool("norm_topk_prob")?.unwrap_or(false);
-        let m = moe(r, inter, 8, Routing::SoftmaxTopK { renormalize })?;
+        let m = moe(r, inter, (128, 8), Routing::SoftmaxTopK { renormalize })?;
         let step = r.opt_usize("decoder_sparse_step")?.unwrap_or(1);
         let dense: Vec<u64> = match r.get("mlp_only_layers") {
             None => Vec::new(),
