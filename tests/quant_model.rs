@@ -68,6 +68,32 @@ fn matmul_weight_bytes(m: &GpuModel) -> u64 {
     layers + m.embed.gpu_bytes() + m.lm_head.as_ref().map_or(0, |w| w.gpu_bytes())
 }
 
+/// llama.cpp's converter quantizes Mixtral's experts to Q8_0 where their rows are whole
+/// blocks (gate and up: rows of 64) and keeps the rest in f16 (down: rows of 48); the expert
+/// kernels then compute exactly what the same weights widened to f32 compute.
+#[test]
+fn a_q8_0_mixture_of_experts_gguf_computes_exactly_what_its_weights_in_f32_compute() {
+    use pagellm::internals::model::gpu::GpuMlp;
+    let path = Path::new("tests/fixtures/gguf/mixtral-moe-q8_0.gguf");
+    let files = ModelFiles::open(path).unwrap();
+    let widened = files.converted(WeightDtype::F32).unwrap();
+    for ctx in contexts() {
+        let q8 = GpuModel::upload(ctx, &files, |_, _| {}).unwrap();
+        let GpuMlp::Experts(x) = &q8.layers[0].mlp else {
+            panic!("layer 0 of Mixtral is a mixture")
+        };
+        assert_eq!(
+            (x.gate.dtype(), x.up.dtype()),
+            (WeightDtype::Q8_0, WeightDtype::Q8_0)
+        );
+        assert_eq!(x.down.dtype(), WeightDtype::F16);
+        let f32 = GpuModel::upload(ctx, &widened, |_, _| {}).unwrap();
+        let (a, b) = (greedy(ctx, &q8), greedy(ctx, &f32));
+        assert_eq!(a.0, b.0, "tokens on {}", common::backend(ctx));
+        assert_eq!(bits(&a.1), bits(&b.1), "logits on {}", common::backend(ctx));
+    }
+}
+
 #[test]
 fn a_q8_0_gguf_computes_exactly_what_its_weights_in_f32_compute() {
     let files = ModelFiles::open(Path::new("tests/fixtures/gguf/llama-gqa-q8_0.gguf")).unwrap();

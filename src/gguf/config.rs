@@ -24,10 +24,11 @@ use serde_json::{json, Map, Value as Json};
 
 /// GGUF architectures this mapping reads, and the transformers `model_type` and class of
 /// each.
-const FAMILIES: [(&str, &str, &str); 6] = [
+const FAMILIES: [(&str, &str, &str); 7] = [
     ("llama", "llama", "LlamaForCausalLM"),
     ("qwen2", "qwen2", "Qwen2ForCausalLM"),
     ("qwen3", "qwen3", "Qwen3ForCausalLM"),
+    ("qwen3moe", "qwen3_moe", "Qwen3MoeForCausalLM"),
     ("gemma2", "gemma2", "Gemma2ForCausalLM"),
     ("gemma3", "gemma3_text", "Gemma3ForCausalLM"),
     ("phi3", "phi3", "Phi3ForCausalLM"),
@@ -52,8 +53,17 @@ pub fn hf_config<B: AsRef<[u8]>>(file: &Gguf<B>) -> Result<Json, String> {
     let heads = uint(file, &key("attention.head_count"))?;
     let hidden = uint(file, &key("embedding_length"))?;
     let mut c = Map::new();
+    // llama.cpp converts Mixtral to its `llama` architecture, with experts.
+    let experts = opt_uint(file, &key("expert_count"))?.filter(|&n| n > 0);
+    let (model_type, class) = match (arch.as_str(), experts) {
+        ("llama", Some(_)) => ("mixtral", "MixtralForCausalLM"),
+        _ => (model_type, class),
+    };
     c.insert("model_type".into(), json!(model_type));
     c.insert("architectures".into(), json!([class]));
+    if let Some(n) = experts {
+        experts_config(file, &arch, n, &mut c)?;
+    }
     c.insert("hidden_size".into(), json!(hidden));
     c.insert("vocab_size".into(), json!(vocab_size(file, &arch)?));
     c.insert(
@@ -113,6 +123,46 @@ pub fn hf_config<B: AsRef<[u8]>>(file: &Gguf<B>) -> Result<Json, String> {
         }
     }
     Ok(Json::Object(c))
+}
+
+/// A mixture of experts' settings: the expert count and the experts per token, each
+/// expert's width (`expert_feed_forward_length`, where the family's experts are narrower
+/// than its dense MLPs), whether the chosen experts' weights are renormalised
+/// (`expert_weights_norm`; llama.cpp renormalises Mixtral's and Qwen3-MoE's always), and
+/// which layers are dense: those without a router tensor.
+fn experts_config<B: AsRef<[u8]>>(
+    file: &Gguf<B>,
+    arch: &str,
+    experts: u64,
+    c: &mut Map<String, Json>,
+) -> Result<(), String> {
+    let key = |k: &str| format!("{arch}.{k}");
+    c.insert("num_local_experts".into(), json!(experts));
+    let used = uint(file, &key("expert_used_count"))?;
+    c.insert("num_experts_per_tok".into(), json!(used));
+    if let Some(width) = opt_uint(file, &key("expert_feed_forward_length"))? {
+        c.insert("moe_intermediate_size".into(), json!(width));
+    }
+    let norm = match file.get(&key("expert_weights_norm")) {
+        None => true,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => {
+            return Err(format!(
+                "{} is {v:?}, not a bool",
+                key("expert_weights_norm")
+            ))
+        }
+    };
+    c.insert("norm_topk_prob".into(), json!(norm));
+    let layers = uint(file, &key("block_count"))?;
+    let dense: Vec<u64> = (0..layers)
+        .filter(|i| {
+            file.tensor(&format!("blk.{i}.ffn_gate_inp.weight"))
+                .is_none()
+        })
+        .collect();
+    c.insert("mlp_only_layers".into(), json!(dense));
+    Ok(())
 }
 
 /// What Gemma 2 and 3 files say, or llama.cpp assumes, beyond Llama's keys.

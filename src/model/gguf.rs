@@ -62,8 +62,28 @@ pub fn open_bytes(
         .iter()
         .filter(|t| !CONFIG_TENSORS.contains(&t.name.as_str()))
     {
-        let name = hf_name(&t.name, &arch).unwrap_or_else(|| t.name.clone());
         let shape = t.shape();
+        if let Some((layer, which)) = experts_tensor(&t.name) {
+            // A mixture's experts stacked, `[experts, rows, cols]`: each expert is one
+            // tensor of the family's Hugging Face names, its bytes a run of the stack.
+            let (n, rows, cols) = match shape[..] {
+                [n, rows, cols] if n > 0 => (n, rows, cols),
+                _ => {
+                    return Err(malformed(format!(
+                        "{}: {shape:?} is not [experts, rows, cols]",
+                        t.name
+                    )))
+                }
+            };
+            let each = t.len / n;
+            for e in 0..n {
+                let name = expert_name(&arch, layer, e, which);
+                let range = t.start + e * each..t.start + (e + 1) * each;
+                ck.add_tensor(name, mapped, stored(t.ty), vec![rows, cols], range)?;
+            }
+            continue;
+        }
+        let name = hf_name(&t.name, &arch).unwrap_or_else(|| t.name.clone());
         let bytes = || ck.bytes(mapped, t.start..t.start + t.len);
         let heads = match (arch.as_str(), name.rsplit('.').nth(1)) {
             ("llama", Some("q_proj")) => Some(config.num_heads),
@@ -93,6 +113,29 @@ pub fn open_bytes(
         ck.add_tensor(name, own, dtype, shape, range)?;
     }
     Ok((config, ck))
+}
+
+/// The layer and projection (`gate`, `up` or `down`) of a stacked experts tensor
+/// (`blk.3.ffn_gate_exps.weight`).
+fn experts_tensor(gguf: &str) -> Option<(usize, &str)> {
+    let rest = gguf.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let which = rest.strip_prefix("ffn_")?.strip_suffix("_exps.weight")?;
+    matches!(which, "gate" | "up" | "down").then_some((layer.parse().ok()?, which))
+}
+
+/// The Hugging Face name of expert `e`'s projection `which` in layer `layer`: Mixtral's
+/// (`w1`, `w3`, `w2`; llama.cpp converts Mixtral to its `llama` architecture) or Qwen's.
+fn expert_name(arch: &str, layer: usize, e: usize, which: &str) -> String {
+    if arch == "llama" {
+        let w = match which {
+            "gate" => "w1",
+            "up" => "w3",
+            _ => "w2",
+        };
+        return format!("model.layers.{layer}.block_sparse_moe.experts.{e}.{w}.weight");
+    }
+    format!("model.layers.{layer}.mlp.experts.{e}.{which}_proj.weight")
 }
 
 /// How the loader sees a GGUF tensor type: every type the reader accepts is a weight format.
@@ -137,6 +180,9 @@ pub fn hf_name(gguf: &str, arch: &str) -> Option<String> {
         "ffn_gate" => "mlp.gate_proj",
         "ffn_up" => "mlp.up_proj",
         "ffn_down" => "mlp.down_proj",
+        // A mixture's router.
+        "ffn_gate_inp" if arch == "llama" => "block_sparse_moe.gate",
+        "ffn_gate_inp" => "mlp.gate",
         _ => return None,
     };
     match kind {

@@ -5,7 +5,7 @@
 use pagellm::internals::model::{Architecture, ModelConfig};
 
 /// Fixture folders converted to `tests/fixtures/gguf/{name}.gguf`.
-pub const CONVERTED: [&str; 8] = [
+pub const CONVERTED: [&str; 10] = [
     "llama-gqa",
     "llama-bias-mha",
     "mistral-f16",
@@ -14,6 +14,8 @@ pub const CONVERTED: [&str; 8] = [
     "gemma2-softcap-window",
     "gemma3-local-rope",
     "phi3-longrope-window",
+    "mixtral-moe",
+    "qwen3-moe-dense-layer",
 ];
 
 /// A fixture's config as llama.cpp computes it from the converted file, which
