@@ -60,11 +60,13 @@ pub use tokenizer::{ChatMessage, ChatTemplate, ChatTemplateError, Tokenizer};
 /// The wgpu this crate is built on, for applications that share their device with it.
 pub use wgpu;
 
-/// The parts of [`EngineStats`]: the KV cache, the scheduler, the tiers, the draft model.
+/// The parts of [`EngineStats`]: the KV cache, the scheduler, the tiers, the draft model,
+/// the weights.
 pub mod stats {
     pub use crate::cache::{CacheStats, PoolStats, TierStats};
     pub use crate::disk_tier::DiskStats;
     pub use crate::engine::scheduler::{CostEstimate, PreemptionCosts, SchedulerStats};
     pub use crate::engine::{DraftStats, HostTime};
+    pub use crate::model::gpu::WeightBytes;
     pub use crate::pool::KvLayout;
 }

@@ -647,3 +647,38 @@ fn stats_show_the_kv_cache_groups_of_a_model_mixing_windowed_and_global_layers()
         .unwrap_or_else(|| panic!("{line}"));
     assert!(released > 0, "{line}");
 }
+
+#[test]
+fn stats_count_a_mixtures_expert_bytes() {
+    if skip() {
+        return;
+    }
+    // mixtral-moe: 2 layers of 4 experts, each a gate, an up and a down of 64 x 48 in f32:
+    // 294,912 bytes, 0.28 MiB; a token runs 2 of the 4.
+    let dir = golden::fixture_dir("mixtral-moe")
+        .to_string_lossy()
+        .into_owned();
+    let (ok, _, stderr) = generate(&[
+        "--model",
+        &dir,
+        "--prompt",
+        "Hi",
+        "--max-tokens",
+        "2",
+        "--stats",
+    ]);
+    assert!(ok, "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("model:"))
+        .unwrap_or_else(|| panic!("no model line in {stderr}"));
+    let numbers: Vec<f64> = line
+        .split_whitespace()
+        .filter_map(|w| w.trim_end_matches([',', ';']).parse().ok())
+        .collect();
+    let [total, experts, reads] = numbers[..] else {
+        panic!("{line}")
+    };
+    assert_eq!(experts, 0.3, "{line}");
+    assert!((total - experts / 2.0 - reads).abs() < 0.06, "{line}");
+}

@@ -67,6 +67,8 @@ pub struct EngineStats {
     pub kv_blocks: usize,
     /// Bytes of the device pool.
     pub kv_pool_bytes: u64,
+    /// Bytes of the model's weights on the device (the experts of a mixture among them).
+    pub weights: crate::model::gpu::WeightBytes,
     /// The window of each KV cache group (one group, `[None]`, keeps every block; a model
     /// whose layers all slide has one windowed group; one that mixes windowed and global
     /// layers has a global group first, then windowed ones). A block of the pool holds
@@ -617,6 +619,7 @@ impl Engine {
             kv_rotation: self.runner.pool().rotation(),
             kv_blocks: self.runner.pool().num_blocks,
             kv_pool_bytes: self.runner.pool().total_bytes(),
+            weights: self.runner.weight_bytes(),
             kv_groups: self.scheduler.kv_groups().windows().to_vec(),
             draft: self.draft.as_ref().map(|d| d.stats),
             host: self.host,

@@ -336,7 +336,49 @@ impl Uploader<'_> {
     }
 }
 
+/// What a model's weights take on the GPU, and what of them one token reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WeightBytes {
+    /// Every weight: embedding, norms, projections, routers, experts, LM head.
+    pub total: u64,
+    /// The experts' projections of every sparse layer (part of `total`).
+    pub experts: u64,
+    /// What one token's forward pass reads: everything but the experts it was not routed
+    /// to (the embedding counted whole; it reads one row).
+    pub active: u64,
+}
+
 impl GpuModel {
+    /// The bytes of the model's weights on the GPU ([`WeightBytes`]).
+    pub fn weight_bytes(&self) -> WeightBytes {
+        let mut all: Vec<&Weight> = vec![&self.embed, &self.norm];
+        all.extend(self.lm_head.as_ref());
+        let (mut experts, mut active_experts) = (0, 0);
+        for l in &self.layers {
+            all.extend([&l.input_norm, &l.qkv, &l.o, &l.mlp_norm]);
+            let optional = [&l.q_norm, &l.k_norm, &l.post_attn_norm, &l.post_mlp_norm];
+            all.extend(optional.into_iter().flatten());
+            match &l.mlp {
+                GpuMlp::Dense { gate_up, down, .. } => all.extend([gate_up, down]),
+                GpuMlp::Experts(x) => {
+                    all.push(&x.router);
+                    let bytes: u64 = [&x.gate, &x.up, &x.down]
+                        .iter()
+                        .map(|w| w.gpu_bytes())
+                        .sum();
+                    experts += bytes;
+                    active_experts += bytes * x.moe.top_k as u64 / x.moe.experts as u64;
+                }
+            }
+        }
+        let rest: u64 = all.iter().map(|w| w.gpu_bytes()).sum();
+        WeightBytes {
+            total: rest + experts,
+            experts,
+            active: rest + active_experts,
+        }
+    }
+
     /// Every format the model's weights are stored in (its matmuls' and embedding's, norms
     /// included), each once.
     pub fn weight_formats(&self) -> Vec<WeightDtype> {

@@ -194,6 +194,11 @@ impl ModelRunner {
     }
 
     /// The device KV pool.
+    /// What the model's weights take on the GPU.
+    pub fn weight_bytes(&self) -> crate::model::gpu::WeightBytes {
+        self.model.weight_bytes()
+    }
+
     pub fn pool(&self) -> &KvPool {
         &self.cache.device
     }

@@ -171,9 +171,18 @@ fn chat_template(
         .map_err(|e| ServerError::Config(format!("--chat-template {}: {e}", file.display())))
 }
 
+/// What the server tells its caller once it takes connections.
+#[derive(Clone, Copy, Debug)]
+pub struct Listening {
+    /// The bound address (the port chosen where the config asked for port 0).
+    pub addr: SocketAddr,
+    /// The model's weights on the device.
+    pub weights: crate::model::gpu::WeightBytes,
+}
+
 /// Runs the server until SIGINT or SIGTERM; `on_listening` gets the bound address (the
 /// port may have been 0).
-pub fn run(config: ServerConfig, on_listening: impl FnOnce(SocketAddr)) -> Result<(), ServerError> {
+pub fn run(config: ServerConfig, on_listening: impl FnOnce(Listening)) -> Result<(), ServerError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("pagellm-http")
@@ -183,7 +192,7 @@ pub fn run(config: ServerConfig, on_listening: impl FnOnce(SocketAddr)) -> Resul
 
 async fn serve(
     config: ServerConfig,
-    on_listening: impl FnOnce(SocketAddr),
+    on_listening: impl FnOnce(Listening),
 ) -> Result<(), ServerError> {
     if config.api_key.as_deref() == Some("") {
         return Err(ServerError::Config(
@@ -215,7 +224,14 @@ async fn serve(
             addr: addr.clone(),
             source,
         })?;
-    on_listening(listener.local_addr()?);
+    let weights = engine
+        .stats_now()
+        .map(|s| s.engine.weights)
+        .unwrap_or_default();
+    on_listening(Listening {
+        addr: listener.local_addr()?,
+        weights,
+    });
     let guard = Arc::new(GuardConfig {
         allowed_hosts: GuardConfig::hosts_for(&config.host, &config.allowed_hosts),
         allowed_origins: config.allowed_origins.clone(),

@@ -6,6 +6,7 @@
 use super::engine_args::EngineArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use pagellm::stats::WeightBytes;
 use pagellm::{EngineBuilder, EngineHandle, Notice, RequestStream};
 use pagellm::{EngineStats, Event, JsonRequest, Output, Request, SamplingParams, StructuredOutput};
 use serde_json::json;
@@ -425,6 +426,7 @@ fn print_speculation(s: &EngineStats) {
 fn print_stats(s: &EngineStats) {
     let c = &s.cache;
     eprintln!("--- statistics ---");
+    print_weights(s);
     print_kv_cache(s);
     print_scheduling(s);
     print_speculation(s);
@@ -458,6 +460,26 @@ fn print_stats(s: &EngineStats) {
         "blocks now used/cached/free: {} / {} / {}",
         c.device.used, c.device.cached, c.device.free
     );
+}
+
+/// The model's weights on the device; for a mixture of experts, the experts' share and
+/// what one token reads.
+fn print_weights(s: &EngineStats) {
+    eprintln!("model:                  {}", describe_weights(&s.weights));
+}
+
+/// "N MiB of weights", with the experts' share and what a token reads for a mixture.
+pub(crate) fn describe_weights(w: &WeightBytes) -> String {
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    match w.experts {
+        0 => format!("{:.1} MiB of weights", mib(w.total)),
+        e => format!(
+            "{:.1} MiB of weights, {:.1} MiB of them experts; a token reads {:.1} MiB",
+            mib(w.total),
+            mib(e),
+            mib(w.active)
+        ),
+    }
 }
 
 /// The pool: its format, size and KV cache groups.

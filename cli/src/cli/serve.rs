@@ -136,11 +136,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
     };
     let name = config.model_name();
     let dir = config.model_dir.clone();
-    server::run(config, |addr| {
+    server::run(config, |on| {
         // Tests and scripts read this line for the port.
         eprintln!(
-            "pagellm serve: model `{name}` from {}, listening on http://{addr}",
-            dir.display()
+            "pagellm serve: model `{name}` from {} ({}), listening on http://{}",
+            dir.display(),
+            super::generate::describe_weights(&on.weights),
+            on.addr
         );
     })
     .context("pagellm serve")
