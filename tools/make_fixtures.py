@@ -43,6 +43,11 @@ What each variant exercises:
   positions, beta_fast 16, beta_slow 1): head_dim 32, so the fastest frequencies are kept,
   the slowest divided by 4 and a ramp blends those between; cos and sin are multiplied by
   the attention factor 0.1 ln 4 + 1.
+- mixtral-moe: MixtralForCausalLM, a mixture of 4 experts (intermediate 48), 2 per token, in
+  both layers, tied, float32 weights.
+- qwen3-moe-dense-layer: Qwen3MoeForCausalLM, 8 experts of intermediate 16, 3 per token,
+  norm_topk_prob false (the chosen probabilities are not renormalised), a dense middle layer
+  (mlp_only_layers [1]), q/k norms, tied, float32 weights.
 - phi3-longrope-window: Phi3ForCausalLM with fused qkv_proj and gate_up_proj, LongRoPE
   (short and long factors; original 128 of 512 positions, so every greedy sequence stays in
   the short factors' range), an 8-token window on every layer, float16 weights.
@@ -74,6 +79,11 @@ recomputes the whole sequence at each step (no KV cache). Logits are stored as t
 decimal that reads back as the same float32. For each variant the script also checks that
 the feature it exercises matters: switching it off (zeroing a bias, dropping rope scaling)
 must move the long prompt's logits.
+
+The mixtures' routers are scaled up (x32 for mixtral-moe, x16 for qwen3-moe-dense-layer) and
+their seeds must also keep every token's choice of experts clear: the last chosen expert's
+router logit above the first unchosen one's by ROUTER_GAP (0.01) at every token of every
+case, prompts and greedy continuations; the script prints the smallest margin.
 
 Everything is seeded and runs on one CPU thread, so reruns with the same package versions
 give the same files. The whole run takes a few minutes (the Gemma 2 variant searches the most seeds).
