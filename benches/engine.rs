@@ -61,26 +61,25 @@ use pagellm::internals::engine::{
     Engine, EngineConfig, EngineStats, PreemptionMode, Prompt, RequestEvent, RequestHandle,
 };
 use pagellm::internals::kernels::WeightDtype;
-use pagellm::internals::model::spec::expected_tensors;
-use pagellm::internals::model::ModelConfig;
 use pagellm::internals::pool::{KvDtype, KvLayout, KvPool, PoolSize};
 use pagellm::internals::sampling::SamplingParams;
 use pagellm::GpuContext;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use rand_distr::{Distribution, Normal};
-use safetensors::tensor::{Dtype, TensorView};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[path = "common/mod.rs"]
+mod common;
 #[path = "engine/tiers.rs"]
 mod tiers;
+
+use common::TempDir;
 
 const BLOCK: usize = 16;
 /// Token ids of requests stay inside the fixture tokenizer's vocabulary.
 const TOKENIZER_VOCAB: u32 = 512;
-const FIXTURE: &str = "tests/fixtures/llama-gqa";
 /// Decode section: prompt length and tokens per request (the first is untimed).
 const DECODE_PROMPT: usize = 16;
 const DECODE_TOKENS: usize = 9;
@@ -190,15 +189,6 @@ impl Shapes {
 // The model folder
 // ---------------------------------------------------------------------------------------
 
-/// A temporary directory removed on drop.
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn config_json(s: &Shapes) -> serde_json::Value {
     serde_json::json!({
         "architectures": ["LlamaForCausalLM"],
@@ -217,81 +207,13 @@ fn config_json(s: &Shapes) -> serde_json::Value {
         "tie_word_embeddings": true,
         "bos_token_id": 0,
         "eos_token_id": 1,
-        "torch_dtype": "bfloat16",
     })
 }
 
-/// Writes config, random bf16 weights and the fixture tokenizer into a fresh temp dir.
-/// Writes the random model; `f16` stores its weights as f16 instead of bf16.
+/// The random model of `s` (`common::write_random_model`); `f16` stores its weights as f16
+/// instead of bf16.
 fn write_model(s: &Shapes, f16: bool) -> TempDir {
-    let dir = std::env::temp_dir().join(format!("pagellm-bench-engine-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("create the temp model dir");
-    let tmp = TempDir(dir.clone());
-    let mut cfg_value = config_json(s);
-    if f16 {
-        cfg_value["torch_dtype"] = "float16".into();
-    }
-    let encode = move |x: f32| -> [u8; 2] {
-        if f16 {
-            half::f16::from_f32(x).to_le_bytes()
-        } else {
-            half::bf16::from_f32(x).to_le_bytes()
-        }
-    };
-    std::fs::write(
-        dir.join("config.json"),
-        serde_json::to_string_pretty(&cfg_value).expect("json"),
-    )
-    .expect("write config.json");
-    for f in [
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "generation_config.json",
-    ] {
-        std::fs::copy(Path::new(FIXTURE).join(f), dir.join(f)).expect("copy the tokenizer");
-    }
-
-    // The tensor list comes from the loader's own spec, so the bench cannot drift from it.
-    let cfg = ModelConfig::parse(&dir.join("config.json"), &cfg_value).expect("config");
-    let tensors = expected_tensors(&cfg);
-    let normal = Normal::new(0.0f32, 0.02).expect("normal");
-    let data: Vec<(String, Vec<usize>, Vec<u8>)> = std::thread::scope(|scope| {
-        let jobs: Vec<_> = tensors
-            .into_iter()
-            .enumerate()
-            .map(|(i, (name, shape))| {
-                scope.spawn(move || {
-                    let count: usize = shape.iter().product();
-                    let mut bytes = Vec::with_capacity(count * 2);
-                    if name.ends_with("norm.weight") {
-                        let one = encode(1.0);
-                        (0..count).for_each(|_| bytes.extend_from_slice(&one));
-                    } else {
-                        let mut rng = ChaCha8Rng::seed_from_u64(i as u64);
-                        for _ in 0..count {
-                            bytes.extend_from_slice(&encode(normal.sample(&mut rng)));
-                        }
-                    }
-                    (name, shape, bytes)
-                })
-            })
-            .collect();
-        jobs.into_iter()
-            .map(|j| j.join().expect("weight generation"))
-            .collect()
-    });
-    let views: Vec<(String, TensorView<'_>)> = data
-        .iter()
-        .map(|(name, shape, bytes)| {
-            let dtype = if f16 { Dtype::F16 } else { Dtype::BF16 };
-            let v = TensorView::new(dtype, shape.clone(), bytes).expect("tensor view");
-            (name.clone(), v)
-        })
-        .collect();
-    let file = safetensors::serialize(views, None).expect("serialize");
-    std::fs::write(dir.join("model.safetensors"), file).expect("write model.safetensors");
-    tmp
+    common::write_random_model("engine", config_json(s), f16)
 }
 
 // ---------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@
 
 #[path = "common/mod.rs"]
 mod common;
+use common::TempDir;
 
 use pagellm::internals::constrain::{Compiler, StructuredOutput};
 use pagellm::internals::engine::{Engine, EngineConfig, Prompt};
@@ -33,7 +34,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -92,26 +93,14 @@ fn kinds() -> Vec<StructuredOutput> {
 // Vocabularies
 // ---------------------------------------------------------------------------------------
 
-/// A temporary directory removed on drop.
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// The shipped tokenizer with its vocabulary grown to `size` tokens: each new token joins
 /// two existing ones (recorded as a merge, so the file stays a valid BPE) into at most 12
 /// characters; the second part is drawn from the shipped tokens half the time, which keeps
 /// the lengths spread as in a trained vocabulary.
 fn grown_tokenizer(size: usize) -> (TempDir, Tokenizer) {
     let src = Path::new(SHIPPED);
-    let dir =
-        std::env::temp_dir().join(format!("pagellm-bench-vocab-{}-{size}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("create the temp dir");
-    let tmp = TempDir(dir.clone());
+    let tmp = common::temp_dir(&format!("vocab-{size}"));
+    let dir = tmp.0.clone();
     let text = std::fs::read_to_string(src.join("tokenizer.json")).expect("tokenizer.json");
     let mut t: Value = serde_json::from_str(&text).expect("tokenizer json");
     let vocab: HashMap<String, u64> =

@@ -11,6 +11,7 @@
 
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;    // [m, k], or gated [m, 2k]
 @group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;    // [n, k] in WEIGHT_DTYPE
+// weights8 and add8 (weights8.wgsl) read it eight weights at a time.
 
 // Input row `row`'s elements 4i .. 4i + 4, through matmul_store.wgsl's GATED.
 fn x4(row: u32, i: u32) -> vec4<f32> {
@@ -52,43 +53,6 @@ fn row_scale(row: u32) -> f32 {
 struct Scales {
     rows: array<f32, 8>,
     own: f32,
-}
-
-// Word i of the weights (for weight_blocks.wgsl).
-fn wword(i: u32) -> u32 {
-    return w[i >> 2u][i & 3u];
-}
-
-// Weights 8j .. 8j + 7 of column c, in order.
-fn weights8(c: u32, j: u32) -> array<vec4<f32>, 2> {
-    if is_block_dtype() {
-        return block8(c * row_words(p.k), j);
-    }
-    if WEIGHT_DTYPE == DTYPE_F32 {
-        let i = c * (p.k / 4u) + 2u * j;
-        return array<vec4<f32>, 2>(bitcast<vec4<f32>>(w[i]), bitcast<vec4<f32>>(w[i + 1u]));
-    }
-    let v = w[c * (p.k / 8u) + j];
-    let b0 = unpack_pair(v.x, WEIGHT_DTYPE);
-    let b1 = unpack_pair(v.y, WEIGHT_DTYPE);
-    let b2 = unpack_pair(v.z, WEIGHT_DTYPE);
-    let b3 = unpack_pair(v.w, WEIGHT_DTYPE);
-    return array<vec4<f32>, 2>(vec4<f32>(b0, b1), vec4<f32>(b2, b3));
-}
-
-// acc + x[0..8] · w[0..8], adding one term at a time in increasing k (the order every
-// matmul kernel keeps; see matmul_columns.wgsl).
-fn add8(acc: f32, xa: vec4<f32>, xb: vec4<f32>, w: array<vec4<f32>, 2>) -> f32 {
-    var a = acc;
-    a += xa.x * w[0].x;
-    a += xa.y * w[0].y;
-    a += xa.z * w[0].z;
-    a += xa.w * w[0].w;
-    a += xb.x * w[1].x;
-    a += xb.y * w[1].y;
-    a += xb.z * w[1].z;
-    a += xb.w * w[1].w;
-    return a;
 }
 
 // acc[r] += x[r0 + r, 8j .. 8j + 8] · b and acc2[r] likewise with b2, for the pass's rows

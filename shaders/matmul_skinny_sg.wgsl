@@ -16,24 +16,6 @@ fn x8(row: u32, j: u32, lane: u32, s: f32) -> array<vec4<f32>, 2> {
     return broadcast8(xl);
 }
 
-// The values v of lanes 0 .. 7, in lane order, in every lane.
-fn broadcast8(v: f32) -> array<vec4<f32>, 2> {
-    return array<vec4<f32>, 2>(
-        vec4<f32>(
-            subgroupBroadcast(v, 0u),
-            subgroupBroadcast(v, 1u),
-            subgroupBroadcast(v, 2u),
-            subgroupBroadcast(v, 3u),
-        ),
-        vec4<f32>(
-            subgroupBroadcast(v, 4u),
-            subgroupBroadcast(v, 5u),
-            subgroupBroadcast(v, 6u),
-            subgroupBroadcast(v, 7u),
-        ),
-    );
-}
-
 // The norm scales of a pass's rows. In a one-row pass the row's squares are summed in
 // common.wgsl's eight chains with chain l computed by lane l of each group of 8 (the same
 // additions in the same order as when one invocation keeps all eight) and the chains

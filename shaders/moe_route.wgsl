@@ -4,16 +4,15 @@
 // 1. Token t's router logits [t, experts] pick its top_k experts: the largest logit first,
 //    the lower expert index first among equal logits (src/reference's `route` orders them
 //    the same way). Slot s = t * top_k + j holds the j-th choice: its expert and its weight,
-//    by ROUTING: 0 = softmax over every logit, the chosen probabilities kept (RENORMALIZE = 1:
-//    divided by their sum); the softmax is exp(l - max) / sum, as the reference computes it
-//    (in f32 here).
+//    a softmax over every logit, the chosen probabilities kept (RENORMALIZE = 1: divided by
+//    their sum); the softmax is exp(l - max) / sum, as the reference computes it (in f32
+//    here).
 // 2. The slots grouped by expert: offsets[e] .. offsets[e + 1] of `list` are the slots that
 //    chose expert e, in increasing slot order, so each expert's rows are a list the expert
 //    matmul (moe_matmul.wgsl) walks with one read of the expert's weights per group of rows.
 //    Invocation e counts and lists expert e's slots itself (no atomics): the lists come out
 //    the same on every run.
 
-override ROUTING: u32 = 0u;
 override RENORMALIZE: u32 = 1u;
 
 struct Params {

@@ -12,6 +12,7 @@ use pagellm::internals::engine::{
     Engine, EngineConfig, PreemptionMode, Prompt, RequestOutput, SpeculativeConfig,
 };
 use pagellm::internals::gpu::Batch;
+use pagellm::internals::kernels::matmul::MatmulKernel;
 use pagellm::internals::kernels::moe::{self, ExpertMatmul, Mixture, Routes};
 use pagellm::internals::kernels::{self, Weight, WeightDtype};
 use pagellm::internals::model::arch::Routing;
@@ -192,11 +193,32 @@ fn check_expert_matmul(
         n_offset,
         in_div: if per_slot { 1 } else { top_k },
         slots,
+        subgroups: false,
     };
     let mut b = Batch::new(ctx, "experts");
     moe::expert_matmul(&mut b, &call).unwrap();
     b.submit().unwrap();
     let got = read_f32(ctx, &yb, slots * ldy);
+    // The subgroup kernel, where the adapter has it, gives the same bits.
+    if MatmulKernel::ColumnsSubgroup.supports(ctx, 8) {
+        let yb2 = ctx.upload("y", &y0).unwrap();
+        let sg = ExpertMatmul {
+            y: &yb2,
+            subgroups: true,
+            ..call
+        };
+        let mut b = Batch::new(ctx, "experts sg");
+        moe::expert_matmul(&mut b, &sg).unwrap();
+        b.submit().unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let got_sg = read_f32(ctx, &yb2, slots * ldy);
+        assert_eq!(
+            bits(&got_sg),
+            bits(&got),
+            "the subgroup kernel on {}",
+            backend(ctx)
+        );
+    }
     let stored: Vec<Vec<f32>> = ws.iter().map(|w| rounded(w, dtype)).collect();
     let mut want = y0.clone();
     for s in 0..slots {
@@ -227,9 +249,43 @@ fn expert_projections_equal_the_reference_in_every_weight_format_across_buffers(
             check_expert_matmul(ctx, seed, dtype, (6, 24, 256), (13, 2), 4, false);
             check_expert_matmul(ctx, seed, dtype, (5, 40, 256), (3, 3), 2, true);
         }
-        // Odd row lengths of the float formats, and one expert per buffer.
-        check_expert_matmul(ctx, 7, WeightDtype::F32, (3, 17, 33), (4, 2), 1, false);
-        check_expert_matmul(ctx, 8, WeightDtype::F16, (3, 65, 34), (9, 3), 1, true);
+        // Odd expert heights (column tails in the kernel's 128-column workgroups), one
+        // expert per buffer, and all eight-slot groups full.
+        check_expert_matmul(ctx, 7, WeightDtype::F32, (3, 17, 40), (4, 2), 1, false);
+        check_expert_matmul(ctx, 8, WeightDtype::F16, (3, 193, 24), (9, 3), 1, true);
+        check_expert_matmul(ctx, 9, WeightDtype::BF16, (2, 130, 64), (16, 1), 2, false);
+        // No more slots than experts: one-slot groups, four columns per invocation (an
+        // expert with two slots among them, and a column tail past 256).
+        check_expert_matmul(ctx, 10, WeightDtype::F16, (5, 40, 64), (2, 2), 5, false);
+        check_expert_matmul(ctx, 11, WeightDtype::Q4_K, (8, 300, 256), (1, 3), 3, false);
+        check_expert_matmul(ctx, 12, WeightDtype::F32, (8, 72, 40), (1, 3), 8, true);
+    }
+}
+
+#[test]
+fn expert_rows_that_are_no_multiple_of_eight_are_refused() {
+    for ctx in contexts() {
+        let bytes = kernels::weight::encode(&[0.5f32; 2 * 33], WeightDtype::F32).unwrap();
+        let w = Weight::upload_experts(ctx, "experts", &[&bytes, &bytes], 2, 33, WeightDtype::F32)
+            .unwrap();
+        let out = RouteBufs::new(ctx, 2, 2);
+        let x = ctx.upload("x", &[0.0f32; 66]).unwrap();
+        let y = ctx.upload("y", &[0.0f32; 4]).unwrap();
+        let call = ExpertMatmul {
+            x: &x,
+            weight: &w,
+            n: 2,
+            routes: out.routes(),
+            y: &y,
+            ldy: 2,
+            n_offset: 0,
+            in_div: 1,
+            slots: 2,
+            subgroups: false,
+        };
+        let mut b = Batch::new(ctx, "experts");
+        let err = moe::expert_matmul(&mut b, &call).unwrap_err().to_string();
+        assert!(err.contains("rows of 33"), "{err}");
     }
 }
 

@@ -8,6 +8,7 @@ use pagellm::internals::kernels::{
     embedding::EmbeddingParams,
     logits::{ArgmaxParams, GatherRowsParams},
     matmul::MatmulParams,
+    moe::{MoeCombineParams, MoeMatmulParams, MoeRouteParams},
     paged_attention::{PagedAttentionParams, PagedAttentionReduceParams},
     reshape_and_cache::ReshapeAndCacheParams,
     rms_norm::RmsNormParams,
@@ -16,8 +17,8 @@ use pagellm::internals::kernels::{
     silu_mul::SiluMulParams,
     softcap::SoftcapParams,
     KernelParams, ALL, ARGMAX_LANES, ARGMAX_MERGE, ARGMAX_SLICES, MATMUL_SKINNY, MATMUL_SKINNY_SG,
-    MATMUL_SKINNY_VEC, PAGED_ATTENTION_LANES, PAGED_ATTENTION_SG, PAGED_ATTENTION_TILES,
-    RESHAPE_AND_CACHE_Q, RMS_NORM_LANES,
+    MATMUL_SKINNY_VEC, MOE_MATMUL_SG, PAGED_ATTENTION_LANES, PAGED_ATTENTION_SG,
+    PAGED_ATTENTION_TILES, RESHAPE_AND_CACHE_Q, RMS_NORM_LANES,
 };
 
 /// (kernel name, [(field, offset)], size) of the uniform at @group(0) @binding(0).
@@ -99,6 +100,10 @@ fn every_params_struct_matches_its_shader() {
         check_kernel::<ArgmaxParams>(ARGMAX_MERGE),
         check::<RotateRowsParams>(),
         check::<RotateQkParams>(),
+        check::<MoeRouteParams>(),
+        check::<MoeMatmulParams>(),
+        check_kernel::<MoeMatmulParams>(MOE_MATMUL_SG),
+        check::<MoeCombineParams>(),
     ];
     for k in ALL {
         assert!(

@@ -72,6 +72,7 @@ kernel!(
         "matmul_store",
         "matmul_columns",
         "matmul_columns_vec",
+        "weights8",
         "weight_blocks"
     ]
 );
@@ -82,11 +83,22 @@ kernel!(
         "matmul_store",
         "matmul_columns",
         "matmul_columns_vec",
+        "broadcast8",
+        "weights8",
         "weight_blocks"
     ]
 );
 kernel!(MOE_ROUTE, "moe_route");
-kernel!(MOE_MATMUL, "moe_matmul", ["weight_blocks"]);
+kernel!(
+    MOE_MATMUL,
+    "moe_matmul",
+    ["moe_matmul_body", "weights8", "weight_blocks"]
+);
+kernel!(
+    MOE_MATMUL_SG,
+    "moe_matmul_sg",
+    ["moe_matmul_body", "broadcast8", "weights8", "weight_blocks"]
+);
 kernel!(MOE_COMBINE, "moe_combine");
 kernel!(ROPE, "rope");
 kernel!(SILU_MUL, "silu_mul");
@@ -162,6 +174,7 @@ pub const ALL: &[KernelSource] = &[
     ROTATE_QK,
     MOE_ROUTE,
     MOE_MATMUL,
+    MOE_MATMUL_SG,
     MOE_COMBINE,
 ];
 

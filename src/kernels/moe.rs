@@ -5,7 +5,8 @@
 //! back to the host between them: the expert matmul's grid covers every expert of the layer,
 //! and an expert no token chose costs a workgroup that returns at once.
 
-use super::{check_len, groups, params, Weight, MOE_COMBINE, MOE_MATMUL, MOE_ROUTE};
+use super::choice::MatmulKernel;
+use super::{check_len, groups, params, Weight, MOE_COMBINE, MOE_MATMUL, MOE_MATMUL_SG, MOE_ROUTE};
 use crate::error::{GpuError, Result};
 use crate::gpu::Batch;
 use crate::model::arch::{Routing, MAX_EXPERTS, MAX_TOP_K};
@@ -108,7 +109,7 @@ pub fn route(
 }
 
 /// One projection of every expert: `weight` stacks the experts' `[n, k]` weights,
-/// `[experts * n, k]`, in buffers of whole experts. For each slot s routed to expert e,
+/// `[experts * n, k]` with `k % 8 == 0`, in buffers of whole experts. For each slot s routed to expert e,
 /// `y[s, n_offset ..][.. n] = x[s / in_div] · W_eᵀ`; `y` is `[slots, ldy]`.
 #[derive(Clone, Copy, Debug)]
 pub struct ExpertMatmul<'a> {
@@ -122,6 +123,10 @@ pub struct ExpertMatmul<'a> {
     /// `top_k` when x holds a row per token, 1 when a row per slot.
     pub in_div: usize,
     pub slots: usize,
+    /// Run `moe_matmul_sg.wgsl` (x handed round in subgroups; the same results bit for
+    /// bit); the adapter must have subgroups of at least 8 invocations
+    /// ([`MatmulKernel::ColumnsSubgroup`](super::choice::MatmulKernel) runs there).
+    pub subgroups: bool,
 }
 
 /// Records [`ExpertMatmul`]: one dispatch per buffer of the weight.
@@ -138,6 +143,18 @@ pub fn expert_matmul(batch: &mut Batch, call: &ExpertMatmul<'_>) -> Result<()> {
                 call.n_offset + n,
                 call.ldy
             ),
+        ));
+    }
+    if !k.is_multiple_of(8) {
+        return Err(GpuError::invalid(
+            K,
+            format!("expert rows of {k} weights (the kernel reads 8 at a time)"),
+        ));
+    }
+    if call.subgroups && !MatmulKernel::ColumnsSubgroup.supports(batch.ctx(), 8) {
+        return Err(GpuError::invalid(
+            K,
+            "the subgroup kernel on an adapter without subgroups of 8",
         ));
     }
     let experts = w.rows / n;
@@ -173,11 +190,28 @@ pub fn expert_matmul(batch: &mut Batch, call: &ExpertMatmul<'_>) -> Result<()> {
             call.routes.list.into(),
             call.y.into(),
         ];
-        let constants = [("WEIGHT_DTYPE", chunk.dtype.code())];
-        let grid = [groups(n, 64), (chunk.rows / n) as u32, 1];
-        batch.dispatch(MOE_MATMUL, &constants, &p, &storage, grid)?;
+        let rows = group_rows(call.slots, experts);
+        let constants = [("WEIGHT_DTYPE", chunk.dtype.code()), ("ROWS", rows as f64)];
+        let columns_per_group = if rows == 1 { 256 } else { 128 };
+        let grid = [groups(n, columns_per_group), (chunk.rows / n) as u32, 1];
+        let source = if call.subgroups {
+            MOE_MATMUL_SG
+        } else {
+            MOE_MATMUL
+        };
+        batch.dispatch(source, &constants, &p, &storage, grid)?;
     }
     Ok(())
+}
+
+/// The slots an expert kernel's invocation multiplies per read of its weights: the slots
+/// per expert on average, rounded up to a power of two, from 1 (one token: each expert has
+/// at most one slot) to 8.
+fn group_rows(slots: usize, experts: usize) -> usize {
+    slots
+        .div_ceil(experts.max(1))
+        .next_power_of_two()
+        .clamp(1, 8)
 }
 
 /// `x[t] += sum_j weight[t * top_k + j] * y[t * top_k + j]` for `tokens` rows of `width`.

@@ -23,7 +23,7 @@ use super::ModelConfig;
 use crate::error::{GpuError, Result};
 use crate::gpu::{Batch, Bind, GpuContext};
 use crate::kernels::logits::{argmax_partials_len, lm_head, ArgmaxKernel, LogitsBuffers};
-use crate::kernels::matmul::{matmul, Matmul, Norm, Output, Outputs};
+use crate::kernels::matmul::{matmul, Matmul, MatmulKernel, Norm, Output, Outputs};
 use crate::kernels::moe::{self, ExpertMatmul, Mixture, Routes};
 use crate::kernels::paged_attention::{
     paged_attention, Attention, AttentionBuffers, AttentionOptions,
@@ -397,6 +397,7 @@ impl Pass<'_> {
             n_offset,
             in_div,
             slots,
+            subgroups: ws.plan.matmul.few == MatmulKernel::ColumnsSubgroup,
         };
         let gate = projection(&x.gate, &ws.h, inter, &b.gate_up, 2 * inter, 0, m.top_k);
         moe::expert_matmul(batch, &gate)?;

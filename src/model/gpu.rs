@@ -267,6 +267,13 @@ impl Uploader<'_> {
                 )));
             }
         }
+        if !first.cols.is_multiple_of(8) {
+            return Err(ModelError::Unsupported(format!(
+                "{}: experts with rows of {} weights (the expert kernels read rows of a \
+                 multiple of 8)",
+                slices[0].name, first.cols
+            )));
+        }
         let name = format!("{} ({} experts)", slices[0].name, slices.len());
         let bytes: Vec<&[u8]> = converted.iter().map(|(b, _)| &b[..]).collect();
         let w = Weight::upload_experts(self.ctx, &name, &bytes, first.rows, first.cols, *dtype)?;
