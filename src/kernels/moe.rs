@@ -94,10 +94,7 @@ pub fn route(
         _pad: 0,
     };
     let Routing::SoftmaxTopK { renormalize } = mixture.routing;
-    let constants = [
-        ("ROUTING", 0.0),
-        ("RENORMALIZE", f64::from(u8::from(renormalize))),
-    ];
+    let constants = [("RENORMALIZE", f64::from(u8::from(renormalize)))];
     let storage = [
         logits.into(),
         out.expert.into(),
