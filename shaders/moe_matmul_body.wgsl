@@ -29,7 +29,8 @@ struct Params {
     n_offset: u32,
     expert_first: u32,
     in_div: u32,
-    _pad0: u32,
+    // With a bias: bias[e * n + c] is added to expert e's output column c (gpt-oss).
+    has_bias: u32,
     _pad1: u32,
 }
 
@@ -39,6 +40,16 @@ struct Params {
 @group(0) @binding(3) var<storage, read> offsets: array<u32>;    // [experts + 1]
 @group(0) @binding(4) var<storage, read> list: array<u32>;       // slots by expert
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;    // [slots, ldy]
+@group(0) @binding(6) var<storage, read> bias: array<f32>;       // [layer's experts * n]
+
+// Expert e's output column c: the sum, then the bias where there is one (as r::matmul adds
+// it).
+fn biased(sum: f32, e: u32, c: u32) -> f32 {
+    if p.has_bias == 1u {
+        return sum + bias[e * p.n + c];
+    }
+    return sum;
+}
 
 fn moe_body(wg: vec3<u32>, tid: u32, lane: u32) {
     if ROWS == 1u {
@@ -76,10 +87,10 @@ fn moe_body(wg: vec3<u32>, tid: u32, lane: u32) {
             if r0 + r < end {
                 let at = list[r0 + r] * p.ldy + p.n_offset;
                 if column < p.n {
-                    y[at + c] = acc[r];
+                    y[at + c] = biased(acc[r], e, c);
                 }
                 if column + 64u < p.n {
-                    y[at + c2] = acc2[r];
+                    y[at + c2] = biased(acc2[r], e, c2);
                 }
             }
         }
@@ -116,7 +127,7 @@ fn one_slot_body(wg: vec3<u32>, tid: u32, lane: u32) {
         let at = slot * p.ldy + p.n_offset;
         for (var i = 0u; i < 4u; i++) {
             if column + 64u * i < p.n {
-                y[at + column + 64u * i] = acc[i];
+                y[at + column + 64u * i] = biased(acc[i], e, column + 64u * i);
             }
         }
     }

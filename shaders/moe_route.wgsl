@@ -4,15 +4,16 @@
 // 1. Token t's router logits [t, experts] pick its top_k experts: the largest logit first,
 //    the lower expert index first among equal logits (src/reference's `route` orders them
 //    the same way). Slot s = t * top_k + j holds the j-th choice: its expert and its weight,
-//    a softmax over every logit, the chosen probabilities kept (RENORMALIZE = 1: divided by
-//    their sum); the softmax is exp(l - max) / sum, as the reference computes it (in f32
-//    here).
+//    with ROUTING = 0 a softmax over every logit, the chosen probabilities kept (RENORMALIZE
+//    = 1: divided by their sum); with ROUTING = 1 (gpt-oss) a softmax over the chosen logits
+//    alone. Each softmax is exp(l - max) / sum, as the reference computes it (in f32 here).
 // 2. The slots grouped by expert: offsets[e] .. offsets[e + 1] of `list` are the slots that
 //    chose expert e, in increasing slot order, so each expert's rows are a list the expert
 //    matmul (moe_matmul.wgsl) walks with one read of the expert's weights per group of rows.
 //    Invocation e counts and lists expert e's slots itself (no atomics): the lists come out
 //    the same on every run.
 
+override ROUTING: u32 = 0u;
 override RENORMALIZE: u32 = 1u;
 
 struct Params {
@@ -62,14 +63,22 @@ fn moe_route(@builtin(local_invocation_index) tid: u32) {
             prev_e = best_e;
         }
         var all = 0.0;
-        for (var e = 0u; e < n; e++) {
-            all += exp(logits[row + e] - big);
+        if ROUTING == 1u {
+            // Over the chosen alone, from the first (the largest).
+            big = logits[row + chosen[0]];
+            for (var j = 0u; j < p.top_k; j++) {
+                all += exp(logits[row + chosen[j]] - big);
+            }
+        } else {
+            for (var e = 0u; e < n; e++) {
+                all += exp(logits[row + e] - big);
+            }
         }
         var kept = 0.0;
         for (var j = 0u; j < p.top_k; j++) {
             kept += exp(logits[row + chosen[j]] - big) / all;
         }
-        let scale = select(1.0, kept, RENORMALIZE == 1u);
+        let scale = select(1.0, kept, RENORMALIZE == 1u && ROUTING == 0u);
         for (var j = 0u; j < p.top_k; j++) {
             let s = t * p.top_k + j;
             slot_expert[s] = chosen[j];

@@ -7,6 +7,8 @@
 // phase a thread owns one position of the tile; in the value phase it owns pairs of output
 // elements and sums over the tile's positions.
 
+@group(0) @binding(6) var<storage, read> sinks: array<f32>;         // [num_heads] with has_sinks
+
 const WG: u32 = 64u;                // = TILE
 const PAIRS_PER_THREAD: u32 = 2u;   // MAX_HEAD_DIM / 2 / WG
 
@@ -46,8 +48,9 @@ fn attention_body(wg: vec3<u32>, tid: u32, lane: u32) {
     }
     workgroupBarrier();
 
-    var m = NEG_BIG;
-    var l = 0.0;
+    let start = initial_state(h);
+    var m = start.x;
+    var l = start.y;
     var acc: array<vec2<f32>, PAIRS_PER_THREAD>;
     for (var i = 0u; i < PAIRS_PER_THREAD; i++) {
         acc[i] = vec2<f32>(0.0);

@@ -45,7 +45,9 @@ struct Params {
     scale: f32,
     num_shards: u32,
     shard_index: u32,
-    _pad0: u32,
+    // With has_sinks = 1 (gpt-oss), sinks[h] is head h's learned logit: one more score in
+    // the softmax's sum with no value (the kernel declares the sinks binding).
+    has_sinks: u32,
     // Sliding window: with window > 0, a query at position p sees positions
     // p - window + 1 ..= p only (and the block table is not read below them, so freed
     // blocks there may be holes).
@@ -67,6 +69,16 @@ struct Params {
 const MAX_HEAD_DIM: u32 = 256u;
 const NO_ROW: u32 = 0xffffffffu;
 const TILE: u32 = 64u;  // positions per tile of the arithmetic above
+
+// The online softmax's starting state (M, L) for query head h: empty, or with sinks the
+// head's sink as a score already seen (M = sink, L = exp(sink - M) = 1) whose value is zero;
+// shard 0's partial alone carries it, so the merge of shards counts it once.
+fn initial_state(h: u32) -> vec2<f32> {
+    if p.has_sinks == 1u && p.shard_index == 0u {
+        return vec2<f32>(sinks[h], 1.0);
+    }
+    return vec2<f32>(NEG_BIG, 0.0);
+}
 
 // The first position a query with `ctx_len` positions sees.
 fn window_start(ctx_len: u32) -> u32 {

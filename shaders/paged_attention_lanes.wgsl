@@ -22,6 +22,7 @@ const QT: u32 = 8u;      // invocations per workgroup
 
 // The pool again, as 16-byte words: an f16 pool's eight elements of a chunk in one read.
 @group(0) @binding(6) var<storage, read> kv4: array<vec4<u32>>;
+@group(0) @binding(7) var<storage, read> sinks: array<f32>;  // [num_heads] with has_sinks
 
 var<workgroup> score_w: array<f32, 512>;   // [TILE][QT]: the tile's scores, then probabilities
 var<workgroup> acc_w: array<f32, 2048>;    // [MAX_HEAD_DIM][QT]: the running A
@@ -77,7 +78,7 @@ fn lane_query(t: u32, h: u32, live: bool, tid: u32) {
     let v_half = p.shard_num_blocks * p.num_kv_heads * kv_tile_words();
     let qb = (t * p.num_heads + h) * HD;
 
-    var st = vec2<f32>(NEG_BIG, 0.0);  // (M, L)
+    var st = initial_state(h);  // (M, L)
     clear_acc(tid);
     for (var tile0 = win_start - win_start % TILE; tile0 < ctx_len; tile0 += TILE) {
         let n = min(TILE, ctx_len - tile0);

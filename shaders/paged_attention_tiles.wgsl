@@ -25,7 +25,7 @@
 // in one subgroup of at least QT).
 
 // q again, as 16-byte words (head_dim % 8 == 0): a chunk's eight elements in two reads.
-@group(0) @binding(7) var<storage, read> q4: array<vec4<f32>>;
+@group(0) @binding(8) var<storage, read> q4: array<vec4<f32>>;
 
 @compute @workgroup_size(QT)
 fn paged_attention_tiles(
@@ -54,7 +54,7 @@ fn paged_attention_tiles(
     let v_half = p.shard_num_blocks * p.num_kv_heads * kv_tile_words();
     let qb = (t * p.num_heads + h) * HD;
 
-    var st = vec2<f32>(NEG_BIG, 0.0);  // (M, L)
+    var st = initial_state(h);  // (M, L)
     clear_acc(tid);
     for (var tile0 = u_start - u_start % TILE; tile0 < u_end; tile0 += TILE) {
         let n = min(TILE, u_end - tile0);

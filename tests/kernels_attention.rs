@@ -33,6 +33,8 @@ struct Case {
     /// them once it frees such blocks.
     window: Option<usize>,
     softcap: Option<f32>,
+    /// Each query head's sink logit (gpt-oss).
+    sinks: Option<Vec<f32>>,
 }
 
 fn run(ctx: &pagellm::GpuContext, seed: u64, c: &Case) {
@@ -163,6 +165,7 @@ fn run(ctx: &pagellm::GpuContext, seed: u64, c: &Case) {
     let nvb = ctx.upload("nv", &nv).unwrap();
     let qb = ctx.upload("q", &nq).unwrap();
     let scale = 1.0 / (hd as f32).sqrt();
+    let sinks = c.sinks.as_ref().map(|v| ctx.upload("sinks", v).unwrap());
     let mut b = Batch::new(ctx, "attention test");
     reshape_and_cache(&mut b, &pool, layer, &hkb, &hvb, &hsb, hslots.len()).unwrap();
     reshape_and_cache(&mut b, &pool, layer, &nkb, &nvb, bufs.slot_mapping(), t).unwrap();
@@ -186,9 +189,12 @@ fn run(ctx: &pagellm::GpuContext, seed: u64, c: &Case) {
             )
         };
         let heads = (nh, nkv, hd);
-        want.extend(r::windowed_attention(
-            &q[i], &k, &v, heads, scale, c.window, c.softcap,
-        ));
+        let extras = r::AttentionExtras {
+            window: c.window,
+            softcap: c.softcap,
+            sinks: c.sinks.as_deref(),
+        };
+        want.extend(r::windowed_attention(&q[i], &k, &v, heads, scale, extras));
     }
     // Every kernel the adapter supports, each against the reference; the two add the same
     // terms in the same order, so they must also agree bit for bit.
@@ -208,6 +214,7 @@ fn run(ctx: &pagellm::GpuContext, seed: u64, c: &Case) {
             scale,
             window: c.window,
             softcap: c.softcap,
+            sinks: sinks.as_ref(),
         };
         let call = Attention {
             pool: &pool,
@@ -256,6 +263,7 @@ fn decode_at_block_boundaries() {
                 arena_limit: None,
                 window: None,
                 softcap: None,
+                sinks: None,
             };
             run(ctx, bs as u64, &case);
         }
@@ -287,6 +295,7 @@ fn mixed_prefill_chunks_and_decodes_with_gqa_and_mqa() {
                 arena_limit: None,
                 window: None,
                 softcap: None,
+                sinks: None,
             };
             run(ctx, 100 + i as u64, &case);
         }
@@ -313,6 +322,7 @@ fn sliding_window_with_holes_and_soft_capping() {
                     arena_limit: None,
                     window: Some(window),
                     softcap,
+                    sinks: None,
                 };
                 run(ctx, 700 + i as u64, &case);
             }
@@ -328,6 +338,7 @@ fn sliding_window_with_holes_and_soft_capping() {
             arena_limit: Some(4 * 2 * 2 * 16 * 64 * 4),
             window: None,
             softcap: Some(3.0),
+            sinks: None,
         };
         run(ctx, 710, &case);
     }
@@ -380,6 +391,7 @@ fn query_tiles_at_every_alignment() {
                 arena_limit,
                 window,
                 softcap: None,
+                sinks: None,
             };
             run(ctx, 900 + i as u64, &case);
         }
@@ -399,6 +411,7 @@ fn f32_pool() {
             arena_limit: None,
             window: None,
             softcap: None,
+            sinks: None,
         };
         run(ctx, 200, &case);
     }
@@ -421,6 +434,7 @@ fn pool_split_over_several_buffers_merges_partials() {
                 arena_limit: Some(4 * 2 * block),
                 window: None,
                 softcap: None,
+                sinks: None,
             };
             run(ctx, 300, &case);
         }
@@ -454,6 +468,7 @@ fn quantized_pools_with_gqa_mqa_and_odd_head_sizes() {
                     arena_limit: None,
                     window: None,
                     softcap: None,
+                    sinks: None,
                 };
                 run(ctx, 500 + i as u64, &case);
             }
@@ -482,6 +497,7 @@ fn quantized_pool_split_over_several_buffers() {
                 arena_limit: Some(4 * 2 * layout.block_bytes()),
                 window: None,
                 softcap: None,
+                sinks: None,
             };
             run(ctx, 600, &case);
         }
@@ -702,6 +718,39 @@ fn lane_kernel_grid_takes_a_second_dimension() {
             for (h, head) in row.chunks(hd).enumerate() {
                 assert_eq!(head, want, "token {t} head {h} on {}", backend(ctx));
             }
+        }
+    }
+}
+
+#[test]
+fn attention_sinks_join_every_kernels_softmax_once_per_query() {
+    // Sinks of every size: one far above the scores (most of each softmax's mass), one far
+    // below (no effect), moderate ones; windows, prefill chunks and decode rows; a sharded
+    // pool, whose partials must count each sink once.
+    let sinks = vec![6.0, -20.0, 0.5, -1.5];
+    for ctx in contexts() {
+        for (i, (window, arena_limit, dtype)) in [
+            (None, None, KvDtype::F32),
+            (Some(20), None, KvDtype::F16),
+            (None, Some(4 * 2 * 2 * 16 * 64 * 4), KvDtype::F32),
+            (Some(70), None, KvDtype::Int8),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let case = Case {
+                head_dim: 64,
+                block_size: 16,
+                num_heads: 4,
+                num_kv_heads: 2,
+                dtype,
+                seqs: vec![(100, 1), (60, 30), (5, 5), (130, 70)],
+                arena_limit,
+                window,
+                softcap: None,
+                sinks: Some(sinks.clone()),
+            };
+            run(ctx, 800 + i as u64, &case);
         }
     }
 }

@@ -153,7 +153,12 @@ fn gated_activation_of_stacked_gate_up_rows_matches_reference() {
             ctx.upload("up", &up).unwrap(),
         );
         let gu = ctx.upload("gate up", &stacked).unwrap();
-        for act in [Activation::Silu, Activation::GeluTanh] {
+        // gpt-oss's clamped SwiGLU with a limit the inputs cross (they are N(0, 2)).
+        let clamped = Activation::ClampedSwiglu {
+            alpha: 1.702,
+            limit: 1.5,
+        };
+        for act in [Activation::Silu, Activation::GeluTanh, clamped] {
             let out = ctx.storage_buffer("out", (gate.len() * 4) as u64).unwrap();
             let flat = ctx.storage_buffer("flat", (gate.len() * 4) as u64).unwrap();
             let mut b = Batch::new(ctx, "t");
@@ -163,6 +168,9 @@ fn gated_activation_of_stacked_gate_up_rows_matches_reference() {
             let want = match act {
                 Activation::Silu => r::silu_mul(&gate, &up),
                 Activation::GeluTanh => r::gelu_tanh_mul(&gate, &up),
+                Activation::ClampedSwiglu { alpha, limit } => {
+                    r::clamped_swiglu(&gate, &up, alpha, limit)
+                }
             };
             let got = read_f32(ctx, &out, gate.len());
             let what = format!("{act:?} of stacked rows on {}", backend(ctx));

@@ -575,6 +575,7 @@ fn mixture_of_experts_settings_are_read_as_transformers_reads_them() {
         top_k,
         intermediate,
         routing: Routing::SoftmaxTopK { renormalize },
+        biased: false,
     };
     assert_eq!(c.recipe.moe, Some(moe(8, 2, 128, true)), "defaults");
     assert_eq!(sparse(&c), [true; 4]);

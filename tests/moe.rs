@@ -74,13 +74,16 @@ fn routing_picks_the_references_experts_and_weights_and_groups_slots_by_expert()
             (4, 3, 256, 16),
             (5, 1, 3, 1),
         ] {
-            for renormalize in [true, false] {
+            for routing in [
+                Routing::SoftmaxTopK { renormalize: true },
+                Routing::SoftmaxTopK { renormalize: false },
+                Routing::TopKSoftmax,
+            ] {
                 let mut g = rng(seed);
                 let logits: Vec<f32> = randn(&mut g, tokens * experts, 2.0)
                     .into_iter()
                     .map(|x| (x * 4.0).round() / 4.0)
                     .collect();
-                let routing = Routing::SoftmaxTopK { renormalize };
                 let lb = ctx.upload("logits", &logits).unwrap();
                 let out = RouteBufs::new(ctx, tokens * top_k, experts);
                 let mix = Mixture {
@@ -92,8 +95,7 @@ fn routing_picks_the_references_experts_and_weights_and_groups_slots_by_expert()
                 moe::route(&mut b, mix, &lb, tokens, out.routes()).unwrap();
                 b.submit().unwrap();
                 let what = format!(
-                    "{tokens} tokens, {experts} experts, top {top_k}, renormalize \
-                     {renormalize} on {}",
+                    "{tokens} tokens, {experts} experts, top {top_k}, {routing:?} on {}",
                     backend(ctx)
                 );
                 let slots = tokens * top_k;
@@ -140,7 +142,7 @@ fn routing_rejects_shapes_beyond_its_limits() {
 /// One projection of `experts` experts `[n, k]` over `tokens` tokens routed `top_k` ways,
 /// in `dtype`, the experts split over buffers of `per_buffer` experts: every slot's output
 /// equals the reference product of its token's row (or its own row, `per_slot`) and its
-/// expert's weights as stored.
+/// expert's weights as stored, plus its expert's bias where `biased`.
 #[allow(clippy::too_many_arguments)]
 fn check_expert_matmul(
     ctx: &GpuContext,
@@ -149,13 +151,15 @@ fn check_expert_matmul(
     (experts, n, k): (usize, usize, usize),
     (tokens, top_k): (usize, usize),
     per_buffer: usize,
-    per_slot: bool,
+    (per_slot, biased): (bool, bool),
 ) {
     let mut g = rng(seed);
     let slots = tokens * top_k;
     let rows_in = if per_slot { slots } else { tokens };
     let x = randn(&mut g, rows_in * k, 1.0);
     let ws: Vec<Vec<f32>> = (0..experts).map(|_| randn(&mut g, n * k, 0.5)).collect();
+    let bias = randn(&mut g, experts * n, 1.0);
+    let bias_buf = ctx.upload("bias", &bias).unwrap();
     // Each token's experts: distinct, some experts unused when there are enough of them.
     let slot_expert: Vec<u32> = (0..tokens)
         .flat_map(|t| (0..top_k).map(move |j| ((t * 3 + j * 2) % experts.max(1)) as u32))
@@ -191,6 +195,7 @@ fn check_expert_matmul(
         y: &yb,
         ldy,
         n_offset,
+        bias: biased.then_some(&bias_buf),
         in_div: if per_slot { 1 } else { top_k },
         slots,
         subgroups: false,
@@ -224,12 +229,13 @@ fn check_expert_matmul(
     for s in 0..slots {
         let row = if per_slot { s } else { s / top_k };
         let e = slot_expert[s] as usize;
-        let yr = r::matmul(&x[row * k..][..k], &stored[e], None, 1, n, k);
+        let b = biased.then(|| &bias[e * n..][..n]);
+        let yr = r::matmul(&x[row * k..][..k], &stored[e], b, 1, n, k);
         want[s * ldy + n_offset..][..n].copy_from_slice(&yr);
     }
     let what = format!(
         "{experts} experts of {n} x {k} {dtype:?}, {tokens} tokens x {top_k}, {} buffers, \
-         per slot {per_slot} on {}",
+         per slot {per_slot}, bias {biased} on {}",
         w.chunks.len(),
         backend(ctx)
     );
@@ -246,19 +252,67 @@ fn expert_projections_equal_the_reference_in_every_weight_format_across_buffers(
             let seed = 100 + i as u64;
             // Rows of 256: whole blocks of every format. 13 tokens x 2: more than 8 slots
             // for some experts (the kernel's row groups), none for others.
-            check_expert_matmul(ctx, seed, dtype, (6, 24, 256), (13, 2), 4, false);
-            check_expert_matmul(ctx, seed, dtype, (5, 40, 256), (3, 3), 2, true);
+            check_expert_matmul(ctx, seed, dtype, (6, 24, 256), (13, 2), 4, (false, true));
+            check_expert_matmul(ctx, seed, dtype, (5, 40, 256), (3, 3), 2, (true, true));
         }
         // Odd expert heights (column tails in the kernel's 128-column workgroups), one
         // expert per buffer, and all eight-slot groups full.
-        check_expert_matmul(ctx, 7, WeightDtype::F32, (3, 17, 40), (4, 2), 1, false);
-        check_expert_matmul(ctx, 8, WeightDtype::F16, (3, 193, 24), (9, 3), 1, true);
-        check_expert_matmul(ctx, 9, WeightDtype::BF16, (2, 130, 64), (16, 1), 2, false);
+        check_expert_matmul(
+            ctx,
+            7,
+            WeightDtype::F32,
+            (3, 17, 40),
+            (4, 2),
+            1,
+            (false, false),
+        );
+        check_expert_matmul(
+            ctx,
+            8,
+            WeightDtype::F16,
+            (3, 193, 24),
+            (9, 3),
+            1,
+            (true, true),
+        );
+        check_expert_matmul(
+            ctx,
+            9,
+            WeightDtype::BF16,
+            (2, 130, 64),
+            (16, 1),
+            2,
+            (false, true),
+        );
         // No more slots than experts: one-slot groups, four columns per invocation (an
         // expert with two slots among them, and a column tail past 256).
-        check_expert_matmul(ctx, 10, WeightDtype::F16, (5, 40, 64), (2, 2), 5, false);
-        check_expert_matmul(ctx, 11, WeightDtype::Q4_K, (8, 300, 256), (1, 3), 3, false);
-        check_expert_matmul(ctx, 12, WeightDtype::F32, (8, 72, 40), (1, 3), 8, true);
+        check_expert_matmul(
+            ctx,
+            10,
+            WeightDtype::F16,
+            (5, 40, 64),
+            (2, 2),
+            5,
+            (false, false),
+        );
+        check_expert_matmul(
+            ctx,
+            11,
+            WeightDtype::Q4_K,
+            (8, 300, 256),
+            (1, 3),
+            3,
+            (false, true),
+        );
+        check_expert_matmul(
+            ctx,
+            12,
+            WeightDtype::F32,
+            (8, 72, 40),
+            (1, 3),
+            8,
+            (true, true),
+        );
     }
 }
 
@@ -279,6 +333,7 @@ fn expert_rows_that_are_no_multiple_of_eight_are_refused() {
             y: &y,
             ldy: 2,
             n_offset: 0,
+            bias: None,
             in_div: 1,
             slots: 2,
             subgroups: false,

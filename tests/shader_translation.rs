@@ -31,6 +31,7 @@ fn override_values(name: &str) -> Vec<f64> {
         "BLOCK_SIZE" => vec![16.0, 24.0],
         "HD" => vec![48.0, 128.0],
         "RENORMALIZE" => vec![0.0, 1.0],
+        "ROUTING" => vec![0.0, 1.0],
         other => panic!("test does not know the values of override {other}"),
     }
 }

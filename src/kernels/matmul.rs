@@ -265,6 +265,12 @@ fn checked_input<'a>(
         Input::Plain(x) => (x, 0.0, None),
         Input::Gated(x, Activation::Silu) => (x, 1.0, None),
         Input::Gated(x, Activation::GeluTanh) => (x, 2.0, None),
+        Input::Gated(_, act @ Activation::ClampedSwiglu { .. }) => {
+            return Err(GpuError::invalid(
+                K,
+                format!("{act:?} is computed by its own pass, not fused into a projection"),
+            ))
+        }
         Input::Normed(x, norm) => (x, 0.0, Some(norm)),
     };
     if gated != 0.0 {

@@ -25,7 +25,7 @@ params!(MoeMatmulParams for MOE_MATMUL {
     n_offset: u32,
     expert_first: u32,
     in_div: u32,
-    _pad0: u32,
+    has_bias: u32,
     _pad1: u32,
 });
 
@@ -93,8 +93,14 @@ pub fn route(
         top_k: mixture.top_k as u32,
         _pad: 0,
     };
-    let Routing::SoftmaxTopK { renormalize } = mixture.routing;
-    let constants = [("RENORMALIZE", f64::from(u8::from(renormalize)))];
+    let (routing, renormalize) = match mixture.routing {
+        Routing::SoftmaxTopK { renormalize } => (0.0, renormalize),
+        Routing::TopKSoftmax => (1.0, false),
+    };
+    let constants = [
+        ("ROUTING", routing),
+        ("RENORMALIZE", f64::from(u8::from(renormalize))),
+    ];
     let storage = [
         logits.into(),
         out.expert.into(),
@@ -117,6 +123,8 @@ pub struct ExpertMatmul<'a> {
     pub y: &'a wgpu::Buffer,
     pub ldy: usize,
     pub n_offset: usize,
+    /// `[experts * n]` f32: added to expert e's output column c at `e * n + c` (gpt-oss).
+    pub bias: Option<&'a wgpu::Buffer>,
     /// `top_k` when x holds a row per token, 1 when a row per slot.
     pub in_div: usize,
     pub slots: usize,
@@ -159,6 +167,9 @@ pub fn expert_matmul(batch: &mut Batch, call: &ExpertMatmul<'_>) -> Result<()> {
     check_len(K, "y", call.y, call.slots * call.ldy)?;
     check_len(K, "offsets", call.routes.offsets, experts + 1)?;
     check_len(K, "list", call.routes.list, call.slots)?;
+    if let Some(b) = call.bias {
+        check_len(K, "bias", b, w.rows)?;
+    }
     for chunk in &w.chunks {
         if !chunk.first_row.is_multiple_of(n) || !chunk.rows.is_multiple_of(n) {
             return Err(GpuError::invalid(
@@ -177,7 +188,7 @@ pub fn expert_matmul(batch: &mut Batch, call: &ExpertMatmul<'_>) -> Result<()> {
             n_offset: call.n_offset as u32,
             expert_first: (chunk.first_row / n) as u32,
             in_div: call.in_div as u32,
-            _pad0: 0,
+            has_bias: u32::from(call.bias.is_some()),
             _pad1: 0,
         };
         let storage = [
@@ -186,6 +197,7 @@ pub fn expert_matmul(batch: &mut Batch, call: &ExpertMatmul<'_>) -> Result<()> {
             call.routes.offsets.into(),
             call.routes.list.into(),
             call.y.into(),
+            call.bias.unwrap_or(&chunk.buffer).into(),
         ];
         let rows = group_rows(call.slots, experts);
         let constants = [("WEIGHT_DTYPE", chunk.dtype.code()), ("ROWS", rows as f64)];

@@ -25,7 +25,7 @@ params!(PagedAttentionParams for PAGED_ATTENTION {
     scale: f32,
     num_shards: u32,
     shard_index: u32,
-    _pad0: u32,
+    has_sinks: u32,
     window: u32,
     softcap: f32,
     _pad1: u32,
@@ -218,22 +218,26 @@ pub use super::choice::AttentionKernel;
 
 /// What an attention call computes besides plain causal attention.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AttentionOptions {
+pub struct AttentionOptions<'a> {
     /// Scores are `q · k * scale`.
     pub scale: f32,
     /// Sliding window: a query at position p sees positions `p - window + 1 ..= p`.
     pub window: Option<usize>,
     /// `cap * tanh(score / cap)` on the scaled scores.
     pub softcap: Option<f32>,
+    /// `[num_heads]` f32: each head's sink logit, one more term of the softmax's sum with no
+    /// value (gpt-oss).
+    pub sinks: Option<&'a wgpu::Buffer>,
 }
 
-impl AttentionOptions {
+impl AttentionOptions<'_> {
     /// Full causal attention with scores scaled by `scale`.
     pub fn scaled(scale: f32) -> Self {
         AttentionOptions {
             scale,
             window: None,
             softcap: None,
+            sinks: None,
         }
     }
 }
@@ -250,7 +254,7 @@ pub struct Attention<'a> {
     pub q: &'a wgpu::Buffer,
     pub out: &'a wgpu::Buffer,
     pub num_heads: usize,
-    pub opts: AttentionOptions,
+    pub opts: AttentionOptions<'a>,
 }
 
 /// Records `call` computed by `kernel`.
@@ -406,6 +410,8 @@ fn attention_shard(
         ("CONTIGUOUS", contiguous as u32 as f64),
         ("BLOCK_SIZE", l.block_size as f64),
     ];
+    // Without sinks the binding is never read; q stands in.
+    let sinks = args.opts.sinks.unwrap_or(q);
     let mut binds = vec![
         q.into(),
         pool.slab(layer, shard),
@@ -420,11 +426,13 @@ fn attention_shard(
             } else {
                 PAGED_ATTENTION_SG
             };
+            binds.push(sinks.into());
             let grid = [num_heads as u32, t as u32, 1];
             batch.dispatch(source, &overrides, &p, &binds, grid)
         }
         AttentionKernel::Lanes | AttentionKernel::Tiles => {
             binds.push(pool.slab(layer, shard));
+            binds.push(sinks.into());
             // Tiles: a workgroup per (block of 8 tokens, head); Lanes: per 8 (token, head)
             // pairs.
             let (source, groups) =
@@ -471,6 +479,7 @@ fn shard_params(args: &Attention, shard: usize) -> PagedAttentionParams {
         shard_index: shard as u32,
         window: opts.window.map_or(0, |w| w.min(u32::MAX as usize) as u32),
         softcap: opts.softcap.unwrap_or(0.0),
+        has_sinks: u32::from(opts.sinks.is_some()),
         ..Default::default()
     }
 }

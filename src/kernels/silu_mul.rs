@@ -10,6 +10,10 @@ params!(SiluMulParams for SILU_MUL {
     width: u32,
     ld: u32,
     up_offset: u32,
+    alpha: f32,
+    limit: f32,
+    _pad0: u32,
+    _pad1: u32,
 });
 
 /// `out[i] = silu(gate[i]) * up[i]` over `len` f32 elements.
@@ -79,24 +83,27 @@ fn dispatch(
     if rows == 0 || width == 0 {
         return Ok(());
     }
+    let (code, alpha, limit) = match act {
+        Activation::Silu => (0.0, 0.0, 0.0),
+        Activation::GeluTanh => (1.0, 0.0, 0.0),
+        Activation::ClampedSwiglu { alpha, limit } => (2.0, alpha, limit),
+    };
     let p = SiluMulParams {
         rows: rows as u32,
         width: width as u32,
         ld: ld as u32,
         up_offset: up_offset as u32,
+        alpha,
+        limit,
+        _pad0: 0,
+        _pad1: 0,
     };
     let max = batch.ctx().limits.max_compute_workgroups_per_dimension;
     let [y, z, _] = grid_2d(rows as u32, max);
     let grid = [groups(width, 256), y, z];
     batch.dispatch(
         SILU_MUL,
-        &[(
-            "ACTIVATION",
-            match act {
-                Activation::Silu => 0.0,
-                Activation::GeluTanh => 1.0,
-            },
-        )],
+        &[("ACTIVATION", code)],
         &p,
         &[gate.into(), up.into(), out.into()],
         grid,

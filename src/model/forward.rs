@@ -282,6 +282,7 @@ impl Pass<'_> {
             scale: rc.attn_scale,
             window: rc.layers[i].window,
             softcap: rc.attn_softcap,
+            sinks: l.sinks.as_ref(),
         };
         let call = Attention {
             pool: self.pool,
@@ -378,7 +379,7 @@ impl Pass<'_> {
         matmul(
             batch,
             &ws.plan.matmul,
-            &Matmul::new(&ws.h, &x.router, &b.logits, t),
+            &Matmul::new(&ws.h, &x.router, &b.logits, t).bias(x.router_bias.as_ref()),
         )?;
         let mixture = Mixture {
             experts: m.experts,
@@ -387,25 +388,42 @@ impl Pass<'_> {
         };
         moe::route(batch, mixture, &b.logits, t, b.routes())?;
         batch.profile_site(Some("experts"));
-        let projection = |weight, input, n, y, ldy, n_offset, in_div| ExpertMatmul {
-            x: input,
-            weight,
-            n,
+        // Gate and up read each token's normed row (in_div top_k) into the two halves of a
+        // slot's row of gate_up; down reads each slot's activation.
+        let h = c.hidden_size;
+        let gate = ExpertMatmul {
+            x: &ws.h,
+            weight: &x.gate,
+            n: inter,
             routes: b.routes(),
-            y,
-            ldy,
-            n_offset,
-            in_div,
+            y: &b.gate_up,
+            ldy: 2 * inter,
+            n_offset: 0,
+            bias: x.gate_bias.as_ref(),
+            in_div: m.top_k,
             slots,
             subgroups: ws.plan.matmul.few == MatmulKernel::ColumnsSubgroup,
         };
-        let gate = projection(&x.gate, &ws.h, inter, &b.gate_up, 2 * inter, 0, m.top_k);
         moe::expert_matmul(batch, &gate)?;
-        let up = projection(&x.up, &ws.h, inter, &b.gate_up, 2 * inter, inter, m.top_k);
+        let up = ExpertMatmul {
+            weight: &x.up,
+            n_offset: inter,
+            bias: x.up_bias.as_ref(),
+            ..gate
+        };
         moe::expert_matmul(batch, &up)?;
         silu_mul::gated_rows(batch, c.recipe.activation, &b.gate_up, &b.act, slots, inter)?;
-        let h = c.hidden_size;
-        let down = projection(&x.down, &b.act, h, &b.out, h, 0, 1);
+        let down = ExpertMatmul {
+            x: &b.act,
+            weight: &x.down,
+            n: h,
+            y: &b.out,
+            ldy: h,
+            n_offset: 0,
+            bias: x.down_bias.as_ref(),
+            in_div: 1,
+            ..gate
+        };
         moe::expert_matmul(batch, &down)?;
         moe::combine(batch, &b.out, &b.weight, &ws.x, t, h, m.top_k)?;
         batch.profile_site(None);

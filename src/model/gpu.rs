@@ -25,6 +25,8 @@ pub struct GpuLayer {
     pub q_norm: Option<Weight>,
     pub k_norm: Option<Weight>,
     pub post_attn_norm: Option<Weight>,
+    /// `[heads]` f32: each head's attention sink ([`super::arch::Recipe::attn_sinks`]).
+    pub sinks: Option<wgpu::Buffer>,
     pub mlp_norm: Weight,
     pub post_mlp_norm: Option<Weight>,
     pub mlp: GpuMlp,
@@ -56,6 +58,12 @@ pub struct GpuExperts {
     pub gate: Weight,
     pub up: Weight,
     pub down: Weight,
+    /// With [`Moe::biased`]: the router's `[experts]` bias and each projection's, every
+    /// expert's one after another (`[experts * width]`), in f32.
+    pub router_bias: Option<wgpu::Buffer>,
+    pub gate_bias: Option<wgpu::Buffer>,
+    pub up_bias: Option<wgpu::Buffer>,
+    pub down_bias: Option<wgpu::Buffer>,
 }
 
 impl GpuMlp {
@@ -161,6 +169,10 @@ impl Uploader<'_> {
                     gate: self.experts(&x.gate, p)?,
                     up: self.experts(&x.up, p)?,
                     down: self.experts(&x.down, p)?,
+                    router_bias: self.bias(&x.router_bias)?,
+                    gate_bias: self.expert_biases("expert gate biases", &x.gate_bias)?,
+                    up_bias: self.expert_biases("expert up biases", &x.up_bias)?,
+                    down_bias: self.expert_biases("expert down biases", &x.down_bias)?,
                 })
             }
         };
@@ -177,6 +189,7 @@ impl Uploader<'_> {
             q_norm: self.opt_norm(&n.q_norm, p)?,
             k_norm: self.opt_norm(&n.k_norm, p)?,
             post_attn_norm: self.opt_norm(&n.post_attn_norm, p)?,
+            sinks: self.bias(&n.sinks)?,
             mlp_norm: self.norm(&n.mlp_norm, p)?,
             post_mlp_norm: self.opt_norm(&n.post_mlp_norm, p)?,
             mlp,
@@ -333,6 +346,22 @@ impl Uploader<'_> {
         progress: &mut impl FnMut(u64, u64),
     ) -> Result<Option<Weight>> {
         s.as_ref().map(|s| self.norm(s, progress)).transpose()
+    }
+
+    /// Every expert's bias of one projection, one after another, in f32.
+    fn expert_biases(
+        &mut self,
+        label: &str,
+        slices: &Option<Vec<Slice>>,
+    ) -> Result<Option<wgpu::Buffer>> {
+        let Some(slices) = slices else {
+            return Ok(None);
+        };
+        let mut values = Vec::new();
+        for s in slices {
+            values.extend(self.ck.part(s)?.to_f32());
+        }
+        Ok(Some(self.ctx.upload(label, &values)?))
     }
 
     fn bias(&mut self, s: &Option<Slice>) -> Result<Option<wgpu::Buffer>> {

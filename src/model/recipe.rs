@@ -56,6 +56,8 @@ pub enum Routing {
     /// A softmax over every expert's logit; the `k` largest probabilities kept, divided by
     /// their sum when `renormalize` (Mixtral always; Qwen3-MoE with `norm_topk_prob`).
     SoftmaxTopK { renormalize: bool },
+    /// The `k` largest logits, then a softmax over those alone (gpt-oss).
+    TopKSoftmax,
 }
 
 /// The mixture-of-experts MLP of a family's sparse layers: a router (a linear map to one
@@ -68,6 +70,8 @@ pub struct Moe {
     pub top_k: usize,
     pub intermediate: usize,
     pub routing: Routing,
+    /// The router and every expert projection carry a bias (gpt-oss).
+    pub biased: bool,
 }
 
 /// How the shared layer graph computes for one architecture.
@@ -86,6 +90,9 @@ pub struct Recipe {
     pub attn_scale: f32,
     /// `cap * tanh(score / cap)` on attention scores (Gemma 2).
     pub attn_softcap: Option<f32>,
+    /// A learned logit per head (`self_attn.sinks`) joins each softmax's sum as a score with
+    /// no value (gpt-oss's attention sinks).
+    pub attn_sinks: bool,
     /// `cap * tanh(logit / cap)` on the final logits (Gemma 2).
     pub final_softcap: Option<f32>,
     /// The rope of layers with [`LayerRecipe::local_rope`].
@@ -107,6 +114,7 @@ impl Recipe {
             embed_scale: None,
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             attn_softcap: None,
+            attn_sinks: false,
             final_softcap: None,
             local_rope: None,
             moe: None,

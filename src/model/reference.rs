@@ -25,6 +25,7 @@ struct Layer {
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
     post_attn_norm: Option<Vec<f32>>,
+    sinks: Option<Vec<f32>>,
     mlp_norm: Vec<f32>,
     post_mlp_norm: Option<Vec<f32>>,
     mlp: Mlp,
@@ -49,6 +50,7 @@ enum Mlp {
     Experts {
         moe: Moe,
         router: Vec<f32>,
+        router_bias: Option<Vec<f32>>,
         experts: Vec<Dense>,
     },
 }
@@ -100,6 +102,7 @@ impl ReferenceModel {
                     q_norm: opt_norm(&n.q_norm)?,
                     k_norm: opt_norm(&n.k_norm)?,
                     post_attn_norm: opt_norm(&n.post_attn_norm)?,
+                    sinks: opt(&n.sinks)?,
                     mlp_norm: norm(&n.mlp_norm)?,
                     post_mlp_norm: opt_norm(&n.post_mlp_norm)?,
                     mlp: match &n.mlp {
@@ -114,15 +117,19 @@ impl ReferenceModel {
                         MlpTensors::Experts(x) => Mlp::Experts {
                             moe: cfg.recipe.moe.ok_or_else(no_moe)?,
                             router: get(&x.router)?,
+                            router_bias: opt(&x.router_bias)?,
                             experts: (0..x.gate.len())
                                 .map(|e| {
+                                    let bias = |b: &Option<Vec<Slice>>| {
+                                        b.as_ref().map(|v| get(&v[e])).transpose()
+                                    };
                                     Ok(Dense {
                                         gate: get(&x.gate[e])?,
                                         up: get(&x.up[e])?,
                                         down: get(&x.down[e])?,
-                                        gate_bias: None,
-                                        up_bias: None,
-                                        down_bias: None,
+                                        gate_bias: bias(&x.gate_bias)?,
+                                        up_bias: bias(&x.up_bias)?,
+                                        down_bias: bias(&x.down_bias)?,
                                     })
                                 })
                                 .collect::<Result<_>>()?,
@@ -188,8 +195,12 @@ impl ReferenceModel {
             }
             let window = rc.layers[i].window;
             let heads = (nh, nkv, hd);
-            let attn =
-                r::windowed_attention(&q, &k, &v, heads, rc.attn_scale, window, rc.attn_softcap);
+            let extras = r::AttentionExtras {
+                window,
+                softcap: rc.attn_softcap,
+                sinks: l.sinks.as_deref(),
+            };
+            let attn = r::windowed_attention(&q, &k, &v, heads, rc.attn_scale, extras);
             let o = r::matmul(&attn, &l.o, l.o_bias.as_deref(), t, h, nh * hd);
             add(&mut x, o, &l.post_attn_norm);
             let m = r::rms_norm(&x, &l.mlp_norm, eps);
@@ -198,8 +209,9 @@ impl ReferenceModel {
                 Mlp::Experts {
                     moe,
                     router,
+                    router_bias,
                     experts,
-                } => self.experts(moe, router, experts, &m, t),
+                } => self.experts(moe, (router, router_bias.as_deref()), experts, &m, t),
             };
             add(&mut x, d, &l.post_mlp_norm);
         }
@@ -222,6 +234,7 @@ impl ReferenceModel {
         let act = match self.config.recipe.activation {
             Activation::Silu => r::silu_mul(&g, &u),
             Activation::GeluTanh => r::gelu_tanh_mul(&g, &u),
+            Activation::ClampedSwiglu { alpha, limit } => r::clamped_swiglu(&g, &u, alpha, limit),
         };
         r::matmul(&act, &d.down, d.down_bias.as_deref(), t, h, inter)
     }
@@ -231,13 +244,13 @@ impl ReferenceModel {
     fn experts(
         &self,
         moe: &Moe,
-        router: &[f32],
+        (router, router_bias): (&[f32], Option<&[f32]>),
         experts: &[Dense],
         m: &[f32],
         t: usize,
     ) -> Vec<f32> {
         let h = self.config.hidden_size;
-        let logits = r::matmul(m, router, None, t, moe.experts, h);
+        let logits = r::matmul(m, router, router_bias, t, moe.experts, h);
         let mut out = vec![0.0; t * h];
         for (row, (x, y)) in m.chunks(h).zip(out.chunks_mut(h)).enumerate() {
             let chosen = r::route(

@@ -5,10 +5,13 @@
 pub mod rope;
 
 /// The gated MLP's activation: `act(gate) * up`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Activation {
     /// `silu` (`hidden_act: "silu"`).
     Silu,
     /// GELU with the tanh approximation (`gelu_pytorch_tanh`).
     GeluTanh,
+    /// gpt-oss's experts: with `g = min(gate, limit)` and `u = clamp(up, -limit, limit)`,
+    /// `(u + 1) * g * sigmoid(alpha * g)` (`swiglu_alpha`, `swiglu_limit`).
+    ClampedSwiglu { alpha: f32, limit: f32 },
 }

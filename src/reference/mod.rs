@@ -83,6 +83,20 @@ pub fn silu_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
         .collect()
 }
 
+/// gpt-oss's clamped SwiGLU: `(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)` with
+/// `g = min(gate, limit)`, in f64.
+pub fn clamped_swiglu(gate: &[f32], up: &[f32], alpha: f32, limit: f32) -> Vec<f32> {
+    let (alpha, limit) = (alpha as f64, limit as f64);
+    gate.iter()
+        .zip(up)
+        .map(|(&g, &u)| {
+            let g = (g as f64).min(limit);
+            let u = (u as f64).clamp(-limit, limit);
+            ((u + 1.0) * g / (1.0 + (-alpha * g).exp())) as f32
+        })
+        .collect()
+}
+
 /// gelu(gate) * up, GELU with the tanh approximation (`gelu_pytorch_tanh`).
 pub fn gelu_tanh_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
     let c = (2.0 / std::f64::consts::PI).sqrt();
@@ -120,6 +134,20 @@ pub fn route(
                 .map(|&e| (e, (exp(e) / all / scale) as f32))
                 .collect()
         }
+        Routing::TopKSoftmax => {
+            // The chosen logits' own softmax, from the largest of them (the first).
+            let top = order.first().map_or(0.0, |&e| logits[e] as f64);
+            let chosen: Vec<f64> = order
+                .iter()
+                .map(|&e| (logits[e] as f64 - top).exp())
+                .collect();
+            let sum: f64 = chosen.iter().sum();
+            order
+                .iter()
+                .zip(&chosen)
+                .map(|(&e, &x)| (e, (x / sum) as f32))
+                .collect()
+        }
     }
 }
 
@@ -139,6 +167,19 @@ pub fn attend_capped(
     scale: f32,
     softcap: Option<f32>,
 ) -> Vec<f32> {
+    attend_with_sink(q, keys, values, head_dim, scale, (softcap, None))
+}
+
+/// [`attend_capped`] (`extras.0` the soft-cap) with a sink (`extras.1`): a logit that joins
+/// the softmax's sum as one more score, with no value (gpt-oss).
+pub fn attend_with_sink(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    head_dim: usize,
+    scale: f32,
+    (softcap, sink): (Option<f32>, Option<f32>),
+) -> Vec<f32> {
     let n = keys.len() / head_dim;
     let scores: Vec<f64> = (0..n)
         .map(|j| {
@@ -152,9 +193,14 @@ pub fn attend_capped(
             }
         })
         .collect();
-    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let sink = sink.map(f64::from);
+    let max = scores
+        .iter()
+        .chain(&sink)
+        .cloned()
+        .fold(f64::NEG_INFINITY, f64::max);
     let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-    let sum: f64 = weights.iter().sum();
+    let sum: f64 = weights.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - max).exp());
     (0..head_dim)
         .map(|d| {
             (0..n)
@@ -164,6 +210,16 @@ pub fn attend_capped(
         })
         .map(|v| v as f32)
         .collect()
+}
+
+/// What [`windowed_attention`] computes besides plain causal attention: a sliding window
+/// (a query at position p sees `p - window + 1 ..= p`), soft-capped scores, and a sink logit
+/// per query head.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttentionExtras<'a> {
+    pub window: Option<usize>,
+    pub softcap: Option<f32>,
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// Causal multi-head attention of the query tokens of one sequence over its contiguous
@@ -180,7 +236,7 @@ pub fn causal_attention(
     scale: f32,
 ) -> Vec<f32> {
     let heads = (num_heads, num_kv_heads, head_dim);
-    windowed_attention(q, k, v, heads, scale, None, None)
+    windowed_attention(q, k, v, heads, scale, AttentionExtras::default())
 }
 
 /// [`causal_attention`] where a query at position p sees only positions `p - window + 1
@@ -192,9 +248,13 @@ pub fn windowed_attention(
     v: &[f32],
     heads: (usize, usize, usize),
     scale: f32,
-    window: Option<usize>,
-    softcap: Option<f32>,
+    extras: AttentionExtras<'_>,
 ) -> Vec<f32> {
+    let AttentionExtras {
+        window,
+        softcap,
+        sinks,
+    } = extras;
     let (num_heads, num_kv_heads, head_dim) = heads;
     let ctx_len = k.len() / (num_kv_heads * head_dim);
     let query_len = q.len() / (num_heads * head_dim);
@@ -214,13 +274,14 @@ pub fn windowed_attention(
                     .collect()
             };
             let qo = (t * num_heads + h) * head_dim;
-            out.extend(attend_capped(
+            let sink = sinks.map(|s| s[h]);
+            out.extend(attend_with_sink(
                 &q[qo..qo + head_dim],
                 &rows(k),
                 &rows(v),
                 head_dim,
                 scale,
-                softcap,
+                (softcap, sink),
             ));
         }
     }

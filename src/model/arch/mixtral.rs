@@ -11,13 +11,14 @@ use super::{
 
 const NAMES: ExpertNames = ExpertNames {
     module: "block_sparse_moe",
+    router: "gate",
     expert: |e, which| {
         let w = match which {
             "gate" => "w1",
             "up" => "w3",
             _ => "w2",
         };
-        format!("experts.{e}.{w}.weight")
+        format!("experts.{e}.{w}")
     },
 };
 

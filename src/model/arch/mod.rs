@@ -53,6 +53,8 @@ pub struct LayerTensors {
     pub k_norm: Option<Slice>,
     /// The norm of the attention output ([`Recipe::sandwich_norms`]).
     pub post_attn_norm: Option<Slice>,
+    /// Each head's sink logit (`[heads]`, [`Recipe::attn_sinks`]).
+    pub sinks: Option<Slice>,
     /// The norm in front of the MLP.
     pub mlp_norm: Slice,
     /// The norm of the MLP output ([`Recipe::sandwich_norms`]).
@@ -81,13 +83,18 @@ pub struct DenseMlp {
 }
 
 /// A mixture of experts' weights: the router `[experts, hidden]` and each expert's gate
-/// and up `[intermediate, hidden]` and down `[hidden, intermediate]`, in expert order.
+/// and up `[intermediate, hidden]` and down `[hidden, intermediate]`, in expert order; with
+/// [`Moe::biased`], their biases (`[experts]`, `[intermediate]`, `[hidden]`).
 #[derive(Clone, Debug)]
 pub struct ExpertTensors {
     pub router: Slice,
     pub gate: Vec<Slice>,
     pub up: Vec<Slice>,
     pub down: Vec<Slice>,
+    pub router_bias: Option<Slice>,
+    pub gate_bias: Option<Vec<Slice>>,
+    pub up_bias: Option<Vec<Slice>>,
+    pub down_bias: Option<Vec<Slice>>,
 }
 
 /// An architecture of the registry.
@@ -188,23 +195,36 @@ impl Tensors {
     /// A mixture of experts' router and projections, named as `names` says.
     fn experts(&mut self, names: &ExpertNames, moe: &Moe, hidden: usize) -> ExpertTensors {
         let (n, inter, module) = (moe.experts, moe.intermediate, names.module);
-        let router = self.whole(&format!("{module}.gate.weight"), vec![n, hidden]);
-        let mut each = |which: &str, shape: [usize; 2]| -> Vec<Slice> {
+        let router_name = format!("{module}.{}", names.router);
+        let router = self.whole(&format!("{router_name}.weight"), vec![n, hidden]);
+        let router_bias = self.opt(moe.biased, &format!("{router_name}.bias"), vec![n]);
+        let mut each = |which: &str, kind: &str, shape: &[usize]| -> Vec<Slice> {
             (0..n)
                 .map(|e| {
-                    let name = format!("{module}.{}", (names.expert)(e, which));
+                    let name = format!("{module}.{}.{kind}", (names.expert)(e, which));
                     self.whole(&name, shape.to_vec())
                 })
                 .collect()
         };
-        let gate = each("gate", [inter, hidden]);
-        let up = each("up", [inter, hidden]);
-        let down = each("down", [hidden, inter]);
+        let gate = each("gate", "weight", &[inter, hidden]);
+        let up = each("up", "weight", &[inter, hidden]);
+        let down = each("down", "weight", &[hidden, inter]);
+        let biases =
+            |which: &str, len: usize, each: &mut dyn FnMut(&str, &str, &[usize]) -> Vec<Slice>| {
+                moe.biased.then(|| each(which, "bias", &[len]))
+            };
+        let gate_bias = biases("gate", inter, &mut each);
+        let up_bias = biases("up", inter, &mut each);
+        let down_bias = biases("down", hidden, &mut each);
         ExpertTensors {
             router,
             gate,
             up,
             down,
+            router_bias,
+            gate_bias,
+            up_bias,
+            down_bias,
         }
     }
 
@@ -237,17 +257,20 @@ fn separate_layer(cfg: &ModelConfig, i: usize) -> LayerTensors {
     separate_layer_named(cfg, i, &EXPERTS)
 }
 
-/// How a family names a mixture of experts' tensors: `{module}.gate.weight` is the router,
-/// `{module}.{expert(e, which)}` expert e's projection `which` ("gate", "up" or "down").
+/// How a family names a mixture of experts' tensors: `{module}.{router}.weight` is the
+/// router, `{module}.{expert(e, which)}.weight` expert e's projection `which` ("gate", "up"
+/// or "down"); biases, where [`Moe::biased`], end in `.bias` instead.
 struct ExpertNames {
     module: &'static str,
+    router: &'static str,
     expert: fn(usize, &str) -> String,
 }
 
 /// Qwen's (and most families') names: `mlp.experts.{e}.gate_proj.weight`, ...
 const EXPERTS: ExpertNames = ExpertNames {
     module: "mlp",
-    expert: |e, which| format!("experts.{e}.{which}_proj.weight"),
+    router: "gate",
+    expert: |e, which| format!("experts.{e}.{which}_proj"),
 };
 
 /// [`separate_layer`] with a family's own names for its experts.
@@ -267,6 +290,11 @@ fn separate_layer_named(cfg: &ModelConfig, i: usize, names: &ExpertNames) -> Lay
     let qk = cfg.recipe.qk_norm;
     let q_norm = t.opt(qk, "self_attn.q_norm.weight", vec![hd]);
     let k_norm = t.opt(qk, "self_attn.k_norm.weight", vec![hd]);
+    let sinks = t.opt(
+        cfg.recipe.attn_sinks,
+        "self_attn.sinks",
+        vec![cfg.num_heads],
+    );
     let sandwich = cfg.recipe.sandwich_norms;
     let post_attn_norm = t.opt(sandwich, "post_attention_layernorm.weight", vec![h]);
     let mlp_norm = match sandwich {
@@ -300,6 +328,7 @@ fn separate_layer_named(cfg: &ModelConfig, i: usize, names: &ExpertNames) -> Lay
         post_attn_norm,
         mlp_norm,
         post_mlp_norm,
+        sinks,
         mlp,
         checkpoint: t.list,
     }
@@ -428,5 +457,6 @@ fn moe(
         top_k,
         intermediate,
         routing,
+        biased: false,
     })
 }

@@ -45,6 +45,7 @@ fn layer(cfg: &ModelConfig, i: usize) -> LayerTensors {
         post_attn_norm: None,
         mlp_norm,
         post_mlp_norm: None,
+        sinks: None,
         mlp: MlpTensors::Dense(DenseMlp {
             gate,
             up,
