@@ -55,6 +55,42 @@ enum Mlp {
     },
 }
 
+/// A layer's MLP weights widened to f32.
+fn mlp(cfg: &ModelConfig, ck: &super::Checkpoint, tensors: &MlpTensors) -> Result<Mlp> {
+    let get = |s: &Slice| ck.part(s).map(|p| p.to_f32());
+    let opt = |s: &Option<Slice>| s.as_ref().map(get).transpose();
+    Ok(match tensors {
+        MlpTensors::Dense(d) => Mlp::Dense(Dense {
+            gate: get(&d.gate)?,
+            up: get(&d.up)?,
+            down: get(&d.down)?,
+            gate_bias: opt(&d.gate_bias)?,
+            up_bias: opt(&d.up_bias)?,
+            down_bias: opt(&d.down_bias)?,
+        }),
+        MlpTensors::Experts(x) => Mlp::Experts {
+            moe: cfg.recipe.moe.ok_or_else(|| {
+                ModelError::Unsupported("expert tensors without the recipe's experts".into())
+            })?,
+            router: get(&x.router)?,
+            router_bias: opt(&x.router_bias)?,
+            experts: (0..x.gate.len())
+                .map(|e| {
+                    let bias = |b: &Option<Vec<Slice>>| b.as_ref().map(|v| get(&v[e])).transpose();
+                    Ok(Dense {
+                        gate: get(&x.gate[e])?,
+                        up: get(&x.up[e])?,
+                        down: get(&x.down[e])?,
+                        gate_bias: bias(&x.gate_bias)?,
+                        up_bias: bias(&x.up_bias)?,
+                        down_bias: bias(&x.down_bias)?,
+                    })
+                })
+                .collect::<Result<_>>()?,
+        },
+    })
+}
+
 /// The model's weights widened to f32 on the host.
 pub struct ReferenceModel {
     pub config: ModelConfig,
@@ -83,8 +119,6 @@ impl ReferenceModel {
             name: name.to_string(),
             rows: None,
         };
-        let no_moe =
-            || ModelError::Unsupported("expert tensors without the recipe's experts".into());
         let layers = (0..cfg.num_layers)
             .map(|i| {
                 let n = spec::layer(&cfg, i);
@@ -105,36 +139,7 @@ impl ReferenceModel {
                     sinks: opt(&n.sinks)?,
                     mlp_norm: norm(&n.mlp_norm)?,
                     post_mlp_norm: opt_norm(&n.post_mlp_norm)?,
-                    mlp: match &n.mlp {
-                        MlpTensors::Dense(d) => Mlp::Dense(Dense {
-                            gate: get(&d.gate)?,
-                            up: get(&d.up)?,
-                            down: get(&d.down)?,
-                            gate_bias: opt(&d.gate_bias)?,
-                            up_bias: opt(&d.up_bias)?,
-                            down_bias: opt(&d.down_bias)?,
-                        }),
-                        MlpTensors::Experts(x) => Mlp::Experts {
-                            moe: cfg.recipe.moe.ok_or_else(no_moe)?,
-                            router: get(&x.router)?,
-                            router_bias: opt(&x.router_bias)?,
-                            experts: (0..x.gate.len())
-                                .map(|e| {
-                                    let bias = |b: &Option<Vec<Slice>>| {
-                                        b.as_ref().map(|v| get(&v[e])).transpose()
-                                    };
-                                    Ok(Dense {
-                                        gate: get(&x.gate[e])?,
-                                        up: get(&x.up[e])?,
-                                        down: get(&x.down[e])?,
-                                        gate_bias: bias(&x.gate_bias)?,
-                                        up_bias: bias(&x.up_bias)?,
-                                        down_bias: bias(&x.down_bias)?,
-                                    })
-                                })
-                                .collect::<Result<_>>()?,
-                        },
-                    },
+                    mlp: mlp(&cfg, ck, &n.mlp)?,
                     inv_freq: crate::nn::rope::inv_freq(cfg.head_dim, rope.theta, &rope.scaling)
                         .into_iter()
                         .map(f64::from)

@@ -209,13 +209,9 @@ impl Tensors {
         let gate = each("gate", "weight", &[inter, hidden]);
         let up = each("up", "weight", &[inter, hidden]);
         let down = each("down", "weight", &[hidden, inter]);
-        let biases =
-            |which: &str, len: usize, each: &mut dyn FnMut(&str, &str, &[usize]) -> Vec<Slice>| {
-                moe.biased.then(|| each(which, "bias", &[len]))
-            };
-        let gate_bias = biases("gate", inter, &mut each);
-        let up_bias = biases("up", inter, &mut each);
-        let down_bias = biases("down", hidden, &mut each);
+        let gate_bias = moe.biased.then(|| each("gate", "bias", &[inter]));
+        let up_bias = moe.biased.then(|| each("up", "bias", &[inter]));
+        let down_bias = moe.biased.then(|| each("down", "bias", &[hidden]));
         ExpertTensors {
             router,
             gate,
