@@ -106,6 +106,8 @@ from transformers import (
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    GptOssConfig,
+    GptOssForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MixtralConfig,
@@ -481,6 +483,59 @@ VARIANTS["mixtral-moe"] = dict(
     },
 )
 
+def check_gpt_oss(model):
+    c = model.config
+    assert c.layer_types == ["sliding_attention", "full_attention"], c.layer_types
+    assert c.num_local_experts == 4 and c.num_experts_per_tok == 2 and c.sliding_window == WINDOW
+    assert c.rope_parameters["rope_type"] == "yarn", c.rope_parameters
+    layer = model.model.layers[0]
+    assert layer.self_attn.sinks.shape == (4,)
+    assert layer.mlp.experts.gate_up_proj.shape == (4, 64, 2 * 32)
+    assert layer.mlp.router.bias is not None
+
+
+def sinks_off(cfg, sd):
+    """gpt-oss without its sinks: logits of -1e9 drop out of every softmax."""
+    for k in sd:
+        if k.endswith("self_attn.sinks"):
+            sd[k] = torch.full_like(sd[k], -1e9)
+    return cfg, sd
+
+
+VARIANTS["gpt-oss-sinks-moe"] = dict(
+    model=GptOssForCausalLM,
+    config=lambda: GptOssConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=WINDOW,
+        # A limit the gates and ups cross (7, gpt-oss's, they rarely reach here).
+        swiglu_limit=1.5,
+        tie_word_embeddings=True,
+        **COMMON,
+    ),
+    dtype=torch.float32,
+    head_scale=8.0,
+    final_norm_scale=8.0,
+    router_scale=2.0,
+    first_seed=1200,
+    check=check_gpt_oss,
+    ablations={
+        "sinks removed": sinks_off,
+        "no clamping of the SwiGLU": setting(swiglu_limit=1e9),
+        "router bias zeroed": zero("router.bias"),
+        "sliding window off": setting(layer_types=["full_attention", "full_attention"]),
+    },
+)
+
 VARIANTS["qwen3-moe-dense-layer"] = dict(
     model=Qwen3MoeForCausalLM,
     config=lambda: Qwen3MoeConfig(
@@ -682,14 +737,17 @@ def scale_up(model, cfg, head_scale, final_norm_scale, router_scale=1.0):
             # Padded vocabulary rows (beyond the tokenizer) stay small, as in real models
             # whose padding rows are never trained up: they must not win a greedy step.
             p[TOKENIZER_VOCAB:].mul_(0.25)
-        elif name.endswith("mlp.gate.weight") or name.endswith("block_sparse_moe.gate.weight"):
+        elif name.endswith("self_attn.sinks"):
+            # gpt-oss's per-head sink logits: of the scores' size, some above, some below.
+            p.normal_(0.0, 1.0)
+        elif name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight", "router.weight")):
             # Routers spread their logits wider, so that every token's choice of experts
             # is clear (see ROUTER_GAP).
             p.mul_(8.0 * router_scale)
         elif p.dim() in (2, 3):
             # 3-D: a mixture's experts, stacked (transformers 5 keeps them so in memory).
             p.mul_(8.0)
-        elif name.endswith(".bias"):
+        elif name.endswith((".bias", "_bias")):
             p.normal_(0.0, 0.5)
         elif name.endswith("norm.weight"):
             p.uniform_(0.6, 1.4)

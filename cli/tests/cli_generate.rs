@@ -45,6 +45,7 @@ fn json_output_has_transformers_greedy_tokens() {
         "phi3-longrope-window",
         "mixtral-moe",
         "qwen3-moe-dense-layer",
+        "gpt-oss-sinks-moe",
     ] {
         json_output_matches(name);
     }

@@ -238,6 +238,11 @@ impl Checkpoint {
         Ok(())
     }
 
+    /// Drops tensor `name` (one a loader replaced by others).
+    pub(crate) fn remove(&mut self, name: &str) {
+        self.tensors.remove(name);
+    }
+
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.tensors.keys().map(String::as_str)
     }

@@ -92,10 +92,12 @@ fn open_folder(
     match weights_of(source, folder)? {
         Weights::GgufAlone(name) => open_gguf(&name, None),
         Weights::GgufWithConfig(name) => open_gguf(&name, Some(ModelConfig::from_folder(folder)?)),
-        Weights::Safetensors => Ok((
-            ModelConfig::from_folder(folder)?,
-            Checkpoint::open_in(folder)?,
-        )),
+        Weights::Safetensors => {
+            let config = ModelConfig::from_folder(folder)?;
+            let mut checkpoint = Checkpoint::open_in(folder)?;
+            arch::prepare_checkpoint(&config, &mut checkpoint)?;
+            Ok((config, checkpoint))
+        }
     }
 }
 

@@ -18,6 +18,7 @@ pub enum Architecture {
     Phi3,
     Mixtral,
     Qwen3Moe,
+    GptOss,
 }
 
 /// How a norm applies its weight.

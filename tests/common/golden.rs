@@ -15,7 +15,7 @@ use pagellm::internals::model::{spec, ModelFiles};
 use serde_json::Value;
 use std::path::PathBuf;
 
-pub const NAMES: [&str; 15] = [
+pub const NAMES: [&str; 16] = [
     "llama-gqa",
     "qwen2-bias-tied",
     "mistral-f16",
@@ -35,13 +35,16 @@ pub const NAMES: [&str; 15] = [
     // Mixtures of experts (Qwen3-MoE with a dense layer between two sparse ones).
     "mixtral-moe",
     "qwen3-moe-dense-layer",
+    // gpt-oss: attention sinks, alternating windows, YaRN, biased router and experts.
+    "gpt-oss-sinks-moe",
 ];
 
 /// The fixtures whose MLPs are mixtures of experts. Their random routers pick experts by
-/// margins of 0.014 (qwen3-moe-dense-layer) and 0.036 (mixtral-moe) between a token's last
-/// chosen and first other expert's logits: enough for f16 and f32 caches, not for the
-/// errors of an int8 cache, which move the hidden states by more and flip choices.
-pub const MOE: [&str; 2] = ["mixtral-moe", "qwen3-moe-dense-layer"];
+/// margins of 0.014 (qwen3-moe-dense-layer), 0.036 (mixtral-moe) and 0.012
+/// (gpt-oss-sinks-moe) between a token's last chosen and first other expert's logits:
+/// enough for f16 and f32 caches, not for the errors of an int8 cache, which move the hidden
+/// states by more and flip choices.
+pub const MOE: [&str; 3] = ["mixtral-moe", "qwen3-moe-dense-layer", "gpt-oss-sinks-moe"];
 
 pub struct Case {
     pub prompt: String,

@@ -14,6 +14,7 @@
 
 mod gemma2;
 mod gemma3;
+pub(crate) mod gpt_oss;
 mod llama;
 mod mistral;
 mod mixtral;
@@ -143,6 +144,7 @@ pub const REGISTRY: &[&ArchDef] = &[
     &phi3::DEF,
     &mixtral::DEF,
     &qwen3_moe::DEF,
+    &gpt_oss::DEF,
 ];
 
 /// The registry entry of `model_type`.
@@ -327,6 +329,23 @@ fn separate_layer_named(cfg: &ModelConfig, i: usize, names: &ExpertNames) -> Lay
         sinks,
         mlp,
         checkpoint: t.list,
+    }
+}
+
+/// gpt-oss's experts' clamped SwiGLU with the config's `swiglu_alpha` and `swiglu_limit`
+/// (transformers' defaults 1.702 and 7).
+fn activation_default_swiglu(r: &ConfigReader<'_>) -> Result<Activation> {
+    let alpha = r.opt_f32("swiglu_alpha")?.unwrap_or(1.702);
+    let limit = r.opt_f32("swiglu_limit")?.unwrap_or(7.0);
+    Ok(Activation::ClampedSwiglu { alpha, limit })
+}
+
+/// What a family's checkpoint needs before its tensors match the spec (gpt-oss's stacked
+/// experts split, [`gpt_oss::split_experts`]); nothing for most.
+pub(crate) fn prepare_checkpoint(cfg: &ModelConfig, ck: &mut super::Checkpoint) -> Result<()> {
+    match cfg.architecture {
+        Architecture::GptOss => gpt_oss::split_experts(cfg, ck),
+        _ => Ok(()),
     }
 }
 
