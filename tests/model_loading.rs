@@ -679,3 +679,64 @@ fn expert_tensors_that_disagree_with_the_config_are_named() {
         "{e}"
     );
 }
+
+#[test]
+fn gpt_oss_settings_and_stacked_experts() {
+    use pagellm::internals::model::arch::Routing;
+    use pagellm::internals::model::ModelConfig;
+    use pagellm::internals::nn::rope::RopeScaling;
+    use pagellm::internals::nn::Activation;
+    use serde_json::json;
+    // transformers' defaults: 128 experts, 4 per token, windows of 128 on every other layer
+    // from the first, YaRN x32 over 4096 positions (truncate off), rope base 150000, biases
+    // on attention, the clamped SwiGLU at 1.702 / 7.
+    let v = json!({"model_type": "gpt_oss", "vocab_size": 100, "hidden_size": 64,
+                   "intermediate_size": 64, "num_hidden_layers": 4,
+                   "num_attention_heads": 4, "num_key_value_heads": 2});
+    let c = ModelConfig::parse(Path::new("config.json"), &v).unwrap();
+    let moe = c.recipe.moe.unwrap();
+    assert_eq!(
+        (moe.experts, moe.top_k, moe.routing, moe.biased),
+        (128, 4, Routing::TopKSoftmax, true)
+    );
+    let windows: Vec<Option<usize>> = c.recipe.layers.iter().map(|l| l.window).collect();
+    assert_eq!(windows, [Some(128), None, Some(128), None]);
+    assert_eq!(c.rope_theta, 150000.0);
+    assert!(matches!(
+        c.rope_scaling,
+        RopeScaling::Yarn {
+            factor: 32.0,
+            truncate: false,
+            ..
+        }
+    ));
+    assert_eq!(c.head_dim, 64);
+    assert!(c.qkv_bias && c.o_bias && c.recipe.attn_sinks);
+    assert_eq!(
+        c.recipe.activation,
+        Activation::ClampedSwiglu {
+            alpha: 1.702,
+            limit: 7.0
+        }
+    );
+
+    // A stacked expert tensor of the wrong shape is named with both shapes.
+    let dir = copy("gpt-oss-sinks-moe", "gptoss-shape");
+    let path = dir.join("model.safetensors");
+    let mut map = tensors(&path);
+    let name = "model.layers.1.mlp.experts.down_proj";
+    let (d, shape, bytes) = map.remove(name).unwrap();
+    assert_eq!(shape, [4, 32, 64]);
+    map.insert(name.into(), (d, vec![4, 64, 32], bytes));
+    write(&path, &map);
+    let e = err(&dir);
+    assert!(e.contains(name) && e.contains("[4, 32, 64]"), "{e}");
+    // Without the stacked tensors and without per-expert ones: the first missing is named.
+    let dir = copy("gpt-oss-sinks-moe", "gptoss-missing");
+    let path = dir.join("model.safetensors");
+    let mut map = tensors(&path);
+    map.retain(|n, _| !n.starts_with("model.layers.0.mlp.experts"));
+    write(&path, &map);
+    let e = err(&dir);
+    assert!(e.contains("model.layers.0.mlp.experts.0.gate_proj"), "{e}");
+}

@@ -55,6 +55,7 @@ CONVERTED = [
     ("phi3-longrope-window", "f32"),
     ("mixtral-moe", "f32"),
     ("qwen3-moe-dense-layer", "f32"),
+    ("gpt-oss-sinks-moe", "f32"),
 ]
 # And quantized conversions: (fixture, output type, file name).
 QUANTIZED = [

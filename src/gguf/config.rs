@@ -24,11 +24,12 @@ use serde_json::{json, Map, Value as Json};
 
 /// GGUF architectures this mapping reads, and the transformers `model_type` and class of
 /// each.
-const FAMILIES: [(&str, &str, &str); 7] = [
+const FAMILIES: [(&str, &str, &str); 8] = [
     ("llama", "llama", "LlamaForCausalLM"),
     ("qwen2", "qwen2", "Qwen2ForCausalLM"),
     ("qwen3", "qwen3", "Qwen3ForCausalLM"),
     ("qwen3moe", "qwen3_moe", "Qwen3MoeForCausalLM"),
+    ("gpt-oss", "gpt_oss", "GptOssForCausalLM"),
     ("gemma2", "gemma2", "Gemma2ForCausalLM"),
     ("gemma3", "gemma3_text", "Gemma3ForCausalLM"),
     ("phi3", "phi3", "Phi3ForCausalLM"),
@@ -303,9 +304,31 @@ fn rope_scaling<B: AsRef<[u8]>>(
             );
             Ok(())
         }
+        "yarn" => {
+            // llama.cpp rounds the ramp's ends outwards (ggml's YaRN correction dimensions
+            // are floored and ceiled): transformers' `truncate`.
+            let mut s = json!({
+                "rope_type": "yarn",
+                "factor": float(file, &key("rope.scaling.factor"))?,
+                "original_max_position_embeddings":
+                    uint(file, &key("rope.scaling.original_context_length"))?,
+                "truncate": true,
+            });
+            for (gguf, hf) in [
+                ("rope.scaling.yarn_beta_fast", "beta_fast"),
+                ("rope.scaling.yarn_beta_slow", "beta_slow"),
+                ("rope.scaling.attn_factor", "attention_factor"),
+            ] {
+                if let Some(v) = opt_float(file, &key(gguf))? {
+                    s[hf] = json!(v);
+                }
+            }
+            c.insert("rope_scaling".into(), s);
+            Ok(())
+        }
         other => Err(format!(
             "rope scaling {other:?} is not read from GGUF files yet (supported: none, linear, \
-             per-frequency factors)"
+             yarn, per-frequency factors)"
         )),
     }
 }

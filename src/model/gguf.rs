@@ -63,23 +63,23 @@ pub fn open_bytes(
         .filter(|t| !CONFIG_TENSORS.contains(&t.name.as_str()))
     {
         let shape = t.shape();
-        if let Some((layer, which)) = experts_tensor(&t.name) {
-            // A mixture's experts stacked, `[experts, rows, cols]`: each expert is one
-            // tensor of the family's Hugging Face names, its bytes a run of the stack.
-            let (n, rows, cols) = match shape[..] {
-                [n, rows, cols] if n > 0 => (n, rows, cols),
+        if let Some((layer, which, kind)) = experts_tensor(&t.name) {
+            // A mixture's experts stacked, `[experts, rows, cols]` (biases `[experts,
+            // rows]`): each expert is one tensor of the family's Hugging Face names, its
+            // bytes a run of the stack.
+            let (n, each_shape) = match (&shape[..], kind) {
+                (&[n, rows, cols], "weight") if n > 0 => (n, vec![rows, cols]),
+                (&[n, rows], "bias") if n > 0 => (n, vec![rows]),
                 _ => {
-                    return Err(malformed(format!(
-                        "{}: {shape:?} is not [experts, rows, cols]",
-                        t.name
-                    )))
+                    let what = format!("{}: {shape:?} is not a stack of experts", t.name);
+                    return Err(malformed(what));
                 }
             };
             let each = t.len / n;
             for e in 0..n {
-                let name = expert_name(&arch, layer, e, which);
+                let name = expert_name(&arch, layer, e, which, kind);
                 let range = t.start + e * each..t.start + (e + 1) * each;
-                ck.add_tensor(name, mapped, stored(t.ty), vec![rows, cols], range)?;
+                ck.add_tensor(name, mapped, stored(t.ty), each_shape.clone(), range)?;
             }
             continue;
         }
@@ -115,27 +115,29 @@ pub fn open_bytes(
     Ok((config, ck))
 }
 
-/// The layer and projection (`gate`, `up` or `down`) of a stacked experts tensor
-/// (`blk.3.ffn_gate_exps.weight`).
-fn experts_tensor(gguf: &str) -> Option<(usize, &str)> {
+/// The layer, projection (`gate`, `up` or `down`) and kind (`weight` or `bias`) of a
+/// stacked experts tensor (`blk.3.ffn_gate_exps.weight`, gpt-oss's `.bias`).
+fn experts_tensor(gguf: &str) -> Option<(usize, &str, &str)> {
     let rest = gguf.strip_prefix("blk.")?;
     let (layer, rest) = rest.split_once('.')?;
-    let which = rest.strip_prefix("ffn_")?.strip_suffix("_exps.weight")?;
-    matches!(which, "gate" | "up" | "down").then_some((layer.parse().ok()?, which))
+    let (which, kind) = rest.strip_prefix("ffn_")?.split_once("_exps.")?;
+    let known = matches!(which, "gate" | "up" | "down") && matches!(kind, "weight" | "bias");
+    known.then_some((layer.parse().ok()?, which, kind))
 }
 
-/// The Hugging Face name of expert `e`'s projection `which` in layer `layer`: Mixtral's
-/// (`w1`, `w3`, `w2`; llama.cpp converts Mixtral to its `llama` architecture) or Qwen's.
-fn expert_name(arch: &str, layer: usize, e: usize, which: &str) -> String {
+/// The Hugging Face name of expert `e`'s projection `which` (its `kind`, weight or bias) in
+/// layer `layer`: Mixtral's (`w1`, `w3`, `w2`; llama.cpp converts Mixtral to its `llama`
+/// architecture) or Qwen's and gpt-oss's.
+fn expert_name(arch: &str, layer: usize, e: usize, which: &str, kind: &str) -> String {
     if arch == "llama" {
         let w = match which {
             "gate" => "w1",
             "up" => "w3",
             _ => "w2",
         };
-        return format!("model.layers.{layer}.block_sparse_moe.experts.{e}.{w}.weight");
+        return format!("model.layers.{layer}.block_sparse_moe.experts.{e}.{w}.{kind}");
     }
-    format!("model.layers.{layer}.mlp.experts.{e}.{which}_proj.weight")
+    format!("model.layers.{layer}.mlp.experts.{e}.{which}_proj.{kind}")
 }
 
 /// How the loader sees a GGUF tensor type: every type the reader accepts is a weight format.
@@ -182,7 +184,13 @@ pub fn hf_name(gguf: &str, arch: &str) -> Option<String> {
         "ffn_down" => "mlp.down_proj",
         // A mixture's router.
         "ffn_gate_inp" if arch == "llama" => "block_sparse_moe.gate",
+        "ffn_gate_inp" if arch == "gpt-oss" => "mlp.router",
         "ffn_gate_inp" => "mlp.gate",
+        // gpt-oss: the MLP's input norm, and each head's sink logit.
+        "post_attention_norm" if arch == "gpt-oss" => "post_attention_layernorm",
+        "attn_sinks" if arch == "gpt-oss" && kind == "weight" => {
+            return Some(format!("model.layers.{layer}.self_attn.sinks"))
+        }
         _ => return None,
     };
     match kind {

@@ -3,9 +3,11 @@
 
 #![allow(dead_code)]
 use pagellm::internals::model::{Architecture, ModelConfig};
+use pagellm::internals::nn::rope::RopeScaling;
+use pagellm::internals::nn::Activation;
 
 /// Fixture folders converted to `tests/fixtures/gguf/{name}.gguf`.
-pub const CONVERTED: [&str; 10] = [
+pub const CONVERTED: [&str; 11] = [
     "llama-gqa",
     "llama-bias-mha",
     "mistral-f16",
@@ -16,6 +18,7 @@ pub const CONVERTED: [&str; 10] = [
     "phi3-longrope-window",
     "mixtral-moe",
     "qwen3-moe-dense-layer",
+    "gpt-oss-sinks-moe",
 ];
 
 /// A fixture's config as llama.cpp computes it from the converted file, which
@@ -28,8 +31,18 @@ pub const CONVERTED: [&str; 10] = [
 ///   so this is seen);
 /// - Gemma 3's layer pattern is not recorded; llama.cpp windows five layers of every six,
 ///   so all three of the fixture's layers are windowed with the local rope (its
-///   config.json makes the last one global).
+///   config.json makes the last one global);
+/// - YaRN's ramp ends are rounded outwards (ggml floors and ceils its correction
+///   dimensions), which transformers does only with `truncate` (gpt-oss turns it off);
+/// - gpt-oss's SwiGLU limit is not recorded: llama.cpp uses the released models' 7 (the
+///   fixture's is 1.5).
 pub fn as_llama_cpp(mut cfg: ModelConfig) -> ModelConfig {
+    if let RopeScaling::Yarn { truncate, .. } = &mut cfg.rope_scaling {
+        *truncate = true;
+    }
+    if let Activation::ClampedSwiglu { limit, .. } = &mut cfg.recipe.activation {
+        *limit = 7.0;
+    }
     let head_scale = (cfg.head_dim as f64).powf(-0.5) as f32;
     match cfg.architecture {
         Architecture::Qwen3 => cfg.recipe.layers.iter_mut().for_each(|l| l.window = None),
