@@ -472,7 +472,7 @@ fn moe_models_keep_their_outputs_through_every_hard_path() {
                 let modes = [Some(PreemptionMode::Swap), Some(PreemptionMode::Recompute)];
                 // gpt-oss's windowed and global layers are two KV cache groups, each taking
                 // blocks: twice the pool for the same pressure.
-                let blocks = if name == "gpt-oss-sinks-moe" { 48 } else { 24 };
+                let blocks = if name.starts_with("gpt-oss") { 48 } else { 24 };
                 for mode in modes {
                     let tight = EngineConfig {
                         block_size: 8,

@@ -37,6 +37,7 @@ PAGELLM_BACKEND=vulkan cargo run --locked -q -p pagellm-web --example reference 
 for model in llama-gqa llama-bias-mha llama-odd-heads llama3-rope-scaled mistral-f16 \
     qwen2-bias-tied qwen2-sharded-untied qwen3-qknorm-window gemma2-softcap-window \
     gemma3-local-rope phi3-longrope-window mixtral-moe qwen3-moe-dense-layer gpt-oss-sinks-moe \
+    gpt-oss-mxfp4 \
     gguf/llama-gqa-q8_0.gguf gguf/gemma3-local-rope.gguf; do
   name=${model//\//-}
   "$deno" run --quiet --unstable-webgpu --allow-read --allow-write web/tests/run_cases.ts \

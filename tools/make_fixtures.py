@@ -536,6 +536,18 @@ VARIANTS["gpt-oss-sinks-moe"] = dict(
     },
 )
 
+# gpt-oss as released: its experts in MXFP4 (transformers reads them on a CPU by
+# dequantizing).
+VARIANTS["gpt-oss-mxfp4"] = dict(
+    VARIANTS["gpt-oss-sinks-moe"],
+    mxfp4=True,
+    first_seed=1300,
+    ablations={
+        "sinks removed": sinks_off,
+        "router bias zeroed": zero("router.bias"),
+    },
+)
+
 VARIANTS["qwen3-moe-dense-layer"] = dict(
     model=Qwen3MoeForCausalLM,
     config=lambda: Qwen3MoeConfig(
@@ -801,7 +813,61 @@ def build(variant, seed):
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(p.to(variant["dtype"]).to(torch.float32))
+        if "mxfp4" in variant:
+            # The experts as MXFP4 holds them, so the model computed with is the file's.
+            for name, p in model.named_parameters():
+                if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                    p.copy_(mxfp4_pack(p.data)[2])
     return model
+
+
+# MXFP4 (OCP microscaling): blocks of 32 values along a row's input dimension, each a 4-bit
+# E2M1 code (sign bit 8, magnitudes below) times the block's power of two 2^(e - 127), e a
+# byte. transformers' gpt-oss checkpoints keep `{proj}_blocks` [experts, out, in / 32, 16]
+# (element 2k of a block in the low nibble of byte k, 2k + 1 in the high one) and
+# `{proj}_scales` [experts, out, in / 32].
+FP4_MAGNITUDES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
+
+
+def mxfp4_pack(w):
+    """A stacked expert tensor [experts, in, out] (transformers' layout) as MXFP4: blocks,
+    scales and the values they hold, in the layout of `w`. The scale is the smallest power of
+    two that brings the block's largest magnitude to 6 or below; each value takes the nearest
+    magnitude (the lower one on a tie)."""
+    x = w.transpose(1, 2).contiguous().numpy().astype(np.float32)  # [experts, out, in]
+    e, o, i = x.shape
+    b = x.reshape(e, o, i // 32, 32)
+    amax = np.abs(b).max(-1)
+    exp = np.where(amax > 0, np.ceil(np.log2(np.maximum(amax, 1e-30) / 6.0)), -127)
+    exp = np.clip(exp, -127, 127).astype(np.int32)
+    scale = np.ldexp(np.float32(1.0), exp)[..., None].astype(np.float32)
+    idx = np.abs((np.abs(b) / scale)[..., None] - FP4_MAGNITUDES).argmin(-1)
+    codes = (idx + 8 * (b < 0)).astype(np.uint8)
+    held = np.where(b < 0, -1.0, 1.0) * FP4_MAGNITUDES[idx] * scale
+    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    scales = (exp + 127).astype(np.uint8)
+    held = torch.from_numpy(held.reshape(e, o, i).astype(np.float32)).transpose(1, 2)
+    return torch.from_numpy(blocks), torch.from_numpy(scales), held.contiguous()
+
+
+def write_mxfp4(out, model):
+    """Rewrites the saved folder as a quantized gpt-oss checkpoint: every stacked expert
+    projection as `_blocks` and `_scales`, config.json with its quantization_config."""
+    from safetensors.torch import load_file, save_file
+
+    path = out / "model.safetensors"
+    tensors = load_file(path)
+    for name, p in model.named_parameters():
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            del tensors[name]
+            blocks, scales, held = mxfp4_pack(p.data)
+            assert torch.equal(held, p.data), name
+            tensors[f"{name}_blocks"] = blocks
+            tensors[f"{name}_scales"] = scales
+    save_file(tensors, path, metadata={"format": "pt"})
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4"}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
 
 # A mixture of experts' choice is a discontinuity: where a token's k-th and (k+1)-th router
@@ -936,6 +1002,8 @@ def make(name, variant, prompts, prompt_ids):
         (out / "config.json").write_text(
             json.dumps(variant["rewrite_config"](cfg), indent=2) + "\n"
         )
+    if "mxfp4" in variant:
+        write_mxfp4(out, model)
 
     # What was written: the expected files, dtypes and shards.
     index = out / "model.safetensors.index.json"
@@ -953,7 +1021,8 @@ def make(name, variant, prompts, prompt_ids):
             for k in f.keys():
                 names.add(k)
                 got = f.get_slice(k).get_dtype()
-                assert got == want_dtype, (k, got)
+                packed = k.endswith(("_blocks", "_scales")) and "mxfp4" in variant
+                assert got == ("U8" if packed else want_dtype), (k, got)
     tied = model.config.tie_word_embeddings
     assert ("lm_head.weight" in names) != tied, names
 

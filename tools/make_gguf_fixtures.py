@@ -56,6 +56,8 @@ CONVERTED = [
     ("mixtral-moe", "f32"),
     ("qwen3-moe-dense-layer", "f32"),
     ("gpt-oss-sinks-moe", "f32"),
+    # Its MXFP4 experts stay MXFP4 (the converter repacks them for llama.cpp).
+    ("gpt-oss-mxfp4", "f32"),
 ]
 # And quantized conversions: (fixture, output type, file name).
 QUANTIZED = [

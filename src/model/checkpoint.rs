@@ -251,6 +251,46 @@ impl Checkpoint {
         self.tensors.contains_key(name)
     }
 
+    /// The bytes and shape of tensor `name` stored as bytes (safetensors `U8`: gpt-oss's
+    /// packed MXFP4 blocks and scales), checked against its shape.
+    pub(crate) fn bytes_tensor(&self, name: &str) -> Result<(&[usize], &[u8])> {
+        let e = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: name.to_string(),
+            })?;
+        let f = &self.files[e.file];
+        let wrong = |message: String| ModelError::Malformed {
+            path: f.path.clone(),
+            message,
+        };
+        match &e.dtype {
+            Stored::Other(d) if d == "U8" => {}
+            other => {
+                let d = match other {
+                    Stored::Format(d) => d.name().to_string(),
+                    Stored::Other(d) => d.clone(),
+                };
+                return Err(wrong(format!("tensor {name} is {d}, not bytes (U8)")));
+            }
+        }
+        let (start, end) = (f.data_start + e.offsets.0, f.data_start + e.offsets.1);
+        let bytes = f
+            .map
+            .get(start..end)
+            .ok_or_else(|| wrong(format!("tensor {name} lies outside the file")))?;
+        if bytes.len() != e.shape.iter().product::<usize>() {
+            let why = format!(
+                "tensor {name} has {} bytes for shape {:?}",
+                bytes.len(),
+                e.shape
+            );
+            return Err(wrong(why));
+        }
+        Ok((&e.shape, bytes))
+    }
+
     /// The tensor `name`, which must be f32, f16 or bf16.
     pub fn get(&self, name: &str) -> Result<TensorRef<'_>> {
         let e = self

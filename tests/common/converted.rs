@@ -7,7 +7,7 @@ use pagellm::internals::nn::rope::RopeScaling;
 use pagellm::internals::nn::Activation;
 
 /// Fixture folders converted to `tests/fixtures/gguf/{name}.gguf`.
-pub const CONVERTED: [&str; 11] = [
+pub const CONVERTED: [&str; 12] = [
     "llama-gqa",
     "llama-bias-mha",
     "mistral-f16",
@@ -19,6 +19,7 @@ pub const CONVERTED: [&str; 11] = [
     "mixtral-moe",
     "qwen3-moe-dense-layer",
     "gpt-oss-sinks-moe",
+    "gpt-oss-mxfp4",
 ];
 
 /// A fixture's config as llama.cpp computes it from the converted file, which

@@ -15,7 +15,7 @@ use pagellm::internals::model::{spec, ModelFiles};
 use serde_json::Value;
 use std::path::PathBuf;
 
-pub const NAMES: [&str; 16] = [
+pub const NAMES: [&str; 17] = [
     "llama-gqa",
     "qwen2-bias-tied",
     "mistral-f16",
@@ -37,14 +37,21 @@ pub const NAMES: [&str; 16] = [
     "qwen3-moe-dense-layer",
     // gpt-oss: attention sinks, alternating windows, YaRN, biased router and experts.
     "gpt-oss-sinks-moe",
+    // The same as released: its experts' weights MXFP4 blocks and scales.
+    "gpt-oss-mxfp4",
 ];
 
 /// The fixtures whose MLPs are mixtures of experts. Their random routers pick experts by
-/// margins of 0.014 (qwen3-moe-dense-layer), 0.036 (mixtral-moe) and 0.012
-/// (gpt-oss-sinks-moe) between a token's last chosen and first other expert's logits:
+/// margins of 0.014 (qwen3-moe-dense-layer), 0.036 (mixtral-moe), 0.012
+/// (gpt-oss-sinks-moe) and 0.013 (gpt-oss-mxfp4) between a token's last chosen and first other expert's logits:
 /// enough for f16 and f32 caches, not for the errors of an int8 cache, which move the hidden
 /// states by more and flip choices.
-pub const MOE: [&str; 3] = ["mixtral-moe", "qwen3-moe-dense-layer", "gpt-oss-sinks-moe"];
+pub const MOE: [&str; 4] = [
+    "mixtral-moe",
+    "qwen3-moe-dense-layer",
+    "gpt-oss-sinks-moe",
+    "gpt-oss-mxfp4",
+];
 
 pub struct Case {
     pub prompt: String,

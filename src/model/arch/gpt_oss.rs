@@ -62,8 +62,10 @@ pub(super) const DEF: ArchDef = ArchDef {
 
 /// The stacked experts of every layer of a gpt-oss checkpoint as each expert's tensors
 /// (`mlp.experts.{e}.gate_proj.weight` `[intermediate, hidden]`, `up_proj`, `down_proj`
-/// `[hidden, intermediate]`, and their `.bias`es), copied out in the stored format; the
-/// stacked tensors are dropped. A layer without them is left alone.
+/// `[hidden, intermediate]`, and their `.bias`es); the stacked tensors are dropped. Float
+/// stacks are transposed into copies in their format; MXFP4 ones (`{proj}_blocks` and
+/// `{proj}_scales`, as gpt-oss is released) become MXFP4 rows of GGML's block layout, the
+/// same values ([`Split::packed`]). A layer without stacked experts is left alone.
 pub(crate) fn split_experts(cfg: &ModelConfig, ck: &mut Checkpoint) -> Result<()> {
     let Some(m) = cfg.recipe.moe else {
         return Ok(());
@@ -72,30 +74,32 @@ pub(crate) fn split_experts(cfg: &ModelConfig, ck: &mut Checkpoint) -> Result<()
     let mut out = Split::default();
     for i in 0..cfg.num_layers {
         let base = format!("model.layers.{i}.mlp.experts");
-        let stacked = [
-            "gate_up_proj",
-            "gate_up_proj_bias",
-            "down_proj",
-            "down_proj_bias",
-        ]
-        .map(|s| format!("{base}.{s}"));
-        if !ck.contains(&stacked[0]) {
+        let packed = ck.contains(&format!("{base}.gate_up_proj_blocks"));
+        if !packed && !ck.contains(&format!("{base}.gate_up_proj")) {
             continue;
         }
         let (n, h, inter) = dims;
-        let shapes = [
-            vec![n, h, 2 * inter],
-            vec![n, 2 * inter],
-            vec![n, inter, h],
-            vec![n, h],
-        ];
-        let mut parts = Vec::new();
-        for (name, shape) in stacked.iter().zip(shapes) {
-            parts.push(read_stacked(ck, name, shape)?);
+        if packed {
+            out.packed(ck, &base, dims)?;
+        } else {
+            let gu = read_stacked(ck, &format!("{base}.gate_up_proj"), vec![n, h, 2 * inter])?;
+            let dn = read_stacked(ck, &format!("{base}.down_proj"), vec![n, inter, h])?;
+            out.transposed(&base, dims, &gu, &dn);
         }
-        out.layer(&base, dims, &parts);
-        for s in &stacked {
-            ck.remove(s);
+        let gub = read_stacked(ck, &format!("{base}.gate_up_proj_bias"), vec![n, 2 * inter])?;
+        let dnb = read_stacked(ck, &format!("{base}.down_proj_bias"), vec![n, h])?;
+        out.biases(&base, dims, &gub, &dnb);
+        for s in [
+            "gate_up_proj",
+            "gate_up_proj_blocks",
+            "gate_up_proj_scales",
+            "gate_up_proj_bias",
+            "down_proj",
+            "down_proj_blocks",
+            "down_proj_scales",
+            "down_proj_bias",
+        ] {
+            ck.remove(&format!("{base}.{s}"));
         }
     }
     if out.made.is_empty() {
@@ -132,6 +136,37 @@ fn read_stacked(
     }
 }
 
+/// A packed MXFP4 stack: `{name}_blocks` `[experts, rows, groups, 16]` and `{name}_scales`
+/// `[experts, rows, groups]` for rows of `groups * 32` weights.
+fn read_packed<'a>(
+    ck: &'a Checkpoint,
+    name: &str,
+    (n, rows, cols): (usize, usize, usize),
+) -> Result<(&'a [u8], &'a [u8])> {
+    if !cols.is_multiple_of(32) {
+        return Err(ModelError::Unsupported(format!(
+            "{name}: MXFP4 rows of {cols} weights (a multiple of 32 is needed)"
+        )));
+    }
+    let g = cols / 32;
+    let read = |suffix: &str, shape: Vec<usize>| -> Result<&'a [u8]> {
+        let full = format!("{name}_{suffix}");
+        let (found, bytes) = ck.bytes_tensor(&full)?;
+        if found != shape.as_slice() {
+            return Err(ModelError::Shape {
+                name: full,
+                expected: shape,
+                found: found.to_vec(),
+            });
+        }
+        Ok(bytes)
+    };
+    Ok((
+        read("blocks", vec![n, rows, g, 16])?,
+        read("scales", vec![n, rows, g])?,
+    ))
+}
+
 /// The split tensors: their bytes one after another, and each one's name, format, shape
 /// and byte range.
 #[derive(Default)]
@@ -154,21 +189,18 @@ impl Split {
             .push((name, dtype, shape, start..self.bytes.len()));
     }
 
-    /// One layer's experts from its four stacked tensors (`parts`: gate_up, its bias,
-    /// down, its bias), `dims` = (experts, hidden, intermediate).
-    fn layer(
+    /// Float stacks: gate (even columns of gate_up, `[experts, hidden, 2 * inter]`) and up
+    /// (odd), transposed to `[inter, hidden]`; down `[experts, inter, hidden]` transposed to
+    /// `[hidden, inter]`.
+    fn transposed(
         &mut self,
         base: &str,
         (n, h, inter): (usize, usize, usize),
-        parts: &[(WeightDtype, usize, Vec<u8>)],
+        gu: &(WeightDtype, usize, Vec<u8>),
+        dn: &(WeightDtype, usize, Vec<u8>),
     ) {
-        let [gu, gub, dn, dnb] = parts else {
-            return;
-        };
-        let dt = gu.0;
         for e in 0..n {
-            let name = |which: &str, kind: &str| format!("{base}.{e}.{which}_proj.{kind}");
-            // Gate (even columns of gate_up) and up (odd), transposed to [inter, hidden].
+            let name = |which: &str| format!("{base}.{e}.{which}_proj.weight");
             for (which, parity) in [("gate", 0), ("up", 1)] {
                 let start = self.bytes.len();
                 for r in 0..inter {
@@ -176,26 +208,84 @@ impl Split {
                         self.element(gu, (e * h + c) * 2 * inter + 2 * r + parity);
                     }
                 }
-                self.made(name(which, "weight"), dt, vec![inter, h], start);
-                let start = self.bytes.len();
-                for r in 0..inter {
-                    self.element(gub, e * 2 * inter + 2 * r + parity);
-                }
-                self.made(name(which, "bias"), dt, vec![inter], start);
+                self.made(name(which), gu.0, vec![inter, h], start);
             }
-            // Down, transposed to [hidden, inter].
             let start = self.bytes.len();
             for r in 0..h {
                 for c in 0..inter {
                     self.element(dn, (e * inter + c) * h + r);
                 }
             }
-            self.made(name("down", "weight"), dt, vec![h, inter], start);
+            self.made(name("down"), dn.0, vec![h, inter], start);
+        }
+    }
+
+    /// MXFP4 stacks, output-major already: gate is the even rows of gate_up's blocks, up
+    /// the odd ones, down all of expert e's. Each 32-weight block becomes GGML's: the scale
+    /// byte (the same power of two, 2^(e - 127) times E2M1 values, which GGML writes as
+    /// 2^(e - 128) times doubled ones), then 16 bytes with weight j in the low nibble of byte
+    /// j and weight j + 16 in its high nibble (the checkpoint pairs weights 2k and 2k + 1).
+    fn packed(
+        &mut self,
+        ck: &Checkpoint,
+        base: &str,
+        (n, h, inter): (usize, usize, usize),
+    ) -> Result<()> {
+        let gu = read_packed(ck, &format!("{base}.gate_up_proj"), (n, 2 * inter, h))?;
+        let dn = read_packed(ck, &format!("{base}.down_proj"), (n, h, inter))?;
+        for e in 0..n {
+            let name = |which: &str| format!("{base}.{e}.{which}_proj.weight");
+            for (which, parity) in [("gate", 0), ("up", 1)] {
+                let start = self.bytes.len();
+                for r in 0..inter {
+                    self.mxfp4_row(gu, (e * 2 * inter + 2 * r + parity, h / 32));
+                }
+                self.made(name(which), WeightDtype::MXFP4, vec![inter, h], start);
+            }
+            let start = self.bytes.len();
+            for r in 0..h {
+                self.mxfp4_row(dn, (e * h + r, inter / 32));
+            }
+            self.made(name("down"), WeightDtype::MXFP4, vec![h, inter], start);
+        }
+        Ok(())
+    }
+
+    /// Row `row` (of `groups` blocks) of a packed stack, in GGML's MXFP4 layout.
+    fn mxfp4_row(&mut self, (blocks, scales): (&[u8], &[u8]), (row, groups): (usize, usize)) {
+        for g in 0..groups {
+            let b = row * groups + g;
+            self.bytes.push(scales[b]);
+            let codes = &blocks[b * 16..(b + 1) * 16];
+            let nibble = |i: usize| (codes[i / 2] >> (4 * (i % 2))) & 0xf;
+            self.bytes
+                .extend((0..16).map(|j| nibble(j) | (nibble(j + 16) << 4)));
+        }
+    }
+
+    /// The biases: gate's and up's the even and odd entries of each expert's gate_up bias,
+    /// down's its own.
+    fn biases(
+        &mut self,
+        base: &str,
+        (n, h, inter): (usize, usize, usize),
+        gub: &(WeightDtype, usize, Vec<u8>),
+        dnb: &(WeightDtype, usize, Vec<u8>),
+    ) {
+        for e in 0..n {
+            let name = |which: &str| format!("{base}.{e}.{which}_proj.bias");
+            for (which, parity) in [("gate", 0), ("up", 1)] {
+                let start = self.bytes.len();
+                for r in 0..inter {
+                    self.element(gub, e * 2 * inter + 2 * r + parity);
+                }
+                self.made(name(which), gub.0, vec![inter], start);
+            }
             let start = self.bytes.len();
             for r in 0..h {
                 self.element(dnb, e * h + r);
             }
-            self.made(name("down", "bias"), dt, vec![h], start);
+            self.made(name("down"), dnb.0, vec![h], start);
         }
     }
 }
