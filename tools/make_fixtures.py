@@ -48,6 +48,13 @@ What each variant exercises:
 - qwen3-moe-dense-layer: Qwen3MoeForCausalLM, 8 experts of intermediate 16, 3 per token,
   norm_topk_prob false (the chosen probabilities are not renormalised), a dense middle layer
   (mlp_only_layers [1]), q/k norms, tied, float32 weights.
+- gpt-oss-sinks-moe: GptOssForCausalLM: attention biases and sinks (N(0, 1)), layers
+  sliding (window 8) / full, YaRN, 4 biased experts (2 per token, top-k then softmax), a
+  biased router, the clamped SwiGLU with a limit of 1.5 that gates and ups cross, tied,
+  float32 weights stacked as transformers keeps them.
+- gpt-oss-mxfp4: the same with its experts in MXFP4 as gpt-oss is released (blocks and
+  scales written by this script, see mxfp4_pack; transformers dequantizes them to compute
+  the expected outputs; needs the accelerate package).
 - phi3-longrope-window: Phi3ForCausalLM with fused qkv_proj and gate_up_proj, LongRoPE
   (short and long factors; original 128 of 512 positions, so every greedy sequence stays in
   the short factors' range), an 8-token window on every layer, float16 weights.
@@ -80,7 +87,7 @@ decimal that reads back as the same float32. For each variant the script also ch
 the feature it exercises matters: switching it off (zeroing a bias, dropping rope scaling)
 must move the long prompt's logits.
 
-The mixtures' routers are scaled up (x32 for mixtral-moe, x16 for qwen3-moe-dense-layer) and
+The mixtures' routers are scaled up (x32 for mixtral-moe, x16 for the others) and
 their seeds must also keep every token's choice of experts clear: the last chosen expert's
 router logit above the first unchosen one's by ROUTER_GAP (0.01) at every token of every
 case, prompts and greedy continuations; the script prints the smallest margin.
