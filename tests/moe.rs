@@ -7,10 +7,9 @@
 //! decoding and an int8 cache, each giving exactly what a plain run gives.
 
 mod common;
+use common::outputs::{assert_same, beams, engine, greedy, prompt, run, sampled};
 use common::*;
-use pagellm::internals::engine::{
-    Engine, EngineConfig, PreemptionMode, Prompt, RequestOutput, SpeculativeConfig,
-};
+use pagellm::internals::engine::{EngineConfig, PreemptionMode, SpeculativeConfig};
 use pagellm::internals::gpu::Batch;
 use pagellm::internals::kernels::matmul::MatmulKernel;
 use pagellm::internals::kernels::moe::{self, ExpertMatmul, Mixture, Routes};
@@ -20,7 +19,6 @@ use pagellm::internals::pool::KvDtype;
 use pagellm::internals::reference as r;
 use pagellm::internals::sampling::SamplingParams;
 use pagellm::GpuContext;
-use std::path::Path;
 
 /// The routing's buffers for `slots` slots of `experts` experts.
 struct RouteBufs {
@@ -380,79 +378,23 @@ fn combining_adds_each_tokens_weighted_experts_to_the_residual() {
     }
 }
 
-fn engine(ctx: &GpuContext, dir: &Path, cfg: EngineConfig) -> Engine {
-    Engine::with_context(arc(ctx), dir, cfg, |_, _| {}).unwrap()
-}
-
-fn greedy(max_tokens: usize) -> SamplingParams {
+/// Greedy with logprobs, ignoring EOS.
+fn greedy_logprobs(max_tokens: usize) -> SamplingParams {
     SamplingParams {
-        max_tokens,
-        ignore_eos: true,
         logprobs: Some(2),
-        ..SamplingParams::greedy()
-    }
-}
-
-fn prompt(len: usize, salt: u32) -> Vec<u32> {
-    (0..len as u32)
-        .map(|i| 2 + (i * 37 + salt * 11) % 500)
-        .collect()
-}
-
-fn run(e: &mut Engine, work: &[(Vec<u32>, SamplingParams)]) -> Vec<RequestOutput> {
-    let hs: Vec<_> = work
-        .iter()
-        .map(|(p, s)| e.add_request(Prompt::Tokens(p.clone()), s.clone()).unwrap())
-        .collect();
-    e.run_to_completion().unwrap();
-    hs.iter().map(|h| h.wait().unwrap()).collect()
-}
-
-fn same(what: &str, got: &[RequestOutput], want: &[RequestOutput]) {
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert_eq!(g.outputs.len(), w.outputs.len(), "{what}: request {i}");
-        for (a, b) in g.outputs.iter().zip(&w.outputs) {
-            let sample = a.index;
-            assert_eq!(
-                a.token_ids, b.token_ids,
-                "{what}: request {i} sample {sample}"
-            );
-            assert_eq!(a.logprobs, b.logprobs, "{what}: request {i} logprobs");
-            assert_eq!(
-                a.cumulative_logprob, b.cumulative_logprob,
-                "{what}: request {i}"
-            );
-        }
+        ..greedy(max_tokens)
     }
 }
 
 /// Seeded samples, beams, greedy requests and a prompt repeated for prefix hits.
 fn workload() -> Vec<(Vec<u32>, SamplingParams)> {
-    let sampled = |n, seed| SamplingParams {
-        n,
-        temperature: 0.9,
-        top_p: 0.95,
-        seed: Some(seed),
-        max_tokens: 30,
-        logprobs: Some(2),
-        ignore_eos: true,
-        ..SamplingParams::default()
-    };
-    let beams = SamplingParams {
-        n: 2,
-        beam_width: Some(3),
-        temperature: 0.0,
-        max_tokens: 24,
-        ignore_eos: true,
-        ..SamplingParams::default()
-    };
     let shared = prompt(40, 4);
     vec![
-        (prompt(20, 1), sampled(4, 7)),
-        (prompt(18, 2), beams),
-        (shared.clone(), greedy(40)),
-        (prompt(9, 3), greedy(50)),
-        (shared, sampled(2, 9)),
+        (prompt(20, 1), sampled(4, 7, 30)),
+        (prompt(18, 2), beams(3, 24)),
+        (shared.clone(), greedy_logprobs(40)),
+        (prompt(9, 3), greedy_logprobs(50)),
+        (shared, sampled(2, 9, 30)),
     ]
 }
 
@@ -485,7 +427,7 @@ fn moe_models_keep_their_outputs_through_every_hard_path() {
                     let mut e = engine(ctx, &dir, tight);
                     let got = run(&mut e, &work);
                     let what = format!("{name} {kv_dtype:?} {mode:?} on {}", backend(ctx));
-                    same(&what, &got, &want);
+                    assert_same(&what, &got, &want);
                     let s = e.stats();
                     let sc = &s.scheduler;
                     assert!(sc.partial_prefills > 0, "{what}: no chunked prefill");
@@ -512,7 +454,7 @@ fn moe_models_keep_their_outputs_through_every_hard_path() {
                 let mut e = engine(ctx, &dir, speculating);
                 let got = run(&mut e, &work);
                 let what = format!("{name} {kv_dtype:?} speculative on {}", backend(ctx));
-                same(&what, &got, &want);
+                assert_same(&what, &got, &want);
                 let sc = e.stats().scheduler;
                 assert!(sc.spec_proposed > 0, "{what}: {sc:?}");
             }
