@@ -377,6 +377,17 @@ fn concurrent_streams_through_a_small_pool_equal_their_solo_runs() {
     // x 2 KV heads x 16 values x 2 bytes.
     assert_eq!(s.metric("pagellm_kv_cache_capacity_tokens"), 12.0 * 16.0);
     assert_eq!(s.metric("pagellm_kv_cache_bytes_per_token"), 256.0);
+    // A dense model: no experts, and a token reads every weight.
+    let total = s.metric("pagellm_model_weight_bytes{part=\"total\"}");
+    assert!(total > 0.0);
+    assert_eq!(
+        s.metric("pagellm_model_weight_bytes{part=\"experts\"}"),
+        0.0
+    );
+    assert_eq!(
+        s.metric("pagellm_model_weight_bytes{part=\"active\"}"),
+        total
+    );
 }
 
 #[test]

@@ -48,7 +48,7 @@ pub struct Workspace {
     k: wgpu::Buffer,       // [T, kv_heads * head_dim]
     v: wgpu::Buffer,       // [T, kv_heads * head_dim]
     attn: wgpu::Buffer,    // [T, heads * head_dim]
-    gate_up: wgpu::Buffer, // [T, 2 * intermediate]: gate then up, per token
+    gate_up: wgpu::Buffer, // [T, 2 * intermediate]: gate then up, per token (dense layers)
     /// `[T, intermediate]`: the gated activation, where the plan does not fuse it into the
     /// down projection ([`KernelPlan::fused_activation`]).
     act: Option<wgpu::Buffer>,
@@ -120,6 +120,12 @@ impl Workspace {
         let (t, r) = (max_tokens, max_rows);
         let qd = cfg.num_heads * cfg.head_dim;
         let kvd = cfg.num_kv_heads * cfg.head_dim;
+        // The dense MLP's buffers, for the layers that have one (a model whose every layer
+        // is a mixture, Mixtral or gpt-oss, needs none: one element stands in).
+        let dense = match cfg.recipe.layers.iter().all(|l| l.sparse) {
+            true => 0,
+            false => t * cfg.intermediate_size,
+        };
         Ok(Workspace {
             max_tokens,
             max_rows,
@@ -130,10 +136,10 @@ impl Workspace {
             k: f("k", t * kvd)?,
             v: f("v", t * kvd)?,
             attn: f("attn", t * qd)?,
-            gate_up: f("gate up", 2 * t * cfg.intermediate_size)?,
+            gate_up: f("gate up", (2 * dense).max(1))?,
             act: match plan.fused_activation {
                 true => None,
-                false => Some(f("act", t * cfg.intermediate_size)?),
+                false => Some(f("act", dense.max(1))?),
             },
             qk_normed: match cfg.recipe.qk_norm {
                 true => Some((f("q normed", t * qd)?, f("k normed", t * kvd)?)),

@@ -17,6 +17,12 @@ pub struct PoolLabel {
     pub pool: &'static str,
 }
 
+/// Which bytes of the model's weights: all, a mixture's experts, what one token reads.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WeightLabel {
+    pub part: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TierLabel {
     pub tier: &'static str,
@@ -75,6 +81,7 @@ pub struct Metrics {
     kv_usage: Family<PoolLabel, Gauge<f64, AtomicU64>>,
     kv_bytes_per_token: Gauge<f64, AtomicU64>,
     kv_capacity_tokens: Gauge,
+    weight_bytes: Family<WeightLabel, Gauge>,
     preemptions: Family<ModeLabel, Counter>,
     prefix_queries: Counter,
     prefix_hits: Counter,
@@ -110,6 +117,7 @@ impl Metrics {
             kv_usage: Family::default(),
             kv_bytes_per_token: Gauge::default(),
             kv_capacity_tokens: Gauge::default(),
+            weight_bytes: Family::default(),
             preemptions: Family::default(),
             prefix_queries: Counter::default(),
             prefix_hits: Counter::default(),
@@ -158,6 +166,8 @@ impl Metrics {
                 "Bytes of device KV cache one token takes, all layers, scales included";
             kv_capacity_tokens: "kv_cache_capacity_tokens",
                 "Tokens the device KV pool holds when full";
+            weight_bytes: "model_weight_bytes",
+                "Bytes of the model's weights on the device: all, a mixture's experts, what one token reads";
             preemptions: "preemptions",
                 "Preemptions by recovery mode";
             prefix_queries: "prefix_cache_queries",
@@ -196,10 +206,25 @@ impl Metrics {
         registry
     }
 
+    /// The model's weight bytes, by part.
+    fn observe_weights(&self, w: &crate::model::gpu::WeightBytes) {
+        for (part, bytes) in [
+            ("total", w.total),
+            ("experts", w.experts),
+            ("active", w.active),
+        ] {
+            let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+            self.weight_bytes
+                .get_or_create(&WeightLabel { part })
+                .set(bytes);
+        }
+    }
+
     /// Updates the engine figures from `s`.
     pub fn observe_engine(&self, s: &EngineStats) {
         self.kv_bytes_per_token.set(s.kv_bytes_per_token());
         self.kv_capacity_tokens.set(s.kv_pool_tokens() as i64);
+        self.observe_weights(&s.weights);
         self.running.set(s.num_running as i64);
         self.waiting.set(s.num_waiting as i64);
         self.swapped.set(s.num_swapped as i64);
