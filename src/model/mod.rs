@@ -1,5 +1,6 @@
 //! Decoder-only models from Hugging Face folders: `config.json` ([`config`]) read through the
-//! architecture registry ([`arch`]: Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3),
+//! architecture registry ([`arch`]: Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3,
+//! and the mixtures of experts Mixtral, Qwen3-MoE and gpt-oss),
 //! safetensors weights or a GGUF file ([`checkpoint`], [`crate::gguf`]) validated against the tensor list the config implies
 //! ([`spec`]), a plain-Rust reference forward pass ([`reference`](mod@reference)) and the GPU model
 //! ([`gpu`]), both following the architecture's recipe; the GPU forward pass ([`forward`])

@@ -4,9 +4,11 @@
 //! - its **config fields** (`configure`): the family's own keys and defaults, read on top of
 //!   the fields every family shares (sizes, heads, rope, vocabulary, special tokens);
 //! - its **recipe** ([`Recipe`]): which norm, activation and attention options the shared
-//!   layer graph uses, and per layer ([`LayerRecipe`]) its sliding window and rope table;
+//!   layer graph uses, its mixture of experts ([`Moe`]), and per layer ([`LayerRecipe`]) its
+//!   sliding window, rope table and whether its MLP is the mixture;
 //! - its **tensors** (`layer`): where each of a layer's weights lives in the checkpoint,
-//!   including rows of fused tensors ([`LayerTensors`]).
+//!   including rows of fused tensors and each expert's projections ([`LayerTensors`]);
+//!   checkpoints that stack their experts are split at load ([`prepare_checkpoint`]).
 //!
 //! The GPU forward pass ([`super::forward`]) and the plain-Rust reference
 //! ([`super::reference`]) both follow the recipe; neither names an architecture. Adding a
