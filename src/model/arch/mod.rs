@@ -8,7 +8,7 @@
 //!   sliding window, rope table and whether its MLP is the mixture;
 //! - its **tensors** (`layer`): where each of a layer's weights lives in the checkpoint,
 //!   including rows of fused tensors and each expert's projections ([`LayerTensors`]);
-//!   checkpoints that stack their experts are split at load ([`prepare_checkpoint`]).
+//!   checkpoints that stack their experts are split at load (`prepare_checkpoint`).
 //!
 //! The GPU forward pass ([`super::forward`]) and the plain-Rust reference
 //! ([`super::reference`]) both follow the recipe; neither names an architecture. Adding a
