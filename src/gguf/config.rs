@@ -105,11 +105,22 @@ pub fn hf_config<B: AsRef<[u8]>>(file: &Gguf<B>) -> Result<Json, String> {
     if arch.starts_with("gemma") {
         gemma(file, &arch, head_dim, &mut c)?;
     }
+    directory_and_tokens(file, &arch, &mut c)?;
+    Ok(Json::Object(c))
+}
+
+/// What the converter records only in the tensor directory (a tied LM head, biases) and
+/// the special tokens.
+fn directory_and_tokens<B: AsRef<[u8]>>(
+    file: &Gguf<B>,
+    arch: &str,
+    c: &mut Map<String, Json>,
+) -> Result<(), String> {
     let has = |name: &str| file.tensor(name).is_some();
     c.insert("tie_word_embeddings".into(), json!(!has("output.weight")));
     // Qwen2's q, k and v always carry biases; transformers' `attention_bias` then names the
     // output projection's. Elsewhere it names all four.
-    let attention_bias = match arch.as_str() {
+    let attention_bias = match arch {
         "qwen2" => has("blk.0.attn_output.bias"),
         _ => has("blk.0.attn_q.bias"),
     };
@@ -123,7 +134,7 @@ pub fn hf_config<B: AsRef<[u8]>>(file: &Gguf<B>) -> Result<Json, String> {
             c.insert(hf_key.into(), json!(id));
         }
     }
-    Ok(Json::Object(c))
+    Ok(())
 }
 
 /// A mixture of experts' settings: the expert count and the experts per token, each

@@ -63,24 +63,8 @@ pub fn open_bytes(
         .filter(|t| !CONFIG_TENSORS.contains(&t.name.as_str()))
     {
         let shape = t.shape();
-        if let Some((layer, which, kind)) = experts_tensor(&t.name) {
-            // A mixture's experts stacked, `[experts, rows, cols]` (biases `[experts,
-            // rows]`): each expert is one tensor of the family's Hugging Face names, its
-            // bytes a run of the stack.
-            let (n, each_shape) = match (&shape[..], kind) {
-                (&[n, rows, cols], "weight") if n > 0 => (n, vec![rows, cols]),
-                (&[n, rows], "bias") if n > 0 => (n, vec![rows]),
-                _ => {
-                    let what = format!("{}: {shape:?} is not a stack of experts", t.name);
-                    return Err(malformed(what));
-                }
-            };
-            let each = t.len / n;
-            for e in 0..n {
-                let name = expert_name(&arch, layer, e, which, kind);
-                let range = t.start + e * each..t.start + (e + 1) * each;
-                ck.add_tensor(name, mapped, stored(t.ty), each_shape.clone(), range)?;
-            }
+        if let Some(stack) = experts_tensor(&t.name) {
+            add_experts(&mut ck, (path, mapped), t, &arch, stack)?;
             continue;
         }
         let name = hf_name(&t.name, &arch).unwrap_or_else(|| t.name.clone());
@@ -101,7 +85,48 @@ pub fn open_bytes(
             ck.add_tensor(name, mapped, stored(t.ty), shape, range)?;
         }
     }
-    // The reordered tensors, one after another in one buffer.
+    add_owned(&mut ck, path, owned)?;
+    Ok((config, ck))
+}
+
+/// A mixture's experts stacked in GGUF tensor `t` of file `mapped`, `[experts, rows, cols]`
+/// (biases `[experts, rows]`), added as one tensor per expert under the family's Hugging
+/// Face names (`stack`: layer, projection, kind), each a run of the stack's bytes; `path`
+/// names the file in errors.
+fn add_experts(
+    ck: &mut Checkpoint,
+    (path, mapped): (&Path, usize),
+    t: &TensorInfo,
+    arch: &str,
+    (layer, which, kind): (usize, &str, &str),
+) -> Result<()> {
+    let shape = t.shape();
+    let (n, each_shape) = match (&shape[..], kind) {
+        (&[n, rows, cols], "weight") if n > 0 => (n, vec![rows, cols]),
+        (&[n, rows], "bias") if n > 0 => (n, vec![rows]),
+        _ => {
+            return Err(ModelError::Gguf {
+                path: path.to_path_buf(),
+                message: format!("{}: {shape:?} is not a stack of experts", t.name),
+            })
+        }
+    };
+    let each = t.len / n;
+    for e in 0..n {
+        let name = expert_name(arch, layer, e, which, kind);
+        let range = t.start + e * each..t.start + (e + 1) * each;
+        ck.add_tensor(name, mapped, stored(t.ty), each_shape.clone(), range)?;
+    }
+    Ok(())
+}
+
+/// Tensors whose bytes were rewritten at load (reordered q/k rows, unshifted norms), one
+/// after another in one buffer of the checkpoint.
+fn add_owned(
+    ck: &mut Checkpoint,
+    path: &Path,
+    owned: Vec<(String, Stored, Vec<usize>, Vec<u8>)>,
+) -> Result<()> {
     let mut all = Vec::new();
     let mut ranges = Vec::new();
     for (_, _, _, bytes) in &owned {
@@ -112,7 +137,7 @@ pub fn open_bytes(
     for ((name, dtype, shape, _), range) in owned.into_iter().zip(ranges) {
         ck.add_tensor(name, own, dtype, shape, range)?;
     }
-    Ok((config, ck))
+    Ok(())
 }
 
 /// The layer, projection (`gate`, `up` or `down`) and kind (`weight` or `bias`) of a
