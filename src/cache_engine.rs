@@ -90,12 +90,34 @@ impl InFlightSwapOut {
 pub struct CacheEngine {
     pub device: KvPool,
     pub host: HostPool,
+    /// Host blocks whose swap-out was recorded and has not landed: if the device is lost
+    /// now, their content never arrives.
+    unlanded: Vec<u32>,
 }
 
 impl CacheEngine {
     pub fn new(device: KvPool, num_host_blocks: usize) -> Self {
         let host = HostPool::new(device.layout, num_host_blocks);
-        CacheEngine { device, host }
+        CacheEngine {
+            device,
+            host,
+            unlanded: Vec::new(),
+        }
+    }
+
+    /// Host blocks recorded as swap-out destinations whose bytes have not arrived (see
+    /// [`Self::land`]).
+    pub fn unlanded(&self) -> &[u32] {
+        &self.unlanded
+    }
+
+    /// Takes over `other`'s host pool (the blocks swapped out and the host tier) in place
+    /// of this one's, which `other` gets: for a cache engine rebuilt on a new device after
+    /// the old one was lost, since host memory survives a device. Blocks that had not
+    /// landed in `other` are the caller's to account for; none are pending here.
+    pub fn adopt_host_pool(&mut self, other: &mut CacheEngine) {
+        std::mem::swap(&mut self.host, &mut other.host);
+        self.unlanded.clear();
     }
 
     fn check(&self, ops: &BlockOps) -> Result<()> {
@@ -129,6 +151,7 @@ impl CacheEngine {
             staging: None,
             host_blocks: ops.swap_out.iter().map(|&(_, h)| h.0).collect(),
         };
+        self.unlanded.extend_from_slice(&pending.host_blocks);
         if !ops.swap_out.is_empty() {
             let staging = ctx.scoped("creating the swap-out staging buffer", || {
                 ctx.device.create_buffer(&wgpu::BufferDescriptor {
@@ -202,6 +225,7 @@ impl CacheEngine {
             return Ok(());
         };
         let bytes = read.take()?;
+        self.unlanded.retain(|h| !swap.host_blocks.contains(h));
         let per_block = self.device.layout.block_bytes_all_layers() as usize;
         for (i, &host) in swap.host_blocks.iter().enumerate() {
             if let Some(dst) = self.host.block_mut(host as usize) {

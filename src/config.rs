@@ -142,6 +142,10 @@ pub struct EngineConfig {
     pub kv_cache_store: Option<crate::disk_tier::RecordStore>,
     /// Most bytes the disk tier keeps (least recently used records go first).
     pub kv_cache_disk_bytes: u64,
+    /// Destroys the device on purpose at these moments, to check recovery from a lost
+    /// device (see [`crate::faults`]); `None` (the default) reads
+    /// `PAGELLM_INJECT_DEVICE_LOSS` when the engine opens.
+    pub inject_device_loss: Option<crate::faults::DeviceLossInjection>,
 }
 
 impl EngineConfig {
@@ -186,6 +190,7 @@ impl Default for EngineConfig {
             kv_cache_store: None,
             kv_cache_disk_bytes: 4 << 30,
             draft_model: None,
+            inject_device_loss: None,
         }
     }
 }

@@ -26,7 +26,8 @@
 //! - [`spec`]: speculative decoding's proposers and step-cost model, plain Rust;
 //! - [`runner`]: a model with its KV pools and workspace, executing step plans (the
 //!   engine, the draft model and the scorer each have one), and the pools' sizing;
-//! - [`config`]: the engine's options (plain data);
+//! - [`config`]: the engine's options (plain data); [`faults`]: the switch that destroys
+//!   the device on purpose, to check recovery from a lost device;
 //! - [`engine`]: requests, the scheduler and the step loop; [`eval`]: teacher-forced
 //!   scoring (perplexity, KL divergence against a baseline).
 
@@ -46,6 +47,8 @@ pub mod engine;
 pub mod error;
 #[path = "eval.rs"]
 pub mod eval;
+#[path = "faults.rs"]
+pub mod faults;
 #[path = "formats/mod.rs"]
 pub mod formats;
 #[path = "gguf/mod.rs"]

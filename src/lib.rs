@@ -33,8 +33,8 @@ pub mod server;
 
 // Inside the crate the parts keep their short paths (`crate::cache`, ...).
 use internals::{
-    cache, cache_engine, config, constrain, disk_tier, engine, error, formats, gguf, gpu, kernels,
-    mapped, model, nn, pool, reference, runner, sampling, spec, tokenizer,
+    cache, cache_engine, config, constrain, disk_tier, engine, error, faults, formats, gguf, gpu,
+    kernels, mapped, model, nn, pool, reference, runner, sampling, spec, tokenizer,
 };
 
 pub use constrain::StructuredOutput;
@@ -46,6 +46,7 @@ pub use engine::{
     TokenLogprob,
 };
 pub use error::GpuError;
+pub use faults::DeviceLossInjection;
 pub use gpu::{enumerate_adapters, AdapterReport, AdapterRequest, GpuContext};
 #[cfg(feature = "native")]
 pub use handle::{

@@ -171,7 +171,9 @@ impl Worker {
                     Notice::Loading { done, total } => Update::Loading { done, total },
                     Notice::Ready(info) => loaded(&model_dir, &template, &info),
                     Notice::LoadFailed(why) => Update::LoadFailed(why),
-                    Notice::Stepped { error: None, .. } => return wake(Wake::Tokens),
+                    Notice::Stepped { error: None, .. } | Notice::Recovered { .. } => {
+                        return wake(Wake::Tokens)
+                    }
                     Notice::Stepped { error: Some(e), .. } => Update::StepFailed(e),
                 };
                 let _ = tx.send(update);

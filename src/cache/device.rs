@@ -138,6 +138,13 @@ impl<Id: BlockId> CachedPool<Id> {
         }
     }
 
+    /// Forgets `block`'s name, if it has one (see [`Self::forget_name`]).
+    pub fn forget_block_name(&mut self, block: Id) {
+        if let Some(hash) = self.cache.as_ref().and_then(|c| c.name_of(block)) {
+            self.forget_name(hash);
+        }
+    }
+
     /// One more reference to a block that is in use or evictable (a prefix hit).
     pub fn retain(&mut self, block: Id) {
         if self.alloc.refcount(block) == 0 {

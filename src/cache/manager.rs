@@ -586,6 +586,22 @@ impl BlockManager {
         self.host.forget_names();
     }
 
+    /// The device's memory is gone (a lost device): drops the pending plan and every name
+    /// of a device block (evictable blocks become free; blocks in use, pinned ones among
+    /// them, stay in use unnamed, their content being gone), and the names of the host
+    /// blocks in `unlanded`, whose copies down from the device were under way and never
+    /// arrived. The rest of the host tier keeps its names: host memory survived. The
+    /// caller has already freed or requeued the sequences whose blocks were lost.
+    pub fn lose_device_contents(&mut self, unlanded: &[HostBlockId]) {
+        self.to_save.clear();
+        self.device.forget_names();
+        let _ = self.plan.take(&mut self.device, &mut self.host);
+        self.device.forget_names();
+        for &h in unlanded {
+            self.host.forget_block_name(h);
+        }
+    }
+
     pub(super) fn seq(&self, seq: SeqId) -> Result<&Sequence, CacheError> {
         self.seqs.get(&seq).ok_or(CacheError::UnknownSequence(seq))
     }

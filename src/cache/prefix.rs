@@ -204,6 +204,11 @@ impl<Id: BlockId> PrefixCache<Id> {
         Some((block, evictable))
     }
 
+    /// The name of `block`, if it has one.
+    pub fn name_of(&self, block: Id) -> Option<BlockHash> {
+        self.named.get(block.index())?.as_ref().map(|n| n.hash)
+    }
+
     /// Forgets every name; returns the blocks that were evictable (unreferenced), which
     /// hold nothing worth keeping now.
     pub fn clear(&mut self) -> Vec<Id> {

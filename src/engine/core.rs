@@ -17,6 +17,7 @@
 use super::error::{EngineError, Result};
 use super::intake::{Intake, Prepared, Request};
 use super::output::{FinishReason, RequestEvent, RequestId};
+use super::recover::{DeviceLostFn, RebuildSpec, Recovery};
 use super::request::{completion, Prompt, RequestHandle, RequestSide, SeqOutput, SpecState};
 use super::scheduler::{PreemptionCosts, Scheduler, SchedulerStats};
 use super::sequence::{Sequence, SequenceGroup};
@@ -25,6 +26,7 @@ use crate::cache::{BlockManager, BlockOps, CacheConfig, CacheStats};
 use crate::cache::{DeviceBlockId, HostBlockId};
 use crate::config::EngineConfig;
 use crate::disk_tier::DiskStats;
+use crate::faults::DeviceLossInjection;
 use crate::gpu::GpuContext;
 use crate::mapped::ModelSource;
 use crate::pool::{KvLayout, KvPool, KvRotation};
@@ -80,6 +82,8 @@ pub struct EngineStats {
     pub host: HostTime,
     /// The disk tier of the prefix cache, if there is one.
     pub disk: Option<DiskStats>,
+    /// Lost devices and recoveries.
+    pub device: super::DeviceStats,
 }
 
 impl EngineStats {
@@ -147,6 +151,8 @@ pub struct Engine {
     pub(super) disk: Option<Disk>,
     /// The draft model proposing for speculative decoding, if one is configured.
     pub(super) draft: Option<super::draft::DraftModel>,
+    /// What rebuilding on a new device takes, and the losses so far (`recover.rs`).
+    pub(super) recovery: Recovery,
 }
 
 /// The host's share of the engine's forward steps: from the start of a step's recording
@@ -353,8 +359,60 @@ impl Engine {
         config: EngineConfig,
         progress: impl FnMut(u64, u64),
     ) -> Result<Self> {
-        let model = model.into();
-        let (files, tokenizer) = open_model(&model)?;
+        Self::open(ctx, model.into(), config, None, progress)
+    }
+
+    /// [`Self::with_context`], with what gives a new device when the device is lost
+    /// ([`Self::on_device_lost`]). A device lost while the weights upload is replaced (by
+    /// `on_lost`, or re-created when pagellm opened it) and the load starts again, up to
+    /// [`MAX_CONSECUTIVE_LOSSES`](super::recover::MAX_CONSECUTIVE_LOSSES) times.
+    pub(crate) fn open(
+        mut ctx: Arc<GpuContext>,
+        model: ModelSource,
+        config: EngineConfig,
+        mut on_lost: Option<DeviceLostFn>,
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<Self> {
+        let inject = super::recover::injection(&config)?;
+        let mut inject_load = inject.load;
+        let mut losses = 0;
+        loop {
+            let mut report = |done, total| progress(done, total);
+            let mut destroy = super::recover::destroy_halfway(&ctx, inject_load);
+            let upload = |done, total| {
+                destroy(done, total);
+                report(done, total);
+            };
+            let opened = Self::build(ctx.clone(), &model, &config, inject.clone(), upload);
+            let e = match opened {
+                Ok(mut engine) => {
+                    engine.recovery.set_handler(on_lost);
+                    return Ok(engine);
+                }
+                Err(e) => e,
+            };
+            let Some(reason) = super::recover::lost_reason(&ctx, &e) else {
+                return Err(e);
+            };
+            losses += 1;
+            inject_load = false;
+            if losses >= super::recover::MAX_CONSECUTIVE_LOSSES {
+                return Err(e);
+            }
+            tracing::warn!("the GPU device was lost while loading ({reason}); loading again");
+            ctx = super::recover::new_device(on_lost.as_mut(), &ctx, &reason)?;
+        }
+    }
+
+    fn build(
+        ctx: Arc<GpuContext>,
+        model: &ModelSource,
+        config: &EngineConfig,
+        inject: DeviceLossInjection,
+        progress: impl FnMut(u64, u64),
+    ) -> Result<Self> {
+        let config = config.clone();
+        let (files, tokenizer) = open_model(model)?;
         let c = files.config.clone();
         if config.profile {
             ctx.enable_profiling();
@@ -365,8 +423,15 @@ impl Engine {
         let (rows, tokens) = (config.max_sampled_rows(), config.max_num_batched_tokens);
         let spec = plan.runner_spec(&config, max_model_len, tokens, rows);
         let runner = ModelRunner::load(ctx.clone(), &files, &spec, progress)?;
-        let tiers = tiers(&model, &c, max_model_len, &config, runner.pool(), &plan)?;
+        let tiers = tiers(model, &c, max_model_len, &config, runner.pool(), &plan)?;
         let draft = open_draft(&ctx, &c, &config, max_model_len, &plan)?;
+        let rebuild = RebuildSpec {
+            model: model.clone(),
+            spec,
+            draft_pool_bytes: plan.gpu_blocks as u64 * plan.layout.block_bytes_all_layers(),
+            target: c.clone(),
+            max_model_len,
+        };
         let tokenizer = Arc::new(tokenizer);
         let intake = Intake::new(tokenizer.clone(), c.vocab_size, max_model_len, &config);
         let mut engine = Engine {
@@ -389,6 +454,7 @@ impl Engine {
             spec_rate: AcceptanceRate::starting_at(0.5, ENGINE_RATE_DECAY),
             disk: tiers.disk,
             draft,
+            recovery: Recovery::new(rebuild, inject, None),
         };
         engine.calibrate_swap()?;
         Ok(engine)
@@ -624,6 +690,7 @@ impl Engine {
             draft: self.draft.as_ref().map(|d| d.stats),
             host: self.host,
             disk: self.disk.as_ref().map(Disk::stats),
+            device: self.recovery.stats,
         }
     }
 }

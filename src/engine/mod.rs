@@ -12,6 +12,7 @@ mod local;
 pub mod output;
 mod prefix;
 mod propose;
+mod recover;
 pub mod request;
 pub mod scheduler;
 pub mod sequence;
@@ -31,5 +32,6 @@ pub use local::{LocalEngine, StepReport};
 pub use output::{
     CompletionOutput, FinishReason, RequestEvent, RequestId, RequestOutput, TokenLogprob,
 };
+pub use recover::{DeviceLostFn, DeviceStats, MAX_CONSECUTIVE_LOSSES};
 pub use request::{Prompt, RequestHandle};
 pub use step::StepInFlight;

@@ -49,6 +49,9 @@ enum Work {
         sched: Box<SchedulerOutput<SeqOutput, RequestSide>>,
         pending: PendingStep,
     },
+    /// The device was lost and the engine recovered on a new one (`recover.rs`): the step
+    /// computed nothing, and its groups were requeued.
+    Recovered,
 }
 
 impl StepInFlight {
@@ -59,14 +62,14 @@ impl StepInFlight {
     pub async fn landed(&self) {
         match &self.work {
             Work::Drafting { job } => job.landed().await,
-            Work::Nothing { .. } => {}
+            Work::Nothing { .. } | Work::Recovered => {}
             Work::Ops { pending, .. } | Work::Forward { pending, .. } => pending.landed().await,
         }
     }
 
     fn pending(&self) -> Option<&PendingStep> {
         match &self.work {
-            Work::Drafting { .. } | Work::Nothing { .. } => None,
+            Work::Drafting { .. } | Work::Nothing { .. } | Work::Recovered => None,
             Work::Ops { pending, .. } | Work::Forward { pending, .. } => Some(pending),
         }
     }
@@ -93,7 +96,9 @@ impl Engine {
         self.wait_step(&mut step)?;
         let n = self.end_step(step)?;
         if !self.has_unfinished() {
-            self.flush_prefix_tiers().map_err(|e| self.failed(e))?;
+            if let Err(e) = self.flush_prefix_tiers() {
+                self.on_fault(e)?;
+            }
         }
         Ok(n)
     }
@@ -128,17 +133,23 @@ impl Engine {
             self.apply_deferred();
         }
         self.drop_abandoned();
-        match self.try_begin() {
-            Ok(step) => {
-                self.in_flight = true;
-                self.step_alive = std::sync::Arc::downgrade(&step._alive);
-                Ok(step)
-            }
+        let step = match self.try_begin() {
+            Ok(step) => step,
             Err(e) => {
                 self.end_profile();
-                Err(self.failed(e))
+                self.on_fault(e)?;
+                StepInFlight {
+                    work: Work::Recovered,
+                    start: Instant::now(),
+                    compiled: self.ctx.pipelines_compiled(),
+                    _alive: std::sync::Arc::new(()),
+                }
             }
-        }
+        };
+        self.in_flight = true;
+        self.step_alive = std::sync::Arc::downgrade(&step._alive);
+        self.step_begun();
+        Ok(step)
     }
 
     /// Whether `step`'s GPU work has run and its read-backs have landed (this polls the
@@ -151,7 +162,10 @@ impl Engine {
             Some(p) => self.runner.is_ready(p),
             None => return Ok(!matches!(step.work, Work::Drafting { .. })),
         };
-        ready.map_err(|e| self.step_failed(step, e.into()))
+        match ready {
+            Ok(ready) => Ok(ready),
+            Err(e) => self.step_failed(step, e.into()).map(|()| true),
+        }
     }
 
     /// Waits on this thread until `step` is ready (native drivers; a browser never waits).
@@ -162,7 +176,7 @@ impl Engine {
             Some(p) => self.runner.wait(p),
             None => return Ok(()),
         };
-        waited.map_err(|e| self.step_failed(step, e.into()))
+        waited.or_else(|e| self.step_failed(step, e.into()))
     }
 
     /// Moves a drafting step on (waiting for each draft pass when `wait`): once the
@@ -185,25 +199,19 @@ impl Engine {
                 step.work = work;
                 Ok(())
             }
-            Err(e) => Err(self.step_failed(step, e)),
+            Err(e) => self.step_failed(step, e),
         }
     }
 
-    /// A step that failed before its end: every pending request fails with `e`, and the
-    /// step is over.
-    fn step_failed(
-        &mut self,
-        step: &mut StepInFlight,
-        e: super::EngineError,
-    ) -> super::EngineError {
-        step.work = Work::Nothing {
-            ops: BlockOps::default(),
-        };
+    /// A step that failed before its end, and is over: a lost device is recovered from
+    /// (`Ok`, the step computed nothing); otherwise every pending request fails with `e`.
+    fn step_failed(&mut self, step: &mut StepInFlight, e: super::EngineError) -> Result<()> {
+        step.work = Work::Recovered;
         self.in_flight = false;
         self.end_profile();
-        let e = self.failed(e);
+        let handled = self.on_fault(e);
         self.apply_deferred();
-        e
+        handled
     }
 
     /// Requests added and aborts asked for while a step was in flight, applied now that
@@ -223,10 +231,19 @@ impl Engine {
     /// streamed. Returns the number of tokens computed; on an error every pending request
     /// has been failed. Aborts asked for during the step happen now.
     pub fn end_step(&mut self, step: StepInFlight) -> Result<usize> {
+        let recovered = matches!(step.work, Work::Recovered);
         let result = self.try_end(step);
         self.in_flight = false;
         self.end_profile();
-        let result = result.map_err(|e| self.failed(e));
+        let result = match result {
+            Ok(n) => {
+                if !recovered {
+                    self.step_completed();
+                }
+                Ok(n)
+            }
+            Err(e) => self.on_fault(e).map(|()| 0),
+        };
         self.apply_deferred();
         result
     }
@@ -292,6 +309,7 @@ impl Engine {
         } = step;
         let (sched, pending) = match work {
             Work::Drafting { .. } => unreachable!("driven to its schedule above"),
+            Work::Recovered => return Ok(0),
             Work::Nothing { ops } => {
                 let n = self.idle_step(&ops, None, start)?;
                 self.store_to_disk(&ops);
@@ -377,7 +395,7 @@ impl Engine {
 
     /// Fails every pending request with `e` (a step's error no single request caused)
     /// and returns it.
-    fn failed(&mut self, e: super::EngineError) -> super::EngineError {
+    pub(super) fn failed(&mut self, e: super::EngineError) -> super::EngineError {
         self.fail_all(&format!("the engine step failed: {e}"));
         e
     }

@@ -10,7 +10,9 @@
 use super::bindings::{BindGroupStats, Bindings};
 use super::pipeline::PipelineCache;
 use super::profile::{Profiler, TimingMethod};
-use super::select::{choose_adapter, no_adapter, AdapterRequest, AdapterSummary};
+use super::select::{
+    choose_adapter, choose_after_loss, no_adapter, AdapterRequest, AdapterSummary,
+};
 use crate::error::{GpuError, Result};
 use std::sync::{Arc, Mutex};
 
@@ -109,6 +111,10 @@ pub struct GpuContext {
     wait_slice: Option<std::time::Duration>,
     profiler: std::sync::OnceLock<Profiler>,
     spares: std::sync::OnceLock<Vec<wgpu::Buffer>>,
+    /// Whether pagellm opened the device (and so may open another when it is lost), and
+    /// the request it chose the adapter by, when there was one.
+    owned: bool,
+    request: Option<AdapterRequest>,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -139,7 +145,50 @@ impl GpuContext {
             .into_iter()
             .nth(choose_adapter(&summaries, req)?)
             .ok_or_else(|| no_adapter(req))?;
-        Self::open(adapter)
+        let mut ctx = Self::open(adapter)?;
+        ctx.request = Some(req.clone());
+        Ok(ctx)
+    }
+
+    /// A new device for an engine whose device was lost, opened as this one was: on the
+    /// same adapter if it is still there (a driver reset), else on the one this context's
+    /// adapter request picks among those left (see
+    /// [`choose_after_loss`](super::select::choose_after_loss)). Only for devices pagellm
+    /// opened natively ([`Self::is_own`]); an application that shares its device hands the
+    /// engine a new one itself (`EngineBuilder::on_device_lost`), and a browser's device
+    /// comes back through [`Self::open_async`].
+    pub fn reopen(&self) -> Result<Self> {
+        let lost_on = AdapterSummary::of(&self.info);
+        if !self.owned || cfg!(target_arch = "wasm32") {
+            return Err(GpuError::RequestDevice {
+                adapter: lost_on.describe(),
+                message: "pagellm did not open this device, so it cannot open another in its \
+                          place (the application gives one through its device-lost callback)"
+                    .into(),
+            });
+        }
+        let req = match &self.request {
+            Some(req) => req.clone(),
+            None => AdapterRequest {
+                backends: wgpu::Backends::from(self.info.backend),
+                ..AdapterRequest::default()
+            },
+        };
+        let instance = new_instance(req.backends);
+        let adapters = ready_now(instance.enumerate_adapters(req.backends)).unwrap_or_default();
+        let summaries: Vec<AdapterSummary> = adapters
+            .iter()
+            .map(|a| AdapterSummary::of(&a.get_info()))
+            .collect();
+        let i = choose_after_loss(&summaries, &lost_on, &req)?;
+        let adapter = adapters
+            .into_iter()
+            .nth(i)
+            .ok_or_else(|| no_adapter(&req))?;
+        let mut ctx = Self::open(adapter)?;
+        ctx.request = Some(req);
+        ctx.wait_slice = self.wait_slice;
+        Ok(ctx)
     }
 
     /// The device pagellm would open on `adapter`: the adapter's full limits (large storage
@@ -208,7 +257,8 @@ impl GpuContext {
                 }
             }));
         }
-        let ctx = Self::assemble(adapter, device, queue, health);
+        let mut ctx = Self::assemble(adapter, device, queue, health);
+        ctx.owned = true;
         if std::env::var("PAGELLM_PROFILE").is_ok_and(|v| !v.is_empty() && v != "0") {
             ctx.enable_profiling();
         }
@@ -266,7 +316,33 @@ impl GpuContext {
             wait_slice: None,
             profiler: std::sync::OnceLock::new(),
             spares: std::sync::OnceLock::new(),
+            owned: false,
+            request: None,
         }
+    }
+
+    /// Whether pagellm opened this device ([`Self::new`], [`Self::from_env`],
+    /// [`Self::open_async`]) rather than adopting an application's
+    /// ([`Self::from_existing`]).
+    pub fn is_own(&self) -> bool {
+        self.owned
+    }
+
+    /// Records that the device was lost, so that the next call on this context fails with
+    /// [`GpuError::DeviceLost`] and an engine running on it recovers on a new device.
+    /// pagellm watches the devices it opens itself; an application that shares its device
+    /// keeps the device's one lost callback (`wgpu::Device::set_device_lost_callback`) and
+    /// calls this from it, since a lost device's errors are otherwise silent (WebGPU
+    /// reports nothing for work on a lost device).
+    pub fn report_device_lost(&self, reason: impl Into<String>) {
+        if let Ok(mut h) = self.health.lock() {
+            h.lost.get_or_insert_with(|| reason.into());
+        }
+    }
+
+    /// Why the device was lost, if it is known to be.
+    pub fn lost(&self) -> Option<String> {
+        self.health.lock().ok().and_then(|h| h.lost.clone())
     }
 
     /// Spare storage buffer `i` (of [`SPARE_BUFFERS`]; 256 bytes each, distinct): what a

@@ -176,6 +176,23 @@ pub fn choose_adapter(adapters: &[AdapterSummary], req: &AdapterRequest) -> Resu
     Ok(candidates.into_iter().min_by_key(|&i| rank(i)).unwrap_or(0))
 }
 
+/// The adapter a lost device is re-created on: the one it was on, if it is still there (a
+/// driver reset), else the one `req` picks among those left (an external GPU unplugged
+/// leaves the integrated one).
+pub fn choose_after_loss(
+    adapters: &[AdapterSummary],
+    lost_on: &AdapterSummary,
+    req: &AdapterRequest,
+) -> Result<usize> {
+    let same = adapters
+        .iter()
+        .position(|a| a.name == lost_on.name && a.backend == lost_on.backend);
+    match same {
+        Some(i) => Ok(i),
+        None => choose_adapter(adapters, req),
+    }
+}
+
 pub(crate) fn no_adapter(req: &AdapterRequest) -> GpuError {
     GpuError::NoAdapter {
         backends: match &req.backends_source {
@@ -255,6 +272,20 @@ mod tests {
         assert_eq!(choose_adapter(&machine(), &env(&[])).unwrap(), 2);
         let low = env(&[("WGPU_POWER_PREF", "low")]);
         assert_eq!(choose_adapter(&machine(), &low).unwrap(), 1);
+    }
+
+    #[test]
+    fn a_lost_device_comes_back_on_its_adapter_or_the_next_best() {
+        let all = machine();
+        let lost_on = all[1].clone(); // integrated, though discrete ranks first
+        assert_eq!(choose_after_loss(&all, &lost_on, &env(&[])).unwrap(), 1);
+        // The discrete GPU is gone (unplugged): the best of the rest.
+        let rest = vec![all[0].clone(), all[1].clone(), all[3].clone()];
+        assert_eq!(choose_after_loss(&rest, &all[2], &env(&[])).unwrap(), 1);
+        // The same name on another backend is another adapter.
+        let gl_only = vec![all[0].clone()];
+        assert_eq!(choose_after_loss(&gl_only, &all[3], &env(&[])).unwrap(), 0);
+        assert!(choose_after_loss(&[], &all[3], &env(&[])).is_err());
     }
 
     #[test]

@@ -30,11 +30,12 @@ pub(super) fn run(
         context,
         notice,
         stats_every,
+        on_lost,
     } = builder;
     let mut notify = notice.unwrap_or_else(|| Box::new(|_| {}));
     let start = Instant::now();
     let mut last_percent = u64::MAX;
-    let opened = super::open_engine(context, &model, config, |done, total| {
+    let opened = super::open_engine(context, &model, config, on_lost, |done, total| {
         shared.set_state(EngineState::Loading { done, total });
         let percent = done * 100 / total.max(1);
         if percent != last_percent {
@@ -162,8 +163,16 @@ impl Loop {
 
     fn step(&mut self) {
         let t = Instant::now();
+        let recoveries = self.engine.device_stats().recoveries;
         let result = self.engine.step();
         let took = t.elapsed();
+        let device = self.engine.device_stats();
+        if device.recoveries > recoveries {
+            (self.notify)(Notice::Recovered {
+                adapter: self.engine.context().describe(),
+                took: device.last_recovery,
+            });
+        }
         let (tokens, error) = match result {
             Ok(n) => (n, None),
             Err(e) => {

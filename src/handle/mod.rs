@@ -63,6 +63,15 @@ pub enum Notice {
     Ready(ModelInfo),
     /// The model did not load (the reason); every request is refused.
     LoadFailed(String),
+    /// The device was lost and the engine recovered on a new one: the requests in flight
+    /// were requeued (recomputed, or swapped back in) and go on. Sent after the step that
+    /// met the loss.
+    Recovered {
+        /// The adapter the engine runs on now.
+        adapter: String,
+        /// How long the recovery took (new device, weights, pools).
+        took: Duration,
+    },
     /// A step ended: tokens may have arrived on request streams. `error` is set when the
     /// step failed for a reason no single request caused; every pending request has been
     /// failed with it, and the engine takes new requests unless its state says otherwise.
@@ -116,6 +125,7 @@ pub struct EngineBuilder {
     context: Option<Arc<GpuContext>>,
     notice: Option<NoticeFn>,
     stats_every: Duration,
+    on_lost: Option<crate::engine::DeviceLostFn>,
 }
 
 impl EngineBuilder {
@@ -128,7 +138,24 @@ impl EngineBuilder {
             context: None,
             notice: None,
             stats_every: STATS_EVERY,
+            on_lost: None,
         }
+    }
+
+    /// What gives the engine a new device when its device is lost, during the load or
+    /// while it runs (see [`Engine::on_device_lost`]): an application that shares its
+    /// device ([`Self::device`], [`Self::context`]) registers this, makes a new device of
+    /// its own in the callback and returns it wrapped by [`GpuContext::from_existing`] (or
+    /// `None` to decline: the pending requests then fail). It also forwards its device's
+    /// lost callback to [`GpuContext::report_device_lost`], since that callback is the
+    /// application's. Without this, an engine on its own device re-creates the device
+    /// itself.
+    pub fn on_device_lost(
+        mut self,
+        f: impl FnMut(&str) -> Option<Arc<GpuContext>> + Send + 'static,
+    ) -> Self {
+        self.on_lost = Some(Box::new(f));
+        self
     }
 
     /// The engine's configuration (the default without this call).
@@ -462,11 +489,12 @@ pub(crate) fn open_engine(
     context: Option<Arc<GpuContext>>,
     model: &ModelSource,
     config: EngineConfig,
+    on_lost: Option<crate::engine::DeviceLostFn>,
     progress: impl FnMut(u64, u64),
 ) -> Result<Engine> {
     let ctx = match context {
         Some(ctx) => ctx,
         None => Arc::new(GpuContext::from_env()?),
     };
-    Engine::with_context(ctx, model.clone(), config, progress)
+    Engine::open(ctx, model.clone(), config, on_lost, progress)
 }

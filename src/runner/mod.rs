@@ -212,6 +212,28 @@ impl ModelRunner {
         &mut self.cache.host
     }
 
+    /// Host blocks a swap-out was to fill and that have not arrived: after a lost device,
+    /// what the host pool lacks.
+    pub fn unlanded_host_blocks(&self) -> Vec<crate::cache::HostBlockId> {
+        let ids = self.cache.unlanded().iter();
+        ids.map(|&h| crate::cache::HostBlockId(h)).collect()
+    }
+
+    /// Takes over the host pool of `old`, a runner of the same model and layout whose
+    /// device was lost (host memory survives it); `old` keeps this one's empty pool.
+    pub fn adopt_host_pool(&mut self, old: &mut ModelRunner) -> Result<()> {
+        let (mine, theirs) = (&self.cache.host, &old.cache.host);
+        if mine.layout != theirs.layout || mine.num_blocks != theirs.num_blocks {
+            return Err(RunnerError::Config(format!(
+                "the rebuilt host pool ({} blocks of {:?}) differs from the lost one's ({} of \
+                 {:?})",
+                mine.num_blocks, mine.layout, theirs.num_blocks, theirs.layout
+            )));
+        }
+        self.cache.adopt_host_pool(&mut old.cache);
+        Ok(())
+    }
+
     /// Records `plan` into one command buffer and submits it; its read-backs are asked
     /// for at once and land as the device runs it.
     pub fn submit(&mut self, plan: &StepPlan) -> GpuResult<PendingStep> {
@@ -271,7 +293,9 @@ impl ModelRunner {
         for read in reads.into_iter().flatten() {
             self.ctx.wait_for(read)?;
         }
-        Ok(())
+        // A device lost before the step's end fails the step, even where its reads landed:
+        // what it computed is not trusted (and the loss is found now, not a step later).
+        self.ctx.poll()
     }
 
     /// Lands a submitted step: swapped-out blocks go into the host pool, and the

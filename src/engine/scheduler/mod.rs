@@ -41,11 +41,13 @@
 mod commit;
 mod cost;
 mod limits;
+mod lost;
 mod preempt;
 mod queues;
 
 pub use commit::{BeamChild, Committed, Fork, NextToken, SampleOutcome, Sampled};
 pub use cost::{choose_mode, CostEstimate, PreemptionCosts, Victim};
+pub use lost::DeviceLoss;
 pub use queues::Queue;
 
 use super::output::RequestId;

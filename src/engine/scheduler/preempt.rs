@@ -115,7 +115,10 @@ impl<D, R> Scheduler<D, R> {
 }
 
 /// Puts `g` before the first group of `queue` that arrived after it.
-fn insert_by_arrival<D, R>(queue: &mut VecDeque<SequenceGroup<D, R>>, g: SequenceGroup<D, R>) {
+pub(super) fn insert_by_arrival<D, R>(
+    queue: &mut VecDeque<SequenceGroup<D, R>>,
+    g: SequenceGroup<D, R>,
+) {
     let pos = queue
         .iter()
         .position(|other| other.arrival > g.arrival)

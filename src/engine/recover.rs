@@ -1,0 +1,309 @@
+//! A lost device is a preemption of everything. When the device goes (a driver reset, a GPU
+//! timeout, an unplugged external GPU, or `Device::destroy`), whatever step meets the loss
+//! hands it here instead of failing the requests: the scheduler requeues every running
+//! group for recomputation and keeps the swapped ones whose host blocks all arrived
+//! (`scheduler/lost.rs`); the engine gets a new device (its own: re-created on the same
+//! adapter or the next one; an application's: from the callback the application registered,
+//! [`Engine::on_device_lost`]), uploads the weights again, builds a new pool and workspace,
+//! takes over the host pool (swapped blocks and the host tier survive in host memory), and
+//! goes on. Callers see a pause: every request's tokens, sampler state and constraint live
+//! on the host, and the kernels compute a row the same whatever batch it is in, so greedy
+//! and seeded outputs are those of an uninterrupted run.
+//!
+//! Recovery is bounded: a new device that is lost while the weights upload is replaced
+//! again up to [`MAX_CONSECUTIVE_LOSSES`] times, and so many losses with no step completed
+//! in between fail the pending requests with the reason (the engine then takes requests
+//! again, and tries again when one comes). A browser's device cannot be re-created inside a
+//! step (its device arrives asynchronously), so there a loss fails the pending requests.
+
+use super::core::Engine;
+use super::error::{EngineError, Result};
+use crate::error::GpuError;
+use crate::faults::{DeviceLossInjection, DEVICE_LOSS_VAR};
+use crate::gpu::GpuContext;
+use crate::mapped::ModelSource;
+use crate::model::ModelConfig;
+use crate::runner::{open_model, ModelRunner, RunnerSpec};
+use std::sync::Arc;
+use std::time::Duration;
+use web_time::Instant;
+
+/// Losses in a row (no step completed in between, new devices lost while loading
+/// included) the engine recovers from before it fails what is pending.
+pub const MAX_CONSECUTIVE_LOSSES: u32 = 3;
+
+/// What the engine calls for a new device after an application's device was lost: given
+/// why it was lost, a context on the application's new device (see
+/// [`GpuContext::from_existing`]), or `None` to decline, which fails the pending requests
+/// with the reason. Called on the engine's thread, inside a step.
+pub type DeviceLostFn = Box<dyn FnMut(&str) -> Option<Arc<GpuContext>> + Send>;
+
+/// Lost devices and recoveries, for statistics and metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DeviceStats {
+    /// Times the device was found lost (while running; losses at the first load are not
+    /// counted here).
+    pub losses: u64,
+    /// Times the engine came back on a new device.
+    pub recoveries: u64,
+    /// Times it gave up and failed the pending requests.
+    pub gave_up: u64,
+    /// Groups requeued to be recomputed because their blocks were on the lost device.
+    pub recomputed_groups: u64,
+    /// Swapped groups that came through a loss in host memory.
+    pub kept_swapped: u64,
+    /// Tokens whose KV was computed again after losses.
+    pub recomputed_tokens: u64,
+    /// How long the latest recovery took (new device, weights, pools).
+    pub last_recovery: Duration,
+}
+
+/// What the engine keeps to rebuild itself on a new device.
+pub(super) struct Recovery {
+    pub(super) inject: DeviceLossInjection,
+    /// `inject.reload`, until the first rebuild uses it.
+    reload_pending: bool,
+    handler: Option<DeviceLostFn>,
+    /// Steps begun, for the injection's step numbers.
+    steps_begun: u64,
+    /// Losses since a step last completed.
+    consecutive: u32,
+    pub(super) stats: DeviceStats,
+    model: ModelSource,
+    spec: RunnerSpec,
+    /// The target model's configuration and the draft's pool bytes, to reopen a draft.
+    target: ModelConfig,
+    max_model_len: usize,
+    draft_pool_bytes: u64,
+}
+
+/// Everything [`Recovery::new`] needs, as the engine has it while it opens.
+pub(super) struct RebuildSpec {
+    pub model: ModelSource,
+    pub spec: RunnerSpec,
+    pub target: ModelConfig,
+    pub max_model_len: usize,
+    pub draft_pool_bytes: u64,
+}
+
+impl Recovery {
+    pub(super) fn new(
+        r: RebuildSpec,
+        inject: DeviceLossInjection,
+        handler: Option<DeviceLostFn>,
+    ) -> Self {
+        Recovery {
+            reload_pending: inject.reload,
+            inject,
+            handler,
+            steps_begun: 0,
+            consecutive: 0,
+            stats: DeviceStats::default(),
+            model: r.model,
+            spec: r.spec,
+            target: r.target,
+            max_model_len: r.max_model_len,
+            draft_pool_bytes: r.draft_pool_bytes,
+        }
+    }
+}
+
+impl Recovery {
+    pub(super) fn set_handler(&mut self, handler: Option<DeviceLostFn>) {
+        self.handler = handler;
+    }
+}
+
+/// The injection `config` asks for, or else the environment's.
+pub(super) fn injection(config: &crate::config::EngineConfig) -> Result<DeviceLossInjection> {
+    match &config.inject_device_loss {
+        Some(i) => Ok(i.clone()),
+        None => DeviceLossInjection::from_env().map_err(EngineError::Config),
+    }
+}
+
+/// Why the device of `ctx` is lost, if it is: its recorded loss, or an error that says so.
+pub(super) fn lost_reason(ctx: &GpuContext, e: &EngineError) -> Option<String> {
+    // Device-lost callbacks run when the device is polled: give one the chance, so the
+    // loss is known (an application's device learns of it only through its callback).
+    let _ = ctx.device.poll(wgpu::PollType::Poll);
+    if let Some(why) = ctx.lost() {
+        return Some(why);
+    }
+    match e {
+        EngineError::Gpu(GpuError::DeviceLost(why)) => Some(why.clone()),
+        _ => None,
+    }
+}
+
+/// A new device in place of `lost`'s: from the application's callback when one is
+/// registered, else re-created when pagellm opened the device itself.
+pub(super) fn new_device(
+    handler: Option<&mut DeviceLostFn>,
+    lost: &GpuContext,
+    reason: &str,
+) -> Result<Arc<GpuContext>> {
+    if let Some(f) = handler {
+        return f(reason).ok_or_else(|| {
+            EngineError::Gpu(GpuError::DeviceLost(format!(
+                "{reason}; the application's device-lost callback gave no new device"
+            )))
+        });
+    }
+    if lost.is_own() {
+        return Ok(Arc::new(lost.reopen()?));
+    }
+    Err(EngineError::Gpu(GpuError::DeviceLost(format!(
+        "{reason}; the device is the application's and no device-lost callback gives a \
+         new one (EngineBuilder::on_device_lost, Engine::on_device_lost)"
+    ))))
+}
+
+/// A weight-upload progress callback that destroys `ctx`'s device halfway, when `on`.
+pub(super) fn destroy_halfway(ctx: &Arc<GpuContext>, on: bool) -> impl FnMut(u64, u64) {
+    let ctx = ctx.clone();
+    let mut armed = on;
+    move |done, total| {
+        if armed && total > 0 && done * 2 >= total {
+            armed = false;
+            destroy(&ctx, &format!("injected while loading ({DEVICE_LOSS_VAR})"));
+        }
+    }
+}
+
+/// Destroys `ctx`'s device on purpose, recording why (an application's device reports its
+/// loss through the application's own callback, which injection cannot count on).
+fn destroy(ctx: &GpuContext, why: &str) {
+    tracing::warn!("destroying the GPU device: {why}");
+    ctx.report_device_lost(why);
+    ctx.device.destroy();
+}
+
+impl Engine {
+    /// Registers what gives the engine a new device when its device is lost: needed for an
+    /// application's device ([`GpuContext::from_existing`]), whose replacement only the
+    /// application can make; optional for the engine's own, which it re-creates itself
+    /// otherwise. See [`DeviceLostFn`].
+    pub fn on_device_lost(
+        &mut self,
+        f: impl FnMut(&str) -> Option<Arc<GpuContext>> + Send + 'static,
+    ) {
+        self.recovery.handler = Some(Box::new(f));
+    }
+
+    /// Lost devices and recoveries so far.
+    pub fn device_stats(&self) -> DeviceStats {
+        self.recovery.stats
+    }
+
+    /// Counts a step begun and destroys the device after its submit when the injection
+    /// names it.
+    pub(super) fn step_begun(&mut self) {
+        self.recovery.steps_begun += 1;
+        let n = self.recovery.steps_begun;
+        if self.recovery.inject.at_step(n) {
+            destroy(
+                &self.ctx,
+                &format!("injected at step {n} ({DEVICE_LOSS_VAR})"),
+            );
+        }
+    }
+
+    /// A step completed: losses before it no longer count as in a row.
+    pub(super) fn step_completed(&mut self) {
+        self.recovery.consecutive = 0;
+    }
+
+    /// Handles a step's error that no single request caused: a lost device is recovered
+    /// from (`Ok`: the requests go on); anything else, or a recovery that fails, fails
+    /// every pending request and is returned.
+    pub(super) fn on_fault(&mut self, e: EngineError) -> Result<()> {
+        let Some(reason) = lost_reason(&self.ctx, &e) else {
+            return Err(self.failed(e));
+        };
+        match self.recover(&reason) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.recovery.stats.gave_up += 1;
+                self.recovery.consecutive = 0;
+                Err(self.failed(e))
+            }
+        }
+    }
+
+    /// Requeues every group and rebuilds the engine on a new device (see the module docs).
+    fn recover(&mut self, reason: &str) -> Result<()> {
+        let start = Instant::now();
+        tracing::warn!("the GPU device was lost ({reason}); recovering");
+        let unlanded = self.runner.unlanded_host_blocks();
+        let loss = self.scheduler.device_lost(&unlanded);
+        let stats = &mut self.recovery.stats;
+        stats.losses += 1;
+        stats.recomputed_groups += loss.recomputed_groups as u64;
+        stats.kept_swapped += loss.kept_swapped as u64;
+        stats.recomputed_tokens += loss.recomputed_tokens;
+        if cfg!(target_arch = "wasm32") {
+            return Err(GpuError::DeviceLost(reason.to_string()).into());
+        }
+        let mut reason = reason.to_string();
+        loop {
+            self.recovery.consecutive += 1;
+            if self.recovery.consecutive > MAX_CONSECUTIVE_LOSSES {
+                return Err(EngineError::Gpu(GpuError::DeviceLost(format!(
+                    "lost {MAX_CONSECUTIVE_LOSSES} times in a row without completing a step; \
+                     the last time: {reason}"
+                ))));
+            }
+            // No new device to be had is final; a new device lost while loading is not.
+            let ctx = new_device(self.recovery.handler.as_mut(), &self.ctx, &reason)?;
+            self.ctx = ctx.clone();
+            match self.rebuild(ctx) {
+                Ok(()) => break,
+                Err(e) => match lost_reason(&self.ctx, &e) {
+                    Some(again) => reason = again,
+                    None => return Err(e),
+                },
+            }
+        }
+        self.recovery.stats.recoveries += 1;
+        self.recovery.stats.last_recovery = start.elapsed();
+        tracing::info!(
+            seconds = start.elapsed().as_secs_f64(),
+            requeued = loss.recomputed_groups,
+            kept_swapped = loss.kept_swapped,
+            adapter = %self.ctx.describe(),
+            "recovered from the lost device"
+        );
+        Ok(())
+    }
+
+    /// The weights uploaded again on the new device `ctx` (already the engine's), new pools
+    /// and workspace, the old host pool and a reopened draft model. On an error the engine
+    /// keeps its old runner, whose device is lost, and tries again at its next step.
+    fn rebuild(&mut self, ctx: Arc<GpuContext>) -> Result<()> {
+        if self.config.profile {
+            ctx.enable_profiling();
+        }
+        let r = &mut self.recovery;
+        let reload = std::mem::take(&mut r.reload_pending);
+        let (files, _) = open_model(&r.model)?;
+        let mut runner =
+            ModelRunner::load(ctx.clone(), &files, &r.spec, destroy_halfway(&ctx, reload))?;
+        runner.adopt_host_pool(&mut self.runner)?;
+        let draft = match &self.config.draft_model {
+            Some(dir) => Some(super::draft::DraftModel::open(
+                ctx.clone(),
+                dir,
+                &r.target,
+                &self.config,
+                r.max_model_len,
+                r.draft_pool_bytes,
+            )?),
+            None => None,
+        };
+        self.runner = runner;
+        self.draft = draft;
+        ctx.check_health()?;
+        Ok(())
+    }
+}
