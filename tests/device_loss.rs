@@ -9,7 +9,7 @@
 
 mod common;
 use common::outputs::{assert_same, beams, greedy, prompt, sampled};
-use common::{contexts, shipped_model};
+use common::{app_device, contexts, shipped_model};
 use pagellm::internals::constrain::StructuredOutput;
 use pagellm::internals::engine::{
     Engine, EngineConfig, PreemptionMode, Prompt, RequestEvent, RequestHandle, RequestOutput,
@@ -67,24 +67,6 @@ fn own_device(like: &GpuContext) -> Arc<GpuContext> {
         ..Default::default()
     };
     Arc::new(GpuContext::new(&req).unwrap())
-}
-
-/// A device of an "application's" own on `like`'s adapter, wrapped as an application shares
-/// it: its lost callback (the application's) forwards to the context, and its uncaptured
-/// errors are logged, not fatal.
-fn app_device(like: &GpuContext) -> Arc<GpuContext> {
-    let adapter = like.adapter.clone();
-    let desc = GpuContext::device_descriptor(&adapter);
-    let (device, queue) = pollster::block_on(adapter.request_device(&desc)).unwrap();
-    device.on_uncaptured_error(Arc::new(|e: wgpu::Error| eprintln!("app: GPU error: {e}")));
-    let ctx = Arc::new(GpuContext::from_existing(adapter, device.clone(), queue));
-    let weak = Arc::downgrade(&ctx);
-    device.set_device_lost_callback(move |reason, msg| {
-        if let Some(ctx) = weak.upgrade() {
-            ctx.report_device_lost(format!("{reason:?}: {msg}"));
-        }
-    });
-    ctx
 }
 
 fn add_all(e: &mut Engine) -> Vec<RequestHandle> {
@@ -186,6 +168,68 @@ fn a_lost_application_device_is_replaced_through_its_callback() {
         );
         assert_eq!(given.load(std::sync::atomic::Ordering::SeqCst), 2);
         assert_eq!(e.stats().device.recoveries, 2);
+    }
+}
+
+/// Prompts sharing a 32-token prefix, then others that push them out of a 24-block pool of
+/// 4-token blocks, then the first ones again: the prefix cache's device, host and disk
+/// tiers all hold blocks when the device goes.
+fn tiered_workload() -> Vec<Vec<(Vec<u32>, SamplingParams)>> {
+    let shared = |salt| [&prompt(41, 1)[..32], &prompt(6, salt)[..]].concat();
+    let first = vec![(prompt(41, 1), greedy(8)), (shared(9), sampled(2, 5, 8))];
+    let flood = (2..5).map(|salt| (prompt(44, salt), greedy(4))).collect();
+    let again = vec![(shared(10), greedy(8)), (prompt(41, 1), sampled(1, 3, 8))];
+    vec![first, flood, again]
+}
+
+/// The tiered workload, batch after batch, with the device lost at `inject`.
+fn run_tiered(ctx: &GpuContext, inject: &[u64]) -> (Vec<RequestOutput>, pagellm::EngineStats) {
+    let disk = tempfile::TempDir::new().unwrap();
+    let cfg = EngineConfig {
+        block_size: 4,
+        num_gpu_blocks: Some(24),
+        num_cpu_blocks: Some(64),
+        max_model_len: Some(64),
+        host_tier_blocks: Some(48),
+        kv_cache_dir: Some(disk.path().to_path_buf()),
+        // The model drafts for itself: its runner is rebuilt too.
+        draft_model: Some(shipped_model().into()),
+        speculative: Some(pagellm::SpeculativeConfig {
+            num_tokens: 3,
+            row_cost: Some(0.0),
+            ..Default::default()
+        }),
+        inject_device_loss: Some(DeviceLossInjection {
+            steps: inject.to_vec(),
+            ..Default::default()
+        }),
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::with_context(own_device(ctx), shipped_model(), cfg, |_, _| {}).unwrap();
+    let mut out = Vec::new();
+    for batch in tiered_workload() {
+        let hs: Vec<_> = batch
+            .into_iter()
+            .map(|(p, s)| e.add_request(Prompt::Tokens(p), s).unwrap())
+            .collect();
+        e.run_to_completion().unwrap();
+        out.extend(outputs(&hs));
+    }
+    (out, e.stats())
+}
+
+#[test]
+fn prefix_tiers_and_a_draft_model_come_through_losses() {
+    for ctx in contexts() {
+        let (want, calm) = run_tiered(ctx, &[]);
+        assert!(calm.cache.host_tier.hits > 0, "{:?}", calm.cache.host_tier);
+        let (got, s) = run_tiered(ctx, &[2, 5, 9, 14]);
+        assert_same(&format!("{} tiers and draft", ctx.describe()), &got, &want);
+        assert_eq!(s.device.recoveries, 4, "{:?}", s.device);
+        // Host memory came through: the last batch still found its prefix there.
+        let tiers = (s.cache.host_tier.hits, s.disk.map_or(0, |d| d.hits));
+        assert!(tiers.0 + tiers.1 > 0, "{tiers:?}");
+        assert!(s.draft.is_some_and(|d| d.passes > 0));
     }
 }
 

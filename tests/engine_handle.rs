@@ -207,6 +207,44 @@ fn refusals_say_why() {
 }
 
 #[test]
+fn a_lost_shared_device_is_replaced_through_the_builders_callback_and_noticed() {
+    for ctx in contexts() {
+        let dir = golden::fixture_dir("llama-gqa");
+        let want = run(&mut engine(ctx, &dir, config()), &work());
+        let recovered = Arc::new(Mutex::new(Vec::new()));
+        let log = recovered.clone();
+        let lossy = EngineConfig {
+            inject_device_loss: Some(pagellm::DeviceLossInjection {
+                steps: vec![2, 6],
+                ..Default::default()
+            }),
+            ..config()
+        };
+        let h = EngineBuilder::new(&dir)
+            .config(lossy)
+            .context(common::app_device(ctx))
+            .on_device_lost(move |_| Some(common::app_device(ctx)))
+            .on_notice(move |n| {
+                if let Notice::Recovered { adapter, .. } = n {
+                    log.lock().unwrap().push(adapter);
+                }
+            })
+            .load()
+            .unwrap();
+        let streams: Vec<_> = h.submit_all(work().iter().map(request));
+        let got: Vec<_> = streams
+            .into_iter()
+            .map(|s| s.unwrap().wait().unwrap())
+            .collect();
+        assert_same("across losses", &got, &want);
+        assert_eq!(*recovered.lock().unwrap(), vec![ctx.describe(); 2]);
+        let s = h.stats_now().unwrap();
+        assert_eq!((s.engine.device.losses, s.engine.device.recoveries), (2, 2));
+        assert_eq!(h.state(), EngineState::Ready);
+    }
+}
+
+#[test]
 fn notices_tell_the_load_and_every_step() {
     for ctx in contexts() {
         let seen = Arc::new(Mutex::new(Vec::new()));

@@ -11,10 +11,15 @@ use serde_json::Value;
 use std::process::Command;
 
 fn generate(args: &[&str]) -> (bool, String, String) {
+    generate_with(args, &[])
+}
+
+fn generate_with(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_pagellm"))
         .arg("generate")
         .args(args)
         .env("RUST_BACKTRACE", "0")
+        .envs(env.iter().copied())
         .output()
         .expect("run pagellm");
     (
@@ -257,6 +262,47 @@ fn a_small_pool_serves_under_max_model_len_and_stats_show_the_preemptions() {
     let (ok, _, stderr) = generate(&long);
     assert!(!ok && stderr.contains("max_tokens is 100"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn injected_device_losses_change_no_output_and_stats_count_them() {
+    if skip() {
+        return;
+    }
+    let dir = common::shipped_model();
+    let file = std::env::temp_dir().join(format!("pagellm-loss-{}.jsonl", std::process::id()));
+    let lines = ["The sea", "A wise man once said", "In the morning"]
+        .map(|p| format!("{{\"prompt\": \"{p}\", \"n\": 2, \"seed\": 5}}\n"))
+        .concat();
+    std::fs::write(&file, lines).unwrap();
+    let args = [
+        "--model",
+        &dir,
+        "--prompts-file",
+        file.to_str().unwrap(),
+        "--max-tokens",
+        "24",
+        "--temperature",
+        "0.8",
+        "--stats",
+    ];
+    let (ok, calm, stderr) = generate(&args);
+    assert!(ok, "{stderr}");
+    assert!(!stderr.contains("device lost:"), "{stderr}");
+    let (ok, lossy, stderr) =
+        generate_with(&args, &[("PAGELLM_INJECT_DEVICE_LOSS", "load,2,7,reload")]);
+    assert!(ok, "{stderr}");
+    assert_eq!(lossy, calm, "{stderr}");
+    assert!(
+        stderr.contains("device lost:            2 times, recovered 2"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = generate_with(&args, &[("PAGELLM_INJECT_DEVICE_LOSS", "2,soon")]);
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        !ok && stderr.contains("PAGELLM_INJECT_DEVICE_LOSS") && stderr.contains("\"soon\""),
+        "{stderr}"
+    );
 }
 
 #[test]

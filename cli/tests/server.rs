@@ -391,6 +391,65 @@ fn concurrent_streams_through_a_small_pool_equal_their_solo_runs() {
 }
 
 #[test]
+fn streams_go_on_across_device_losses_with_unchanged_tokens() {
+    if skip() {
+        return;
+    }
+    let dir = fixture();
+    let bodies: Vec<Value> = (0..8)
+        .map(|i| {
+            let prompt = format!("story {i} begins with {} birds", i * 5 % 7);
+            match i % 2 {
+                0 => json!({"prompt": prompt, "max_tokens": 20, "temperature": 0,
+                            "ignore_eos": true, "logprobs": 1, "stream": true}),
+                _ => json!({"prompt": prompt, "max_tokens": 20, "temperature": 0.9,
+                            "seed": i, "n": 2, "ignore_eos": true, "logprobs": 1,
+                            "stream": true}),
+            }
+        })
+        .collect();
+    let args = [
+        "--model",
+        &dir,
+        "--num-gpu-blocks",
+        "12",
+        "--max-model-len",
+        "64",
+        "--num-cpu-blocks",
+        "64",
+    ];
+    let run = |s: &Server| -> Vec<Vec<(String, Vec<f64>, String)>> {
+        let url = s.url("/v1/completions");
+        let threads: Vec<_> = bodies
+            .iter()
+            .map(|b| {
+                let (url, b) = (url.clone(), b.clone());
+                std::thread::spawn(move || {
+                    let chunks = stream(&url, &b);
+                    assert!(
+                        chunks.iter().all(|c| c.get("error").is_none()),
+                        "{chunks:?}"
+                    );
+                    collect(&chunks)
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    };
+    let calm = run(&Server::start(&args));
+    let lossy = Server(http::serve_with_env(
+        env!("CARGO_BIN_EXE_pagellm"),
+        &args,
+        &[("PAGELLM_INJECT_DEVICE_LOSS", "3,8,14")],
+    ));
+    assert_eq!(run(&lossy), calm);
+    assert_eq!(lossy.metric("pagellm_device_losses_total"), 3.0);
+    assert_eq!(lossy.metric("pagellm_device_recoveries_total"), 3.0);
+    let (status, _) = get(&lossy.url("/health"));
+    assert_eq!(status, 200);
+}
+
+#[test]
 fn a_client_that_disconnects_mid_stream_frees_its_blocks() {
     if skip() {
         return;

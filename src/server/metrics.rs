@@ -89,6 +89,8 @@ pub struct Metrics {
     tier_evictions: Family<TierLabel, Counter>,
     tier_bytes: Family<TierLabel, Gauge>,
     abandoned: Counter,
+    device_losses: Counter,
+    device_recoveries: Counter,
     cuts: Family<CutLabel, Counter>,
     pub connections_open: Gauge,
     spec_drafts: Counter,
@@ -100,8 +102,11 @@ pub struct Metrics {
     pub inter_token_latency: Histogram,
     pub e2e_latency: Histogram,
     /// Engine counters as last exported, to turn totals into increments.
-    last: Mutex<[u64; 14]>,
+    last: Mutex<[u64; ENGINE_COUNTERS]>,
 }
+
+/// Engine totals [`Metrics::observe_engine`] turns into counter increments.
+const ENGINE_COUNTERS: usize = 16;
 
 fn seconds() -> impl Iterator<Item = f64> {
     // 1 ms to ~65 s.
@@ -125,6 +130,8 @@ impl Metrics {
             tier_evictions: Family::default(),
             tier_bytes: Family::default(),
             abandoned: Counter::default(),
+            device_losses: Counter::default(),
+            device_recoveries: Counter::default(),
             cuts: Family::default(),
             connections_open: Gauge::default(),
             spec_drafts: Counter::default(),
@@ -135,7 +142,7 @@ impl Metrics {
             time_to_first_token: Histogram::new(seconds()),
             inter_token_latency: Histogram::new(seconds()),
             e2e_latency: Histogram::new(seconds()),
-            last: Mutex::new([0; 14]),
+            last: Mutex::new([0; ENGINE_COUNTERS]),
             registry: Registry::default(),
         };
         for kind in cut::ALL {
@@ -182,6 +189,10 @@ impl Metrics {
                 "Bytes of cached prefix blocks not in use, per tier";
             abandoned: "requests_abandoned",
                 "Requests aborted because the client went away";
+            device_losses: "device_losses",
+                "Times the GPU device was found lost while serving";
+            device_recoveries: "device_recoveries",
+                "Times the engine resumed its requests on a new device after a loss";
             cuts: "http_cuts",
                 "Connections and requests cut or refused to protect the server, per kind";
             connections_open: "http_connections_open",
@@ -252,7 +263,12 @@ impl Metrics {
                 .get_or_create(&TierLabel { tier })
                 .set(bytes);
         }
-        let now = [
+        self.count_engine(s);
+    }
+
+    /// Adds what the engine's totals in `s` grew by since the last call.
+    fn count_engine(&self, s: &EngineStats) {
+        let now: [u64; ENGINE_COUNTERS] = [
             s.scheduler.preempted_by_swap,
             s.scheduler.preempted_by_recompute,
             s.cache.prefix_hits + s.cache.prefix_misses,
@@ -267,6 +283,8 @@ impl Metrics {
             s.cache.evictions,
             s.cache.host_tier.evictions,
             s.disk.map_or(0, |d| d.evictions),
+            s.device.losses,
+            s.device.recoveries,
         ];
         let Ok(mut last) = self.last.lock() else {
             return;
@@ -292,6 +310,8 @@ impl Metrics {
                 .get_or_create(&label)
                 .inc_by(delta(11 + i));
         }
+        self.device_losses.inc_by(delta(14));
+        self.device_recoveries.inc_by(delta(15));
         for (l, n) in last.iter_mut().zip(now) {
             *l = (*l).max(n);
         }

@@ -59,10 +59,16 @@ impl Served {
 /// Starts `pagellm serve --port 0 ARGS`, reads the address it prints, and waits until
 /// `/health` answers 200.
 pub fn serve(binary: &str, args: &[&str]) -> Served {
+    serve_with_env(binary, args, &[])
+}
+
+/// [`serve`] with these environment variables set for the server.
+pub fn serve_with_env(binary: &str, args: &[&str], env: &[(&str, &str)]) -> Served {
     let mut child = Command::new(binary)
         .args(["serve", "--port", "0"])
         .args(args)
         .env("RUST_BACKTRACE", "0")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

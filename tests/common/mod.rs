@@ -186,6 +186,25 @@ pub fn json_ids(v: &serde_json::Value) -> Vec<u32> {
         .collect()
 }
 
+/// A device of an "application's" own on `like`'s adapter, wrapped as an application shares
+/// it: its lost callback (the application's) forwards to the context, and its uncaptured
+/// errors are logged, not fatal.
+pub fn app_device(like: &GpuContext) -> std::sync::Arc<GpuContext> {
+    use std::sync::Arc;
+    let adapter = like.adapter.clone();
+    let desc = GpuContext::device_descriptor(&adapter);
+    let (device, queue) = pollster::block_on(adapter.request_device(&desc)).unwrap();
+    device.on_uncaptured_error(Arc::new(|e: wgpu::Error| eprintln!("app: GPU error: {e}")));
+    let ctx = Arc::new(GpuContext::from_existing(adapter, device.clone(), queue));
+    let weak = Arc::downgrade(&ctx);
+    device.set_device_lost_callback(move |reason, msg| {
+        if let Some(ctx) = weak.upgrade() {
+            ctx.report_device_lost(format!("{reason:?}: {msg}"));
+        }
+    });
+    ctx
+}
+
 pub fn arc(ctx: &GpuContext) -> std::sync::Arc<GpuContext> {
     std::sync::Arc::new(GpuContext::from_existing(
         ctx.adapter.clone(),

@@ -539,6 +539,18 @@ fn print_scheduling(s: &EngineStats) {
         "chunked prefills:       {} partial chunks",
         s.scheduler.partial_prefills
     );
+    let d = &s.device;
+    if d.losses > 0 {
+        eprintln!(
+            "device lost:            {} times, recovered {} ({} groups recomputed, {} kept \
+             swapped; last recovery {:.0} ms)",
+            d.losses,
+            d.recoveries,
+            d.recomputed_groups,
+            d.kept_swapped,
+            d.last_recovery.as_secs_f64() * 1e3
+        );
+    }
 }
 
 /// The prefix cache's lower tiers: host blocks and disk records, hits and evictions.
