@@ -9,7 +9,7 @@
 
 mod common;
 use common::outputs::{assert_same, beams, greedy, prompt, sampled};
-use common::{app_device, contexts, shipped_model};
+use common::{app_device, contexts, own_device, shipped_model};
 use pagellm::internals::constrain::StructuredOutput;
 use pagellm::internals::engine::{
     Engine, EngineConfig, PreemptionMode, Prompt, RequestEvent, RequestHandle, RequestOutput,
@@ -57,16 +57,6 @@ fn tight(inject: &[u64]) -> EngineConfig {
         }),
         ..EngineConfig::default()
     }
-}
-
-/// A device of pagellm's own on `like`'s backend (destroying it leaves the shared test
-/// contexts alone).
-fn own_device(like: &GpuContext) -> Arc<GpuContext> {
-    let req = pagellm::AdapterRequest {
-        backends: wgpu::Backends::from(like.info.backend),
-        ..Default::default()
-    };
-    Arc::new(GpuContext::new(&req).unwrap())
 }
 
 fn add_all(e: &mut Engine) -> Vec<RequestHandle> {

@@ -42,6 +42,24 @@ impl<Id: BlockId> BlockAllocator<Id> {
         self.refcounts[id.index()]
     }
 
+    /// Grows or shrinks the pool to `num_blocks`. New blocks are free (and handed out after
+    /// the blocks already free); blocks cut off must be free (count 0, on the free list),
+    /// else nothing changes and the first one in use is returned.
+    pub fn resize(&mut self, num_blocks: usize) -> Result<(), Id> {
+        let old = self.refcounts.len();
+        if num_blocks < old {
+            if let Some(i) = (num_blocks..old).find(|&i| self.refcounts[i] > 0) {
+                return Err(Id::from_index(i as u32));
+            }
+            self.free.retain(|id| id.index() < num_blocks);
+        } else {
+            let new = (old..num_blocks).rev().map(|i| Id::from_index(i as u32));
+            self.free.splice(0..0, new);
+        }
+        self.refcounts.resize(num_blocks, 0);
+        Ok(())
+    }
+
     /// Takes a block off the free list with a count of 1.
     pub fn pop_free(&mut self) -> Option<Id> {
         let id = self.free.pop()?;

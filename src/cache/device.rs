@@ -138,6 +138,24 @@ impl<Id: BlockId> CachedPool<Id> {
         }
     }
 
+    /// Grows or shrinks the pool to `num_blocks`: blocks cut off must be free (a cached
+    /// one's name is forgotten first), else nothing changes and the first one still in use
+    /// is returned.
+    pub fn resize(&mut self, num_blocks: usize) -> Result<(), Id> {
+        for i in num_blocks..self.alloc.num_blocks() {
+            let block = Id::from_index(i as u32);
+            if self.alloc.refcount(block) > 0 {
+                return Err(block);
+            }
+            self.forget_block_name(block);
+        }
+        self.alloc.resize(num_blocks)?;
+        if let Some(cache) = self.cache.as_mut() {
+            cache.resize(num_blocks);
+        }
+        Ok(())
+    }
+
     /// Forgets `block`'s name, if it has one (see [`Self::forget_name`]).
     pub fn forget_block_name(&mut self, block: Id) {
         if let Some(hash) = self.cache.as_ref().and_then(|c| c.name_of(block)) {

@@ -91,4 +91,10 @@ pub enum CacheError {
 
     #[error("pin {0} is not held")]
     UnknownPin(u64),
+
+    #[error(
+        "{0} is still in use, so the device pool cannot shrink below it (pinned prefix blocks \
+         stay where they are: unpin them first)"
+    )]
+    BlockInUse(DeviceBlockId),
 }

@@ -33,6 +33,7 @@ mod pins;
 mod plan;
 mod prefix;
 mod queries;
+mod resize;
 mod stats;
 mod swap;
 mod tier;

@@ -204,6 +204,14 @@ impl<Id: BlockId> PrefixCache<Id> {
         Some((block, evictable))
     }
 
+    /// Grows or shrinks the per-block records to `num_blocks` (blocks cut off have no
+    /// name: the caller forgot them first).
+    pub fn resize(&mut self, num_blocks: usize) {
+        debug_assert!(self.named.iter().skip(num_blocks).all(Option::is_none));
+        self.named.resize(num_blocks, None);
+        self.released_at.resize(num_blocks, None);
+    }
+
     /// The name of `block`, if it has one.
     pub fn name_of(&self, block: Id) -> Option<BlockHash> {
         self.named.get(block.index())?.as_ref().map(|n| n.hash)

@@ -17,7 +17,7 @@
 use super::error::{EngineError, Result};
 use super::intake::{Intake, Prepared, Request};
 use super::output::{FinishReason, RequestEvent, RequestId};
-use super::recover::{DeviceLostFn, RebuildSpec, Recovery};
+use super::recovery::{DeviceLostFn, RebuildSpec, Recovery};
 use super::request::{completion, Prompt, RequestHandle, RequestSide, SeqOutput, SpecState};
 use super::scheduler::{PreemptionCosts, Scheduler, SchedulerStats};
 use super::sequence::{Sequence, SequenceGroup};
@@ -153,6 +153,8 @@ pub struct Engine {
     pub(super) draft: Option<super::draft::DraftModel>,
     /// What rebuilding on a new device takes, and the losses so far (`recover.rs`).
     pub(super) recovery: Recovery,
+    /// Device blocks one sequence of the full context needs: the smallest pool allowed.
+    pub(super) pool_needed: usize,
 }
 
 /// The host's share of the engine's forward steps: from the start of a step's recording
@@ -314,7 +316,7 @@ fn scheduler(
     plan: &PoolPlan,
     tiers: &Tiers,
 ) -> Result<Scheduler<SeqOutput, RequestSide>> {
-    let watermark = (plan.gpu_blocks / 100).min(plan.gpu_blocks.saturating_sub(plan.needed));
+    let watermark = watermark(plan.gpu_blocks, plan.needed);
     let cache_cfg = CacheConfig::new(config.block_size, plan.gpu_blocks, plan.cpu_blocks)
         .with_watermark_blocks(watermark)
         .with_prefix_caching(config.enable_prefix_caching)
@@ -324,6 +326,12 @@ fn scheduler(
     let mut scheduler = Scheduler::new(config.clone(), blocks);
     scheduler.costs = PreemptionCosts::new(plan.layout.block_bytes_all_layers());
     Ok(scheduler)
+}
+
+/// The watermark of a device pool of `blocks`: 1% of it, less where the pool barely holds
+/// the `needed` blocks of one sequence.
+pub(super) fn watermark(blocks: usize, needed: usize) -> usize {
+    (blocks / 100).min(blocks.saturating_sub(needed))
 }
 
 /// The draft model `config` names, if any, with a pool within the bytes of the target's.
@@ -365,7 +373,7 @@ impl Engine {
     /// [`Self::with_context`], with what gives a new device when the device is lost
     /// ([`Self::on_device_lost`]). A device lost while the weights upload is replaced (by
     /// `on_lost`, or re-created when pagellm opened it) and the load starts again, up to
-    /// [`MAX_CONSECUTIVE_LOSSES`](super::recover::MAX_CONSECUTIVE_LOSSES) times.
+    /// [`MAX_CONSECUTIVE_LOSSES`](super::recovery::MAX_CONSECUTIVE_LOSSES) times.
     pub(crate) fn open(
         mut ctx: Arc<GpuContext>,
         model: ModelSource,
@@ -373,12 +381,12 @@ impl Engine {
         mut on_lost: Option<DeviceLostFn>,
         mut progress: impl FnMut(u64, u64),
     ) -> Result<Self> {
-        let inject = super::recover::injection(&config)?;
+        let inject = super::recovery::injection(&config)?;
         let mut inject_load = inject.load;
         let mut losses = 0;
         loop {
             let mut report = |done, total| progress(done, total);
-            let mut destroy = super::recover::destroy_halfway(&ctx, inject_load);
+            let mut destroy = super::recovery::destroy_halfway(&ctx, inject_load);
             let upload = |done, total| {
                 destroy(done, total);
                 report(done, total);
@@ -391,16 +399,16 @@ impl Engine {
                 }
                 Err(e) => e,
             };
-            let Some(reason) = super::recover::lost_reason(&ctx, &e) else {
+            let Some(reason) = super::recovery::lost_reason(&ctx, &e) else {
                 return Err(e);
             };
             losses += 1;
             inject_load = false;
-            if losses >= super::recover::MAX_CONSECUTIVE_LOSSES {
+            if losses >= super::recovery::MAX_CONSECUTIVE_LOSSES {
                 return Err(e);
             }
             tracing::warn!("the GPU device was lost while loading ({reason}); loading again");
-            ctx = super::recover::new_device(on_lost.as_mut(), &ctx, &reason)?;
+            ctx = super::recovery::new_device(on_lost.as_mut(), &ctx, &reason)?;
         }
     }
 
@@ -455,6 +463,7 @@ impl Engine {
             disk: tiers.disk,
             draft,
             recovery: Recovery::new(rebuild, inject, None),
+            pool_needed: plan.needed,
         };
         engine.calibrate_swap()?;
         Ok(engine)

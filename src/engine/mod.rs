@@ -3,6 +3,7 @@
 //! the sequence types are plain Rust and run without a GPU (see `scheduler`).
 
 mod advance;
+mod budget;
 mod core;
 mod draft;
 mod error;
@@ -13,6 +14,7 @@ pub mod output;
 mod prefix;
 mod propose;
 mod recover;
+mod recovery;
 pub mod request;
 pub mod scheduler;
 pub mod sequence;
@@ -22,6 +24,7 @@ mod tiers;
 
 pub use self::core::{Engine, EngineStats, HostTime};
 pub use crate::config::{EngineConfig, PreemptionMode, SpeculativeConfig, MAX_SPECULATIVE_ROWS};
+pub use budget::PoolResize;
 pub use draft::DraftStats;
 pub use error::{EngineError, Result};
 #[cfg(feature = "native")]
@@ -32,6 +35,6 @@ pub use local::{LocalEngine, StepReport};
 pub use output::{
     CompletionOutput, FinishReason, RequestEvent, RequestId, RequestOutput, TokenLogprob,
 };
-pub use recover::{DeviceLostFn, DeviceStats, MAX_CONSECUTIVE_LOSSES};
+pub use recovery::{DeviceLostFn, DeviceStats, MAX_CONSECUTIVE_LOSSES};
 pub use request::{Prompt, RequestHandle};
 pub use step::StepInFlight;

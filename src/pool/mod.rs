@@ -11,6 +11,8 @@
 //! shard_blocks(s), num_kv_heads, block_size, head_dim]`; the `[2, shard_blocks, ...]` part
 //! of one layer is that layer's "slab", which attention and reshape_and_cache bind.
 
+mod resize;
+
 use crate::error::{GpuError, Result};
 use crate::gpu::{Bind, GpuContext};
 
@@ -49,6 +51,8 @@ pub struct KvPool {
     /// Scratch for the per-shard attention partials of a sharded pool, kept across calls
     /// (grown when a call needs more) so that steps bind the same buffer.
     partials: std::sync::Mutex<Option<wgpu::Buffer>>,
+    /// The cap on one arena's bytes the pool was made with (a resized pool keeps it).
+    arena_limit: u64,
 }
 
 impl KvPool {
@@ -110,6 +114,7 @@ impl KvPool {
             arenas: Vec::with_capacity(num_shards * num_groups),
             partials: std::sync::Mutex::new(None),
             layer_slots: (0..layout.num_layers).map(|l| (0, l)).collect(),
+            arena_limit: max_arena_bytes,
         };
         for s in 0..num_shards {
             for g in 0..num_groups {

@@ -212,6 +212,17 @@ impl ModelRunner {
         &mut self.cache.host
     }
 
+    /// Gives the device pool `num_blocks` blocks, keeping the content of the first ones
+    /// (see [`KvPool::resized`]); the old pool's memory goes back to the device. Nothing
+    /// changes on an error (an allocation the device refused).
+    pub fn resize_pool(&mut self, num_blocks: usize) -> GpuResult<()> {
+        let new = self.cache.device.resized(&self.ctx, num_blocks)?;
+        // Cached bind groups hold the old pool's buffers alive.
+        self.ctx.release_bind_groups();
+        self.cache.device = new;
+        Ok(())
+    }
+
     /// Host blocks a swap-out was to fill and that have not arrived: after a lost device,
     /// what the host pool lacks.
     pub fn unlanded_host_blocks(&self) -> Vec<crate::cache::HostBlockId> {

@@ -186,6 +186,16 @@ pub fn json_ids(v: &serde_json::Value) -> Vec<u32> {
         .collect()
 }
 
+/// A device of pagellm's own on `like`'s backend (destroying it leaves the shared test
+/// contexts alone).
+pub fn own_device(like: &GpuContext) -> std::sync::Arc<GpuContext> {
+    let req = pagellm::AdapterRequest {
+        backends: wgpu::Backends::from(like.info.backend),
+        ..Default::default()
+    };
+    std::sync::Arc::new(GpuContext::new(&req).unwrap())
+}
+
 /// A device of an "application's" own on `like`'s adapter, wrapped as an application shares
 /// it: its lost callback (the application's) forwards to the context, and its uncaptured
 /// errors are logged, not fatal.

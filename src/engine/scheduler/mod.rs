@@ -44,6 +44,7 @@ mod limits;
 mod lost;
 mod preempt;
 mod queues;
+mod resize;
 
 pub use commit::{BeamChild, Committed, Fork, NextToken, SampleOutcome, Sampled};
 pub use cost::{choose_mode, CostEstimate, PreemptionCosts, Victim};

@@ -1,0 +1,75 @@
+//! A live KV budget: the device pool shrinks and grows while the engine serves, so an
+//! application sharing the GPU can hand memory to a game or a browser and take it back.
+//! Shrinking preempts the running groups whose blocks lie beyond the new size (newest
+//! first, by swap or recomputation, `scheduler/resize.rs`), carries out their swap-outs,
+//! forgets cached blocks there, copies the blocks that stay into a smaller pool and lets
+//! the old one go; growing copies into a larger pool and the next step admits what waits.
+//! Requests only pause: nothing they produce changes, and a request fails only if it can
+//! never fit the smaller pool (with the reason, at the next scheduling pass).
+
+use super::core::{watermark, Engine};
+use super::error::{EngineError, Result};
+use crate::pool::PoolSize;
+
+/// What a change of the KV budget did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolResize {
+    /// Blocks of the device pool before and after.
+    pub blocks_before: usize,
+    pub blocks_after: usize,
+    /// Its bytes on the device before and after.
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+    /// Running groups preempted to make room (swapped out or requeued).
+    pub preempted_groups: usize,
+}
+
+impl Engine {
+    /// Resizes the device KV pool to `size` (blocks, or as many blocks as fit the bytes)
+    /// between steps; see the module docs. Refused while a step is in flight and below the
+    /// blocks one sequence of the full context needs; on a device error (an allocation
+    /// refused) the pool keeps its size, and preempted groups come back as usual.
+    pub fn set_kv_budget(&mut self, size: PoolSize) -> Result<PoolResize> {
+        if self.in_flight {
+            return Err(EngineError::Internal(
+                "the KV budget changes between steps; end the step in flight first".into(),
+            ));
+        }
+        let pool = self.runner.pool();
+        let per_block = pool.layout.block_bytes_all_layers();
+        let blocks = match size {
+            PoolSize::Blocks(n) => n,
+            PoolSize::Bytes(b) => (b / per_block) as usize,
+        };
+        if blocks < self.pool_needed {
+            return Err(EngineError::Config(format!(
+                "a KV budget of {blocks} blocks ({} bytes) holds less than one sequence of the \
+                 full context, which needs {} blocks ({} bytes); lower max_model_len to go \
+                 lower",
+                blocks as u64 * per_block,
+                self.pool_needed,
+                self.pool_needed as u64 * per_block
+            )));
+        }
+        let mut report = PoolResize {
+            blocks_before: pool.num_blocks,
+            bytes_before: pool.total_bytes(),
+            ..PoolResize::default()
+        };
+        if blocks < report.blocks_before {
+            report.preempted_groups = self.scheduler.vacate_above(blocks)?;
+        }
+        let ops = self.scheduler.take_block_ops();
+        self.runner.execute(&ops)?;
+        if blocks != report.blocks_before {
+            self.runner.resize_pool(blocks)?;
+            let mark = watermark(blocks, self.pool_needed);
+            self.scheduler.resize_pool(blocks, mark)?;
+            self.recovery.set_pool_blocks(blocks);
+        }
+        report.blocks_after = self.runner.pool().num_blocks;
+        report.bytes_after = self.runner.pool().total_bytes();
+        tracing::info!(?report, "KV budget changed");
+        Ok(report)
+    }
+}
