@@ -3,7 +3,9 @@
 //! arrivals over time and random aborts, on random pools from tiny to ample, random
 //! `max_num_seqs` and budgets, with and without prefix caching (and its host tier, and
 //! prefixes pinned and let go of as the run goes), in all three preemption modes
-//! (automatic with random injected costs), with and without a sliding window. Each
+//! (automatic with random injected costs), with and without a sliding window, with the
+//! device lost now and then (some host blocks counted as never landed) and the device pool
+//! resized between a quarter and twice its size (as a live KV budget does). Each
 //! step's results go through `Scheduler::commit`, the code the engine runs. The driver
 //! checks after every step: the block manager's invariants, no sequence scheduled twice,
 //! gang scheduling, the budget and `max_num_seqs`, decode first, released blocks only
@@ -16,7 +18,7 @@
 mod driver;
 
 use driver::{splitmix, Driver, Outcome, Req};
-use pagellm::internals::cache::CacheConfig;
+use pagellm::internals::cache::{CacheConfig, HostBlockId};
 use pagellm::internals::engine::scheduler::PreemptionCosts;
 use pagellm::internals::engine::sequence::GroupShape;
 use pagellm::internals::engine::{EngineConfig, PreemptionMode, SpeculativeConfig};
@@ -231,6 +233,13 @@ fn run(seed: u64, memo: &mut BTreeMap<String, Outcome>, t: &mut Tally) -> Result
                 .unpin(pin)
                 .map_err(|e| e.to_string())?;
         }
+        if g.chance(2) {
+            lose_device(&mut d, &mut g);
+        }
+        if g.chance(3) {
+            resize_pool(&mut d, &mut g, setup.cache.num_device_blocks);
+            capacity = capacity.min(d.sched.blocks().group_capacity());
+        }
         if d.steps - steps_before > 200 + 20 * work as u64 {
             return Err(format!(
                 "liveness: {} of {next} requests still pending after {} steps ({work} tokens of work) with {:?}",
@@ -314,6 +323,28 @@ fn run(seed: u64, memo: &mut BTreeMap<String, Outcome>, t: &mut Tally) -> Result
         }
     }
     Ok(())
+}
+
+/// The device is lost between steps: every group is requeued or kept swapped (with some
+/// host blocks, at random, counted as never landed).
+fn lose_device(d: &mut Driver, g: &mut Rng) {
+    let host = d.sched.blocks().config().num_host_blocks;
+    let unlanded: Vec<HostBlockId> = (0..host)
+        .filter(|_| g.chance(10))
+        .map(|h| HostBlockId(h as u32))
+        .collect();
+    d.sched.device_lost(&unlanded);
+}
+
+/// The device pool changes size between steps, from a quarter to twice its first size, as
+/// `Engine::set_kv_budget` does it (the swap-outs it needs are taken, as the engine carries
+/// them out); a size below pinned blocks is refused and changes nothing more.
+fn resize_pool(d: &mut Driver, g: &mut Rng, first: usize) {
+    let n = g.range((first / 4).max(2), first * 2);
+    if d.sched.vacate_above(n).is_ok() {
+        let _ = d.sched.take_block_ops();
+        let _ = d.sched.resize_pool(n, n / 100);
+    }
 }
 
 #[test]

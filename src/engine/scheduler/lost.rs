@@ -51,7 +51,7 @@ impl<D, R> Scheduler<D, R> {
 
     /// Frees `g`'s blocks and puts it in the waiting queue to be recomputed; returns the
     /// tokens it had computed.
-    fn requeue(&mut self, mut g: SequenceGroup<D, R>) -> u64 {
+    pub(super) fn requeue(&mut self, mut g: SequenceGroup<D, R>) -> u64 {
         g.seqs.iter_mut().for_each(|s| s.proposed.clear());
         let mut tokens = 0;
         for s in g.live() {

@@ -354,6 +354,15 @@ impl<D, R> Scheduler<D, R> {
                 self.fail(id, reason, pass);
                 continue;
             }
+            if self.never_swaps_in(g)? {
+                // The pool shrank under it: recomputed, its windowed KV cache groups hold
+                // no more than their windows, so it may fit that way (else it fails from
+                // the waiting queue with the reason).
+                if let Some(g) = self.swapped.pop_front() {
+                    self.stats.recomputed_tokens += self.requeue(g);
+                }
+                continue;
+            }
             if !self.fits_swap_in(g, pass)? {
                 break;
             }
@@ -387,6 +396,17 @@ impl<D, R> Scheduler<D, R> {
             && pass.budget > 0
             && self.running_slots() + g.slots() <= self.config.max_num_seqs
             && !(g.is_decoding(&self.blocks) && g.live().count() > pass.budget))
+    }
+
+    /// Whether swapped group `g` needs more blocks to come back (its host blocks and one
+    /// token's growth) than one group can ever be given: a pool that shrank while it was
+    /// out.
+    fn never_swaps_in(&self, g: &SequenceGroup<D, R>) -> Result<bool, CacheError> {
+        let need = self
+            .blocks
+            .group_blocks_after_append(&g.live_ids(), &appending(&self.blocks, g))?
+            + self.chunk_blocks(g, 1);
+        Ok(need > self.blocks.group_capacity())
     }
 
     /// Blocks a swapped-in group takes beyond its next token for this step's chunks (a
