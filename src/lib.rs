@@ -40,10 +40,10 @@ use internals::{
 pub use constrain::StructuredOutput;
 pub use disk_tier::RecordStore;
 pub use engine::{
-    CompletionOutput, Engine, EngineConfig, EngineError as Error, EngineStats, FinishReason,
-    Intake, JsonRequest, LocalEngine, PreemptionMode, Prompt, Request, RequestEvent as Event,
-    RequestHandle, RequestId, RequestOutput as Output, SpeculativeConfig, StepInFlight, StepReport,
-    TokenLogprob,
+    CompletionOutput, DeviceLostFn, Engine, EngineConfig, EngineError as Error, EngineStats,
+    FinishReason, Intake, JsonRequest, LocalEngine, PoolResize, PreemptionMode, Prompt, Request,
+    RequestEvent as Event, RequestHandle, RequestId, RequestOutput as Output, SpeculativeConfig,
+    StepInFlight, StepReport, TokenLogprob,
 };
 pub use error::GpuError;
 pub use faults::DeviceLossInjection;
@@ -55,7 +55,7 @@ pub use handle::{
 pub use kernels::WeightDtype;
 pub use mapped::{MemoryFiles, ModelSource};
 pub use model::open_chat_template;
-pub use pool::{KvDtype, KvRotation};
+pub use pool::{KvDtype, KvRotation, PoolSize};
 pub use sampling::SamplingParams;
 pub use tokenizer::{ChatMessage, ChatTemplate, ChatTemplateError, Tokenizer};
 /// The wgpu this crate is built on, for applications that share their device with it.
@@ -67,7 +67,7 @@ pub mod stats {
     pub use crate::cache::{CacheStats, PoolStats, TierStats};
     pub use crate::disk_tier::DiskStats;
     pub use crate::engine::scheduler::{CostEstimate, PreemptionCosts, SchedulerStats};
-    pub use crate::engine::{DraftStats, HostTime};
+    pub use crate::engine::{DeviceStats, DraftStats, HostTime};
     pub use crate::model::gpu::WeightBytes;
     pub use crate::pool::KvLayout;
 }

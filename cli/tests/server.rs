@@ -88,7 +88,10 @@ fn stream(url: &str, body: &Value) -> Vec<Value> {
 }
 
 /// Per choice index: concatenated text, token logprobs, finish reason.
-fn collect(chunks: &[Value]) -> Vec<(String, Vec<f64>, String)> {
+type Choices = Vec<(String, Vec<f64>, String)>;
+
+/// The [`Choices`] of a streamed completion's chunks.
+fn collect(chunks: &[Value]) -> Choices {
     let mut v: Vec<(String, Vec<f64>, String)> = Vec::new();
     for c in chunks {
         for ch in c["choices"].as_array().unwrap() {
@@ -390,13 +393,9 @@ fn concurrent_streams_through_a_small_pool_equal_their_solo_runs() {
     );
 }
 
-#[test]
-fn streams_go_on_across_device_losses_with_unchanged_tokens() {
-    if skip() {
-        return;
-    }
-    let dir = fixture();
-    let bodies: Vec<Value> = (0..8)
+/// Eight streamed completions: greedy ones, and seeded n = 2 samples.
+fn story_bodies() -> Vec<Value> {
+    (0..8)
         .map(|i| {
             let prompt = format!("story {i} begins with {} birds", i * 5 % 7);
             match i % 2 {
@@ -407,46 +406,138 @@ fn streams_go_on_across_device_losses_with_unchanged_tokens() {
                             "stream": true}),
             }
         })
-        .collect();
-    let args = [
-        "--model",
-        &dir,
-        "--num-gpu-blocks",
-        "12",
-        "--max-model-len",
-        "64",
-        "--num-cpu-blocks",
-        "64",
-    ];
-    let run = |s: &Server| -> Vec<Vec<(String, Vec<f64>, String)>> {
-        let url = s.url("/v1/completions");
-        let threads: Vec<_> = bodies
-            .iter()
-            .map(|b| {
-                let (url, b) = (url.clone(), b.clone());
-                std::thread::spawn(move || {
-                    let chunks = stream(&url, &b);
-                    assert!(
-                        chunks.iter().all(|c| c.get("error").is_none()),
-                        "{chunks:?}"
-                    );
-                    collect(&chunks)
-                })
+        .collect()
+}
+
+/// Streams every body at once (with `headers`), checks that no stream carried an error,
+/// and returns what each produced.
+fn stream_all(
+    s: &Server,
+    bodies: &[Value],
+    headers: &'static [(&'static str, &'static str)],
+) -> Vec<std::thread::JoinHandle<Choices>> {
+    let url = s.url("/v1/completions");
+    bodies
+        .iter()
+        .map(|b| {
+            let (url, b) = (url.clone(), b.to_string());
+            std::thread::spawn(move || {
+                let chunks = http::post_stream(&url, &b, headers);
+                assert!(
+                    chunks.iter().all(|c| c.get("error").is_none()),
+                    "{chunks:?}"
+                );
+                collect(&chunks)
             })
-            .collect();
-        threads.into_iter().map(|t| t.join().unwrap()).collect()
-    };
-    let calm = run(&Server::start(&args));
+        })
+        .collect()
+}
+
+fn joined<T>(threads: Vec<std::thread::JoinHandle<T>>) -> Vec<T> {
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+/// A small pool (12 blocks of 16 tokens, 64-token context): requests preempt each other.
+const SMALL_POOL: [&str; 6] = [
+    "--num-gpu-blocks",
+    "12",
+    "--max-model-len",
+    "64",
+    "--num-cpu-blocks",
+    "64",
+];
+
+#[test]
+fn streams_go_on_across_device_losses_with_unchanged_tokens() {
+    if skip() {
+        return;
+    }
+    let dir = fixture();
+    let args: Vec<&str> = ["--model", dir.as_str()]
+        .into_iter()
+        .chain(SMALL_POOL)
+        .collect();
+    let calm = joined(stream_all(&Server::start(&args), &story_bodies(), &[]));
     let lossy = Server(http::serve_with_env(
         env!("CARGO_BIN_EXE_pagellm"),
         &args,
         &[("PAGELLM_INJECT_DEVICE_LOSS", "3,8,14")],
     ));
-    assert_eq!(run(&lossy), calm);
+    assert_eq!(joined(stream_all(&lossy, &story_bodies(), &[])), calm);
     assert_eq!(lossy.metric("pagellm_device_losses_total"), 3.0);
     assert_eq!(lossy.metric("pagellm_device_recoveries_total"), 3.0);
     let (status, _) = get(&lossy.url("/health"));
     assert_eq!(status, 200);
+}
+
+#[test]
+fn the_kv_budget_shrinks_and_grows_under_streams_with_the_api_key() {
+    if skip() {
+        return;
+    }
+    let dir = fixture();
+    let args = [
+        "--model",
+        dir.as_str(),
+        "--num-gpu-blocks",
+        "48",
+        "--max-model-len",
+        "64",
+    ];
+    let calm = joined(stream_all(&Server::start(&args), &story_bodies(), &[]));
+    let keyed: Vec<&str> = args.into_iter().chain(["--api-key", "k"]).collect();
+    let s = Server::start(&keyed);
+    let auth: &'static [(&str, &str)] = &[("Authorization", "Bearer k")];
+    let budget = |body: &str| post(&s.url("/admin/kv_budget"), body, auth);
+    let streams = stream_all(&s, &story_bodies(), auth);
+    let (status, shrunk, _) = budget(r#"{"blocks": 12}"#);
+    assert_eq!(status, 200, "{shrunk}");
+    assert_eq!(
+        (
+            shrunk["blocks_before"].as_u64(),
+            shrunk["blocks_after"].as_u64()
+        ),
+        (Some(48), Some(12))
+    );
+    assert_eq!(s.metric("pagellm_kv_cache_capacity_tokens"), 12.0 * 16.0);
+    std::thread::sleep(Duration::from_millis(200));
+    let bytes = shrunk["bytes_before"].as_u64().unwrap();
+    let (status, grown, _) = budget(&format!(r#"{{"bytes": {bytes}}}"#));
+    assert_eq!(status, 200, "{grown}");
+    assert_eq!(grown["blocks_after"].as_u64(), Some(48));
+    assert_eq!(joined(streams), calm);
+    // Refusals: no key, a budget below one full-context sequence, a malformed body.
+    let (status, _, _) = post(&s.url("/admin/kv_budget"), r#"{"blocks": 12}"#, &[]);
+    assert_eq!(status, 401);
+    let (status, e, _) = budget(r#"{"blocks": 2}"#);
+    assert!(
+        status == 400
+            && e["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("needs 4 blocks"),
+        "{e}"
+    );
+    for bad in [
+        r#"{"bytes": -1}"#,
+        r#"{"blocks": 4, "bytes": 9}"#,
+        r#"{}"#,
+        "[1]",
+    ] {
+        let (status, e, _) = budget(bad);
+        assert_eq!(status, 400, "{bad}: {e}");
+    }
+    // A server without an API key has no admin endpoints.
+    let open = Server::start(&args);
+    let (status, e, _) = post(&open.url("/admin/kv_budget"), r#"{"blocks": 12}"#, &[]);
+    assert!(
+        status == 403
+            && e["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("--api-key"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -91,6 +91,9 @@ fn refuse_all(rx: &flume::Receiver<Command>, why: &str) {
                 }
             }
             Command::Stop => break,
+            Command::SetKvBudget(_, reply) => {
+                let _ = reply.send(Err(crate::engine::EngineError::Unavailable(why.into())));
+            }
             Command::Abort(_) | Command::AbortAll | Command::Stats(_) => {}
         }
     }
@@ -155,6 +158,10 @@ impl Loop {
             Command::Stats(reply) => {
                 let snapshot = self.meter.snapshot(self.engine.stats());
                 let _ = reply.send(snapshot);
+            }
+            Command::SetKvBudget(size, reply) => {
+                let _ = reply.send(self.engine.set_kv_budget(size));
+                self.publish();
             }
             Command::Stop => return false,
         }

@@ -222,6 +222,11 @@ pub(crate) enum Command {
     AbortAll,
     /// Statistics as they are now, after the step in progress.
     Stats(flume::Sender<StatsSnapshot>),
+    /// Resize the device KV pool after the step in progress.
+    SetKvBudget(
+        crate::pool::PoolSize,
+        flume::Sender<Result<crate::engine::PoolResize>>,
+    ),
     /// Abort what is pending and end the thread.
     Stop,
 }
@@ -455,6 +460,22 @@ impl EngineHandle {
         let (tx, rx) = flume::bounded(1);
         self.commands.send(Command::Stats(tx)).ok()?;
         rx.recv().ok()
+    }
+
+    /// Changes the KV budget, the device pool's size, while the engine runs (see
+    /// [`Engine::set_kv_budget`]): after the step in progress, the pool shrinks (the
+    /// running groups holding blocks beyond the new size are preempted, newest first, and
+    /// come back into what is left) or grows (waiting requests are let in at the next
+    /// step), and its device memory is given back or taken. Waits for that and returns
+    /// what it did; no request's output changes.
+    pub fn set_kv_budget(&self, size: crate::pool::PoolSize) -> Result<crate::engine::PoolResize> {
+        self.ready()?;
+        let (tx, rx) = flume::bounded(1);
+        self.commands
+            .send(Command::SetKvBudget(size, tx))
+            .map_err(|_| EngineError::Unavailable("the engine has stopped".into()))?;
+        rx.recv()
+            .map_err(|_| EngineError::Unavailable("the engine has stopped".into()))?
     }
 
     /// Aborts what is pending, ends the engine thread and waits for it. Returns the

@@ -112,9 +112,13 @@ impl BodyLimits {
     }
 }
 
-/// The paths that take a JSON body and the API key: `/v1/*`, `/tokenize`, `/detokenize`.
+/// The paths that take a JSON body and the API key: `/v1/*`, `/admin/*`, `/tokenize`,
+/// `/detokenize`.
 pub fn is_api(path: &str) -> bool {
-    path.starts_with("/v1/") || path == "/tokenize" || path == "/detokenize"
+    path.starts_with("/v1/")
+        || path.starts_with("/admin/")
+        || path == "/tokenize"
+        || path == "/detokenize"
 }
 
 /// What the guard lets through.

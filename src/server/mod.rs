@@ -15,6 +15,7 @@
 //! answers 503 too) while running ones finish for a grace period, then aborts the rest
 //! (their non-streamed responses are 503s), stops accepting and returns.
 
+mod admin;
 mod chat;
 mod completions;
 mod error;
@@ -120,6 +121,7 @@ pub fn router(app: Arc<AppState>, guard: Arc<GuardConfig>) -> Router {
         .route("/v1/models", get(models))
         .route("/tokenize", post(tokens::tokenize))
         .route("/detokenize", post(tokens::detokenize))
+        .route("/admin/kv_budget", post(admin::kv_budget))
         .route_layer(middleware::from_fn_with_state(app.clone(), authorize));
     Router::new()
         .merge(v1)
