@@ -156,6 +156,30 @@ impl<Id: BlockId> CachedPool<Id> {
         Ok(())
     }
 
+    /// Evicts `block` if it is cached and unreferenced: it goes back to the free list, and
+    /// its name to the evicted list (for the host tier to copy it down). Returns whether
+    /// it was evicted.
+    pub fn evict_block(&mut self, block: Id) -> bool {
+        if self.alloc.refcount(block) > 0 {
+            return false;
+        }
+        let Some(cache) = self.cache.as_mut() else {
+            return false;
+        };
+        let Some(name) = cache.name(block).cloned() else {
+            return false;
+        };
+        if !matches!(cache.forget(name.hash), Some((_, true))) {
+            return false;
+        }
+        self.alloc.push_free(block);
+        self.evictions += 1;
+        if self.keep_evicted {
+            self.evicted.push((block, name));
+        }
+        true
+    }
+
     /// Forgets `block`'s name, if it has one (see [`Self::forget_name`]).
     pub fn forget_block_name(&mut self, block: Id) {
         if let Some(hash) = self.cache.as_ref().and_then(|c| c.name_of(block)) {

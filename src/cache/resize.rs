@@ -1,7 +1,8 @@
 //! Resizing the device pool while it serves: the KV budget given back to (or taken again
 //! from) the applications that share the GPU. Growing only adds free blocks. Shrinking to
 //! `n` blocks needs every block at or above `n` free first: cached blocks there are
-//! forgotten here, and the scheduler preempts the running groups that hold any (swapping
+//! evicted (copied down to the host tier, where there is one, by the next plan), and the
+//! scheduler preempts the running groups that hold any (swapping
 //! their blocks to host memory or dropping them for recomputation), whose swap-outs the
 //! engine carries out on the old pool before it copies blocks `0..n` into a smaller one.
 
@@ -31,6 +32,17 @@ impl BlockManager {
         out.dedup();
         debug_assert!(out.iter().all(|&id| group_of(id) == 0));
         out
+    }
+
+    /// Evicts the cached, unreferenced device blocks at or above `limit`: with a host tier,
+    /// the next plan copies them down to it (before the pool shrinks). Returns how many.
+    pub fn evict_cached_above(&mut self, limit: usize) -> usize {
+        // The highest first: a prompt's deeper blocks were mostly allocated after its
+        // first ones, and the tier should let them go before the blocks they extend.
+        (limit..self.device.num_blocks())
+            .rev()
+            .filter(|&i| self.device.evict_block(DeviceBlockId(i as u32)))
+            .count()
     }
 
     /// Pinned device blocks at or above `limit`.

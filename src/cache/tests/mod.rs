@@ -6,6 +6,7 @@ mod group;
 mod kv_groups;
 mod pins;
 mod prefix;
+mod resize;
 mod sharing;
 mod speculation;
 mod swap;

@@ -1,6 +1,7 @@
 //! The device pool changes size while the scheduler runs (`cache/resize.rs`). To shrink
-//! to `n` blocks, every running group holding a block at or above `n` is preempted, newest
-//! first, by swap or recomputation as any preemption is (`preempt.rs`); the swap-outs that
+//! to `n` blocks, the least valuable blocks go first: cached prefix blocks at or above `n`
+//! are evicted (copied down to the host tier, where there is one); then every running
+//! group holding a block there is preempted, newest first, by swap or recomputation as any preemption is (`preempt.rs`); the swap-outs that
 //! records are the caller's to carry out on the old pool before it goes. Groups come back
 //! through the usual queues, into the blocks left, so nothing they produce changes; one
 //! that can never fit the smaller pool fails alone at the next scheduling pass.
@@ -11,9 +12,11 @@ use crate::engine::output::RequestId;
 use std::collections::HashSet;
 
 impl<D, R> Scheduler<D, R> {
-    /// Preempts the running groups that hold a device block at or above `limit`, newest
-    /// first; returns how many. Their swap-outs are in [`Self::take_block_ops`].
+    /// Evicts the cached blocks at or above `limit` (to the host tier, if there is one),
+    /// then preempts the running groups that hold a device block there, newest first;
+    /// returns how many groups. The copies and swap-outs are in [`Self::take_block_ops`].
     pub fn vacate_above(&mut self, limit: usize) -> Result<usize, CacheError> {
+        self.blocks.evict_cached_above(limit);
         let holders: HashSet<_> = self.blocks.sequences_above(limit).into_iter().collect();
         let mut victims: Vec<(u64, RequestId)> = self
             .running
