@@ -142,6 +142,11 @@ pub struct EngineConfig {
     pub kv_cache_store: Option<crate::disk_tier::RecordStore>,
     /// Most bytes the disk tier keeps (least recently used records go first).
     pub kv_cache_disk_bytes: u64,
+    /// A frame-time budget: the most milliseconds one step should take. The engine times
+    /// its steps and caps the tokens of the next one at what fits (prefill chunks shrink;
+    /// see `engine::pacing`), for a GPU shared with an application's window. Outputs do
+    /// not change. `None` (the default): only `max_num_batched_tokens` bounds a step.
+    pub max_step_ms: Option<f64>,
     /// Destroys the device on purpose at these moments, to check recovery from a lost
     /// device (see [`crate::faults`]); `None` (the default) reads
     /// `PAGELLM_INJECT_DEVICE_LOSS` when the engine opens.
@@ -191,6 +196,7 @@ impl Default for EngineConfig {
             kv_cache_disk_bytes: 4 << 30,
             draft_model: None,
             inject_device_loss: None,
+            max_step_ms: None,
         }
     }
 }

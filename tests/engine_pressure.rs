@@ -290,3 +290,70 @@ fn forked_samples_never_exceed_max_num_seqs() {
     assert_same("max_num_seqs 5", &got, &alone);
     assert!(e.stats().scheduler.peak_running_seqs <= 5);
 }
+
+#[test]
+fn a_frame_time_budget_cuts_steps_and_changes_no_output() {
+    for ctx in contexts() {
+        let dir = golden::fixture_dir("llama-gqa");
+        let work = workload();
+        let unpaced = EngineConfig {
+            max_model_len: Some(64),
+            max_num_batched_tokens: 64,
+            ..EngineConfig::default()
+        };
+        let mut e = engine(ctx, &dir, unpaced.clone());
+        let want = run(&mut e, &work);
+        let chunks_unpaced = e.stats().scheduler.partial_prefills;
+        // A budget no step meets: every step is cut to what the last one shows would fit,
+        // down to the widest group (4 samples) when nothing does.
+        let paced = EngineConfig {
+            max_step_ms: Some(0.01),
+            ..unpaced
+        };
+        let mut e = engine(ctx, &dir, paced);
+        let hs: Vec<_> = work
+            .iter()
+            .map(|(p, s)| e.add_request(Prompt::Tokens(p.clone()), s.clone()).unwrap())
+            .collect();
+        let mut steps = 0;
+        while e.has_unfinished() {
+            let cap = e.stats().pacing.expect("pacing").token_limit;
+            let tokens = e.step().unwrap();
+            // Beyond the first step (the cap's starting value), the widest group's 4
+            // sequences at most, or the cap.
+            assert!(
+                tokens <= cap.max(4),
+                "step {steps}: {tokens} tokens over a cap of {cap}"
+            );
+            steps += 1;
+        }
+        let got: Vec<RequestOutput> = hs.iter().map(|h| h.wait().unwrap()).collect();
+        assert_same("paced", &got, &want);
+        let s = e.stats();
+        let p = s.pacing.unwrap();
+        assert!(p.over_budget > 0 && p.token_limit <= 4, "{p:?}");
+        assert!(
+            s.scheduler.partial_prefills > chunks_unpaced,
+            "no prompt was cut further: {} against {chunks_unpaced}",
+            s.scheduler.partial_prefills
+        );
+    }
+}
+
+#[test]
+fn an_impossible_frame_time_budget_is_refused() {
+    let Some(&ctx) = contexts().first() else {
+        return;
+    };
+    for ms in [0.0, -1.0, f64::NAN] {
+        let cfg = EngineConfig {
+            max_step_ms: Some(ms),
+            ..EngineConfig::default()
+        };
+        let err = Engine::with_context(arc(ctx), golden::fixture_dir("llama-gqa"), cfg, |_, _| {})
+            .err()
+            .expect("accepted")
+            .to_string();
+        assert!(err.contains("max_step_ms"), "{err}");
+    }
+}

@@ -306,6 +306,41 @@ fn injected_device_losses_change_no_output_and_stats_count_them() {
 }
 
 #[test]
+fn a_step_budget_changes_no_output_and_an_impossible_one_is_refused() {
+    if skip() {
+        return;
+    }
+    let dir = common::shipped_model();
+    let args = [
+        "--model",
+        &dir,
+        "--prompt",
+        "Once upon a time there was a little bird who",
+        "--max-tokens",
+        "16",
+        "--temperature",
+        "0",
+    ];
+    let (ok, plain, stderr) = generate(&args);
+    assert!(ok, "{stderr}");
+    let paced: Vec<&str> = args
+        .iter()
+        .copied()
+        .chain(["--max-step-ms", "0.5"])
+        .collect();
+    let (ok, out, stderr) = generate(&paced);
+    assert!(ok, "{stderr}");
+    assert_eq!(out, plain);
+    for bad in ["0", "-3", "soon"] {
+        let mut a = args.to_vec();
+        let given = format!("--max-step-ms={bad}");
+        a.push(&given);
+        let (ok, _, stderr) = generate(&a);
+        assert!(!ok && stderr.contains("--max-step-ms"), "{bad}: {stderr}");
+    }
+}
+
+#[test]
 fn kv_dtypes_report_their_capacity_and_unknown_ones_are_refused() {
     if skip() {
         return;

@@ -78,7 +78,7 @@ pub struct ChatApp {
     /// A fault not tied to one conversation (a failed step, the engine thread gone).
     banner: Option<String>,
     engine_gone: bool,
-    snapshot: Option<Snapshot>,
+    pub snapshot: Option<Snapshot>,
     /// Tokens streamed into conversations, with when, over the last two seconds.
     streamed: VecDeque<(Instant, usize)>,
     pub frames: FrameTimes,
@@ -105,6 +105,7 @@ impl ChatApp {
             kv_dtype: args.kv_dtype,
             weight_dtype: args.weight_dtype,
             max_num_batched_tokens: args.max_batched_tokens,
+            max_step_ms: (args.max_step_ms > 0.0).then_some(args.max_step_ms),
             kv_cache_dir: args.kv_cache_dir.clone(),
             ..EngineConfig::default()
         };
@@ -557,6 +558,16 @@ impl ChatApp {
             row(
                 "last step",
                 format!("{:.1} ms", snap.last_step.as_secs_f64() * 1e3),
+            );
+            row(
+                "step budget",
+                match st.pacing {
+                    Some(p) => format!(
+                        "{:.0} ms: next step up to {} tokens; {} of {} steps over",
+                        p.budget_ms, p.token_limit, p.over_budget, p.steps
+                    ),
+                    None => "none (--max-step-ms 0)".into(),
+                },
             );
             let (p50, p99) = self.frames.recent_p50_p99();
             row("frame time", format!("p50 {p50:.1} ms, p99 {p99:.1} ms"));

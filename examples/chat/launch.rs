@@ -50,6 +50,12 @@ pub struct Args {
     /// size, which bounds how long one step holds the shared queue.
     #[arg(long, default_value_t = 128)]
     pub max_batched_tokens: usize,
+    /// The frame-time budget of one engine step in milliseconds: steps are timed and
+    /// prompt chunks cut to what fits, so that the window's frames are not held up behind
+    /// a long step on the queue they share; 0 turns it off (only --max-batched-tokens
+    /// bounds a step). Replies are the same either way.
+    #[arg(long, default_value_t = 16.0)]
+    pub max_step_ms: f64,
     /// Most redraws per second while replies stream (each shows every token that arrived
     /// since the last).
     #[arg(long, default_value_t = 30.0)]

@@ -363,6 +363,12 @@ impl Script {
         row("frame interval, busy", &self.busy_ms);
         row("ui code, idle", &self.idle_ui_ms);
         row("ui code, busy", &self.busy_ui_ms);
+        if let Some(p) = app.snapshot.as_ref().and_then(|s| s.stats.pacing) {
+            println!(
+                "step budget {:.0} ms: {} of {} steps over, last step {:.1} ms, cap {} tokens",
+                p.budget_ms, p.over_budget, p.steps, p.last_ms, p.token_limit
+            );
+        }
         if let Some(path) = &self.frame_log {
             let mut text = String::new();
             for ms in &self.idle_ms {

@@ -84,6 +84,8 @@ pub struct EngineStats {
     pub disk: Option<DiskStats>,
     /// Lost devices and recoveries.
     pub device: super::DeviceStats,
+    /// The frame-time budget's pacing, when `max_step_ms` is set.
+    pub pacing: Option<super::PacingStats>,
 }
 
 impl EngineStats {
@@ -155,6 +157,8 @@ pub struct Engine {
     pub(super) recovery: Recovery,
     /// Device blocks one sequence of the full context needs: the smallest pool allowed.
     pub(super) pool_needed: usize,
+    /// The step-size cap under `config.max_step_ms`, if set (`pacing.rs`).
+    pub(super) pacer: Option<super::StepPacer>,
 }
 
 /// The host's share of the engine's forward steps: from the start of a step's recording
@@ -328,6 +332,21 @@ fn scheduler(
     Ok(scheduler)
 }
 
+/// The step pacer `config.max_step_ms` asks for; a budget that is not a positive number
+/// of milliseconds is refused.
+fn pacer(config: &EngineConfig) -> Result<Option<super::StepPacer>> {
+    match config.max_step_ms {
+        None => Ok(None),
+        Some(ms) if ms.is_finite() && ms > 0.0 => Ok(Some(super::StepPacer::new(
+            ms,
+            config.max_num_batched_tokens,
+        ))),
+        Some(ms) => Err(EngineError::Config(format!(
+            "max_step_ms {ms} is not a positive number of milliseconds"
+        ))),
+    }
+}
+
 /// The watermark of a device pool of `blocks`: 1% of it, less where the pool barely holds
 /// the `needed` blocks of one sequence.
 pub(super) fn watermark(blocks: usize, needed: usize) -> usize {
@@ -426,6 +445,7 @@ impl Engine {
             ctx.enable_profiling();
         }
         check_speculation(&config)?;
+        let pacer = pacer(&config)?;
         let max_model_len = context_length(&c, &config)?;
         let plan = PoolPlan::for_engine(&c, &config, max_model_len)?;
         let (rows, tokens) = (config.max_sampled_rows(), config.max_num_batched_tokens);
@@ -464,6 +484,7 @@ impl Engine {
             draft,
             recovery: Recovery::new(rebuild, inject, None),
             pool_needed: plan.needed,
+            pacer,
         };
         engine.calibrate_swap()?;
         Ok(engine)
@@ -700,6 +721,7 @@ impl Engine {
             host: self.host,
             disk: self.disk.as_ref().map(Disk::stats),
             device: self.recovery.stats,
+            pacing: self.pacer.as_ref().map(super::StepPacer::stats),
         }
     }
 }

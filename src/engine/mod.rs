@@ -11,6 +11,7 @@ mod intake;
 mod json_request;
 mod local;
 pub mod output;
+mod pacing;
 mod prefix;
 mod propose;
 mod recover;
@@ -35,6 +36,7 @@ pub use local::{LocalEngine, StepReport};
 pub use output::{
     CompletionOutput, FinishReason, RequestEvent, RequestId, RequestOutput, TokenLogprob,
 };
+pub use pacing::{PacingStats, StepPacer};
 pub use recovery::{DeviceLostFn, DeviceStats, MAX_CONSECUTIVE_LOSSES};
 pub use request::{Prompt, RequestHandle};
 pub use step::StepInFlight;

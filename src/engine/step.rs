@@ -267,6 +267,7 @@ impl Engine {
     /// submits its work.
     fn schedule_and_submit(&mut self) -> Result<Work> {
         self.load_waiting_from_disk();
+        self.scheduler.step_token_limit = self.pacer.as_ref().map(super::StepPacer::limit);
         let mut sched = self.scheduler.schedule()?;
         for f in std::mem::take(&mut sched.failed) {
             f.group.send(RequestEvent::Failed(f.reason));
@@ -338,11 +339,15 @@ impl Engine {
         compiled: u64,
     ) {
         let rows: usize = sched.scheduled.iter().map(|s| s.len).sum();
+        let compiled = self.compiled_since(compiled);
+        if let Some(p) = self.pacer.as_mut().filter(|_| !compiled) {
+            p.record(rows, start.elapsed().as_secs_f64());
+        }
         if sched.scheduled.iter().any(|s| s.own_len() > 1) {
             self.scheduler
                 .costs
                 .record_prefill(rows, start.elapsed().as_secs_f64());
-        } else if self.config.speculative.is_some() && !self.compiled_since(compiled) {
+        } else if self.config.speculative.is_some() && !compiled {
             self.step_costs.record(rows, start.elapsed().as_secs_f64());
         }
     }

@@ -129,6 +129,7 @@ impl Loop {
             }
             if self.engine.has_unfinished() {
                 self.step();
+                self.yield_to_the_application();
             }
             // Statistics walk every block table: publish them at most every
             // `stats_every` while busy, and always before waiting idle.
@@ -199,6 +200,14 @@ impl Loop {
             took,
             error,
         });
+    }
+
+    /// Under a frame-time budget on an application's device, lets the application's
+    /// threads (its render thread's submit) in between two steps.
+    fn yield_to_the_application(&self) {
+        if self.engine.config().max_step_ms.is_some() && !self.engine.context().is_own() {
+            std::thread::yield_now();
+        }
     }
 
     fn publish(&mut self) {

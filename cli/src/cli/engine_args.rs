@@ -83,6 +83,14 @@ fn parse_row_cost(s: &str) -> Result<f64, String> {
     }
 }
 
+fn parse_step_ms(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(ms) if ms.is_finite() && ms > 0.0 => Ok(ms),
+        Ok(ms) => Err(format!("{ms} is not a positive number of milliseconds")),
+        Err(e) => Err(format!("`{s}` is not a number: {e}")),
+    }
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct EngineArgs {
     /// Tokens per KV block.
@@ -109,6 +117,11 @@ pub struct EngineArgs {
     /// Token budget of one step (prefill chunks plus decodes).
     #[arg(long, default_value_t = 512)]
     pub max_batched_tokens: usize,
+    /// A frame-time budget: the most milliseconds one engine step should take (8 or 16 on
+    /// a GPU that also draws a desktop). Steps are timed and prefill chunks cut to what
+    /// fits; outputs do not change. Default: no budget beyond --max-batched-tokens.
+    #[arg(long, value_name = "MS", value_parser = parse_step_ms)]
+    pub max_step_ms: Option<f64>,
     #[arg(long)]
     pub no_prefix_caching: bool,
     /// Storage of the KV cache: f16, f32, or int8 / int4 codes with f16 scales per group of
@@ -190,6 +203,7 @@ impl EngineArgs {
             max_model_len: self.max_model_len,
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_batched_tokens,
+            max_step_ms: self.max_step_ms,
             enable_prefix_caching: !self.no_prefix_caching,
             kv_dtype: self.kv_dtype.into(),
             kv_rotation: self.kv_rotation.into(),

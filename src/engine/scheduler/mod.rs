@@ -191,6 +191,9 @@ pub struct Scheduler<D = (), R = ()> {
     /// Arrival order.
     swapped: VecDeque<SequenceGroup<D, R>>,
     next_seq: u64,
+    /// Most tokens the next step may hold, below `max_num_batched_tokens` (a frame-time
+    /// budget's cap, `pacing.rs`); never below the widest group's sequences.
+    pub step_token_limit: Option<usize>,
 }
 
 /// State of one scheduling pass.
@@ -226,6 +229,7 @@ impl<D, R> Scheduler<D, R> {
             running: Vec::new(),
             swapped: VecDeque::new(),
             next_seq: 0,
+            step_token_limit: None,
         }
     }
 
@@ -241,7 +245,7 @@ impl<D, R> Scheduler<D, R> {
     pub fn schedule(&mut self) -> Result<SchedulerOutput<D, R>, CacheError> {
         self.stats.steps += 1;
         let mut pass = Pass {
-            budget: self.config.max_num_batched_tokens,
+            budget: self.step_budget(),
             preempted: false,
             served: Vec::new(),
             out: SchedulerOutput::default(),
@@ -259,6 +263,20 @@ impl<D, R> Scheduler<D, R> {
         pass.out.ops = self.blocks.take_ops();
         self.record_peaks();
         Ok(pass.out)
+    }
+
+    /// The step's token budget: `max_num_batched_tokens`, under the step token limit when
+    /// one is set, but never below the widest group's sequences (so the oldest group can
+    /// always take a step).
+    fn step_budget(&self) -> usize {
+        let cap = self.config.max_num_batched_tokens;
+        match self.step_token_limit {
+            Some(limit) => {
+                let widest = self.groups().map(|g| g.shape.width()).max().unwrap_or(1);
+                cap.min(limit.max(widest))
+            }
+            None => cap,
+        }
     }
 
     /// The block tables of `scheduled` in every KV cache group, as they stand once the
