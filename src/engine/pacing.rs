@@ -1,9 +1,10 @@
 //! A frame-time budget for engine steps: on a GPU shared with an application's window, one
 //! step holds the queue for as long as its work runs, so a long prefill chunk makes a frame
 //! late. With `max_step_ms` set, the engine measures how long steps of each size take and
-//! caps the tokens of the next step (prefill chunks first, since decodes come first in a
-//! step) at what fits the budget; the scheduler never goes below the widest group's
-//! sequences, so every request still progresses. Kernels compute a row the same whatever
+//! caps the tokens of the next step at what fits the budget. The cap cuts prefill chunks,
+//! not streams: the scheduler always gives every decoding sequence its token and a prompt
+//! at least `MIN_PACED_PREFILL` tokens, so every request still progresses where even the
+//! decodes overrun the budget. Kernels compute a row the same whatever
 //! batch it is in, so the budget changes how work is cut, never what it produces.
 //!
 //! Step time is the engine's wall time from the step's start to its results (so it covers

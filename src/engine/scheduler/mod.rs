@@ -57,6 +57,10 @@ use crate::cache::{AllocStatus, BlockManager, BlockOps, CacheError, DeviceBlockI
 use crate::config::EngineConfig;
 use std::collections::{HashMap, VecDeque};
 
+/// Prompt tokens a step under a time budget may always hold beside its decodes
+/// ([`Scheduler::step_token_limit`]).
+pub const MIN_PACED_PREFILL: usize = 16;
+
 /// One sequence's share of a step.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ScheduledSeq {
@@ -192,7 +196,7 @@ pub struct Scheduler<D = (), R = ()> {
     swapped: VecDeque<SequenceGroup<D, R>>,
     next_seq: u64,
     /// Most tokens the next step may hold, below `max_num_batched_tokens` (a frame-time
-    /// budget's cap, `pacing.rs`); never below the widest group's sequences.
+    /// budget's cap, `pacing.rs`); see `step_budget` for its floor.
     pub step_token_limit: Option<usize>,
 }
 
@@ -266,17 +270,23 @@ impl<D, R> Scheduler<D, R> {
     }
 
     /// The step's token budget: `max_num_batched_tokens`, under the step token limit when
-    /// one is set, but never below the widest group's sequences (so the oldest group can
-    /// always take a step).
+    /// one is set. The limit cuts prefill chunks, not streams: it never goes below every
+    /// decoding sequence's token plus [`MIN_PACED_PREFILL`] tokens of prompt (so new
+    /// requests get in where even the decodes overrun the budget), nor below the widest
+    /// group's sequences.
     fn step_budget(&self) -> usize {
         let cap = self.config.max_num_batched_tokens;
-        match self.step_token_limit {
-            Some(limit) => {
-                let widest = self.groups().map(|g| g.shape.width()).max().unwrap_or(1);
-                cap.min(limit.max(widest))
-            }
-            None => cap,
-        }
+        let Some(limit) = self.step_token_limit else {
+            return cap;
+        };
+        let decodes: usize = self
+            .running
+            .iter()
+            .filter(|g| g.is_decoding(&self.blocks))
+            .map(|g| g.live().count())
+            .sum();
+        let widest = self.groups().map(|g| g.shape.width()).max().unwrap_or(1);
+        cap.min(limit.max(decodes + MIN_PACED_PREFILL).max(widest))
     }
 
     /// The block tables of `scheduled` in every KV cache group, as they stand once the
