@@ -31,7 +31,7 @@ impl Engine {
     /// Registers what gives the engine a new device when its device is lost: needed for an
     /// application's device ([`GpuContext::from_existing`]), whose replacement only the
     /// application can make; optional for the engine's own, which it re-creates itself
-    /// otherwise. See [`DeviceLostFn`].
+    /// otherwise. See [`DeviceLostFn`](super::DeviceLostFn).
     pub fn on_device_lost(
         &mut self,
         f: impl FnMut(&str) -> Option<Arc<GpuContext>> + Send + 'static,
