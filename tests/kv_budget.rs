@@ -143,3 +143,34 @@ fn a_budget_below_one_sequence_is_refused_and_changes_nothing() {
         .iter()
         .all(|o| o.outputs.iter().all(|c| !c.token_ids.is_empty())));
 }
+
+#[test]
+fn a_device_lost_during_a_resize_is_recovered_and_the_resize_done() {
+    let Some(&ctx) = contexts().first() else {
+        return;
+    };
+    let want = {
+        let mut e = Engine::with_context(own_device(ctx), shipped_model(), config(None), |_, _| {})
+            .unwrap();
+        let hs = start(&mut e);
+        e.run_to_completion().unwrap();
+        outputs(&hs)
+    };
+    let mode = Some(PreemptionMode::Swap);
+    let mut e =
+        Engine::with_context(own_device(ctx), shipped_model(), config(mode), |_, _| {}).unwrap();
+    let hs = start(&mut e);
+    for _ in 0..40 {
+        if e.stats().cache.device.used > 16 {
+            break;
+        }
+        e.step().unwrap();
+    }
+    e.context().device.destroy();
+    let shrunk = e.set_kv_budget(PoolSize::Blocks(16)).unwrap();
+    assert_eq!(shrunk.blocks_after, 16);
+    assert_eq!(e.stats().device.recoveries, 1);
+    e.run_to_completion().unwrap();
+    assert_same("lost during a resize", &outputs(&hs), &want);
+    assert_eq!(e.stats().kv_blocks, 16);
+}

@@ -1,14 +1,17 @@
 //! A live KV budget: the device pool shrinks and grows while the engine serves, so an
 //! application sharing the GPU can hand memory to a game or a browser and take it back.
-//! Shrinking preempts the running groups whose blocks lie beyond the new size (newest
-//! first, by swap or recomputation, `scheduler/resize.rs`), carries out their swap-outs,
-//! forgets cached blocks there, copies the blocks that stay into a smaller pool and lets
-//! the old one go; growing copies into a larger pool and the next step admits what waits.
-//! Requests only pause: nothing they produce changes, and a request fails only if it can
-//! never fit the smaller pool (with the reason, at the next scheduling pass).
+//! Shrinking evicts the cached blocks beyond the new size (to the host tier, if there is
+//! one) and preempts the running groups whose blocks lie there (newest first, by swap or
+//! recomputation, `scheduler/resize.rs`), carries out those copies and swap-outs, copies
+//! the blocks that stay into a smaller pool and lets the old one go; growing copies into a
+//! larger pool and the next step admits what waits. Requests only pause: nothing they
+//! produce changes, and a request fails only if it can never fit the smaller pool (with the
+//! reason, at the next scheduling pass). A device lost during a resize is recovered from,
+//! and the resize done on the new device.
 
 use super::core::{watermark, Engine};
 use super::error::{EngineError, Result};
+use super::recovery::lost_reason;
 use crate::pool::PoolSize;
 
 /// What a change of the KV budget did.
@@ -60,9 +63,23 @@ impl Engine {
             report.preempted_groups = self.scheduler.vacate_above(blocks)?;
         }
         let ops = self.scheduler.take_block_ops();
-        self.runner.execute(&ops)?;
+        if let Err(e) = self.runner.execute(&ops) {
+            // Swap-outs that did not happen leave host blocks without their content: a
+            // lost device is recovered from (and the resize tried again on the new one),
+            // anything else fails what is pending, as a failed step does.
+            self.on_fault(e.into())?;
+            return self.set_kv_budget(size);
+        }
         if blocks != report.blocks_before {
-            self.runner.resize_pool(blocks)?;
+            if let Err(e) = self.runner.resize_pool(blocks) {
+                let e = EngineError::from(e);
+                if lost_reason(&self.ctx, &e).is_none() {
+                    // An allocation the device refused: the old pool stays, intact.
+                    return Err(e);
+                }
+                self.on_fault(e)?;
+                return self.set_kv_budget(size);
+            }
             let mark = watermark(blocks, self.pool_needed);
             self.scheduler.resize_pool(blocks, mark)?;
             self.recovery.set_pool_blocks(blocks);

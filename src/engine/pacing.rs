@@ -81,7 +81,10 @@ impl StepPacer {
         self.stats.last_ms = seconds * 1e3;
         let mut limit = match self.fit.fit() {
             Some((fixed, per_token)) if per_token > 0.0 => {
-                ((self.budget_s - fixed) / per_token).floor().max(1.0) as usize
+                // (A hair over, so that a step the line puts exactly at the budget fits.)
+                ((self.budget_s - fixed) / per_token + 1e-6)
+                    .floor()
+                    .max(1.0) as usize
             }
             // No line yet: grow while steps that used the cap stay within the budget.
             _ if !over && tokens >= self.limit => self.limit.saturating_mul(2),
