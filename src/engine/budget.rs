@@ -28,6 +28,26 @@ pub struct PoolResize {
 }
 
 impl Engine {
+    /// Gives the runner's pool `blocks` blocks; where the device refuses a larger pool as
+    /// out of memory, as many as it gives between `before` and `blocks` (halving the
+    /// growth). Returns the blocks the pool has.
+    fn resize_fitting(&mut self, mut blocks: usize, before: usize) -> Result<usize> {
+        loop {
+            match self.runner.resize_pool(blocks) {
+                Ok(()) => return Ok(blocks),
+                Err(crate::error::GpuError::OutOfMemory { context }) if blocks > before + 1 => {
+                    let smaller = before + (blocks - before) / 2;
+                    tracing::warn!(
+                        "the device refused a KV pool of {blocks} blocks ({context}); trying \
+                         {smaller}"
+                    );
+                    blocks = smaller;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
     /// Resizes the device KV pool to `size` (blocks, or as many blocks as fit the bytes)
     /// between steps; see the module docs. Refused while a step is in flight and below the
     /// blocks one sequence of the full context needs; on a device error (an allocation
@@ -71,15 +91,15 @@ impl Engine {
             return self.set_kv_budget(size);
         }
         if blocks != report.blocks_before {
-            if let Err(e) = self.runner.resize_pool(blocks) {
-                let e = EngineError::from(e);
-                if lost_reason(&self.ctx, &e).is_none() {
-                    // An allocation the device refused: the old pool stays, intact.
-                    return Err(e);
+            let blocks = match self.resize_fitting(blocks, report.blocks_before) {
+                Ok(blocks) => blocks,
+                Err(e) if lost_reason(&self.ctx, &e).is_some() => {
+                    self.on_fault(e)?;
+                    return self.set_kv_budget(size);
                 }
-                self.on_fault(e)?;
-                return self.set_kv_budget(size);
-            }
+                // An allocation the device refused: the old pool stays, intact.
+                Err(e) => return Err(e),
+            };
             let mark = watermark(blocks, self.pool_needed);
             self.scheduler.resize_pool(blocks, mark)?;
             self.recovery.set_pool_blocks(blocks);

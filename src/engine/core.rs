@@ -447,10 +447,13 @@ impl Engine {
         check_speculation(&config)?;
         let pacer = pacer(&config)?;
         let max_model_len = context_length(&c, &config)?;
-        let plan = PoolPlan::for_engine(&c, &config, max_model_len)?;
+        let mut plan = PoolPlan::for_engine(&c, &config, max_model_len)?;
         let (rows, tokens) = (config.max_sampled_rows(), config.max_num_batched_tokens);
-        let spec = plan.runner_spec(&config, max_model_len, tokens, rows);
+        let mut spec = plan.runner_spec(&config, max_model_len, tokens, rows);
         let runner = ModelRunner::load(ctx.clone(), &files, &spec, progress)?;
+        // The device may have given a smaller pool than planned (`runner/fit.rs`).
+        plan.gpu_blocks = runner.pool().num_blocks;
+        spec.gpu_blocks = plan.gpu_blocks;
         let tiers = tiers(model, &c, max_model_len, &config, runner.pool(), &plan)?;
         let draft = open_draft(&ctx, &c, &config, max_model_len, &plan)?;
         let rebuild = RebuildSpec {

@@ -125,6 +125,8 @@ impl DraftModel {
         // The draft's weights stay as they are on disk.
         let spec = RunnerSpec {
             weight_dtype: None,
+            // Its block manager is sized by the plan: exactly so many blocks, or none.
+            min_gpu_blocks: None,
             ..plan.runner_spec(config, max_model_len, max_tokens, max_rows)
         };
         let runner = ModelRunner::load(ctx, &files, &spec, |_, _| {})?;

@@ -26,6 +26,10 @@ pub enum EngineError {
     /// The block manager refused an operation (a fault of the engine's own bookkeeping).
     #[error("KV cache bookkeeping: {0}")]
     Cache(#[from] CacheError),
+    /// The model or its KV cache does not fit the device's memory: what was needed, and the
+    /// options that would make it fit.
+    #[error("the model does not fit the GPU: {0}")]
+    DoesNotFit(String),
     /// The engine's configuration cannot work with this model or adapter: why.
     #[error("invalid engine configuration: {0}")]
     Config(String),
@@ -61,6 +65,7 @@ impl From<RunnerError> for EngineError {
             RunnerError::Gpu(e) => EngineError::Gpu(e),
             RunnerError::Tokenizer(e) => EngineError::Tokenizer(e),
             RunnerError::Config(why) => EngineError::Config(why),
+            RunnerError::DoesNotFit(why) => EngineError::DoesNotFit(why),
         }
     }
 }

@@ -13,6 +13,15 @@ pub const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
 
 impl GpuContext {
     fn check_size(&self, what: &str, bytes: u64) -> Result<()> {
+        if let Some(cap) = self.allocation_limit().filter(|&cap| bytes > cap) {
+            return Err(GpuError::OutOfMemory {
+                context: format!(
+                    "creating {what} ({bytes} bytes; buffers over {cap} bytes are refused on \
+                     purpose: {})",
+                    super::context::ALLOCATION_LIMIT_VAR
+                ),
+            });
+        }
         let limit = self.limits.max_buffer_size;
         if bytes > limit {
             return Err(GpuError::TooLarge {

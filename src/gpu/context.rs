@@ -83,6 +83,10 @@ pub const SPARE_BUFFERS: usize = 2;
 /// application (see [`GpuContext::from_existing`]).
 pub const SHARED_GL_WAIT_SLICE: std::time::Duration = std::time::Duration::from_micros(500);
 
+/// The environment variable that makes a context refuse buffers over so many bytes, as
+/// a device short of memory would (see [`GpuContext::with_allocation_limit`]).
+pub const ALLOCATION_LIMIT_VAR: &str = "PAGELLM_INJECT_ALLOCATION_LIMIT";
+
 /// Errors noticed outside any error scope, and device loss, recorded for the next check.
 #[derive(Default)]
 struct Health {
@@ -115,6 +119,8 @@ pub struct GpuContext {
     /// the request it chose the adapter by, when there was one.
     owned: bool,
     request: Option<AdapterRequest>,
+    /// Buffers over this many bytes are refused as out of memory (fault injection).
+    allocation_limit: Option<u64>,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -188,6 +194,7 @@ impl GpuContext {
         let mut ctx = Self::open(adapter)?;
         ctx.request = Some(req);
         ctx.wait_slice = self.wait_slice;
+        ctx.allocation_limit = self.allocation_limit;
         Ok(ctx)
     }
 
@@ -318,7 +325,22 @@ impl GpuContext {
             spares: std::sync::OnceLock::new(),
             owned: false,
             request: None,
+            allocation_limit: allocation_limit_from_env(),
         }
+    }
+
+    /// Refuses every buffer over `bytes` as out of memory (`None`: none), as a device
+    /// short of memory would, so that what pagellm does then (a smaller KV pool, a message
+    /// saying what a model needs) can be checked on any machine. `PAGELLM_INJECT_ALLOCATION_LIMIT`
+    /// sets it for every context.
+    pub fn with_allocation_limit(mut self, bytes: Option<u64>) -> Self {
+        self.allocation_limit = bytes;
+        self
+    }
+
+    /// The limit of [`Self::with_allocation_limit`], if any.
+    pub fn allocation_limit(&self) -> Option<u64> {
+        self.allocation_limit
     }
 
     /// Whether pagellm opened this device ([`Self::new`], [`Self::from_env`],
@@ -528,6 +550,22 @@ impl GpuContext {
             }
         }
         self.check_health()
+    }
+}
+
+/// `PAGELLM_INJECT_ALLOCATION_LIMIT`, when it is set to a number of bytes (anything else is
+/// ignored with a warning).
+fn allocation_limit_from_env() -> Option<u64> {
+    let v = std::env::var(ALLOCATION_LIMIT_VAR).ok()?;
+    if v.trim().is_empty() {
+        return None;
+    }
+    match v.trim().parse::<u64>() {
+        Ok(bytes) => Some(bytes),
+        Err(e) => {
+            tracing::warn!("{ALLOCATION_LIMIT_VAR}={v:?} is not a number of bytes ({e}); ignored");
+            None
+        }
     }
 }
 

@@ -12,8 +12,8 @@ pub use batch::{grid_2d, Batch, Bind};
 pub use bindings::{BindGroupStats, STALE_AFTER, UNIFORM_ARENA_BYTES};
 pub use buffer::{InFlightRead, PendingRead, Readback, STORAGE};
 pub use context::{
-    enumerate_adapters, AdapterReport, Capabilities, GpuContext, SHARED_GL_WAIT_SLICE,
-    SPARE_BUFFERS,
+    enumerate_adapters, AdapterReport, Capabilities, GpuContext, ALLOCATION_LIMIT_VAR,
+    SHARED_GL_WAIT_SLICE, SPARE_BUFFERS,
 };
 pub use pipeline::{reflect_layout, CompiledKernel, KernelSource, PRELUDE};
 pub use profile::{Profiler, TimingMethod};

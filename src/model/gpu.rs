@@ -477,6 +477,7 @@ impl GpuModel {
             .filter_map(|(n, _)| ck.get(n).ok())
             .map(|t| t.bytes.len() as u64)
             .sum();
+        progress(0, total);
         let mut up = Uploader {
             ctx,
             ck,

@@ -12,6 +12,7 @@
 //! may wait in between ([`ModelRunner::wait`]); in a browser the event loop makes the step
 //! ready. Pool sizing for every user of a runner is in [`plan`].
 
+mod fit;
 pub mod plan;
 
 use crate::cache::BlockOps;
@@ -26,7 +27,7 @@ use crate::model::forward::Workspace;
 use crate::model::gpu::GpuModel;
 use crate::model::step::{record_step, FlatBatch};
 use crate::model::{ModelConfig, ModelError, ModelFiles};
-use crate::pool::{KvLayout, KvPool, KvRotation, PoolSize};
+use crate::pool::{KvLayout, KvPool, KvRotation};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 use std::sync::Arc;
 
@@ -45,6 +46,10 @@ pub enum RunnerError {
     /// Pools that cannot work for this model and configuration: why.
     #[error("invalid engine configuration: {0}")]
     Config(String),
+    /// The model or its KV cache does not fit the device's memory: what it needs, and the
+    /// options that would make it fit.
+    #[error("the model does not fit the GPU: {0}")]
+    DoesNotFit(String),
 }
 
 /// The runner's results.
@@ -77,6 +82,9 @@ pub struct RunnerSpec {
     /// Blocks of the device pool and of the host pool.
     pub gpu_blocks: usize,
     pub cpu_blocks: usize,
+    /// Where the device refuses a pool of `gpu_blocks` as out of memory, try halving it
+    /// down to this many blocks (`None`: the pool has exactly `gpu_blocks` or none).
+    pub min_gpu_blocks: Option<usize>,
     /// How keys and values are rotated before they are stored.
     pub rotation: KvRotation,
     /// Per model layer, its (KV cache group, slab) in a block; `None`: one group, a slab
@@ -160,10 +168,20 @@ impl ModelRunner {
         spec: &RunnerSpec,
         progress: impl FnMut(u64, u64),
     ) -> Result<Self> {
-        let model =
-            GpuModel::upload_as(&ctx, files, spec.max_model_len, spec.weight_dtype, progress)?;
-        let mut pool = KvPool::new(&ctx, spec.layout, PoolSize::Blocks(spec.gpu_blocks))?
-            .with_rotation(spec.rotation);
+        let mut progress = progress;
+        let mut weights = 0;
+        let model = GpuModel::upload_as(
+            &ctx,
+            files,
+            spec.max_model_len,
+            spec.weight_dtype,
+            |done, total| {
+                weights = total;
+                progress(done, total);
+            },
+        )
+        .map_err(|e| fit::weights_refused(e, weights, spec))?;
+        let mut pool = fit::allocate_pool(&ctx, spec)?.with_rotation(spec.rotation);
         if let Some(slots) = &spec.layer_slots {
             pool = pool.with_layer_slots(slots.clone())?;
         }

@@ -142,6 +142,7 @@ impl PoolPlan {
             layout: self.layout,
             gpu_blocks: self.gpu_blocks,
             cpu_blocks: self.cpu_blocks,
+            min_gpu_blocks: Some(self.needed),
             rotation: kv_rotation(config),
             layer_slots: Some(self.layer_groups.layer_slots.clone()),
             max_tokens,
