@@ -70,9 +70,16 @@ pub fn enumerate_adapters(backends: wgpu::Backends) -> Vec<AdapterReport> {
         .collect()
 }
 
+/// Percent of the memory budget a driver reports (Vulkan with `VK_EXT_memory_budget`,
+/// DX12) past which wgpu refuses new buffers as out of memory on the devices pagellm opens,
+/// rather than letting them spill or the device be lost: a refused KV pool is then retried
+/// smaller, and weights that do not fit say so (`runner/fit.rs`).
+pub const MEMORY_BUDGET_PERCENT: u8 = 95;
+
 fn new_instance(backends: wgpu::Backends) -> wgpu::Instance {
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
     desc.backends = backends;
+    desc.memory_budget_thresholds.for_resource_creation = Some(MEMORY_BUDGET_PERCENT);
     wgpu::Instance::new(desc)
 }
 
