@@ -8,7 +8,7 @@
 //! fails them with a message that says what to register.
 
 mod common;
-use common::outputs::{assert_same, beams, greedy, prompt, sampled};
+use common::outputs::{self, assert_same, beams, greedy, prompt, sampled};
 use common::{app_device, contexts, own_device, shipped_model};
 use pagellm::internals::constrain::StructuredOutput;
 use pagellm::internals::engine::{
@@ -60,14 +60,11 @@ fn tight(inject: &[u64]) -> EngineConfig {
 }
 
 fn add_all(e: &mut Engine) -> Vec<RequestHandle> {
-    workload()
-        .into_iter()
-        .map(|(p, s)| e.add_request(Prompt::Tokens(p), s).unwrap())
-        .collect()
+    outputs::add_all(e, &workload())
 }
 
 fn outputs(hs: &[RequestHandle]) -> Vec<RequestOutput> {
-    hs.iter().map(|h| h.wait().unwrap()).collect()
+    outputs::wait_all(hs)
 }
 
 /// The uninterrupted run's outputs, and the steps (from 1) that began with a group in

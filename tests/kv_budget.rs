@@ -5,10 +5,10 @@
 //! below one full-context sequence is refused with the reason, and nothing changes.
 
 mod common;
-use common::outputs::{assert_same, beams, greedy, prompt, sampled};
+use common::outputs::{self, assert_same, beams, greedy, prompt, sampled};
 use common::{contexts, own_device, shipped_model};
 use pagellm::internals::engine::{
-    Engine, EngineConfig, PreemptionMode, Prompt, RequestHandle, RequestOutput,
+    Engine, EngineConfig, PreemptionMode, RequestHandle, RequestOutput,
 };
 use pagellm::internals::pool::PoolSize;
 use pagellm::internals::sampling::SamplingParams;
@@ -38,14 +38,11 @@ fn config(mode: Option<PreemptionMode>) -> EngineConfig {
 }
 
 fn start(e: &mut Engine) -> Vec<RequestHandle> {
-    workload()
-        .into_iter()
-        .map(|(p, s)| e.add_request(Prompt::Tokens(p), s).unwrap())
-        .collect()
+    outputs::add_all(e, &workload())
 }
 
 fn outputs(hs: &[RequestHandle]) -> Vec<RequestOutput> {
-    hs.iter().map(|h| h.wait().unwrap()).collect()
+    outputs::wait_all(hs)
 }
 
 /// Bytes wgpu's allocator has handed out on `ctx`'s device, where it reports them.

@@ -70,6 +70,17 @@ pub fn enumerate_adapters(backends: wgpu::Backends) -> Vec<AdapterReport> {
         .collect()
 }
 
+/// The adapters on `req`'s backends, with their summaries, in enumeration order.
+fn adapters_for(req: &AdapterRequest) -> (Vec<wgpu::Adapter>, Vec<AdapterSummary>) {
+    let instance = new_instance(req.backends);
+    let adapters = ready_now(instance.enumerate_adapters(req.backends)).unwrap_or_default();
+    let summaries = adapters
+        .iter()
+        .map(|a| AdapterSummary::of(&a.get_info()))
+        .collect();
+    (adapters, summaries)
+}
+
 /// Percent of the memory budget a driver reports (Vulkan with `VK_EXT_memory_budget`,
 /// DX12) past which wgpu refuses new buffers as out of memory on the devices pagellm opens,
 /// rather than letting them spill or the device be lost: a refused KV pool is then retried
@@ -145,12 +156,7 @@ impl GpuContext {
     /// Creates an instance, picks an adapter per `req` and opens a device with the adapter's
     /// full limits and the optional features it has.
     pub fn new(req: &AdapterRequest) -> Result<Self> {
-        let instance = new_instance(req.backends);
-        let adapters = ready_now(instance.enumerate_adapters(req.backends)).unwrap_or_default();
-        let summaries: Vec<AdapterSummary> = adapters
-            .iter()
-            .map(|a| AdapterSummary::of(&a.get_info()))
-            .collect();
+        let (adapters, summaries) = adapters_for(req);
         if summaries.is_empty() {
             return Err(no_adapter(req));
         }
@@ -187,12 +193,7 @@ impl GpuContext {
                 ..AdapterRequest::default()
             },
         };
-        let instance = new_instance(req.backends);
-        let adapters = ready_now(instance.enumerate_adapters(req.backends)).unwrap_or_default();
-        let summaries: Vec<AdapterSummary> = adapters
-            .iter()
-            .map(|a| AdapterSummary::of(&a.get_info()))
-            .collect();
+        let (adapters, summaries) = adapters_for(&req);
         let i = choose_after_loss(&summaries, &lost_on, &req)?;
         let adapter = adapters
             .into_iter()

@@ -2,7 +2,7 @@
 //! engine tests that demand identical outputs under pressure, batching or speculation).
 
 use super::arc;
-use pagellm::internals::engine::{Engine, EngineConfig, Prompt, RequestOutput};
+use pagellm::internals::engine::{Engine, EngineConfig, Prompt, RequestHandle, RequestOutput};
 use pagellm::internals::sampling::SamplingParams;
 use std::path::Path;
 
@@ -52,11 +52,20 @@ pub fn beams(width: usize, max_tokens: usize) -> SamplingParams {
 }
 
 pub fn run(e: &mut Engine, work: &[(Vec<u32>, SamplingParams)]) -> Vec<RequestOutput> {
-    let hs: Vec<_> = work
-        .iter()
-        .map(|(p, s)| e.add_request(Prompt::Tokens(p.clone()), s.clone()).unwrap())
-        .collect();
+    let hs = add_all(e, work);
     e.run_to_completion().unwrap();
+    wait_all(&hs)
+}
+
+/// Queues every request of `work`, in order.
+pub fn add_all(e: &mut Engine, work: &[(Vec<u32>, SamplingParams)]) -> Vec<RequestHandle> {
+    work.iter()
+        .map(|(p, s)| e.add_request(Prompt::Tokens(p.clone()), s.clone()).unwrap())
+        .collect()
+}
+
+/// The outputs of finished requests, in order.
+pub fn wait_all(hs: &[RequestHandle]) -> Vec<RequestOutput> {
     hs.iter().map(|h| h.wait().unwrap()).collect()
 }
 
