@@ -305,3 +305,31 @@ fn an_application_device_without_a_callback_fails_the_requests_saying_so() {
         );
     }
 }
+
+#[test]
+fn a_smaller_replacement_device_gets_a_smaller_pool_and_outputs_stay() {
+    let Some(&ctx) = contexts().first() else {
+        return;
+    };
+    let (want, _) = baseline(ctx);
+    // 96 blocks of 32 KiB in one 3 MiB buffer; the replacement refuses buffers over 1 MiB.
+    let cfg = EngineConfig {
+        num_gpu_blocks: Some(96),
+        ..tight(&[5])
+    };
+    let mut e = Engine::with_context(app_device(ctx), shipped_model(), cfg, |_, _| {}).unwrap();
+    e.on_device_lost(move |_| {
+        let small = app_device(ctx);
+        Some(Arc::new(
+            Arc::try_unwrap(small)
+                .ok()?
+                .with_allocation_limit(Some(1 << 20)),
+        ))
+    });
+    let hs = add_all(&mut e);
+    e.run_to_completion().unwrap();
+    assert_same("smaller replacement", &outputs(&hs), &want);
+    let s = e.stats();
+    assert_eq!(s.device.recoveries, 1);
+    assert!(s.kv_blocks < 96 && s.kv_blocks >= 4, "{}", s.kv_blocks);
+}

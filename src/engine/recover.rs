@@ -149,6 +149,14 @@ impl Engine {
             )?),
             None => None,
         };
+        // The new device may have given a smaller pool (`runner/fit.rs`: a smaller GPU
+        // than the lost one); every group is off the device, so the block manager follows.
+        let blocks = runner.pool().num_blocks;
+        if blocks != self.scheduler.blocks().num_device_blocks() {
+            let mark = super::core::watermark(blocks, self.pool_needed);
+            self.scheduler.resize_pool(blocks, mark)?;
+            self.recovery.set_pool_blocks(blocks);
+        }
         self.runner = runner;
         self.draft = draft;
         ctx.check_health()?;
