@@ -10,9 +10,12 @@
 //! prepared before they arrive (`intake.rs`).
 //!
 //! Failures stay where they belong: a request that can never run, or whose sampling fails,
-//! fails alone; an error no single request caused (the GPU, a bookkeeping fault) fails every
-//! pending request with the reason and leaves the engine empty and usable, so no caller ever
-//! waits forever and no step loops.
+//! fails alone; a lost device is a preemption of everything, recovered from on a new device
+//! (`recover.rs`); any other error no single request caused (a GPU error, a bookkeeping
+//! fault) fails every pending request with the reason and leaves the engine empty and
+//! usable, so no caller ever waits forever and no step loops. The device pool can change
+//! size between steps (`budget.rs`), and a frame-time budget caps each step's tokens
+//! (`pacing.rs`).
 
 use super::error::{EngineError, Result};
 use super::intake::{Intake, Prepared, Request};

@@ -49,9 +49,10 @@ enum Work {
         sched: Box<SchedulerOutput<SeqOutput, RequestSide>>,
         pending: PendingStep,
     },
-    /// The device was lost and the engine recovered on a new one (`recover.rs`): the step
-    /// computed nothing, and its groups were requeued.
-    Recovered,
+    /// The step ended before its work did: it failed (every pending request failed with
+    /// it), or the device was lost and the engine recovered on a new one (`recover.rs`),
+    /// its groups requeued. It computed nothing.
+    Ended,
 }
 
 impl StepInFlight {
@@ -62,14 +63,14 @@ impl StepInFlight {
     pub async fn landed(&self) {
         match &self.work {
             Work::Drafting { job } => job.landed().await,
-            Work::Nothing { .. } | Work::Recovered => {}
+            Work::Nothing { .. } | Work::Ended => {}
             Work::Ops { pending, .. } | Work::Forward { pending, .. } => pending.landed().await,
         }
     }
 
     fn pending(&self) -> Option<&PendingStep> {
         match &self.work {
-            Work::Drafting { .. } | Work::Nothing { .. } | Work::Recovered => None,
+            Work::Drafting { .. } | Work::Nothing { .. } | Work::Ended => None,
             Work::Ops { pending, .. } | Work::Forward { pending, .. } => Some(pending),
         }
     }
@@ -139,7 +140,7 @@ impl Engine {
                 self.end_profile();
                 self.on_fault(e)?;
                 StepInFlight {
-                    work: Work::Recovered,
+                    work: Work::Ended,
                     start: Instant::now(),
                     compiled: self.ctx.pipelines_compiled(),
                     _alive: std::sync::Arc::new(()),
@@ -206,7 +207,7 @@ impl Engine {
     /// A step that failed before its end, and is over: a lost device is recovered from
     /// (`Ok`, the step computed nothing); otherwise every pending request fails with `e`.
     fn step_failed(&mut self, step: &mut StepInFlight, e: super::EngineError) -> Result<()> {
-        step.work = Work::Recovered;
+        step.work = Work::Ended;
         self.in_flight = false;
         self.end_profile();
         let handled = self.on_fault(e);
@@ -231,13 +232,13 @@ impl Engine {
     /// streamed. Returns the number of tokens computed; on an error every pending request
     /// has been failed. Aborts asked for during the step happen now.
     pub fn end_step(&mut self, step: StepInFlight) -> Result<usize> {
-        let recovered = matches!(step.work, Work::Recovered);
+        let ended = matches!(step.work, Work::Ended);
         let result = self.try_end(step);
         self.in_flight = false;
         self.end_profile();
         let result = match result {
             Ok(n) => {
-                if !recovered {
+                if !ended {
                     self.step_completed();
                 }
                 Ok(n)
@@ -310,7 +311,7 @@ impl Engine {
         } = step;
         let (sched, pending) = match work {
             Work::Drafting { .. } => unreachable!("driven to its schedule above"),
-            Work::Recovered => return Ok(0),
+            Work::Ended => return Ok(0),
             Work::Nothing { ops } => {
                 let n = self.idle_step(&ops, None, start)?;
                 self.store_to_disk(&ops);
