@@ -49,9 +49,10 @@ impl Engine {
     }
 
     /// Resizes the device KV pool to `size` (blocks, or as many blocks as fit the bytes)
-    /// between steps; see the module docs. Refused while a step is in flight and below the
-    /// blocks one sequence of the full context needs; on a device error (an allocation
-    /// refused) the pool keeps its size, and preempted groups come back as usual.
+    /// between steps; see the module docs. Refused while a step is in flight, below the
+    /// blocks one sequence of the full context needs, and below pinned prefix blocks; on a
+    /// device error (an allocation refused) the pool keeps its size, and preempted groups
+    /// come back as usual.
     pub fn set_kv_budget(&mut self, size: PoolSize) -> Result<PoolResize> {
         if self.in_flight {
             return Err(EngineError::Internal(
@@ -72,6 +73,13 @@ impl Engine {
                 blocks as u64 * per_block,
                 self.pool_needed,
                 self.pool_needed as u64 * per_block
+            )));
+        }
+        let pinned = self.scheduler.blocks().pinned_above(blocks);
+        if pinned > 0 {
+            return Err(EngineError::Config(format!(
+                "{pinned} pinned prefix blocks lie beyond a pool of {blocks} blocks; unpin the \
+                 prefixes (Engine::unpin_prefix) before shrinking below them"
             )));
         }
         let mut report = PoolResize {

@@ -92,3 +92,26 @@ fn a_lost_device_forgets_device_names_and_unlanded_host_names() {
     let (hits, _) = m.prefix_hits_in(None, &tokens(0, 5));
     assert_eq!(hits.len(), 1, "only the landed copy remains: {hits:?}");
 }
+
+#[test]
+fn pinned_blocks_beyond_the_new_size_refuse_the_shrink() {
+    let config = CacheConfig::new(2, 8, 0)
+        .with_watermark_blocks(0)
+        .with_prefix_caching(true);
+    let mut m = BlockManager::new(config).unwrap();
+    m.allocate(A, &tokens(0, 4)).unwrap(); // blocks 0 and 1
+    m.allocate(B, &tokens(100, 4)).unwrap(); // blocks 2 and 3
+    m.mark_computed(B, &tokens(100, 4)).unwrap();
+    m.free(B).unwrap();
+    let (pin, held) = m.pin_prefix(&tokens(100, 4)).unwrap();
+    assert_eq!(held, 4);
+    assert_eq!(m.pinned_above(2), 2);
+    assert_eq!(m.pinned_above(3), 1);
+    assert_eq!(m.pinned_above(4), 0);
+    let e = m.resize_device(2, 0).unwrap_err();
+    assert!(e.to_string().contains("unpin"), "{e}");
+    m.unpin(pin).unwrap();
+    m.free(A).unwrap();
+    m.resize_device(2, 0).unwrap();
+    m.check_invariants().unwrap();
+}
