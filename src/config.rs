@@ -73,8 +73,17 @@ pub struct EngineConfig {
     pub block_size: usize,
     /// Device KV blocks; `None` sizes the pool from `kv_cache_bytes`.
     pub num_gpu_blocks: Option<usize>,
-    /// Byte budget of the device KV pool when `num_gpu_blocks` is not given.
-    pub kv_cache_bytes: u64,
+    /// Byte budget of the device KV pool when `num_gpu_blocks` is not given. `None` fits
+    /// the pool to the device: `kv_memory_fraction` of the memory the driver reports free
+    /// once the weights are on it, at least one sequence at the full context and at most
+    /// `max_num_seqs` of them; 256 MiB where the driver reports nothing, and at most that
+    /// on an adapter whose memory is the host's (software and integrated adapters). With
+    /// no `max_model_len` either, a model whose context does not fit is served a shorter
+    /// one, with a warning.
+    pub kv_cache_bytes: Option<u64>,
+    /// The share of the device memory free after the weights that a pool given no size
+    /// takes (see `kv_cache_bytes`), in (0, 1].
+    pub kv_memory_fraction: f64,
     /// Host blocks for swapping; `None` sizes the host pool from `swap_space_bytes`.
     pub num_cpu_blocks: Option<usize>,
     /// Byte budget of the host pool when `num_cpu_blocks` is not given.
@@ -175,7 +184,8 @@ impl Default for EngineConfig {
         EngineConfig {
             block_size: 16,
             num_gpu_blocks: None,
-            kv_cache_bytes: 256 << 20,
+            kv_cache_bytes: None,
+            kv_memory_fraction: 0.8,
             num_cpu_blocks: None,
             swap_space_bytes: 256 << 20,
             kv_dtype: KvDtype::F16,

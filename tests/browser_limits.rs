@@ -137,7 +137,7 @@ fn a_pool_larger_than_a_browser_buffer_splits_within_the_limits() {
     for ctx in contexts() {
         let small = device_within(ctx, webgpu_defaults(), wgpu::Features::empty());
         let config = EngineConfig {
-            kv_cache_bytes: 384 << 20,
+            kv_cache_bytes: Some(384 << 20),
             ..EngineConfig::default()
         };
         let e = Engine::with_context(small.clone(), shipped(), config.clone(), |_, _| {}).unwrap();

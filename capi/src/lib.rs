@@ -80,7 +80,8 @@ pub struct pagellm_config {
     pub block_size: u32,
     /// Device KV blocks (0: as many as fit in `kv_cache_bytes`).
     pub num_gpu_blocks: u32,
-    /// Bytes of GPU memory for the KV cache when `num_gpu_blocks` is 0 (0: 256 MiB).
+    /// Bytes of GPU memory for the KV cache when `num_gpu_blocks` is 0 (0: fitted to the
+    /// device's free memory; 256 MiB where it reports none).
     pub kv_cache_bytes: u64,
     /// Host blocks for swapping preempted requests (0: the default swap space).
     pub num_cpu_blocks: u32,
@@ -358,7 +359,7 @@ unsafe fn engine_config(c: &pagellm_config) -> Result<EngineConfig, Fail> {
         kv_cache_bytes: if c.kv_cache_bytes == 0 {
             d.kv_cache_bytes
         } else {
-            c.kv_cache_bytes
+            Some(c.kv_cache_bytes)
         },
         num_cpu_blocks: nonzero(c.num_cpu_blocks),
         max_model_len: nonzero(c.max_model_len),

@@ -100,8 +100,8 @@ impl ChatApp {
             Wake::Tokens => wake_ctx.request_repaint_after(frame),
         })?;
         let config = EngineConfig {
-            kv_cache_bytes: args.kv_cache_mib << 20,
-            swap_space_bytes: args.kv_cache_mib << 20,
+            kv_cache_bytes: args.kv_cache_mib.map(|m| m << 20),
+            swap_space_bytes: args.kv_cache_mib.unwrap_or(64) << 20,
             kv_dtype: args.kv_dtype,
             weight_dtype: args.weight_dtype,
             max_num_batched_tokens: args.max_batched_tokens,

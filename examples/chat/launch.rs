@@ -33,9 +33,10 @@ pub struct Args {
     /// Fixed seed for every reply (random when unset).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// KV cache size in MiB.
-    #[arg(long, default_value_t = 64)]
-    pub kv_cache_mib: u64,
+    /// KV cache size in MiB (default: fitted to the GPU's free memory; 256 MiB at most
+    /// on a software adapter or one that reports none).
+    #[arg(long)]
+    pub kv_cache_mib: Option<u64>,
     #[arg(long, default_value = "f16")]
     pub kv_dtype: KvDtype,
     /// Convert the weights as they load (q8_0, q4_k, ... quantize; f16 widens a GGUF's);

@@ -355,7 +355,9 @@ class LLM:
     ``max_num_batched_tokens``, ``block_size``, ``enable_prefix_caching``,
     ``kv_cache_dtype`` as ``auto``, ``f32``, ``f16``, ``int8`` or ``int4``, ``swap_space`` in
     GiB, ``num_gpu_blocks_override``); ``seed`` makes requests without a seed of their own
-    reproducible. pagellm's own: ``kv_cache_bytes``, ``num_gpu_blocks``,
+    reproducible. pagellm's own: ``kv_cache_bytes``, ``kv_memory_fraction`` (the share of
+    the GPU memory free after the weights that a KV cache given no size takes, 0.8),
+    ``num_gpu_blocks``,
     ``num_cpu_blocks``, ``weight_dtype`` (``q8_0``, ``q4_k``, ...), ``kv_cache_dir``,
     ``preemption_mode`` and ``backends`` (``"vulkan"``, ``"gl"``, ...). Options that change
     nothing here (``trust_remote_code``, ``enforce_eager``, ``disable_log_stats``) are
@@ -388,6 +390,7 @@ class LLM:
         num_gpu_blocks_override: Optional[int] = None,
         disable_log_stats: bool = True,
         kv_cache_bytes: Optional[int] = None,
+        kv_memory_fraction: Optional[float] = None,
         num_gpu_blocks: Optional[int] = None,
         num_cpu_blocks: Optional[int] = None,
         weight_dtype: Optional[str] = None,
@@ -409,7 +412,11 @@ class LLM:
         if revision is not None or tokenizer_revision is not None:
             _refuse("revision", "pagellm loads local folders and files")
         if gpu_memory_utilization is not None:
-            _refuse("gpu_memory_utilization", "size the KV cache with kv_cache_bytes or num_gpu_blocks")
+            _refuse(
+                "gpu_memory_utilization",
+                "the KV cache takes kv_memory_fraction of the memory free after the weights, "
+                "or give kv_cache_bytes or num_gpu_blocks",
+            )
         if cpu_offload_gb:
             _refuse("cpu_offload_gb", "not supported")
         if num_gpu_blocks_override is not None:
@@ -423,6 +430,7 @@ class LLM:
             "block_size": block_size,
             "num_gpu_blocks": num_gpu_blocks,
             "kv_cache_bytes": kv_cache_bytes,
+            "kv_memory_fraction": kv_memory_fraction,
             "num_cpu_blocks": num_cpu_blocks,
             "swap_space_bytes": None if swap_space is None else int(swap_space * (1 << 30)),
             "max_model_len": max_model_len,

@@ -27,6 +27,7 @@ struct Options {
     block_size: Option<usize>,
     num_gpu_blocks: Option<usize>,
     kv_cache_bytes: Option<u64>,
+    kv_memory_fraction: Option<f64>,
     num_cpu_blocks: Option<usize>,
     swap_space_bytes: Option<u64>,
     max_model_len: Option<usize>,
@@ -53,10 +54,18 @@ impl Options {
                 ))
             }
         };
+        if let Some(f) = self.kv_memory_fraction {
+            if !(f > 0.0 && f <= 1.0) {
+                return Err(format!(
+                    "kv_memory_fraction must be above 0 and at most 1, not {f}"
+                ));
+            }
+        }
         Ok(EngineConfig {
             block_size: self.block_size.unwrap_or(d.block_size),
             num_gpu_blocks: self.num_gpu_blocks,
-            kv_cache_bytes: self.kv_cache_bytes.unwrap_or(d.kv_cache_bytes),
+            kv_cache_bytes: self.kv_cache_bytes.or(d.kv_cache_bytes),
+            kv_memory_fraction: self.kv_memory_fraction.unwrap_or(d.kv_memory_fraction),
             num_cpu_blocks: self.num_cpu_blocks,
             swap_space_bytes: self.swap_space_bytes.unwrap_or(d.swap_space_bytes),
             max_model_len: self.max_model_len,

@@ -240,6 +240,8 @@ def test_bad_and_unsupported_arguments_are_clear_errors(llm):
         SamplingParams(min_tokens=4)
     with pytest.raises(NotImplementedError, match="gpu_memory_utilization"):
         LLM(str(MODEL), gpu_memory_utilization=0.9)
+    with pytest.raises(ValueError, match="kv_memory_fraction"):
+        LLM(str(MODEL), kv_memory_fraction=1.5)
     with pytest.raises(NotImplementedError, match="quantization"):
         LLM(str(MODEL), quantization="awq")
     with pytest.raises(NotImplementedError, match="lora_request"):

@@ -256,6 +256,42 @@ fn context_length(c: &crate::model::ModelConfig, config: &EngineConfig) -> Resul
     })
 }
 
+/// The context to serve: `context`, or where neither it nor the pool's size was given, the
+/// longest one sequence of which fits the pool the device's `memory` gives once the
+/// weights are on it (`runner::plan::fit_context`).
+fn fitted_context(
+    files: &crate::model::ModelFiles,
+    config: &EngineConfig,
+    context: usize,
+    memory: Option<crate::gpu::DeviceMemory>,
+) -> Result<usize> {
+    let f = config.kv_memory_fraction;
+    if !(f > 0.0 && f <= 1.0) {
+        return Err(EngineError::Config(format!(
+            "kv_memory_fraction {f} must be above 0 and at most 1"
+        )));
+    }
+    if config.max_model_len.is_some()
+        || config.num_gpu_blocks.is_some()
+        || config.kv_cache_bytes.is_some()
+    {
+        return Ok(context);
+    }
+    let weights = crate::model::gpu::GpuModel::estimate_bytes(files, context, config.weight_dtype)?;
+    let fit = crate::runner::fit::PoolFit {
+        memory,
+        fraction: f,
+        max_blocks: usize::MAX,
+    };
+    let (bytes, _) = fit.pool_bytes(weights, None);
+    Ok(crate::runner::plan::fit_context(
+        &files.config,
+        config,
+        context,
+        bytes,
+    )?)
+}
+
 /// The prefix cache's lower tiers `config` asks for.
 struct Tiers {
     /// The disk tier, if any.
@@ -449,8 +485,9 @@ impl Engine {
         }
         check_speculation(&config)?;
         let pacer = pacer(&config)?;
-        let max_model_len = context_length(&c, &config)?;
-        let mut plan = PoolPlan::for_engine(&c, &config, max_model_len)?;
+        let memory = ctx.memory();
+        let max_model_len = fitted_context(&files, &config, context_length(&c, &config)?, memory)?;
+        let mut plan = PoolPlan::for_engine(&c, &config, max_model_len, memory)?;
         let (rows, tokens) = (config.max_sampled_rows(), config.max_num_batched_tokens);
         let mut spec = plan.runner_spec(&config, max_model_len, tokens, rows);
         let runner = ModelRunner::load(ctx.clone(), &files, &spec, progress)?;

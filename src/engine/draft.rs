@@ -127,6 +127,7 @@ impl DraftModel {
             weight_dtype: None,
             // Its block manager is sized by the plan: exactly so many blocks, or none.
             min_gpu_blocks: None,
+            fit: None,
             ..plan.runner_spec(config, max_model_len, max_tokens, max_rows)
         };
         let runner = ModelRunner::load(ctx, &files, &spec, |_, _| {})?;

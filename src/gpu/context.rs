@@ -54,6 +54,8 @@ pub struct AdapterReport {
     pub limits: wgpu::Limits,
     /// The optional features pagellm's kernels use.
     pub caps: Capabilities,
+    /// Its memory, where the driver reports it (see [`GpuContext::memory`]).
+    pub memory: Option<super::DeviceMemory>,
 }
 
 /// Lists every adapter the enabled backends can see.
@@ -66,6 +68,7 @@ pub fn enumerate_adapters(backends: wgpu::Backends) -> Vec<AdapterReport> {
             info: a.get_info(),
             limits: a.limits(),
             caps: Capabilities::of(a.features()),
+            memory: super::adapter_memory(&a),
         })
         .collect()
 }
@@ -139,6 +142,8 @@ pub struct GpuContext {
     request: Option<AdapterRequest>,
     /// Buffers over this many bytes are refused as out of memory (fault injection).
     allocation_limit: Option<u64>,
+    /// What [`Self::memory`] reports instead of the driver's figures (fault injection).
+    pub(super) memory_report: Option<super::memory::DeviceMemory>,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -203,6 +208,7 @@ impl GpuContext {
         ctx.request = Some(req);
         ctx.wait_slice = self.wait_slice;
         ctx.allocation_limit = self.allocation_limit;
+        ctx.memory_report = self.memory_report;
         Ok(ctx)
     }
 
@@ -334,6 +340,7 @@ impl GpuContext {
             owned: false,
             request: None,
             allocation_limit: allocation_limit_from_env(),
+            memory_report: super::memory::injected_from_env(),
         }
     }
 

@@ -4,6 +4,7 @@ mod batch;
 mod bindings;
 mod buffer;
 mod context;
+mod memory;
 mod pipeline;
 pub mod profile;
 pub mod select;
@@ -15,6 +16,7 @@ pub use context::{
     enumerate_adapters, AdapterReport, Capabilities, GpuContext, ALLOCATION_LIMIT_VAR,
     SHARED_GL_WAIT_SLICE, SPARE_BUFFERS,
 };
+pub use memory::{adapter_memory, DeviceMemory, MemorySource, DEVICE_MEMORY_VAR};
 pub use pipeline::{reflect_layout, CompiledKernel, KernelSource, PRELUDE};
 pub use profile::{Profiler, TimingMethod};
 pub use select::AdapterRequest;

@@ -519,6 +519,29 @@ impl GpuModel {
         })
     }
 
+    /// About the bytes [`Self::upload_as`] would take on the GPU for `files` converted to
+    /// `weight_dtype`: every 2-D tensor in that format, the rest as stored (what the
+    /// engine plans its KV pool around before it uploads anything).
+    pub fn estimate_bytes(
+        files: &ModelFiles,
+        context: usize,
+        weight_dtype: Option<WeightDtype>,
+    ) -> Result<u64> {
+        let cfg = computing_config(files, context)?;
+        let ck = &files.checkpoint;
+        Ok(spec::expected_tensors(&cfg)
+            .iter()
+            .filter_map(|(n, _)| ck.get(n).ok())
+            .map(|t| match weight_dtype {
+                Some(to) if t.shape.len() >= 2 && t.dtype != to => {
+                    let elems: u64 = t.shape.iter().map(|&d| d as u64).product();
+                    elems.div_ceil(to.block_elems() as u64) * to.block_bytes() as u64
+                }
+                _ => t.bytes.len() as u64,
+            })
+            .sum())
+    }
+
     pub fn lm_head(&self) -> &Weight {
         self.lm_head.as_ref().unwrap_or(&self.embed)
     }

@@ -2,14 +2,105 @@
 //! again at half the size, down to the blocks one full-context sequence needs; weights or a
 //! pool that do not fit even so give an error saying how much was needed and which options
 //! would make it fit (a smaller weight format, a quantized KV cache, a shorter context).
+//!
+//! A pool given no size ([`PoolFit`]) takes a share of the memory the device reports free
+//! once the weights are on it, between one full-context sequence and every sequence at the
+//! full context; a device that reports nothing, or whose memory is the host's, gets
+//! [`FALLBACK_POOL_BYTES`] at most.
 
 use super::{Result, RunnerError, RunnerSpec};
 use crate::error::GpuError;
-use crate::gpu::GpuContext;
+use crate::gpu::{DeviceMemory, GpuContext, MemorySource};
 use crate::pool::{KvPool, PoolSize};
+
+/// The pool's bytes where the device reports no memory, and the most it takes of a
+/// software or integrated adapter's host memory unless told otherwise.
+pub const FALLBACK_POOL_BYTES: u64 = 256 << 20;
+
+/// How a pool given no size is sized.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PoolFit {
+    /// What the device reported before the weights were uploaded.
+    pub memory: Option<DeviceMemory>,
+    /// The share of the memory free after the weights that the pool takes.
+    pub fraction: f64,
+    /// Blocks every sequence the engine runs at once takes at the full context: more
+    /// would never be used by running sequences.
+    pub max_blocks: usize,
+}
+
+impl PoolFit {
+    /// The pool's bytes once `taken` bytes (the weights) are gone from what the device
+    /// reported, with why, for the log. Where the device reports its memory through the
+    /// driver, it is asked again (`now`), which counts every buffer made since.
+    pub fn pool_bytes(&self, taken: u64, now: Option<DeviceMemory>) -> (u64, String) {
+        let Some(before) = self.memory else {
+            return (
+                FALLBACK_POOL_BYTES,
+                "the device reports no free memory".to_string(),
+            );
+        };
+        let (free, m) = match now {
+            Some(now) if now.source != MemorySource::Injected => (now.available(), now),
+            _ => (before.available().saturating_sub(taken), before),
+        };
+        let share = (free as f64 * self.fraction) as u64;
+        let why = format!(
+            "{:.0}% of the {:.1} MiB the device reports free after the weights ({m})",
+            self.fraction * 100.0,
+            mib(free)
+        );
+        if m.host_memory && share > FALLBACK_POOL_BYTES {
+            return (
+                FALLBACK_POOL_BYTES,
+                format!(
+                    "at most {:.0} MiB of host memory; {why}",
+                    mib(FALLBACK_POOL_BYTES)
+                ),
+            );
+        }
+        (share, why)
+    }
+
+    /// Blocks of `block_bytes` for a pool of `bytes`, between `needed` (one full-context
+    /// sequence) and [`Self::max_blocks`].
+    pub fn blocks(&self, bytes: u64, block_bytes: u64, needed: usize) -> usize {
+        ((bytes / block_bytes.max(1)) as usize)
+            .min(self.max_blocks)
+            .max(needed)
+    }
+}
 
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1 << 20) as f64
+}
+
+/// `spec` with its pool's size settled: where it has a [`PoolFit`], the blocks it gives
+/// once `weights` bytes of weights are on the device (logged with why).
+pub(super) fn settle(ctx: &GpuContext, spec: &RunnerSpec, weights: u64) -> RunnerSpec {
+    let Some(fit) = spec.fit else {
+        return spec.clone();
+    };
+    let per_block = spec.layout.block_bytes_all_layers();
+    let (bytes, why) = fit.pool_bytes(weights, ctx.memory());
+    let needed = spec.min_gpu_blocks.unwrap_or(1);
+    let blocks = fit.blocks(bytes, per_block, needed);
+    let bound = if blocks == fit.max_blocks && blocks as u64 * per_block < bytes {
+        "; capped at every sequence (--max-num-seqs) at the full context"
+    } else if blocks == needed && (blocks as u64 * per_block) > bytes {
+        "; raised to one sequence at the full context"
+    } else {
+        ""
+    };
+    tracing::info!(
+        "KV pool: {blocks} blocks ({:.1} MiB), {why}{bound}",
+        mib(blocks as u64 * per_block)
+    );
+    RunnerSpec {
+        gpu_blocks: blocks,
+        fit: None,
+        ..spec.clone()
+    }
 }
 
 /// The device pool of `spec`: `gpu_blocks` blocks, or, where the device refuses them as out
@@ -58,6 +149,20 @@ fn pool_refused(spec: &RunnerSpec, blocks: usize, context: &str) -> RunnerError 
     ))
 }
 
+/// `e`, or for a step workspace the device refused as out of memory, an error saying what
+/// sizes it and what would make it fit.
+pub(super) fn workspace_refused(e: GpuError, spec: &RunnerSpec) -> RunnerError {
+    let GpuError::OutOfMemory { context: oom } = &e else {
+        return e.into();
+    };
+    RunnerError::DoesNotFit(format!(
+        "the step's working buffers for {} tokens and {} sampled rows a step do not fit: the \
+         device refused them (out of memory while {oom}); to fit, compute fewer tokens a step \
+         (--max-num-batched-tokens) or run fewer sequences at once (--max-num-seqs)",
+        spec.max_tokens, spec.max_rows
+    ))
+}
+
 /// `e`, or for weights the device refused as out of memory, an error saying what they
 /// need (`total` bytes to upload) and what would make them fit.
 pub(super) fn weights_refused(
@@ -79,4 +184,76 @@ pub(super) fn weights_refused(
          a smaller model",
         mib(total)
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn discrete(budget: u64, usage: u64) -> DeviceMemory {
+        DeviceMemory {
+            budget,
+            usage,
+            host_memory: false,
+            source: MemorySource::VulkanBudget,
+        }
+    }
+
+    fn fit(memory: Option<DeviceMemory>) -> PoolFit {
+        PoolFit {
+            memory,
+            fraction: 0.8,
+            max_blocks: 1000,
+        }
+    }
+
+    #[test]
+    fn the_pool_takes_its_share_of_what_the_weights_left() {
+        // 8 GiB budget, 2 GiB used by this process before loading: 6 GiB free. The
+        // driver asked again after the weights says 5 GiB are left: 0.8 x 5 GiB.
+        let f = fit(Some(discrete(8192 * MIB, 2048 * MIB)));
+        let (bytes, why) = f.pool_bytes(1024 * MIB, Some(discrete(8192 * MIB, 3072 * MIB)));
+        assert_eq!(bytes, 4096 * MIB);
+        assert!(why.starts_with("80% of the 5120.0 MiB"), "{why}");
+        // An injected report is not asked again: the weights come off what it said.
+        let injected = fit(Some(DeviceMemory::injected(100 * MIB)));
+        let (bytes, _) = injected.pool_bytes(60 * MIB, Some(DeviceMemory::injected(100 * MIB)));
+        assert_eq!(bytes, 32 * MIB);
+        // Weights larger than the report leave nothing (the floor below still holds one
+        // sequence, which the device then gives or refuses).
+        assert_eq!(injected.pool_bytes(200 * MIB, None).0, 0);
+    }
+
+    #[test]
+    fn host_memory_and_silent_devices_get_the_fallback_at_most() {
+        let host = DeviceMemory {
+            host_memory: true,
+            ..discrete(24 << 30, 0)
+        };
+        let (bytes, why) = fit(Some(host)).pool_bytes(0, None);
+        assert_eq!(bytes, FALLBACK_POOL_BYTES);
+        assert!(why.contains("host memory"), "{why}");
+        // A small host-memory report is taken at its share, like any other.
+        let small = DeviceMemory {
+            host_memory: true,
+            ..discrete(100 * MIB, 0)
+        };
+        assert_eq!(fit(Some(small)).pool_bytes(0, None).0, 80 * MIB);
+        let (bytes, why) = fit(None).pool_bytes(123, None);
+        assert_eq!(bytes, FALLBACK_POOL_BYTES);
+        assert!(why.contains("reports no free memory"), "{why}");
+    }
+
+    #[test]
+    fn blocks_stay_between_one_sequence_and_every_sequence() {
+        let f = fit(None);
+        // 10 MiB of 32 KiB blocks: 320.
+        assert_eq!(f.blocks(10 * MIB, 32 << 10, 32), 320);
+        // Below one sequence: raised to it.
+        assert_eq!(f.blocks(MIB / 2, 32 << 10, 32), 32);
+        // Above every sequence at the full context: capped.
+        assert_eq!(f.blocks(1 << 40, 32 << 10, 32), 1000);
+    }
 }

@@ -12,7 +12,7 @@
 //! may wait in between ([`ModelRunner::wait`]); in a browser the event loop makes the step
 //! ready. Pool sizing for every user of a runner is in [`plan`].
 
-mod fit;
+pub mod fit;
 pub mod plan;
 
 use crate::cache::BlockOps;
@@ -85,6 +85,9 @@ pub struct RunnerSpec {
     /// Where the device refuses a pool of `gpu_blocks` as out of memory, try halving it
     /// down to this many blocks (`None`: the pool has exactly `gpu_blocks` or none).
     pub min_gpu_blocks: Option<usize>,
+    /// Where set, `gpu_blocks` is only the plan's guess: the pool is sized from the memory
+    /// the device has once the weights are on it ([`fit::PoolFit`]).
+    pub fit: Option<fit::PoolFit>,
     /// How keys and values are rotated before they are stored.
     pub rotation: KvRotation,
     /// Per model layer, its (KV cache group, slab) in a block; `None`: one group, a slab
@@ -181,16 +184,19 @@ impl ModelRunner {
             },
         )
         .map_err(|e| fit::weights_refused(e, weights, spec))?;
-        let mut pool = fit::allocate_pool(&ctx, spec)?.with_rotation(spec.rotation);
-        if let Some(slots) = &spec.layer_slots {
-            pool = pool.with_layer_slots(slots.clone())?;
-        }
         let formats = Formats {
             weights: model.weight_formats(),
             kv: spec.layout.dtype,
         };
         let plan = KernelPlan::for_model(&ctx, &model.config.dims(), &formats)?;
-        let ws = Workspace::with_plan(&ctx, &model.config, plan, spec.max_tokens, spec.max_rows)?;
+        let ws = Workspace::with_plan(&ctx, &model.config, plan, spec.max_tokens, spec.max_rows)
+            .map_err(|e| fit::workspace_refused(e, spec))?;
+        // The pool last, so that a pool sized from free memory sees what the rest took.
+        let spec = &fit::settle(&ctx, spec, model.weight_bytes().total);
+        let mut pool = fit::allocate_pool(&ctx, spec)?.with_rotation(spec.rotation);
+        if let Some(slots) = &spec.layer_slots {
+            pool = pool.with_layer_slots(slots.clone())?;
+        }
         Ok(ModelRunner {
             cache: CacheEngine::new(pool, spec.cpu_blocks),
             ctx,

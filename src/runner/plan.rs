@@ -4,9 +4,11 @@
 //! ([`PoolPlan::for_draft`]: every running sequence at the full context, within the
 //! target pool's bytes) and for the scorer ([`PoolPlan::for_window`]: one window).
 
+use super::fit::PoolFit;
 use super::{Result, RunnerError, RunnerSpec};
 use crate::cache::{KvGroups, LayerGroups};
 use crate::config::EngineConfig;
+use crate::gpu::DeviceMemory;
 use crate::model::ModelConfig;
 use crate::pool::{KvLayout, KvRotation};
 
@@ -44,6 +46,8 @@ pub struct PoolPlan {
     pub cpu_blocks: usize,
     /// Blocks one sequence holds at most.
     pub needed: usize,
+    /// Where the pool was given no size: how the runner sizes it from the device's memory.
+    pub fit: Option<PoolFit>,
 }
 
 impl PoolPlan {
@@ -54,6 +58,7 @@ impl PoolPlan {
         c: &ModelConfig,
         config: &EngineConfig,
         max_model_len: usize,
+        memory: Option<DeviceMemory>,
     ) -> Result<Self> {
         let (layer_groups, kv_groups) = kv_groups(c, config, max_model_len);
         let layout = KvLayout {
@@ -61,10 +66,22 @@ impl PoolPlan {
             ..kv_layout(c, config)?
         };
         let blocks_in = |bytes: u64| (bytes / layout.block_bytes_all_layers()) as usize;
-        let gpu_blocks = config
-            .num_gpu_blocks
-            .unwrap_or(blocks_in(config.kv_cache_bytes));
         let needed = kv_groups.blocks_between(0, max_model_len, config.block_size);
+        // Given no size, the pool is fitted to the device once the weights are on it; until
+        // then it is planned at one sequence.
+        let fit = match (config.num_gpu_blocks, config.kv_cache_bytes) {
+            (None, None) => Some(PoolFit {
+                memory,
+                fraction: config.kv_memory_fraction,
+                max_blocks: needed * config.max_num_seqs.max(1),
+            }),
+            _ => None,
+        };
+        let gpu_blocks = match (config.num_gpu_blocks, config.kv_cache_bytes) {
+            (Some(n), _) => n,
+            (None, Some(bytes)) => blocks_in(bytes),
+            (None, None) => needed,
+        };
         if gpu_blocks < needed {
             return Err(RunnerError::Config(format!(
                 "a KV pool of {gpu_blocks} blocks cannot hold one sequence of {max_model_len} tokens \
@@ -84,6 +101,7 @@ impl PoolPlan {
             gpu_blocks,
             cpu_blocks,
             needed,
+            fit,
         })
     }
 
@@ -124,6 +142,7 @@ impl PoolPlan {
             gpu_blocks: blocks,
             cpu_blocks: 0,
             needed,
+            fit: None,
         }
     }
 
@@ -143,12 +162,61 @@ impl PoolPlan {
             gpu_blocks: self.gpu_blocks,
             cpu_blocks: self.cpu_blocks,
             min_gpu_blocks: Some(self.needed),
+            fit: self.fit,
             rotation: kv_rotation(config),
             layer_slots: Some(self.layer_groups.layer_slots.clone()),
             max_tokens,
             max_rows,
         }
     }
+}
+
+/// The context of an engine whose pool is fitted to `pool_bytes` and whose context was not
+/// given: `context` (the model's) where one sequence of it fits, else the longest whole
+/// number of blocks that does (with a warning saying why and what to change), or
+/// `context` where not even one block does (the load then fails saying what it needs).
+pub fn fit_context(
+    c: &ModelConfig,
+    config: &EngineConfig,
+    context: usize,
+    pool_bytes: u64,
+) -> Result<usize> {
+    let base = kv_layout(c, config)?;
+    let bs = config.block_size;
+    let per_sequence = |ctx: usize| {
+        let (layers, groups) = kv_groups(c, config, ctx);
+        let layout = KvLayout {
+            num_layers: layers.slabs,
+            ..base
+        };
+        groups.blocks_between(0, ctx, bs) as u64 * layout.block_bytes_all_layers()
+    };
+    if per_sequence(context) <= pool_bytes {
+        return Ok(context);
+    }
+    // The longest context of whole blocks that fits (a sequence's bytes grow with it).
+    let (mut lo, mut hi) = (0, context / bs);
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if per_sequence(mid * bs) <= pool_bytes {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    if lo == 0 {
+        return Ok(context);
+    }
+    let fitted = lo * bs;
+    tracing::warn!(
+        "one sequence of the model's context of {context} tokens needs {:.1} MiB of KV cache, \
+         more than the {:.1} MiB the device's free memory gives it; serving a context of \
+         {fitted} tokens (--max-model-len sets one; --kv-dtype int8 or int4 fits more tokens \
+         in the same memory)",
+        per_sequence(context) as f64 / (1 << 20) as f64,
+        pool_bytes as f64 / (1 << 20) as f64
+    );
+    Ok(fitted)
 }
 
 /// How the model's layers share KV blocks: with `free_out_of_window_blocks`, a model whose
@@ -172,4 +240,66 @@ fn kv_groups(
     let plan = LayerGroups::plan(&windows, max_model_len);
     let groups = KvGroups::new(plan.windows.clone(), chunk);
     (plan, groups)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::KvDtype;
+
+    /// The shipped model: 4 layers, 2 KV heads of 64, a context of 512 tokens; one f16
+    /// block of 16 tokens is 32 KiB, one full sequence 32 blocks (1 MiB).
+    fn shipped() -> ModelConfig {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/fortunes-llama");
+        ModelConfig::from_dir(&dir).unwrap()
+    }
+
+    #[test]
+    fn the_context_shrinks_to_what_one_sequence_of_the_pool_holds() {
+        let c = shipped();
+        let config = EngineConfig::default();
+        assert_eq!(c.default_context(), 512);
+        // One sequence fits: the model's context.
+        assert_eq!(fit_context(&c, &config, 512, 1 << 20).unwrap(), 512);
+        assert_eq!(fit_context(&c, &config, 512, 3 << 20).unwrap(), 512);
+        // 400 KiB hold 12 blocks of 32 KiB: 192 tokens.
+        assert_eq!(fit_context(&c, &config, 512, 400 << 10).unwrap(), 192);
+        // Not even one block: the context stays, and the load says what it needs.
+        assert_eq!(fit_context(&c, &config, 512, 1000).unwrap(), 512);
+        // int8 blocks are smaller, so the same bytes hold more tokens.
+        let int8 = EngineConfig {
+            kv_dtype: KvDtype::Int8,
+            ..EngineConfig::default()
+        };
+        let t = fit_context(&c, &int8, 512, 400 << 10).unwrap();
+        assert!(t > 192 * 3 / 2 && t.is_multiple_of(16), "{t}");
+    }
+
+    #[test]
+    fn a_pool_given_no_size_is_fitted_between_one_and_every_sequence() {
+        let c = shipped();
+        let config = EngineConfig {
+            max_num_seqs: 8,
+            ..EngineConfig::default()
+        };
+        let plan = PoolPlan::for_engine(&c, &config, 512, None).unwrap();
+        assert_eq!(plan.needed, 32);
+        let fit = plan.fit.expect("fitted");
+        assert_eq!((fit.max_blocks, fit.fraction), (8 * 32, 0.8));
+        assert_eq!(plan.runner_spec(&config, 512, 64, 8).fit, Some(fit));
+        // A size given, in blocks or bytes: no fitting.
+        for given in [
+            EngineConfig {
+                num_gpu_blocks: Some(40),
+                ..config.clone()
+            },
+            EngineConfig {
+                kv_cache_bytes: Some(40 << 15),
+                ..config.clone()
+            },
+        ] {
+            let plan = PoolPlan::for_engine(&c, &given, 512, None).unwrap();
+            assert_eq!((plan.gpu_blocks, plan.fit), (40, None));
+        }
+    }
 }

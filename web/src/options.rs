@@ -58,7 +58,9 @@ impl Options {
         if self.num_gpu_blocks.is_some() {
             c.num_gpu_blocks = self.num_gpu_blocks;
         }
-        set(&mut c.kv_cache_bytes, self.kv_cache_bytes);
+        if self.kv_cache_bytes.is_some() {
+            c.kv_cache_bytes = self.kv_cache_bytes;
+        }
         if self.num_cpu_blocks.is_some() {
             c.num_cpu_blocks = self.num_cpu_blocks;
         }

@@ -40,6 +40,12 @@ fn print_adapter(i: usize, a: &AdapterReport, chosen: Option<&pagellm::wgpu::Ada
         "    driver:             {} {}",
         a.info.driver, a.info.driver_info
     );
+    match &a.memory {
+        Some(m) => println!("    memory:             {m}"),
+        None => println!(
+            "    memory:             not reported (Vulkan reports it with VK_EXT_memory_budget)"
+        ),
+    }
     println!("    max buffer size:    {}", mib(a.limits.max_buffer_size));
     println!(
         "    max storage binding: {}",

@@ -96,9 +96,19 @@ pub struct EngineArgs {
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
-    /// Device KV blocks (default: as many as fit in 256 MiB).
+    /// Device KV blocks (default: see --kv-cache-bytes).
     #[arg(long)]
     pub num_gpu_blocks: Option<usize>,
+    /// Bytes of the device KV pool (default: fitted to the device, --kv-memory-fraction of
+    /// the memory it reports free once the weights are on it, between one and
+    /// --max-num-seqs sequences at the full context; 256 MiB where it reports none, and at
+    /// most that of a software or integrated adapter's host memory).
+    #[arg(long, value_name = "BYTES", conflicts_with = "num_gpu_blocks")]
+    pub kv_cache_bytes: Option<u64>,
+    /// The share of the device memory free after the weights that a KV pool given no size
+    /// takes.
+    #[arg(long, value_name = "F", default_value_t = 0.8)]
+    pub kv_memory_fraction: f64,
     /// Host blocks for swapping (default: as many as fit in 256 MiB).
     #[arg(long)]
     pub num_cpu_blocks: Option<usize>,
@@ -194,6 +204,8 @@ impl EngineArgs {
         EngineConfig {
             block_size: self.block_size,
             num_gpu_blocks: self.num_gpu_blocks,
+            kv_cache_bytes: self.kv_cache_bytes,
+            kv_memory_fraction: self.kv_memory_fraction,
             num_cpu_blocks: self.num_cpu_blocks,
             preemption_mode: match self.preemption_mode {
                 PreemptionArg::Auto => None,
