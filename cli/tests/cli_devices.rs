@@ -39,10 +39,19 @@ fn lists_backend_type_driver_and_limits() {
         "driver:",
         "max buffer size:",
         "max storage binding:",
+        "memory:",
     ] {
         assert!(stdout.contains(field), "missing {field} in:\n{stdout}");
     }
     assert!(stdout.contains("(default choice)"), "{stdout}");
+    // What the driver says of its free memory, or that it says nothing; an injected
+    // report replaces it.
+    let (ok, stdout, stderr) = devices(&[("PAGELLM_INJECT_DEVICE_MEMORY", "1073741824")]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("memory:             1024 MiB free of a 1024 MiB budget (injected)"),
+        "{stdout}"
+    );
 }
 
 #[test]

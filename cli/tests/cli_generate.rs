@@ -305,6 +305,73 @@ fn injected_device_losses_change_no_output_and_stats_count_them() {
     );
 }
 
+/// The device pool's blocks `--stats` reports.
+fn kv_blocks(stderr: &str) -> usize {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("KV cache:"))
+        .unwrap_or_else(|| panic!("no KV cache line in {stderr}"));
+    let before = line.split(" blocks hold").next().unwrap();
+    before.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn the_pool_is_fitted_to_the_reported_free_memory_without_changing_outputs() {
+    if skip() {
+        return;
+    }
+    let dir = common::shipped_model();
+    let args = [
+        "--model",
+        &dir,
+        "--prompt",
+        "The sea",
+        "--n",
+        "2",
+        "--max-tokens",
+        "24",
+        "--seed",
+        "7",
+        "--stats",
+    ];
+    let (ok, plain, stderr) = generate(&args);
+    assert!(ok, "{stderr}");
+    // These adapters report no free memory: 256 MiB at most, and the shipped model's
+    // 64 sequences at its full context (32 blocks each) take less.
+    assert_eq!(kv_blocks(&stderr), 64 * 32, "{stderr}");
+    // 16 MiB free: the weights (6.5 MiB) leave about 9.5, of which the pool takes 80%.
+    let (ok, fitted, stderr) =
+        generate_with(&args, &[("PAGELLM_INJECT_DEVICE_MEMORY", "16777216")]);
+    assert!(ok, "{stderr}");
+    let blocks = kv_blocks(&stderr);
+    assert!((200..260).contains(&blocks), "{blocks}: {stderr}");
+    assert_eq!(fitted, plain);
+    // A size in bytes; a size in bytes and in blocks at once is refused, as is a share
+    // outside (0, 1].
+    let sized: Vec<&str> = args
+        .iter()
+        .copied()
+        .chain(["--kv-cache-bytes", "2097152"])
+        .collect();
+    let (ok, out, stderr) = generate(&sized);
+    assert!(ok && kv_blocks(&stderr) == 64, "{stderr}");
+    assert_eq!(out, plain);
+    let both: Vec<&str> = sized
+        .iter()
+        .copied()
+        .chain(["--num-gpu-blocks", "64"])
+        .collect();
+    let (ok, _, stderr) = generate(&both);
+    assert!(!ok && stderr.contains("--num-gpu-blocks"), "{stderr}");
+    let share: Vec<&str> = args
+        .iter()
+        .copied()
+        .chain(["--kv-memory-fraction", "1.5"])
+        .collect();
+    let (ok, _, stderr) = generate(&share);
+    assert!(!ok && stderr.contains("kv_memory_fraction 1.5"), "{stderr}");
+}
+
 #[test]
 fn a_step_budget_changes_no_output_and_an_impossible_one_is_refused() {
     if skip() {

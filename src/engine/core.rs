@@ -491,9 +491,11 @@ impl Engine {
         let (rows, tokens) = (config.max_sampled_rows(), config.max_num_batched_tokens);
         let mut spec = plan.runner_spec(&config, max_model_len, tokens, rows);
         let runner = ModelRunner::load(ctx.clone(), &files, &spec, progress)?;
-        // The device may have given a smaller pool than planned (`runner/fit.rs`).
+        // The device may have given a smaller pool than planned, and a pool fitted to free
+        // memory is settled only now (`runner/fit.rs`); a reload asks for the same.
         plan.gpu_blocks = runner.pool().num_blocks;
         spec.gpu_blocks = plan.gpu_blocks;
+        spec.fit = None;
         let tiers = tiers(model, &c, max_model_len, &config, runner.pool(), &plan)?;
         let draft = open_draft(&ctx, &c, &config, max_model_len, &plan)?;
         let rebuild = RebuildSpec {

@@ -46,7 +46,7 @@ impl PoolFit {
         };
         let share = (free as f64 * self.fraction) as u64;
         let why = format!(
-            "{:.0}% of the {:.1} MiB the device reports free after the weights ({m})",
+            "{:.0}% of the {:.1} MiB the device reports free after the weights (it reported {m})",
             self.fraction * 100.0,
             mib(free)
         );
