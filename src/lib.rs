@@ -47,7 +47,9 @@ pub use engine::{
 };
 pub use error::GpuError;
 pub use faults::DeviceLossInjection;
-pub use gpu::{enumerate_adapters, AdapterReport, AdapterRequest, GpuContext};
+pub use gpu::{
+    enumerate_adapters, AdapterReport, AdapterRequest, DeviceMemory, GpuContext, MemorySource,
+};
 #[cfg(feature = "native")]
 pub use handle::{
     EngineBuilder, EngineHandle, EngineState, ModelInfo, Notice, RequestStream, StatsSnapshot,

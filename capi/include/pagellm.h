@@ -188,6 +188,23 @@ void pagellm_engine_free(struct pagellm_engine *engine);
 // Thread safety: any thread, at the same time as any other call.
 enum pagellm_status pagellm_engine_stats_json(struct pagellm_engine *engine, char **out);
 
+// Resizes the engine's device KV pool to `bytes` while it runs (a live KV budget: give
+// GPU memory back to the application, or take more): after the step in progress, the
+// pool shrinks (requests holding blocks beyond the new size are preempted and resume in
+// what is left, with the same outputs) or grows. The blocks it has then go to
+// `*blocks_after` unless that is null. A size below what one sequence at the full context
+// needs is refused with `PAGELLM_ERR_ARGUMENT` and a message saying how many blocks it
+// needs; the pool is then unchanged.
+//
+// # Safety
+// `blocks_after` is null or points to writable memory.
+//
+// Thread safety: any thread, at the same time as any other call; the call waits for the
+// step in progress.
+enum pagellm_status pagellm_engine_set_kv_budget(struct pagellm_engine *engine,
+                                                 uint64_t bytes,
+                                                 uint64_t *blocks_after);
+
 // Frees a string the library returned. Null is ignored.
 //
 // # Safety

@@ -460,10 +460,50 @@ pub unsafe extern "C" fn pagellm_engine_stats_json(
                 "host_total": c.host.total,
                 "host_used": c.host.used,
             },
+            "kv_pool_bytes": s.engine.kv_pool_bytes,
             "preemptions": s.engine.scheduler.preemptions,
             "prefix_cache_hit_blocks": c.prefix_hits,
+            "device": {
+                "losses": s.engine.device.losses,
+                "recoveries": s.engine.device.recoveries,
+                "gave_up": s.engine.device.gave_up,
+            },
         });
         *out = owned_string(&json.to_string());
+        Ok(PAGELLM_OK)
+    })
+}
+
+/// Resizes the engine's device KV pool to `bytes` while it runs (a live KV budget: give
+/// GPU memory back to the application, or take more): after the step in progress, the
+/// pool shrinks (requests holding blocks beyond the new size are preempted and resume in
+/// what is left, with the same outputs) or grows. The blocks it has then go to
+/// `*blocks_after` unless that is null. A size below what one sequence at the full context
+/// needs is refused with `PAGELLM_ERR_ARGUMENT` and a message saying how many blocks it
+/// needs; the pool is then unchanged.
+///
+/// # Safety
+/// `blocks_after` is null or points to writable memory.
+///
+/// Thread safety: any thread, at the same time as any other call; the call waits for the
+/// step in progress.
+#[no_mangle]
+pub unsafe extern "C" fn pagellm_engine_set_kv_budget(
+    engine: *mut pagellm_engine,
+    bytes: u64,
+    blocks_after: *mut u64,
+) -> pagellm_status {
+    guard(|| {
+        let handle = lookup(engines(), engine as usize, "engine")?;
+        let done = handle
+            .set_kv_budget(pagellm::PoolSize::Bytes(bytes))
+            .map_err(|e| match e {
+                pagellm::Error::Unavailable(_) => Fail(PAGELLM_ERR_ENGINE, e.to_string()),
+                _ => Fail(PAGELLM_ERR_ARGUMENT, e.to_string()),
+            })?;
+        if !blocks_after.is_null() {
+            *blocks_after = done.blocks_after as u64;
+        }
         Ok(PAGELLM_OK)
     })
 }

@@ -643,9 +643,17 @@ class LLM:
         return self._engine.max_model_len
 
     def stats(self) -> Dict[str, Any]:
-        """KV cache and scheduler figures: blocks total, used and cached, prefix-cache hits,
-        preemptions, steps."""
+        """KV cache and scheduler figures: blocks total, used and cached, the pool's bytes,
+        prefix-cache hits, preemptions, steps, lost GPU devices and recoveries."""
         return _json.loads(self._engine.stats_json())
+
+    def set_kv_budget(self, bytes: int) -> Dict[str, Any]:
+        """Resizes the GPU KV cache to ``bytes`` while requests run (give GPU memory back to
+        another program, or take more): running requests holding blocks beyond the new
+        size are preempted and resume with the same outputs. Returns the blocks and bytes
+        before and after and the requests preempted; a size below one sequence at the full
+        context raises ``ValueError`` and changes nothing."""
+        return _json.loads(self._engine.set_kv_budget(int(bytes)))
 
     def shutdown(self) -> None:
         """Stops the engine (pending requests end aborted); the object is unusable after."""

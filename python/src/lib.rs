@@ -216,6 +216,27 @@ impl Engine {
             "kv_blocks_cached": c.device.cached,
             "prefix_cache_hits": c.prefix_hits,
             "preemptions": s.engine.scheduler.preemptions,
+            "kv_pool_bytes": s.engine.kv_pool_bytes,
+            "device_losses": s.engine.device.losses,
+            "device_recoveries": s.engine.device.recoveries,
+        })
+        .to_string())
+    }
+
+    /// Resizes the device KV pool to `bytes` while the engine runs (after the step in
+    /// progress); the resize as JSON. A size below one sequence is a `ValueError`.
+    fn set_kv_budget(&self, py: Python<'_>, bytes: u64) -> PyResult<String> {
+        let done = py.detach(|| self.handle.set_kv_budget(pagellm::PoolSize::Bytes(bytes)));
+        let r = done.map_err(|e| match e {
+            pagellm::Error::Unavailable(_) => PyRuntimeError::new_err(e.to_string()),
+            _ => value_error(e),
+        })?;
+        Ok(serde_json::json!({
+            "blocks_before": r.blocks_before,
+            "blocks_after": r.blocks_after,
+            "bytes_before": r.bytes_before,
+            "bytes_after": r.bytes_after,
+            "preempted_groups": r.preempted_groups,
         })
         .to_string())
     }

@@ -258,3 +258,21 @@ def test_bad_and_unsupported_arguments_are_clear_errors(llm):
             break
         time.sleep(0.05)
     assert llm.stats()["pending_requests"] == 0
+
+
+def test_the_kv_budget_shrinks_and_grows_without_changing_outputs():
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    prompts = [c["prompt"] for c in EXPECTED]
+    with LLM(str(MODEL), num_gpu_blocks=128) as llm:
+        before = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        block = llm.stats()["kv_pool_bytes"] // 128
+        assert block == 32768  # 4 layers x K and V x 2 heads x 64 x 16 tokens x f16
+        r = llm.set_kv_budget(40 * block)
+        assert (r["blocks_before"], r["blocks_after"]) == (128, 40)
+        assert llm.stats()["kv_blocks_total"] == 40
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == before
+        with pytest.raises(ValueError, match="32"):
+            llm.set_kv_budget(4 * block)
+        assert llm.stats()["kv_blocks_total"] == 40
+        assert llm.set_kv_budget(128 * block)["blocks_after"] == 128
+        assert llm.stats()["device_losses"] == 0

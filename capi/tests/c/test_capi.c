@@ -235,6 +235,27 @@ static void bad_requests(pagellm_engine *e) {
     pagellm_string_free(json);
 }
 
+/* The live KV budget: the pool shrinks to 40 blocks (of 32 KiB) and grows back to 64, and
+   the greedy tokens stay those of transformers; below one sequence (32 blocks) it is
+   refused with the blocks it needs. */
+static void kv_budget(pagellm_engine *e, const uint32_t *want, size_t n_want) {
+    uint64_t blocks = 0;
+    CHECK(pagellm_engine_set_kv_budget(e, 40 * 32768, &blocks) == PAGELLM_OK, "shrink: %s",
+          pagellm_last_error());
+    CHECK(blocks == 40, "%llu blocks after shrinking", (unsigned long long)blocks);
+    char *json = NULL;
+    CHECK(pagellm_engine_stats_json(e, &json) == PAGELLM_OK, "stats");
+    CHECK(contains(json, "\"device_total\":40") && contains(json, "\"kv_pool_bytes\":1310720") &&
+              contains(json, "\"losses\":0"),
+          "%s", json);
+    pagellm_string_free(json);
+    greedy_matches(e, want, n_want);
+    CHECK(pagellm_engine_set_kv_budget(e, 4 * 32768, &blocks) == PAGELLM_ERR_ARGUMENT, "4 blocks");
+    CHECK(contains(pagellm_last_error(), "32"), "names the blocks needed: %s", pagellm_last_error());
+    CHECK(pagellm_engine_set_kv_budget(e, 64 * 32768, NULL) == PAGELLM_OK, "grow");
+    CHECK(pagellm_engine_set_kv_budget(NULL, 1, NULL) == PAGELLM_ERR_HANDLE, "null engine");
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s MODEL_DIR EXPECTED_IDS...\n", argv[0]);
@@ -258,6 +279,7 @@ int main(int argc, char **argv) {
     sampled_and_json(e);
     abort_and_free_mid_stream(e);
     bad_requests(e);
+    kv_budget(e, want, n_want);
 
     /* A request outliving its engine ends (aborted, or the engine's end), without harm. */
     pagellm_request *r = NULL;
