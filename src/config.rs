@@ -76,10 +76,10 @@ pub struct EngineConfig {
     /// Byte budget of the device KV pool when `num_gpu_blocks` is not given. `None` fits
     /// the pool to the device: `kv_memory_fraction` of the memory the driver reports free
     /// once the weights are on it, at least one sequence at the full context and at most
-    /// `max_num_seqs` of them; 256 MiB where the driver reports nothing, and at most that
-    /// on an adapter whose memory is the host's (software and integrated adapters). With
-    /// no `max_model_len` either, a model whose context does not fit is served a shorter
-    /// one, with a warning.
+    /// `max_num_seqs` of them; where the driver reports nothing, half the device's largest
+    /// buffer, 256 MiB at most, and at most that on an adapter whose memory is the host's
+    /// (software and integrated adapters). With no `max_model_len` either, a model whose
+    /// context does not fit is served a shorter one, with a warning.
     pub kv_cache_bytes: Option<u64>,
     /// The share of the device memory free after the weights that a pool given no size
     /// takes (see `kv_cache_bytes`), in (0, 1].

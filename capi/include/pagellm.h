@@ -62,7 +62,7 @@ typedef struct pagellm_config {
   // Device KV blocks (0: as many as fit in `kv_cache_bytes`).
   uint32_t num_gpu_blocks;
   // Bytes of GPU memory for the KV cache when `num_gpu_blocks` is 0 (0: fitted to the
-  // device's free memory; 256 MiB where it reports none).
+  // device's free memory; at most 256 MiB where it reports none).
   uint64_t kv_cache_bytes;
   // Host blocks for swapping preempted requests (0: the default swap space).
   uint32_t num_cpu_blocks;

@@ -81,7 +81,7 @@ pub struct pagellm_config {
     /// Device KV blocks (0: as many as fit in `kv_cache_bytes`).
     pub num_gpu_blocks: u32,
     /// Bytes of GPU memory for the KV cache when `num_gpu_blocks` is 0 (0: fitted to the
-    /// device's free memory; 256 MiB where it reports none).
+    /// device's free memory; at most 256 MiB where it reports none).
     pub kv_cache_bytes: u64,
     /// Host blocks for swapping preempted requests (0: the default swap space).
     pub num_cpu_blocks: u32,

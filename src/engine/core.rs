@@ -33,6 +33,7 @@ use crate::faults::DeviceLossInjection;
 use crate::gpu::GpuContext;
 use crate::mapped::ModelSource;
 use crate::pool::{KvLayout, KvPool, KvRotation};
+use crate::runner::fit::fallback_pool_bytes;
 use crate::runner::plan::PoolPlan;
 use crate::runner::{open_model, ModelRunner};
 use crate::spec::{AcceptanceRate, AdaptiveK, NgramIndex, StepCostFit};
@@ -264,6 +265,7 @@ fn fitted_context(
     config: &EngineConfig,
     context: usize,
     memory: Option<crate::gpu::DeviceMemory>,
+    fallback: u64,
 ) -> Result<usize> {
     let f = config.kv_memory_fraction;
     if !(f > 0.0 && f <= 1.0) {
@@ -282,6 +284,7 @@ fn fitted_context(
         memory,
         fraction: f,
         max_blocks: usize::MAX,
+        fallback,
     };
     let (bytes, _) = fit.pool_bytes(weights, None);
     Ok(crate::runner::plan::fit_context(
@@ -485,9 +488,10 @@ impl Engine {
         }
         check_speculation(&config)?;
         let pacer = pacer(&config)?;
-        let memory = ctx.memory();
-        let max_model_len = fitted_context(&files, &config, context_length(&c, &config)?, memory)?;
-        let mut plan = PoolPlan::for_engine(&c, &config, max_model_len, memory)?;
+        let (memory, fallback) = (ctx.memory(), fallback_pool_bytes(&ctx.limits));
+        let context = context_length(&c, &config)?;
+        let max_model_len = fitted_context(&files, &config, context, memory, fallback)?;
+        let mut plan = PoolPlan::for_engine(&c, &config, max_model_len, memory, fallback)?;
         let (rows, tokens) = (config.max_sampled_rows(), config.max_num_batched_tokens);
         let mut spec = plan.runner_spec(&config, max_model_len, tokens, rows);
         let runner = ModelRunner::load(ctx.clone(), &files, &spec, progress)?;

@@ -6,16 +6,23 @@
 //! A pool given no size ([`PoolFit`]) takes a share of the memory the device reports free
 //! once the weights are on it, between one full-context sequence and every sequence at the
 //! full context; a device that reports nothing, or whose memory is the host's, gets
-//! [`FALLBACK_POOL_BYTES`] at most.
+//! [`fallback_pool_bytes`] at most: a share of its largest buffer, 256 MiB at most.
 
 use super::{Result, RunnerError, RunnerSpec};
 use crate::error::GpuError;
 use crate::gpu::{DeviceMemory, GpuContext, MemorySource};
 use crate::pool::{KvPool, PoolSize};
 
-/// The pool's bytes where the device reports no memory, and the most it takes of a
-/// software or integrated adapter's host memory unless told otherwise.
+/// The most a pool takes where the device reports no memory, or where its memory is the
+/// host's (software and integrated adapters), unless told otherwise.
 pub const FALLBACK_POOL_BYTES: u64 = 256 << 20;
+
+/// The pool's bytes on a device that reports no memory: half its largest buffer (a device
+/// that offers small buffers is a small one: WebGPU's default 256 MiB gives 128), at most
+/// [`FALLBACK_POOL_BYTES`].
+pub fn fallback_pool_bytes(limits: &wgpu::Limits) -> u64 {
+    (limits.max_buffer_size / 2).min(FALLBACK_POOL_BYTES)
+}
 
 /// How a pool given no size is sized.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -27,6 +34,9 @@ pub struct PoolFit {
     /// Blocks every sequence the engine runs at once takes at the full context: more
     /// would never be used by running sequences.
     pub max_blocks: usize,
+    /// The pool's bytes where the device reports nothing, and the most it takes of host
+    /// memory ([`fallback_pool_bytes`]).
+    pub fallback: u64,
 }
 
 impl PoolFit {
@@ -36,8 +46,11 @@ impl PoolFit {
     pub fn pool_bytes(&self, taken: u64, now: Option<DeviceMemory>) -> (u64, String) {
         let Some(before) = self.memory else {
             return (
-                FALLBACK_POOL_BYTES,
-                "the device reports no free memory".to_string(),
+                self.fallback,
+                format!(
+                    "{:.0} MiB as the device reports no free memory",
+                    mib(self.fallback)
+                ),
             );
         };
         let (free, m) = match now {
@@ -206,6 +219,7 @@ mod tests {
             memory,
             fraction: 0.8,
             max_blocks: 1000,
+            fallback: FALLBACK_POOL_BYTES,
         }
     }
 
@@ -244,6 +258,16 @@ mod tests {
         let (bytes, why) = fit(None).pool_bytes(123, None);
         assert_eq!(bytes, FALLBACK_POOL_BYTES);
         assert!(why.contains("reports no free memory"), "{why}");
+        // The fallback follows the largest buffer the device offers.
+        let limits = |max_buffer_size| wgpu::Limits {
+            max_buffer_size,
+            ..wgpu::Limits::default()
+        };
+        assert_eq!(fallback_pool_bytes(&limits(256 * MIB)), 128 * MIB);
+        assert_eq!(
+            fallback_pool_bytes(&limits(4096 * MIB)),
+            FALLBACK_POOL_BYTES
+        );
     }
 
     #[test]

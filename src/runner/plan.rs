@@ -59,6 +59,7 @@ impl PoolPlan {
         config: &EngineConfig,
         max_model_len: usize,
         memory: Option<DeviceMemory>,
+        fallback: u64,
     ) -> Result<Self> {
         let (layer_groups, kv_groups) = kv_groups(c, config, max_model_len);
         let layout = KvLayout {
@@ -74,6 +75,7 @@ impl PoolPlan {
                 memory,
                 fraction: config.kv_memory_fraction,
                 max_blocks: needed * config.max_num_seqs.max(1),
+                fallback,
             }),
             _ => None,
         };
@@ -282,7 +284,7 @@ mod tests {
             max_num_seqs: 8,
             ..EngineConfig::default()
         };
-        let plan = PoolPlan::for_engine(&c, &config, 512, None).unwrap();
+        let plan = PoolPlan::for_engine(&c, &config, 512, None, 256 << 20).unwrap();
         assert_eq!(plan.needed, 32);
         let fit = plan.fit.expect("fitted");
         assert_eq!((fit.max_blocks, fit.fraction), (8 * 32, 0.8));
@@ -298,7 +300,7 @@ mod tests {
                 ..config.clone()
             },
         ] {
-            let plan = PoolPlan::for_engine(&c, &given, 512, None).unwrap();
+            let plan = PoolPlan::for_engine(&c, &given, 512, None, 256 << 20).unwrap();
             assert_eq!((plan.gpu_blocks, plan.fit), (40, None));
         }
     }

@@ -101,8 +101,8 @@ pub struct EngineArgs {
     pub num_gpu_blocks: Option<usize>,
     /// Bytes of the device KV pool (default: fitted to the device, --kv-memory-fraction of
     /// the memory it reports free once the weights are on it, between one and
-    /// --max-num-seqs sequences at the full context; 256 MiB where it reports none, and at
-    /// most that of a software or integrated adapter's host memory).
+    /// --max-num-seqs sequences at the full context; at most 256 MiB where it reports none,
+    /// and at most that of a software or integrated adapter's host memory).
     #[arg(long, value_name = "BYTES", conflicts_with = "num_gpu_blocks")]
     pub kv_cache_bytes: Option<u64>,
     /// The share of the device memory free after the weights that a KV pool given no size
