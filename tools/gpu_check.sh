@@ -23,7 +23,7 @@ tests=(gpu_context kernels_matmul kernels_quant kernels_attention kernels_pointw
     kernels_copy_blocks golden_gpu quant_model engine sliding_window kv_groups kv_quant
     cache_manager_gpu engine_pressure structured_engine shipped_model cache_engine
     gpu_bindings cli_generate eval sampling_penalties kernel_plan row_invariance speculative
-    engine_handle step_split cache_salt)
+    engine_handle step_split cache_salt device_loss kv_budget fit)
 
 pack() {
     local archive="$1" stage
