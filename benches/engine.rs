@@ -43,7 +43,8 @@
 //! profile section instead: per-kernel GPU time of decode
 //! (1 and 16 sequences, 128-token prompts, 64 tokens each) and of one 128-token prefill,
 //! with the host's recording, submit and wait per step (`GpuContext::enable_profiling`);
-//! `--profile-seqs 1,16` and `--profile-tokens 64` change the decode runs.
+//! `--profile-seqs 1,16` and `--profile-tokens 64` change the decode runs, and
+//! `--profile-weights q4_k` converts the weights to that format as they load.
 //!
 //! `-- --tiers` runs only the prefix-cache tier section instead (`engine/tiers.rs`): time to
 //! first token of a 2047-token prompt after a restart from the disk tier against computing
@@ -740,11 +741,18 @@ fn main() {
     let model = write_model(&shapes, f16);
     let gen_time = t.elapsed();
     let t = Instant::now();
+    // `--profile-weights DTYPE` profiles the weights converted to DTYPE as they load.
+    let weight_dtype = args
+        .iter()
+        .position(|a| a == "--profile-weights")
+        .and_then(|i| args.get(i + 1))
+        .map(|s| s.parse::<WeightDtype>().unwrap_or_else(|e| panic!("{e}")));
     let cfg = EngineConfig {
         enable_prefix_caching: false,
         max_num_seqs: 64,
         // 64 prompts of 16 tokens prefill in one step, and so does a 512-token prompt.
         max_num_batched_tokens: 1024,
+        weight_dtype,
         ..EngineConfig::default()
     };
     let mut e = engine(&ctx, &model.0, cfg);

@@ -93,9 +93,11 @@ fn columns_body(wg: vec3<u32>, nwg: vec3<u32>, tid: u32, lane: u32) {
             acc2[r] = 0.0;
         }
         let sc = pass_scales(r0, lane);
+        var h = array<vec2<f32>, 2>();
         for (var j = 0u; j < p.k / 8u; j++) {
-            let b = weights8(c, j);
-            let b2 = weights8(c2, j);
+            h = heads2(h, vec2<u32>(c, c2), j);
+            let b = weights8_with(c, j, h[0]);
+            let b2 = weights8_with(c2, j, h[1]);
             pass_terms(&acc, &acc2, r0, j, lane, b, b2, sc);
         }
         if column < p.n {
@@ -129,12 +131,14 @@ fn one_row_body(wg: vec3<u32>, nwg: vec3<u32>, tid: u32, lane: u32) {
         var a2 = 0.0;
         var a3 = 0.0;
         let s = pass_scales(r, lane).rows[0];
+        var h = array<vec2<f32>, 4>();
         for (var j = 0u; j < p.k / 8u; j++) {
+            h = heads4(h, vec4<u32>(c0, c1, c2, c3), j);
             let xv = x8(r, j, lane, s);
-            a0 = add8(a0, xv[0], xv[1], weights8(c0, j));
-            a1 = add8(a1, xv[0], xv[1], weights8(c1, j));
-            a2 = add8(a2, xv[0], xv[1], weights8(c2, j));
-            a3 = add8(a3, xv[0], xv[1], weights8(c3, j));
+            a0 = add8(a0, xv[0], xv[1], weights8_with(c0, j, h[0]));
+            a1 = add8(a1, xv[0], xv[1], weights8_with(c1, j, h[1]));
+            a2 = add8(a2, xv[0], xv[1], weights8_with(c2, j, h[2]));
+            a3 = add8(a3, xv[0], xv[1], weights8_with(c3, j, h[3]));
         }
         let acc = array<f32, 4>(a0, a1, a2, a3);
         for (var i = 0u; i < 4u; i++) {

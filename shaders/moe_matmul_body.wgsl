@@ -74,9 +74,11 @@ fn moe_body(wg: vec3<u32>, tid: u32, lane: u32) {
             acc2[r] = 0.0;
             xrow[r] = (list[min(r0 + r, end - 1u)] / p.in_div) * (p.k / 4u);
         }
+        var h = array<vec2<f32>, 2>();
         for (var j = 0u; j < p.k / 8u; j++) {
-            let b = weights8(row, j);
-            let b2 = weights8(row2, j);
+            h = heads2(h, vec2<u32>(row, row2), j);
+            let b = weights8_with(row, j, h[0]);
+            let b2 = weights8_with(row2, j, h[1]);
             for (var r = 0u; r < ROWS; r++) {
                 let xv = x8(xrow[r], j, lane);
                 acc[r] = add8(acc[r], xv[0], xv[1], b);
@@ -116,12 +118,14 @@ fn one_slot_body(wg: vec3<u32>, tid: u32, lane: u32) {
         var a1 = 0.0;
         var a2 = 0.0;
         var a3 = 0.0;
+        var h = array<vec2<f32>, 4>();
         for (var j = 0u; j < p.k / 8u; j++) {
+            h = heads4(h, vec4<u32>(r0, r1, r2, r3), j);
             let xv = x8(xrow, j, lane);
-            a0 = add8(a0, xv[0], xv[1], weights8(r0, j));
-            a1 = add8(a1, xv[0], xv[1], weights8(r1, j));
-            a2 = add8(a2, xv[0], xv[1], weights8(r2, j));
-            a3 = add8(a3, xv[0], xv[1], weights8(r3, j));
+            a0 = add8(a0, xv[0], xv[1], weights8_with(r0, j, h[0]));
+            a1 = add8(a1, xv[0], xv[1], weights8_with(r1, j, h[1]));
+            a2 = add8(a2, xv[0], xv[1], weights8_with(r2, j, h[2]));
+            a3 = add8(a3, xv[0], xv[1], weights8_with(r3, j, h[3]));
         }
         let acc = array<f32, 4>(a0, a1, a2, a3);
         let at = slot * p.ldy + p.n_offset;

@@ -96,12 +96,15 @@ fn byte_at(w: u32, i: u32) -> u32 {
     return (w >> (8u * i)) & 0xffu;
 }
 
-// The eight 4-bit codes at bit `shift` (0 or 4) of each byte of words a, b.
+// The eight 4-bit codes at bit `shift` (0 or 4) of each byte of words a, b: masked four at
+// a time, then taken byte by byte.
 fn nibbles8(a: u32, b: u32, shift: u32) -> array<u32, 8> {
+    let a4 = (a >> shift) & 0x0f0f0f0fu;
+    let b4 = (b >> shift) & 0x0f0f0f0fu;
     var q: array<u32, 8>;
     for (var i = 0u; i < 4u; i++) {
-        q[i] = (a >> (8u * i + shift)) & 0xfu;
-        q[i + 4u] = (b >> (8u * i + shift)) & 0xfu;
+        q[i] = byte_at(a4, i);
+        q[i + 4u] = byte_at(b4, i);
     }
     return q;
 }
@@ -202,7 +205,12 @@ fn block8_q3_k(base: u32, g: u32) -> array<vec4<f32>, 2> {
 
 // Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0: group g (0..4) of the 32-block at word `base`.
 fn block8_32(base: u32, g: u32) -> array<vec4<f32>, 2> {
-    let head = unpack2x16float(wword(base));
+    return block8_32_with(base, g, unpack2x16float(wword(base)));
+}
+
+// block8_32 given the block's head (its f16 scale and min, or for Q4_0, Q5_0 and Q8_0 the
+// scale in .y).
+fn block8_32_with(base: u32, g: u32, head: vec2<f32>) -> array<vec4<f32>, 2> {
     var v: array<f32, 8>;
     if WEIGHT_DTYPE == DTYPE_Q8_0 {
         let d = head.y;
@@ -235,12 +243,23 @@ fn block8_32(base: u32, g: u32) -> array<vec4<f32>, 2> {
 // Q4_K and Q5_K: group g (0..32) of the super-block at word `base`: sub-block s = g / 4,
 // elements l .. l + 8 of it, l = 8 (g % 4).
 fn block8_k_asym(base: u32, g: u32) -> array<vec4<f32>, 2> {
+    return block8_k_asym_with(base, g, k_asym_head(base, g));
+}
+
+// The scale and min of group g's sub-block in a Q4_K or Q5_K super-block.
+fn k_asym_head(base: u32, g: u32) -> vec2<f32> {
     let dm = unpack2x16float(wword(base));
     let s = g / 4u;
     // Sub-block s's scale and min: bytes 2 (s % 2) and 2 (s % 2) + 1 of word 1 + s / 2.
     let sm = wword(base + 1u + s / 2u) >> (16u * (s % 2u));
-    let dl = dm.x * f32(sm & 63u);
-    let ml = dm.y * f32((sm >> 8u) & 63u);
+    return vec2<f32>(dm.x * f32(sm & 63u), dm.y * f32((sm >> 8u) & 63u));
+}
+
+// block8_k_asym given k_asym_head's scale and min.
+fn block8_k_asym_with(base: u32, g: u32, head: vec2<f32>) -> array<vec4<f32>, 2> {
+    let s = g / 4u;
+    let dl = head.x;
+    let ml = head.y;
     let five = WEIGHT_DTYPE == DTYPE_Q5_K;
     // Nibble byte l of sub-block s: byte 32 (s / 2) + l of the codes, half s % 2.
     let qs = base + select(5u, 13u, five) + 8u * (s / 2u) + 2u * (g % 4u);
@@ -265,24 +284,36 @@ fn block8_k_asym(base: u32, g: u32) -> array<vec4<f32>, 2> {
 // Q6_K: group g (0..32) of the super-block at word `base` (quant.rs's dequant_q6_k spells out
 // the layout): half h, elements e .. e + 8 of it, in quarter k at position l.
 fn block8_q6_k(base: u32, g: u32) -> array<vec4<f32>, 2> {
+    return block8_q6_k_with(base, g, q6_k_scale(base, g));
+}
+
+// The scale of group g's sub-block of 16 in a Q6_K super-block.
+fn q6_k_scale(base: u32, g: u32) -> f32 {
+    let si = 8u * (g / 16u) + (8u * (g % 16u)) / 16u;
+    let sc = extractBits(bitcast<i32>(wword(base + 48u + si / 4u)), 8u * (si % 4u), 8u);
+    let d = unpack2x16float(wword(base + 52u)).x;
+    return d * f32(sc);
+}
+
+// block8_q6_k given q6_k_scale's scale.
+fn block8_q6_k_with(base: u32, g: u32, dl: f32) -> array<vec4<f32>, 2> {
     let h = g / 16u;
     let e = 8u * (g % 16u);
     let k = e / 32u;
     let l = e % 32u;
     let ql = base + 16u * h + 8u * (k % 2u) + l / 4u;
-    var low = nibbles8(wword(ql), wword(ql + 1u), 4u * (k / 2u));
     let qh = base + 32u + 8u * h + l / 4u;
-    let qa = wword(qh);
-    let qb = wword(qh + 1u);
-    let si = 8u * h + e / 16u;
-    let sc = extractBits(bitcast<i32>(wword(base + 48u + si / 4u)), 8u * (si % 4u), 8u);
-    let d = unpack2x16float(wword(base + 52u)).x;
-    let dl = d * f32(sc);
+    // Each element's six-bit code, four to a word: its low nibble (at bit 4 (k / 2) of its
+    // code byte) and above it its two high bits (at bit 2 k of its high byte), assembled in
+    // place a word at a time (no bits cross a byte).
+    let shift = 4u * (k / 2u);
+    let six = array<u32, 2>(
+        ((wword(ql) >> shift) & 0x0f0f0f0fu) | (((wword(qh) >> (2u * k)) & 0x03030303u) << 4u),
+        ((wword(ql + 1u) >> shift) & 0x0f0f0f0fu) | (((wword(qh + 1u) >> (2u * k)) & 0x03030303u) << 4u),
+    );
     var v: array<f32, 8>;
     for (var i = 0u; i < 8u; i++) {
-        let word = select(qb, qa, i < 4u);
-        let high = (byte_at(word, i % 4u) >> (2u * k)) & 3u;
-        v[i] = dl * f32(i32(low[i] | (high << 4u)) - 32);
+        v[i] = dl * f32(i32(byte_at(six[i / 4u], i % 4u)) - 32);
     }
     return pack8(v);
 }
@@ -311,4 +342,52 @@ fn block8(row: u32, j: u32) -> array<vec4<f32>, 2> {
         return block8_k_asym(base, g);
     }
     return block8_32(base, g);
+}
+
+// A block format's group constants (a scale, and a min where it has one) stay the same for
+// head_steps() consecutive steps j of 8 weights from a multiple of it: a kernel that steps
+// through a row computes them once per group with block_head and decodes each step with
+// block8_with, which gives block8's values bit for bit (the same expressions, computed
+// once instead of at every step). Formats whose steps each need their own (Q2_K, Q3_K,
+// IQ4_XS, IQ4_NL, MXFP4) and float formats have one step per head, which is then unused.
+fn head_steps() -> u32 {
+    switch WEIGHT_DTYPE {
+        case 10u, 11u, 12u, 13u, 14u, 15u, 16u: { return 4u; }
+        case 17u: { return 2u; }
+        default: { return 1u; }
+    }
+}
+
+// The group constants of elements 8j .. 8j + 8 of the weight row at word `row`.
+fn block_head(row: u32, j: u32) -> vec2<f32> {
+    let per_block = block_elems() / 8u;
+    let base = row + (j / per_block) * block_words();
+    let g = j % per_block;
+    if WEIGHT_DTYPE == DTYPE_Q6_K {
+        return vec2<f32>(q6_k_scale(base, g), 0.0);
+    }
+    if WEIGHT_DTYPE == DTYPE_Q4_K || WEIGHT_DTYPE == DTYPE_Q5_K {
+        return k_asym_head(base, g);
+    }
+    if WEIGHT_DTYPE >= DTYPE_Q4_0 && WEIGHT_DTYPE <= DTYPE_Q8_0 {
+        return unpack2x16float(wword(base));
+    }
+    return vec2<f32>(0.0);
+}
+
+// block8(row, j) given block_head(row, j') for the first step j' of j's group.
+fn block8_with(row: u32, j: u32, head: vec2<f32>) -> array<vec4<f32>, 2> {
+    let per_block = block_elems() / 8u;
+    let base = row + (j / per_block) * block_words();
+    let g = j % per_block;
+    if WEIGHT_DTYPE == DTYPE_Q6_K {
+        return block8_q6_k_with(base, g, head.x);
+    }
+    if WEIGHT_DTYPE == DTYPE_Q4_K || WEIGHT_DTYPE == DTYPE_Q5_K {
+        return block8_k_asym_with(base, g, head);
+    }
+    if WEIGHT_DTYPE >= DTYPE_Q4_0 && WEIGHT_DTYPE <= DTYPE_Q8_0 {
+        return block8_32_with(base, g, head);
+    }
+    return block8(row, j);
 }

@@ -26,6 +26,43 @@ fn weights8(c: u32, j: u32) -> array<vec4<f32>, 2> {
     return array<vec4<f32>, 2>(vec4<f32>(b0, b1), vec4<f32>(b2, b3));
 }
 
+// The group constants of weights 8j .. of row c (block_head in weight_blocks.wgsl), and
+// weights8 given them: a kernel computes the constants once every head_steps() steps.
+fn weights_head(c: u32, j: u32) -> vec2<f32> {
+    if is_block_dtype() {
+        return block_head(c * row_words(p.k), j);
+    }
+    return vec2<f32>(0.0);
+}
+
+fn weights8_with(c: u32, j: u32, head: vec2<f32>) -> array<vec4<f32>, 2> {
+    if is_block_dtype() {
+        return block8_with(c * row_words(p.k), j, head);
+    }
+    return weights8(c, j);
+}
+
+// The heads of rows c[i] for step j: `h` where j is inside a group, new ones where it
+// starts one.
+fn heads2(h: array<vec2<f32>, 2>, c: vec2<u32>, j: u32) -> array<vec2<f32>, 2> {
+    if j % head_steps() != 0u {
+        return h;
+    }
+    return array<vec2<f32>, 2>(weights_head(c.x, j), weights_head(c.y, j));
+}
+
+fn heads4(h: array<vec2<f32>, 4>, c: vec4<u32>, j: u32) -> array<vec2<f32>, 4> {
+    if j % head_steps() != 0u {
+        return h;
+    }
+    return array<vec2<f32>, 4>(
+        weights_head(c.x, j),
+        weights_head(c.y, j),
+        weights_head(c.z, j),
+        weights_head(c.w, j),
+    );
+}
+
 // acc + x[0..8] · w[0..8], adding one term at a time in increasing k (the order every
 // matmul kernel keeps; see matmul_columns.wgsl).
 fn add8(acc: f32, xa: vec4<f32>, xb: vec4<f32>, w: array<vec4<f32>, 2>) -> f32 {

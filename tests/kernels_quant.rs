@@ -17,6 +17,7 @@ use common::quant_fixture::load;
 use common::*;
 use pagellm::internals::gpu::{Batch, GpuContext};
 use pagellm::internals::kernels::matmul::{matmul, Matmul, MatmulKernel, Norm, Output};
+use pagellm::internals::kernels::plan::MatmulPlan;
 use pagellm::internals::kernels::{self, Weight, WeightDtype};
 use pagellm::internals::nn::Activation;
 use pagellm::internals::reference as r;
@@ -174,10 +175,23 @@ fn check_product(ctx: &GpuContext, dtype: WeightDtype, seed: u64, c: &Case) {
         want.iter_mut().zip(&y0).for_each(|(a, b)| *a += b);
     }
     let mut first: Option<Vec<f32>> = None;
-    for kernel in KERNELS.into_iter().filter(|kern| kern.supports(ctx, k)) {
-        let plan = mm_only(ctx, kernel);
+    // One-row passes also with four columns an invocation (WIDE), which CPU adapters use
+    // for wide weights only.
+    let plans = KERNELS
+        .into_iter()
+        .filter(|kern| kern.supports(ctx, k))
+        .flat_map(|kernel| {
+            let wide = MatmulPlan {
+                wide_from: Some(1),
+                ..mm_only(ctx, kernel)
+            };
+            let wide = (m == 1 && wide.wide(kernel, 1, n)).then_some(wide);
+            std::iter::once((kernel, mm_only(ctx, kernel))).chain(wide.map(|w| (kernel, w)))
+        });
+    for (kernel, plan) in plans {
         let what = format!(
-            "{dtype:?} {kernel:?} m={m} n={n} k={k} bias={} acc={} chunks={} on {}",
+            "{dtype:?} {kernel:?} wide={} m={m} n={n} k={k} bias={} acc={} chunks={} on {}",
+            plan.wide(kernel, m, n),
             c.bias,
             c.accumulate,
             w.chunks.len(),
