@@ -22,7 +22,7 @@ export interface EngineOptions {
   block_size?: number;
   /** Device KV blocks (default: as many as `kv_cache_bytes` holds). */
   num_gpu_blocks?: number;
-  /** GPU memory for the KV cache, in bytes. */
+  /** GPU memory for the KV cache, in bytes (default: half the device's largest buffer, 256 MiB at most). */
   kv_cache_bytes?: number;
   /** Host blocks for swapped-out sequences. */
   num_cpu_blocks?: number;

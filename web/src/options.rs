@@ -16,7 +16,8 @@ pub struct Options {
     pub block_size: Option<usize>,
     /// Device KV blocks (default: as many as `kv_cache_bytes` holds).
     pub num_gpu_blocks: Option<usize>,
-    /// GPU memory for the KV cache, in bytes.
+    /// GPU memory for the KV cache, in bytes (default: half the device's largest buffer,
+    /// 256 MiB at most; browsers report no free memory).
     pub kv_cache_bytes: Option<u64>,
     /// Host (swap) blocks.
     pub num_cpu_blocks: Option<usize>,
