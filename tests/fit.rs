@@ -88,7 +88,7 @@ fn weights_or_a_minimal_pool_that_do_not_fit_say_what_they_need() {
     .expect("loaded")
     .to_string();
     assert!(
-        err.contains("working buffers for 512 tokens") && err.contains("--max-num-batched-tokens"),
+        err.contains("working buffers for 512 tokens") && err.contains("--max-batched-tokens"),
         "{err}"
     );
     // ...and with 128 tokens a step, an f32 pool of the 32 blocks one 512-token sequence

@@ -171,7 +171,7 @@ pub(super) fn workspace_refused(e: GpuError, spec: &RunnerSpec) -> RunnerError {
     RunnerError::DoesNotFit(format!(
         "the step's working buffers for {} tokens and {} sampled rows a step do not fit: the \
          device refused them (out of memory while {oom}); to fit, compute fewer tokens a step \
-         (--max-num-batched-tokens) or run fewer sequences at once (--max-num-seqs)",
+         (--max-batched-tokens) or run fewer sequences at once (--max-num-seqs)",
         spec.max_tokens, spec.max_rows
     ))
 }
