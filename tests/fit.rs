@@ -16,17 +16,18 @@ use pagellm::internals::pool::{KvDtype, PoolSize};
 use pagellm::{AdapterRequest, GpuContext};
 use std::sync::Arc;
 
-/// A device of its own on `like`'s backend refusing buffers over `limit` bytes.
-fn short_of_memory(like: &GpuContext, limit: u64) -> Arc<GpuContext> {
+/// A device of its own on `like`'s backend.
+fn own(like: &GpuContext) -> GpuContext {
     let req = AdapterRequest {
         backends: wgpu::Backends::from(like.info.backend),
         ..Default::default()
     };
-    Arc::new(
-        GpuContext::new(&req)
-            .unwrap()
-            .with_allocation_limit(Some(limit)),
-    )
+    GpuContext::new(&req).unwrap()
+}
+
+/// A device of its own on `like`'s backend refusing buffers over `limit` bytes.
+fn short_of_memory(like: &GpuContext, limit: u64) -> Arc<GpuContext> {
+    Arc::new(own(like).with_allocation_limit(Some(limit)))
 }
 
 #[test]
@@ -57,36 +58,34 @@ fn a_refused_pool_is_retried_smaller_and_serves() {
     }
 }
 
+/// The error loading the shipped model with `config` on a device refusing buffers over
+/// `limit` bytes.
+fn load_error(ctx: &GpuContext, limit: u64, config: EngineConfig) -> String {
+    Engine::with_context(
+        short_of_memory(ctx, limit),
+        shipped_model(),
+        config,
+        |_, _| {},
+    )
+    .err()
+    .expect("loaded")
+    .to_string()
+}
+
 #[test]
 fn weights_or_a_minimal_pool_that_do_not_fit_say_what_they_need() {
     let Some(&ctx) = contexts().first() else {
         return;
     };
     // Buffers over 64 KiB refused: not even the weights fit.
-    let err = Engine::with_context(
-        short_of_memory(ctx, 64 << 10),
-        shipped_model(),
-        EngineConfig::default(),
-        |_, _| {},
-    )
-    .err()
-    .expect("loaded")
-    .to_string();
+    let err = load_error(ctx, 64 << 10, EngineConfig::default());
     assert!(
         err.contains("weights (6.5 MiB in the checkpoint") && err.contains("--weight-dtype q4_k"),
         "{err}"
     );
     // Buffers over 1.5 MiB refused: the weights fit, but not the working buffers of 512
     // tokens a step (the MLP's 2.7 MiB)...
-    let err = Engine::with_context(
-        short_of_memory(ctx, 3 << 19),
-        shipped_model(),
-        EngineConfig::default(),
-        |_, _| {},
-    )
-    .err()
-    .expect("loaded")
-    .to_string();
+    let err = load_error(ctx, 3 << 19, EngineConfig::default());
     assert!(
         err.contains("working buffers for 512 tokens") && err.contains("--max-batched-tokens"),
         "{err}"
@@ -98,15 +97,7 @@ fn weights_or_a_minimal_pool_that_do_not_fit_say_what_they_need() {
         max_num_batched_tokens: 128,
         ..EngineConfig::default()
     };
-    let err = Engine::with_context(
-        short_of_memory(ctx, 3 << 19),
-        shipped_model(),
-        f32_pool,
-        |_, _| {},
-    )
-    .err()
-    .expect("loaded")
-    .to_string();
+    let err = load_error(ctx, 3 << 19, f32_pool);
     assert!(
         err.contains("needs at least 32 blocks") && err.contains("--kv-dtype int8"),
         "{err}"
@@ -115,15 +106,7 @@ fn weights_or_a_minimal_pool_that_do_not_fit_say_what_they_need() {
 
 /// A device of its own on `like`'s backend whose driver reports `memory`.
 fn reporting(like: &GpuContext, memory: DeviceMemory) -> Arc<GpuContext> {
-    let req = AdapterRequest {
-        backends: wgpu::Backends::from(like.info.backend),
-        ..Default::default()
-    };
-    Arc::new(
-        GpuContext::new(&req)
-            .unwrap()
-            .with_memory_report(Some(memory)),
-    )
+    Arc::new(own(like).with_memory_report(Some(memory)))
 }
 
 /// What the shipped model's weights take on a device.

@@ -305,6 +305,11 @@ fn injected_device_losses_change_no_output_and_stats_count_them() {
     );
 }
 
+/// `args` and then `extra`.
+fn plus<'a>(args: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+    args.iter().chain(extra).copied().collect()
+}
+
 /// The device pool's blocks `--stats` reports.
 fn kv_blocks(stderr: &str) -> usize {
     let line = stderr
@@ -348,26 +353,14 @@ fn the_pool_is_fitted_to_the_reported_free_memory_without_changing_outputs() {
     assert_eq!(fitted, plain);
     // A size in bytes; a size in bytes and in blocks at once is refused, as is a share
     // outside (0, 1].
-    let sized: Vec<&str> = args
-        .iter()
-        .copied()
-        .chain(["--kv-cache-bytes", "2097152"])
-        .collect();
+    let sized = plus(&args, &["--kv-cache-bytes", "2097152"]);
     let (ok, out, stderr) = generate(&sized);
     assert!(ok && kv_blocks(&stderr) == 64, "{stderr}");
     assert_eq!(out, plain);
-    let both: Vec<&str> = sized
-        .iter()
-        .copied()
-        .chain(["--num-gpu-blocks", "64"])
-        .collect();
+    let both = plus(&sized, &["--num-gpu-blocks", "64"]);
     let (ok, _, stderr) = generate(&both);
     assert!(!ok && stderr.contains("--num-gpu-blocks"), "{stderr}");
-    let share: Vec<&str> = args
-        .iter()
-        .copied()
-        .chain(["--kv-memory-fraction", "1.5"])
-        .collect();
+    let share = plus(&args, &["--kv-memory-fraction", "1.5"]);
     let (ok, _, stderr) = generate(&share);
     assert!(!ok && stderr.contains("kv_memory_fraction 1.5"), "{stderr}");
 }
@@ -390,11 +383,7 @@ fn a_step_budget_changes_no_output_and_an_impossible_one_is_refused() {
     ];
     let (ok, plain, stderr) = generate(&args);
     assert!(ok, "{stderr}");
-    let paced: Vec<&str> = args
-        .iter()
-        .copied()
-        .chain(["--max-step-ms", "0.5"])
-        .collect();
+    let paced = plus(&args, &["--max-step-ms", "0.5"]);
     let (ok, out, stderr) = generate(&paced);
     assert!(ok, "{stderr}");
     assert_eq!(out, plain);
