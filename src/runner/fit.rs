@@ -63,12 +63,12 @@ impl PoolFit {
             self.fraction * 100.0,
             mib(free)
         );
-        if m.host_memory && share > FALLBACK_POOL_BYTES {
+        if m.host_memory && share > self.fallback {
             return (
-                FALLBACK_POOL_BYTES,
+                self.fallback,
                 format!(
                     "at most {:.0} MiB of host memory; {why}",
-                    mib(FALLBACK_POOL_BYTES)
+                    mib(self.fallback)
                 ),
             );
         }
@@ -249,6 +249,12 @@ mod tests {
         let (bytes, why) = fit(Some(host)).pool_bytes(0, None);
         assert_eq!(bytes, FALLBACK_POOL_BYTES);
         assert!(why.contains("host memory"), "{why}");
+        // The host-memory cap is the device's fallback (half its largest buffer).
+        let small = PoolFit {
+            fallback: 128 * MIB,
+            ..fit(Some(host))
+        };
+        assert_eq!(small.pool_bytes(0, None).0, 128 * MIB);
         // A small host-memory report is taken at its share, like any other.
         let small = DeviceMemory {
             host_memory: true,
