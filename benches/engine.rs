@@ -55,6 +55,10 @@
 //! format (`EngineConfig::weight_dtype`, the bf16 weights converted as they load), decode
 //! steps of 1 and 16 sequences and a 128-token prefill on each, formats alternating within
 //! each of five rounds; median step time and its ratio to the first format's.
+//! `-- --models A,B,...` runs the same section over model files or folders as they are
+//! stored (e.g. GGUF files llama.cpp quantized, `tools/make_bench_gguf.py`), and
+//! `-- --model PATH` runs any section on that model instead of a generated one (the shapes
+//! line then describes the preset, not the model).
 
 use pagellm::internals::cache::{BlockOps, DeviceBlockId, HostBlockId};
 use pagellm::internals::cache_engine::CacheEngine;
@@ -626,22 +630,56 @@ fn print_profile(
     println!("```");
 }
 
-/// The `--weights` section: decode and prefill steps per weight format, side by side.
-fn weights_section(ctx: &Arc<GpuContext>, dir: &Path, list: &str) {
-    let formats: Vec<WeightDtype> = list
-        .split(',')
-        .map(|s| s.trim().parse().unwrap_or_else(|e| panic!("{e}")))
-        .collect();
+/// One column of the `--weights` table: a label, the model's path, and the format its
+/// weights are converted to as they load (`None`: as stored).
+struct WeightRun {
+    label: String,
+    model: std::path::PathBuf,
+    dtype: Option<WeightDtype>,
+}
+
+/// The `--weights` list: formats the generated model at `dir` is converted to.
+fn weight_formats(dir: &Path, list: &str) -> Vec<WeightRun> {
+    list.split(',')
+        .map(|s| WeightRun {
+            label: s.trim().to_string(),
+            model: dir.to_path_buf(),
+            dtype: Some(s.trim().parse().unwrap_or_else(|e| panic!("{e}"))),
+        })
+        .collect()
+}
+
+/// The `--models` list: model files or folders as they are stored (e.g. GGUF files of
+/// llama.cpp's format mixes), each labelled by its file name.
+fn weight_models(list: &str) -> Vec<WeightRun> {
+    list.split(',')
+        .map(|s| {
+            let model = std::path::PathBuf::from(s.trim());
+            let label = model
+                .file_name()
+                .map_or(s.to_string(), |n| n.to_string_lossy().into_owned());
+            WeightRun {
+                label,
+                model,
+                dtype: None,
+            }
+        })
+        .collect()
+}
+
+/// The `--weights` (or `--models`) section: decode and prefill steps per weight format,
+/// side by side.
+fn weights_section(ctx: &Arc<GpuContext>, formats: &[WeightRun]) {
     let mut engines: Vec<Engine> = formats
         .iter()
-        .map(|&d| {
+        .map(|run| {
             let cfg = EngineConfig {
                 enable_prefix_caching: false,
                 max_num_batched_tokens: 1024,
-                weight_dtype: Some(d),
+                weight_dtype: run.dtype,
                 ..EngineConfig::default()
             };
-            let mut e = engine(ctx, dir, cfg);
+            let mut e = engine(ctx, &run.model, cfg);
             e.add_request(Prompt::Tokens(prompt(999, 8)), greedy(2))
                 .expect("add");
             e.run_to_completion().expect("warm-up");
@@ -651,10 +689,13 @@ fn weights_section(ctx: &Arc<GpuContext>, dir: &Path, list: &str) {
     println!();
     println!("## Weight formats (decode: {DECODE_PROMPT}-token prompts, {DECODE_TOKENS} tokens; prefill: 128 tokens)");
     println!();
-    let names: Vec<String> = formats.iter().map(|d| format!("{d} (ms)")).collect();
+    let names: Vec<String> = formats
+        .iter()
+        .map(|d| format!("{} (ms)", d.label))
+        .collect();
     let ratios: Vec<String> = formats[1..]
         .iter()
-        .map(|d| format!("{d} / {}", formats[0]))
+        .map(|d| format!("{} / {}", d.label, formats[0].label))
         .collect();
     println!("| step | {} | {} |", names.join(" | "), ratios.join(" | "));
     println!("|---|{}", "---:|".repeat(2 * formats.len() - 1));
@@ -736,9 +777,24 @@ fn main() {
             "bf16"
         },
     );
+    if let Some(list) = args
+        .iter()
+        .position(|a| a == "--models")
+        .and_then(|i| args.get(i + 1))
+    {
+        weights_section(&ctx, &weight_models(list));
+        return;
+    }
     let t = Instant::now();
     let f16 = args.iter().any(|a| a == "--f16");
-    let model = write_model(&shapes, f16);
+    // `--model PATH` benches that model (a folder or a GGUF file) instead of a generated one.
+    let given = args
+        .iter()
+        .position(|a| a == "--model")
+        .and_then(|i| args.get(i + 1))
+        .map(std::path::PathBuf::from);
+    let generated = given.is_none().then(|| write_model(&shapes, f16));
+    let model_dir = given.unwrap_or_else(|| generated.as_ref().expect("generated").0.clone());
     let gen_time = t.elapsed();
     let t = Instant::now();
     // `--profile-weights DTYPE` profiles the weights converted to DTYPE as they load.
@@ -755,7 +811,7 @@ fn main() {
         weight_dtype,
         ..EngineConfig::default()
     };
-    let mut e = engine(&ctx, &model.0, cfg);
+    let mut e = engine(&ctx, &model_dir, cfg);
     e.add_request(Prompt::Tokens(prompt(999, 8)), greedy(2))
         .expect("add");
     e.run_to_completion().expect("warm-up");
@@ -766,7 +822,7 @@ fn main() {
     );
     if args.iter().any(|a| a == "--tiers") {
         drop(e);
-        tiers::tiers_section(&ctx, &model.0, quick);
+        tiers::tiers_section(&ctx, &model_dir, quick);
         return;
     }
     if let Some(list) = args
@@ -775,7 +831,7 @@ fn main() {
         .and_then(|i| args.get(i + 1))
     {
         drop(e);
-        weights_section(&ctx, &model.0, list);
+        weights_section(&ctx, &weight_formats(&model_dir, list));
         return;
     }
     if args.iter().any(|a| a == "--profile") {
@@ -878,7 +934,7 @@ fn main() {
     println!("|---|---:|---:|---:|---:|---|---:|---|");
     let mut results = Vec::new();
     for mode in [PreemptionMode::Swap, PreemptionMode::Recompute] {
-        let s = preemption_scenario(&ctx, &model.0, mode);
+        let s = preemption_scenario(&ctx, &model_dir, mode);
         let st = &s.stats.scheduler;
         let steps: Vec<String> = s.steps.iter().map(|d| format!("{:.1}", ms(*d))).collect();
         let col = |i: usize| steps.get(i).cloned().unwrap_or_else(|| "-".into());
@@ -971,7 +1027,7 @@ fn main() {
     println!("|---|---:|---:|---:|---:|---:|---:|---|");
     let mut p99s = Vec::new();
     for decode_first in [true, false] {
-        let (gaps, wall, st) = decode_first_scenario(&ctx, &model.0, decode_first);
+        let (gaps, wall, st) = decode_first_scenario(&ctx, &model_dir, decode_first);
         let n = gaps.len();
         let (p50, p99, max) = (
             percentile(gaps.clone(), 0.5),
@@ -1019,7 +1075,7 @@ fn main() {
         Some(PreemptionMode::Recompute),
         None,
     ] {
-        let (wall, st, outs) = pressure_workload(&ctx, &model.0, mode);
+        let (wall, st, outs) = pressure_workload(&ctx, &model_dir, mode);
         let same = first.as_ref().map_or("(reference)".to_string(), |f| {
             if *f == outs {
                 "yes".into()
@@ -1064,7 +1120,7 @@ fn main() {
                 .map_or(f64::NAN, |e| e.recompute_s * 1e3),
         );
     }
-    drop(model);
+    drop(generated);
     println!();
     println!("total run time: {:.1} s", run_start.elapsed().as_secs_f64());
 }

@@ -20,7 +20,8 @@
 //!
 //! With `--formats`, the weight formats side by side (f16 and every block format, the
 //! weight quantized from the same values), each run by the kernel the plan picks for the
-//! row count: time per call, time relative to f16, and the weight's bytes on the GPU.
+//! row count: time per call, time relative to f16, and the weight's bytes on the GPU;
+//! `--dtypes q4_k,q6_k` keeps f16 and those formats.
 //!
 //! With `--argmax`, the greedy arg-max kernels (`ArgmaxKernel`) side by side over rows of
 //! `--n` logits (the vocabulary).
@@ -138,9 +139,19 @@ fn formats(ctx: &GpuContext, n: usize, k: usize, rows: &[usize], quick: bool) {
     let wv: Vec<f32> = (0..n * k)
         .map(|i| ((i * 7919 % 997) as f32 - 498.0) * 1e-4)
         .collect();
+    // `--dtypes q4_k,q6_k` keeps f16 and those.
+    let only: Option<Vec<WeightDtype>> = std::env::args()
+        .skip_while(|a| a != "--dtypes")
+        .nth(1)
+        .map(|l| {
+            l.split(',')
+                .map(|d| d.trim().parse().unwrap_or_else(|e| panic!("{e}")))
+                .collect()
+        });
     let dtypes: Vec<WeightDtype> = std::iter::once(WeightDtype::F16)
         .chain(WeightDtype::BLOCKS)
         .filter(|d| k.is_multiple_of(d.block_elems()))
+        .filter(|d| *d == WeightDtype::F16 || only.as_ref().is_none_or(|o| o.contains(d)))
         .collect();
     let weights: Vec<Weight> = dtypes
         .iter()

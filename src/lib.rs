@@ -69,7 +69,7 @@ pub mod stats {
     pub use crate::cache::{CacheStats, PoolStats, TierStats};
     pub use crate::disk_tier::DiskStats;
     pub use crate::engine::scheduler::{CostEstimate, PreemptionCosts, SchedulerStats};
-    pub use crate::engine::{DeviceStats, DraftStats, HostTime};
+    pub use crate::engine::{DeviceStats, DraftStats, HostTime, StepThroughput};
     pub use crate::model::gpu::WeightBytes;
     pub use crate::pool::KvLayout;
 }

@@ -820,3 +820,66 @@ fn stats_count_a_mixtures_expert_bytes() {
     assert_eq!(experts, 0.3, "{line}");
     assert!((total - experts / 2.0 - reads).abs() < 0.06, "{line}");
 }
+
+/// The `(N tokens in S steps` of a `--stats` throughput line starting with `label`.
+fn throughput_counts(stderr: &str, label: &str) -> (u64, u64) {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with(label))
+        .unwrap_or_else(|| panic!("no {label:?} line in {stderr}"));
+    let inner = line.split('(').nth(1).unwrap_or_else(|| panic!("{line}"));
+    let words: Vec<&str> = inner.split_whitespace().collect();
+    (words[0].parse().unwrap(), words[3].parse().unwrap())
+}
+
+#[test]
+fn stats_report_throughput_and_warmup_leaves_its_run_out() {
+    if skip() {
+        return;
+    }
+    let args = [
+        "--prompt",
+        "The sea",
+        "--max-tokens",
+        "9",
+        "--ignore-eos",
+        "--temperature",
+        "0",
+        "--json",
+        "--stats",
+    ];
+    let (ok, cold, cold_err) = generate(&args);
+    assert!(ok, "{cold_err}");
+    let (ok, warm, warm_err) = generate(&plus(&args, &["--warmup"]));
+    assert!(ok, "{warm_err}");
+    let row: Value = serde_json::from_str(cold.lines().next().unwrap()).unwrap();
+    let warm_row: Value = serde_json::from_str(warm.lines().next().unwrap()).unwrap();
+    // The warm-up changes no output (it runs under a cache salt of its own).
+    assert_eq!(
+        row["outputs"][0]["token_ids"],
+        warm_row["outputs"][0]["token_ids"]
+    );
+    let prompt = row["prompt_token_ids"].as_array().unwrap().len() as u64;
+    // One prefill step computes the prompt (and samples the first token); each of the other
+    // eight tokens is a decode step of one row, with or without a warm-up before them.
+    for stderr in [&cold_err, &warm_err] {
+        assert_eq!(
+            throughput_counts(stderr, "prefill throughput:"),
+            (prompt, 1),
+            "{stderr}"
+        );
+        assert_eq!(
+            throughput_counts(stderr, "decode throughput:"),
+            (8, 8),
+            "{stderr}"
+        );
+    }
+    assert!(
+        warm_err.contains("the warm-up run not counted"),
+        "{warm_err}"
+    );
+    assert!(
+        !cold_err.contains("the warm-up run not counted"),
+        "{cold_err}"
+    );
+}

@@ -90,6 +90,8 @@ pub struct EngineStats {
     pub device: super::DeviceStats,
     /// The frame-time budget's pacing, when `max_step_ms` is set.
     pub pacing: Option<super::PacingStats>,
+    /// Tokens per second of the forward steps, prefill and decode apart.
+    pub throughput: StepThroughput,
 }
 
 impl EngineStats {
@@ -163,6 +165,8 @@ pub struct Engine {
     pub(super) pool_needed: usize,
     /// The step-size cap under `config.max_step_ms`, if set (`pacing.rs`).
     pub(super) pacer: Option<super::StepPacer>,
+    /// Forward steps' tokens and times, for the stats.
+    pub(super) throughput: StepThroughput,
 }
 
 /// The host's share of the engine's forward steps: from the start of a step's recording
@@ -210,6 +214,80 @@ impl HostTime {
     pub fn decode_mean(&self) -> std::time::Duration {
         mean(self.decode_total, self.decode_steps)
     }
+}
+
+/// What the engine's forward steps computed and how long they took, a step's time being
+/// its wall time from its start to its outputs taken (what a caller of [`Engine::step`]
+/// waits), less the time it spent compiling pipelines (each kernel variant's first use pays
+/// that once). Steps that computed part of a prompt count as prefill, their decode rows
+/// included; the others as decode, where a token is a sequence's position computed (with
+/// speculative decoding, every position verified, accepted or not).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepThroughput {
+    /// Steps that computed part of a prompt.
+    pub prefill_steps: u64,
+    /// Tokens those steps computed.
+    pub prefill_tokens: u64,
+    /// Their time, together.
+    pub prefill_time: std::time::Duration,
+    /// Steps without a prompt chunk.
+    pub decode_steps: u64,
+    /// Tokens those steps computed.
+    pub decode_tokens: u64,
+    /// Their time, together.
+    pub decode_time: std::time::Duration,
+    /// Time the steps spent compiling pipelines, not counted above.
+    pub compile_time: std::time::Duration,
+}
+
+impl StepThroughput {
+    pub(super) fn record(
+        &mut self,
+        prefill: bool,
+        tokens: usize,
+        wall: std::time::Duration,
+        compiling: std::time::Duration,
+    ) {
+        let compiling = compiling.min(wall);
+        let took = wall - compiling;
+        self.compile_time += compiling;
+        if prefill {
+            self.prefill_steps += 1;
+            self.prefill_tokens += tokens as u64;
+            self.prefill_time += took;
+        } else {
+            self.decode_steps += 1;
+            self.decode_tokens += tokens as u64;
+            self.decode_time += took;
+        }
+    }
+
+    /// What was counted after `earlier` (an earlier reading of the same engine's).
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            prefill_steps: self.prefill_steps.saturating_sub(earlier.prefill_steps),
+            prefill_tokens: self.prefill_tokens.saturating_sub(earlier.prefill_tokens),
+            prefill_time: self.prefill_time.saturating_sub(earlier.prefill_time),
+            decode_steps: self.decode_steps.saturating_sub(earlier.decode_steps),
+            decode_tokens: self.decode_tokens.saturating_sub(earlier.decode_tokens),
+            decode_time: self.decode_time.saturating_sub(earlier.decode_time),
+            compile_time: self.compile_time.saturating_sub(earlier.compile_time),
+        }
+    }
+
+    /// Prompt tokens per second over the prefill steps (`None` before the first).
+    pub fn prefill_tokens_per_s(&self) -> Option<f64> {
+        rate(self.prefill_tokens, self.prefill_time)
+    }
+
+    /// Tokens per second over the decode steps (`None` before the first).
+    pub fn decode_tokens_per_s(&self) -> Option<f64> {
+        rate(self.decode_tokens, self.decode_time)
+    }
+}
+
+fn rate(tokens: u64, time: std::time::Duration) -> Option<f64> {
+    (tokens > 0 && !time.is_zero()).then(|| tokens as f64 / time.as_secs_f64())
 }
 
 fn mean(total: std::time::Duration, n: u64) -> std::time::Duration {
@@ -523,6 +601,7 @@ impl Engine {
             abandoned: 0,
             swap_latency_s: 0.0,
             host: HostTime::default(),
+            throughput: StepThroughput::default(),
             in_flight: false,
             deferred_adds: Vec::new(),
             deferred_aborts: Vec::new(),
@@ -771,6 +850,64 @@ impl Engine {
             disk: self.disk.as_ref().map(Disk::stats),
             device: self.recovery.stats,
             pacing: self.pacer.as_ref().map(super::StepPacer::stats),
+            throughput: self.throughput,
         }
+    }
+}
+
+#[cfg(test)]
+mod throughput_tests {
+    use super::StepThroughput;
+    use std::time::Duration;
+
+    fn ms(v: u64) -> Duration {
+        Duration::from_millis(v)
+    }
+
+    #[test]
+    fn steps_count_by_kind_less_their_compile_time() {
+        let mut t = StepThroughput::default();
+        assert_eq!(t.prefill_tokens_per_s(), None);
+        assert_eq!(t.decode_tokens_per_s(), None);
+        // A 128-token prefill of 300 ms wall, 100 of them compiling: 200 ms, 640 tokens/s.
+        t.record(true, 128, ms(300), ms(100));
+        // Four decode steps of 16 rows, 20 ms each, one of which compiled for 5 ms.
+        for compiling in [5, 0, 0, 0] {
+            t.record(false, 16, ms(20), ms(compiling));
+        }
+        assert_eq!((t.prefill_steps, t.prefill_tokens), (1, 128));
+        assert_eq!(t.prefill_time, ms(200));
+        assert_eq!((t.decode_steps, t.decode_tokens), (4, 64));
+        assert_eq!(t.decode_time, ms(75));
+        assert_eq!(t.compile_time, ms(105));
+        assert!((t.prefill_tokens_per_s().unwrap() - 640.0).abs() < 1e-9);
+        assert!((t.decode_tokens_per_s().unwrap() - 64.0 / 0.075).abs() < 1e-6);
+        // Compile time beyond the step's own wall time (it cannot be) counts the step as 0.
+        let mut odd = StepThroughput::default();
+        odd.record(false, 1, ms(3), ms(10));
+        assert_eq!((odd.decode_time, odd.compile_time), (ms(0), ms(3)));
+        assert_eq!(odd.decode_tokens_per_s(), None);
+    }
+
+    #[test]
+    fn since_leaves_out_an_earlier_reading() {
+        let mut t = StepThroughput::default();
+        t.record(true, 10, ms(50), ms(40));
+        t.record(false, 2, ms(8), ms(0));
+        let warm = t;
+        t.record(true, 128, ms(100), ms(0));
+        t.record(false, 1, ms(4), ms(0));
+        t.record(false, 1, ms(6), ms(0));
+        let d = t.since(&warm);
+        assert_eq!(
+            (d.prefill_steps, d.prefill_tokens, d.prefill_time),
+            (1, 128, ms(100))
+        );
+        assert_eq!(
+            (d.decode_steps, d.decode_tokens, d.decode_time),
+            (2, 2, ms(10))
+        );
+        assert_eq!(d.compile_time, ms(0));
+        assert_eq!(t.since(&t), StepThroughput::default());
     }
 }

@@ -23,7 +23,7 @@ mod step;
 mod step_batch;
 mod tiers;
 
-pub use self::core::{Engine, EngineStats, HostTime};
+pub use self::core::{Engine, EngineStats, HostTime, StepThroughput};
 pub use crate::config::{EngineConfig, PreemptionMode, SpeculativeConfig, MAX_SPECULATIVE_ROWS};
 pub use budget::PoolResize;
 pub use draft::DraftStats;

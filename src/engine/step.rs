@@ -24,6 +24,7 @@ use super::request::{RequestSide, SeqOutput};
 use super::scheduler::SchedulerOutput;
 use crate::cache::BlockOps;
 use crate::runner::{PendingStep, StepPlan};
+use std::time::Duration;
 use web_time::Instant;
 
 /// A step the engine has submitted and not yet finished.
@@ -33,6 +34,8 @@ pub struct StepInFlight {
     start: Instant,
     /// Pipelines compiled before the step (see `compiled_since`).
     compiled: u64,
+    /// The context's compile time before the step (`GpuContext::compile_time`).
+    compile_time: Duration,
     /// Held while the step lives: an engine whose step was dropped unfinished sees it gone.
     _alive: std::sync::Arc<()>,
 }
@@ -143,6 +146,7 @@ impl Engine {
                     work: Work::Ended,
                     start: Instant::now(),
                     compiled: self.ctx.pipelines_compiled(),
+                    compile_time: self.ctx.compile_time(),
                     _alive: std::sync::Arc::new(()),
                 }
             }
@@ -252,6 +256,7 @@ impl Engine {
     fn try_begin(&mut self) -> Result<StepInFlight> {
         let start = Instant::now();
         let compiled = self.ctx.pipelines_compiled();
+        let compile_time = self.ctx.compile_time();
         let work = match self.propose() {
             Some(job) => Work::Drafting { job: Box::new(job) },
             None => self.schedule_and_submit()?,
@@ -260,6 +265,7 @@ impl Engine {
             work,
             start,
             compiled,
+            compile_time,
             _alive: std::sync::Arc::new(()),
         })
     }
@@ -307,6 +313,7 @@ impl Engine {
             work,
             start,
             compiled,
+            compile_time,
             ..
         } = step;
         let (sched, pending) = match work {
@@ -327,19 +334,25 @@ impl Engine {
         let read = self.runner.finish(pending)?;
         self.store_to_disk(&sched.ops);
         self.advance(&sched, &read)?;
-        self.record_costs(&sched, start, compiled);
+        self.record_costs(&sched, start, compiled, compile_time);
         Ok(sched.scheduled.iter().map(|s| s.len).sum())
     }
 
-    /// Feeds the step's time to the cost models: prefill throughput for automatic
-    /// preemption, or the decode step cost at its row count for the adaptive `k`.
+    /// Feeds the step's time to the cost models (prefill throughput for automatic
+    /// preemption, or the decode step cost at its row count for the adaptive `k`) and to
+    /// the throughput the stats report (less what the step spent compiling pipelines).
     fn record_costs(
         &mut self,
         sched: &SchedulerOutput<SeqOutput, RequestSide>,
         start: Instant,
         compiled: u64,
+        compile_time: Duration,
     ) {
         let rows: usize = sched.scheduled.iter().map(|s| s.len).sum();
+        let prefill = sched.scheduled.iter().any(|s| s.own_len() > 1);
+        let compiling = self.ctx.compile_time().saturating_sub(compile_time);
+        self.throughput
+            .record(prefill, rows, start.elapsed(), compiling);
         let compiled = self.compiled_since(compiled);
         if let Some(p) = self.pacer.as_mut().filter(|_| !compiled) {
             p.record(rows, start.elapsed().as_secs_f64());

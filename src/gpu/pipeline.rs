@@ -59,6 +59,8 @@ pub(crate) struct PipelineCache {
     modules: Mutex<HashMap<&'static str, Arc<Module>>>,
     /// Pipelines compiled so far (a step that compiled one paid a one-time cost).
     compiled: AtomicU64,
+    /// Nanoseconds spent compiling them (their modules' parsing included).
+    compile_nanos: AtomicU64,
 }
 
 /// The group-0 bindings the entry point `entry` of `source` uses, as layout entries (see
@@ -184,8 +186,13 @@ impl GpuContext {
             m.insert(key, pipeline.clone());
         }
         self.pipelines.compiled.fetch_add(1, Ordering::Relaxed);
+        let took = started.elapsed();
+        self.pipelines.compile_nanos.fetch_add(
+            u64::try_from(took.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
         if let Some(p) = self.profiler() {
-            p.compile(started.elapsed());
+            p.compile(took);
         }
         Ok(pipeline)
     }
@@ -194,6 +201,13 @@ impl GpuContext {
     /// cost, which a timing of its row count should not count.
     pub fn pipelines_compiled(&self) -> u64 {
         self.pipelines.compiled.load(Ordering::Relaxed)
+    }
+
+    /// Time this context has spent compiling pipelines, their shader modules included: a
+    /// one-time cost per kernel variant that a step's time should not count (a CPU adapter
+    /// takes tens of milliseconds per variant).
+    pub fn compile_time(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.pipelines.compile_nanos.load(Ordering::Relaxed))
     }
 
     fn module(&self, kernel: KernelSource) -> Result<Arc<Module>> {

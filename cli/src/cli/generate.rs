@@ -6,7 +6,7 @@
 use super::engine_args::EngineArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use pagellm::stats::WeightBytes;
+use pagellm::stats::{StepThroughput, WeightBytes};
 use pagellm::{EngineBuilder, EngineHandle, Notice, RequestStream};
 use pagellm::{EngineStats, Event, JsonRequest, Output, Request, SamplingParams, StructuredOutput};
 use serde_json::json;
@@ -117,6 +117,13 @@ pub struct GenerateArgs {
     /// Print KV cache and scheduler statistics at the end.
     #[arg(long)]
     stats: bool,
+    /// Run the requests once first, two tokens each and in a prefix-cache namespace of
+    /// their own, and leave that run out of the --stats throughput: a process's first steps
+    /// pay one-time costs (a software adapter compiles each kernel variant when it is first
+    /// dispatched). For measuring steady prefill and decode speed, as llama.cpp's benches
+    /// warm up.
+    #[arg(long)]
+    warmup: bool,
 
     #[command(flatten)]
     engine: EngineArgs,
@@ -215,6 +222,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     };
     let requests = args.requests()?;
     let engine = load(&args, &dir)?;
+    let baseline = args.warmup.then(|| warm_up(&engine, &requests)).flatten();
     let (streams, early) = submit(&engine, &requests);
     let single = match requests.as_slice() {
         [(_, Ok((prompt, r)))] if r.params.n == 1 && r.params.beam_width.is_none() => Some(prompt),
@@ -248,7 +256,26 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             }
         }
     }
-    finish(&args, engine, failed, requests.len())
+    finish(&args, engine, baseline, failed, requests.len())
+}
+
+/// `--warmup`: every valid request once with at most two tokens, under a cache salt of its
+/// own (so the run after it computes its prompts again), waited for. Returns the throughput
+/// counters after it, which the statistics subtract.
+fn warm_up(engine: &EngineHandle, requests: &[Line]) -> Option<StepThroughput> {
+    let warm: Vec<Line> = requests
+        .iter()
+        .filter_map(|(line, r)| {
+            let (prompt, request) = r.as_ref().ok()?;
+            let mut request = request.clone();
+            request.params.max_tokens = request.params.max_tokens.min(2);
+            request.cache_salt = Some("pagellm generate --warmup".into());
+            Some((*line, Ok((prompt.clone(), request))))
+        })
+        .collect();
+    let (streams, _) = submit(engine, &warm);
+    collect(streams, false);
+    engine.stats_now().map(|s| s.engine.throughput)
 }
 
 /// Submits every valid line's request together, so they are batched from the first step.
@@ -287,10 +314,19 @@ fn submit(engine: &EngineHandle, requests: &[Line]) -> (Vec<Option<RequestStream
 
 /// The end of a run: statistics and the profile when asked for, the engine shut down, and
 /// an error when any request failed.
-fn finish(args: &GenerateArgs, engine: EngineHandle, failed: usize, total: usize) -> Result<()> {
+fn finish(
+    args: &GenerateArgs,
+    engine: EngineHandle,
+    warmed: Option<StepThroughput>,
+    failed: usize,
+    total: usize,
+) -> Result<()> {
     if args.stats {
-        if let Some(s) = engine.stats_now() {
-            print_stats(&s.engine);
+        if let Some(mut s) = engine.stats_now() {
+            if let Some(w) = warmed {
+                s.engine.throughput = s.engine.throughput.since(&w);
+            }
+            print_stats(&s.engine, warmed.is_some());
         }
     }
     if let Some(report) = engine.shutdown() {
@@ -423,12 +459,13 @@ fn print_speculation(s: &EngineStats) {
     }
 }
 
-fn print_stats(s: &EngineStats) {
+fn print_stats(s: &EngineStats, warmed: bool) {
     let c = &s.cache;
     eprintln!("--- statistics ---");
     print_weights(s);
     print_kv_cache(s);
     print_scheduling(s);
+    print_throughput(s, warmed);
     print_speculation(s);
     eprintln!(
         "failed / abandoned:     {} / {}",
@@ -459,6 +496,46 @@ fn print_stats(s: &EngineStats) {
     eprintln!(
         "blocks now used/cached/free: {} / {} / {}",
         c.device.used, c.device.cached, c.device.free
+    );
+}
+
+/// Prefill and decode tokens per second over the run's steps (after the warm-up, if any).
+fn print_throughput(s: &EngineStats, warmed: bool) {
+    let t = &s.throughput;
+    let part = |tokens: u64, steps: u64, time: std::time::Duration, rate: Option<f64>| {
+        rate.map_or("no steps".to_string(), |r| {
+            format!(
+                "{r:.1} tokens/s ({tokens} tokens in {steps} steps, {:.1} ms)",
+                time.as_secs_f64() * 1e3
+            )
+        })
+    };
+    eprintln!(
+        "prefill throughput:     {}",
+        part(
+            t.prefill_tokens,
+            t.prefill_steps,
+            t.prefill_time,
+            t.prefill_tokens_per_s()
+        )
+    );
+    eprintln!(
+        "decode throughput:      {}",
+        part(
+            t.decode_tokens,
+            t.decode_steps,
+            t.decode_time,
+            t.decode_tokens_per_s()
+        )
+    );
+    eprintln!(
+        "compiling kernels:      {:.1} ms during steps (not counted above){}",
+        t.compile_time.as_secs_f64() * 1e3,
+        if warmed {
+            "; the warm-up run not counted"
+        } else {
+            ""
+        }
     );
 }
 
