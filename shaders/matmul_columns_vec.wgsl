@@ -93,7 +93,7 @@ fn columns_body(wg: vec3<u32>, nwg: vec3<u32>, tid: u32, lane: u32) {
             acc2[r] = 0.0;
         }
         let sc = pass_scales(r0, lane);
-        var h = array<vec2<f32>, 2>();
+        var h = array<Head, 2>();
         for (var j = 0u; j < p.k / 8u; j++) {
             h = heads2(h, vec2<u32>(c, c2), j);
             let b = weights8_with(c, j, h[0]);
@@ -131,7 +131,7 @@ fn one_row_body(wg: vec3<u32>, nwg: vec3<u32>, tid: u32, lane: u32) {
         var a2 = 0.0;
         var a3 = 0.0;
         let s = pass_scales(r, lane).rows[0];
-        var h = array<vec2<f32>, 4>();
+        var h = array<Head, 4>();
         for (var j = 0u; j < p.k / 8u; j++) {
             h = heads4(h, vec4<u32>(c0, c1, c2, c3), j);
             let xv = x8(r, j, lane, s);

@@ -74,7 +74,7 @@ fn moe_body(wg: vec3<u32>, tid: u32, lane: u32) {
             acc2[r] = 0.0;
             xrow[r] = (list[min(r0 + r, end - 1u)] / p.in_div) * (p.k / 4u);
         }
-        var h = array<vec2<f32>, 2>();
+        var h = array<Head, 2>();
         for (var j = 0u; j < p.k / 8u; j++) {
             h = heads2(h, vec2<u32>(row, row2), j);
             let b = weights8_with(row, j, h[0]);
@@ -118,7 +118,7 @@ fn one_slot_body(wg: vec3<u32>, tid: u32, lane: u32) {
         var a1 = 0.0;
         var a2 = 0.0;
         var a3 = 0.0;
-        var h = array<vec2<f32>, 4>();
+        var h = array<Head, 4>();
         for (var j = 0u; j < p.k / 8u; j++) {
             h = heads4(h, vec4<u32>(r0, r1, r2, r3), j);
             let xv = x8(xrow, j, lane);

@@ -8,10 +8,11 @@
 // words (gpu_block in src/kernels/weight.rs writes that layout): two bytes of padding go
 // before a Q4_0, Q5_0, Q8_0 or IQ4_NL block (its f16 scale then fills the upper half of word 0
 // and its codes start on a word), three before an MXFP4 block (its exponent is the top byte of
-// word 0), and two after a Q6_K block; Q4_K and Q5_K have their 6-bit
-// sub-block scales and mins unpacked to one byte each (words 1..5), and Q3_K its 16 six-bit
-// scales (words 24..28, then d and two bytes of padding); Q2_K and IQ4_XS blocks are whole
-// words as they are. A row is its blocks one after another. Every 8-element group
+// word 0), and 14 after a Q6_K block (56 words); Q3_K has its 16 six-bit scales unpacked to
+// bytes (words 24..28, then d and two bytes of padding); Q4_K, Q5_K, Q2_K and IQ4_XS blocks
+// are whole words as they are. Q4_K (36 words), Q5_K (44) and Q6_K (56) rows thus start every
+// block on a 16-byte word, and the column kernels (weights8.wgsl) read a group's codes 16
+// bytes at a time. A row is its blocks one after another. Every 8-element group
 // lies within one block and shares its scale, so a group is decoded from a few words.
 //
 // Values are computed with the expressions of src/formats/ggml.rs, the plain-Rust reference,
@@ -77,12 +78,12 @@ fn block_words() -> u32 {
         case 10u, 11u, 18u, 19u: { return 5u; }
         case 12u, 13u: { return 6u; }
         case 14u: { return 9u; }
-        case 15u: { return 37u; }
-        case 16u: { return 45u; }
+        case 15u: { return 36u; }
+        case 16u: { return 44u; }
         case 20u: { return 34u; }
         case 21u: { return 21u; }
         case 22u: { return 29u; }
-        default: { return 53u; }
+        default: { return 56u; }
     }
 }
 
@@ -240,7 +241,9 @@ fn block8_32_with(base: u32, g: u32, head: vec2<f32>) -> array<vec4<f32>, 2> {
     return pack8(v);
 }
 
-// Q4_K and Q5_K: group g (0..32) of the super-block at word `base`: sub-block s = g / 4,
+// Q4_K and Q5_K: group g (0..32) of the super-block at word `base` (the file's layout: d and
+// dmin in word 0, the twelve bytes of packed 6-bit scales and mins in words 1..4, for Q5_K
+// the 32 high-bit bytes in words 4..12, then the 128 code bytes): sub-block s = g / 4,
 // elements l .. l + 8 of it, l = 8 (g % 4).
 fn block8_k_asym(base: u32, g: u32) -> array<vec4<f32>, 2> {
     return block8_k_asym_with(base, g, k_asym_head(base, g));
@@ -248,35 +251,71 @@ fn block8_k_asym(base: u32, g: u32) -> array<vec4<f32>, 2> {
 
 // The scale and min of group g's sub-block in a Q4_K or Q5_K super-block.
 fn k_asym_head(base: u32, g: u32) -> vec2<f32> {
-    let dm = unpack2x16float(wword(base));
+    let top = vec4<u32>(wword(base), wword(base + 1u), wword(base + 2u), wword(base + 3u));
+    return k_asym_scale_min(top, g);
+}
+
+// k_asym_head from the super-block's first 16 bytes `top` (d and dmin, the packed scales):
+// sub-block s's 6-bit scale and min as src/formats/ggml.rs's k_scale_min unpacks them, times
+// d and dmin.
+fn k_asym_scale_min(top: vec4<u32>, g: u32) -> vec2<f32> {
+    let dm = unpack2x16float(top.x);
     let s = g / 4u;
-    // Sub-block s's scale and min: bytes 2 (s % 2) and 2 (s % 2) + 1 of word 1 + s / 2.
-    let sm = wword(base + 1u + s / 2u) >> (16u * (s % 2u));
-    return vec2<f32>(dm.x * f32(sm & 63u), dm.y * f32((sm >> 8u) & 63u));
+    var sc: u32;
+    var m: u32;
+    if s < 4u {
+        sc = k_scale_byte(top, s) & 63u;
+        m = k_scale_byte(top, s + 4u) & 63u;
+    } else {
+        let b = k_scale_byte(top, s + 4u);
+        sc = (b & 15u) | ((k_scale_byte(top, s - 4u) >> 6u) << 4u);
+        m = (b >> 4u) | ((k_scale_byte(top, s) >> 6u) << 4u);
+    }
+    return vec2<f32>(dm.x * f32(sc), dm.y * f32(m));
+}
+
+// Byte i (0..12) of the packed scales in a K super-block's first 16 bytes.
+fn k_scale_byte(top: vec4<u32>, i: u32) -> u32 {
+    return byte_at(top[1u + i / 4u], i % 4u);
+}
+
+// Word of group g's two code words (`qs`) and, for Q5_K, two high-bit words (`qh`) in the
+// super-block at `base`: for an even g each is the first half of a 16-byte word when `base`
+// is on one (rows of whole blocks from a 16-byte boundary; Q4_K's 36 and Q5_K's 44 words are
+// multiples of 4), and g + 1's are the second halves of the same 16-byte words.
+fn k_asym_words(base: u32, g: u32) -> vec2<u32> {
+    let s = g / 4u;
+    let five = WEIGHT_DTYPE == DTYPE_Q5_K;
+    // Nibble byte l of sub-block s: byte 32 (s / 2) + l of the codes, half s % 2.
+    return vec2<u32>(base + select(4u, 12u, five) + 8u * (s / 2u) + 2u * (g % 4u), base + 4u + 2u * (g % 4u));
 }
 
 // block8_k_asym given k_asym_head's scale and min.
 fn block8_k_asym_with(base: u32, g: u32, head: vec2<f32>) -> array<vec4<f32>, 2> {
+    let at = k_asym_words(base, g);
+    let qs = vec2<u32>(wword(at.x), wword(at.x + 1u));
+    var qh = vec2<u32>(0u);
+    if WEIGHT_DTYPE == DTYPE_Q5_K {
+        qh = vec2<u32>(wword(at.y), wword(at.y + 1u));
+    }
+    return block8_k_asym_words(qs, qh, g, head);
+}
+
+// Group g's eight weights from its code words `qs`, high-bit words `qh` (Q5_K) and its
+// sub-block's scale and min.
+fn block8_k_asym_words(qs: vec2<u32>, qh: vec2<u32>, g: u32, head: vec2<f32>) -> array<vec4<f32>, 2> {
     let s = g / 4u;
-    let dl = head.x;
-    let ml = head.y;
-    let five = WEIGHT_DTYPE == DTYPE_Q5_K;
-    // Nibble byte l of sub-block s: byte 32 (s / 2) + l of the codes, half s % 2.
-    let qs = base + select(5u, 13u, five) + 8u * (s / 2u) + 2u * (g % 4u);
-    var q = nibbles8(wword(qs), wword(qs + 1u), 4u * (s % 2u));
-    if five {
+    var q = nibbles8(qs.x, qs.y, 4u * (s % 2u));
+    if WEIGHT_DTYPE == DTYPE_Q5_K {
         // Bit s of high-bit byte l.
-        let qh = base + 5u + 2u * (g % 4u);
-        let a = wword(qh);
-        let b = wword(qh + 1u);
         for (var i = 0u; i < 4u; i++) {
-            q[i] |= ((byte_at(a, i) >> s) & 1u) << 4u;
-            q[i + 4u] |= ((byte_at(b, i) >> s) & 1u) << 4u;
+            q[i] |= ((byte_at(qh.x, i) >> s) & 1u) << 4u;
+            q[i + 4u] |= ((byte_at(qh.y, i) >> s) & 1u) << 4u;
         }
     }
     var v: array<f32, 8>;
     for (var i = 0u; i < 8u; i++) {
-        v[i] = dl * f32(q[i]) - ml;
+        v[i] = head.x * f32(q[i]) - head.y;
     }
     return pack8(v);
 }
@@ -284,7 +323,13 @@ fn block8_k_asym_with(base: u32, g: u32, head: vec2<f32>) -> array<vec4<f32>, 2>
 // Q6_K: group g (0..32) of the super-block at word `base` (quant.rs's dequant_q6_k spells out
 // the layout): half h, elements e .. e + 8 of it, in quarter k at position l.
 fn block8_q6_k(base: u32, g: u32) -> array<vec4<f32>, 2> {
-    return block8_q6_k_with(base, g, q6_k_scale(base, g));
+    let dl = q6_k_scale(base, g);
+    let six = q6_k_codes(base, g);
+    var v: array<f32, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        v[i] = dl * f32(i32(byte_at(six[i / 4u], i % 4u)) - 32);
+    }
+    return pack8(v);
 }
 
 // The scale of group g's sub-block of 16 in a Q6_K super-block.
@@ -295,25 +340,52 @@ fn q6_k_scale(base: u32, g: u32) -> f32 {
     return d * f32(sc);
 }
 
-// block8_q6_k given q6_k_scale's scale.
-fn block8_q6_k_with(base: u32, g: u32, dl: f32) -> array<vec4<f32>, 2> {
+// The words of group g's low code bits (x) and high code bits (y) in the Q6_K super-block at
+// word `base`: two words from each. For an even g both are the first of a 16-byte word when
+// `base` is (56-word blocks from a 16-byte boundary), and g + 1's are the second halves of
+// the same two 16-byte words.
+fn q6_k_words(base: u32, g: u32) -> vec2<u32> {
     let h = g / 16u;
     let e = 8u * (g % 16u);
     let k = e / 32u;
     let l = e % 32u;
-    let ql = base + 16u * h + 8u * (k % 2u) + l / 4u;
-    let qh = base + 32u + 8u * h + l / 4u;
-    // Each element's six-bit code, four to a word: its low nibble (at bit 4 (k / 2) of its
-    // code byte) and above it its two high bits (at bit 2 k of its high byte), assembled in
-    // place a word at a time (no bits cross a byte).
+    return vec2<u32>(base + 16u * h + 8u * (k % 2u) + l / 4u, base + 32u + 8u * h + l / 4u);
+}
+
+// Each of group g's eight six-bit codes, four to a word, from its two words of low bits `ql`
+// and two of high bits `qh`: its low nibble (at bit 4 (k / 2) of its code byte, k the
+// quarter) and above it its two high bits (at bit 2 k of its high byte), assembled in place
+// a word at a time (no bits cross a byte).
+fn q6_k_six(ql: vec2<u32>, qh: vec2<u32>, g: u32) -> array<u32, 2> {
+    let k = (g % 16u) / 4u;
     let shift = 4u * (k / 2u);
-    let six = array<u32, 2>(
-        ((wword(ql) >> shift) & 0x0f0f0f0fu) | (((wword(qh) >> (2u * k)) & 0x03030303u) << 4u),
-        ((wword(ql + 1u) >> shift) & 0x0f0f0f0fu) | (((wword(qh + 1u) >> (2u * k)) & 0x03030303u) << 4u),
+    return array<u32, 2>(
+        ((ql.x >> shift) & 0x0f0f0f0fu) | (((qh.x >> (2u * k)) & 0x03030303u) << 4u),
+        ((ql.y >> shift) & 0x0f0f0f0fu) | (((qh.y >> (2u * k)) & 0x03030303u) << 4u),
     );
+}
+
+fn q6_k_codes(base: u32, g: u32) -> array<u32, 2> {
+    let at = q6_k_words(base, g);
+    let ql = vec2<u32>(wword(at.x), wword(at.x + 1u));
+    return q6_k_six(ql, vec2<u32>(wword(at.y), wword(at.y + 1u)), g);
+}
+
+// block8_q6_k given q6_k_scale's scale.
+fn block8_q6_k_with(base: u32, g: u32, dl: f32) -> array<vec4<f32>, 2> {
+    return block8_q6_k_six(q6_k_codes(base, g), dl);
+}
+
+// The eight weights of codes `six` (q6_k_six) and scale dl, for the kernels that take dot
+// products of them: dl (q - 32) computed as dl q - 32 dl. Both products are exact (dl has at
+// most 18 significant bits, q 6), so their difference is exact too and equals block8_q6_k's
+// value, but for the sign of a zero (+0 here where dl < 0 gives -0 there), which a dot
+// product that starts at +0 cannot tell apart: the dot products are the same bits.
+fn block8_q6_k_six(six: array<u32, 2>, dl: f32) -> array<vec4<f32>, 2> {
+    let off = -32.0 * dl;
     var v: array<f32, 8>;
     for (var i = 0u; i < 8u; i++) {
-        v[i] = dl * f32(i32(byte_at(six[i / 4u], i % 4u)) - 32);
+        v[i] = f32(byte_at(six[i / 4u], i % 4u)) * dl + off;
     }
     return pack8(v);
 }
@@ -350,10 +422,12 @@ fn block8(row: u32, j: u32) -> array<vec4<f32>, 2> {
 // block8_with, which gives block8's values bit for bit (the same expressions, computed
 // once instead of at every step). Formats whose steps each need their own (Q2_K, Q3_K,
 // IQ4_XS, IQ4_NL, MXFP4) and float formats have one step per head, which is then unused.
+// Q4_K, Q5_K and Q6_K groups are two steps, whose codes lie in the halves of the same
+// 16-byte words (weights8.wgsl's Head holds those).
 fn head_steps() -> u32 {
     switch WEIGHT_DTYPE {
-        case 10u, 11u, 12u, 13u, 14u, 15u, 16u: { return 4u; }
-        case 17u: { return 2u; }
+        case 10u, 11u, 12u, 13u, 14u: { return 4u; }
+        case 15u, 16u, 17u: { return 2u; }
         default: { return 1u; }
     }
 }

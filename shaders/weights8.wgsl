@@ -26,40 +26,98 @@ fn weights8(c: u32, j: u32) -> array<vec4<f32>, 2> {
     return array<vec4<f32>, 2>(vec4<f32>(b0, b1), vec4<f32>(b2, b3));
 }
 
-// The group constants of weights 8j .. of row c (block_head in weight_blocks.wgsl), and
-// weights8 given them: a kernel computes the constants once every head_steps() steps.
-fn weights_head(c: u32, j: u32) -> vec2<f32> {
-    if is_block_dtype() {
-        return block_head(c * row_words(p.k), j);
-    }
-    return vec2<f32>(0.0);
+// A group's constants, which a kernel computes once every head_steps() steps: the scale and
+// min of block_head in weight_blocks.wgsl. For the K formats also the 16-byte words that hold
+// the group's codes (a group of two steps reads one half of each: Q4_K's code nibbles, Q5_K's
+// and its high bits, Q6_K's low and high bits) and the super-block's scales and d, loaded
+// once per super-block: on a CPU adapter a load per lane costs about the same for 4 bytes as
+// for 16, and loads were what a K-format step cost most there (docs/BENCHMARKS.md).
+struct Head {
+    s: vec2<f32>,
+    ql: vec4<u32>,
+    qh: vec4<u32>,
+    top: vec4<u32>,
+    d: f32,
 }
 
-fn weights8_with(c: u32, j: u32, head: vec2<f32>) -> array<vec4<f32>, 2> {
+// The group constants of weights 8j .. of row c, given the previous group's `prev`.
+fn weights_head(c: u32, j: u32, prev: Head) -> Head {
+    var h: Head;
+    if !is_block_dtype() {
+        return h;
+    }
+    let row = c * row_words(p.k);
+    let k_format = WEIGHT_DTYPE >= DTYPE_Q4_K && WEIGHT_DTYPE <= DTYPE_Q6_K;
+    if !k_format {
+        h.s = block_head(row, j);
+        return h;
+    }
+    let base = row + (j / 32u) * block_words();
+    let g = j % 32u;
+    h.top = prev.top;
+    h.d = prev.d;
+    if WEIGHT_DTYPE == DTYPE_Q6_K {
+        if g == 0u {
+            h.top = w[(base + 48u) >> 2u];
+            h.d = unpack2x16float(w[(base + 52u) >> 2u].x).x;
+        }
+        // q6_k_scale's expression, from the scales held.
+        let si = 8u * (g / 16u) + (g % 16u) / 2u;
+        h.s = vec2<f32>(h.d * f32(extractBits(bitcast<i32>(h.top[si / 4u]), 8u * (si % 4u), 8u)), 0.0);
+        let at = q6_k_words(base, g);
+        h.ql = w[at.x >> 2u];
+        h.qh = w[at.y >> 2u];
+        return h;
+    }
+    if g == 0u {
+        h.top = w[base >> 2u];
+    }
+    h.s = k_asym_scale_min(h.top, g);
+    let at = k_asym_words(base, g);
+    h.ql = w[at.x >> 2u];
+    if WEIGHT_DTYPE == DTYPE_Q5_K {
+        h.qh = w[at.y >> 2u];
+    }
+    return h;
+}
+
+fn weights8_with(c: u32, j: u32, head: Head) -> array<vec4<f32>, 2> {
+    if WEIGHT_DTYPE == DTYPE_Q6_K {
+        let second = (j & 1u) == 1u;
+        let ql = select(head.ql.xy, head.ql.zw, second);
+        let qh = select(head.qh.xy, head.qh.zw, second);
+        return block8_q6_k_six(q6_k_six(ql, qh, j % 32u), head.s.x);
+    }
+    if WEIGHT_DTYPE == DTYPE_Q4_K || WEIGHT_DTYPE == DTYPE_Q5_K {
+        let second = (j & 1u) == 1u;
+        let qs = select(head.ql.xy, head.ql.zw, second);
+        let qh = select(head.qh.xy, head.qh.zw, second);
+        return block8_k_asym_words(qs, qh, j % 32u, head.s);
+    }
     if is_block_dtype() {
-        return block8_with(c * row_words(p.k), j, head);
+        return block8_with(c * row_words(p.k), j, head.s);
     }
     return weights8(c, j);
 }
 
 // The heads of rows c[i] for step j: `h` where j is inside a group, new ones where it
 // starts one.
-fn heads2(h: array<vec2<f32>, 2>, c: vec2<u32>, j: u32) -> array<vec2<f32>, 2> {
+fn heads2(h: array<Head, 2>, c: vec2<u32>, j: u32) -> array<Head, 2> {
     if j % head_steps() != 0u {
         return h;
     }
-    return array<vec2<f32>, 2>(weights_head(c.x, j), weights_head(c.y, j));
+    return array<Head, 2>(weights_head(c.x, j, h[0]), weights_head(c.y, j, h[1]));
 }
 
-fn heads4(h: array<vec2<f32>, 4>, c: vec4<u32>, j: u32) -> array<vec2<f32>, 4> {
+fn heads4(h: array<Head, 4>, c: vec4<u32>, j: u32) -> array<Head, 4> {
     if j % head_steps() != 0u {
         return h;
     }
-    return array<vec2<f32>, 4>(
-        weights_head(c.x, j),
-        weights_head(c.y, j),
-        weights_head(c.z, j),
-        weights_head(c.w, j),
+    return array<Head, 4>(
+        weights_head(c.x, j, h[0]),
+        weights_head(c.y, j, h[1]),
+        weights_head(c.z, j, h[2]),
+        weights_head(c.w, j, h[3]),
     );
 }
 

@@ -319,16 +319,16 @@ fn normed_and_gated_inputs_read_block_weights_as_f32_ones() {
 #[test]
 fn block_weights_take_their_padded_size_and_refuse_malformed_uploads() {
     // Bytes per row of 256 elements on the GPU, by hand: blocks plus padding to whole words
-    // (and Q4_K's and Q5_K's 12 bytes of 6-bit scales and mins as 16 bytes).
+    // (and Q6_K's to a multiple of 16 bytes).
     let want = [
         (WeightDtype::Q4_0, 8 * 20),
         (WeightDtype::Q4_1, 8 * 20),
         (WeightDtype::Q5_0, 8 * 24),
         (WeightDtype::Q5_1, 8 * 24),
         (WeightDtype::Q8_0, 8 * 36),
-        (WeightDtype::Q4_K, 148),
-        (WeightDtype::Q5_K, 180),
-        (WeightDtype::Q6_K, 212),
+        (WeightDtype::Q4_K, 144),
+        (WeightDtype::Q5_K, 176),
+        (WeightDtype::Q6_K, 224),
     ];
     for (dtype, bytes) in want {
         assert_eq!(dtype.gpu_row_bytes(256), bytes, "{dtype:?}");

@@ -73,10 +73,8 @@ impl WeightDtype {
             WeightDtype::Q4_0 | WeightDtype::IQ4_NL | WeightDtype::MXFP4 => 20,
             WeightDtype::Q5_0 => 24,
             WeightDtype::Q8_0 => 36,
-            WeightDtype::Q6_K => 212,
-            // The 6-bit scales and mins unpacked to bytes: 16 bytes instead of 12.
-            WeightDtype::Q4_K => 148,
-            WeightDtype::Q5_K => 180,
+            // 14 bytes of padding: 56 words, a multiple of 16 bytes.
+            WeightDtype::Q6_K => 224,
             // The 16 six-bit scales unpacked to bytes, then d and two bytes of padding.
             WeightDtype::Q3_K => 116,
             other => other.block_bytes(),
@@ -85,7 +83,7 @@ impl WeightDtype {
 
     /// Bytes of a row of `cols` elements on the GPU (`cols` a whole number of blocks). Per
     /// element (in a file): Q4_0 5 bits (4.5), Q4_1 5 (5), Q5_0 6 (5.5), Q5_1 6 (6), Q8_0
-    /// 9 (8.5), Q4_K 4.625 (4.5), Q5_K 5.625 (5.5), Q6_K 6.625 (6.5625), IQ4_NL 5 (4.5),
+    /// 9 (8.5), Q4_K 4.5 (4.5), Q5_K 5.5 (5.5), Q6_K 7 (6.5625), IQ4_NL 5 (4.5),
     /// MXFP4 5 (4.25), IQ4_XS 4.25 (4.25), Q2_K 2.625 (2.625), Q3_K 3.625 (3.4375).
     pub fn gpu_row_bytes(self, cols: usize) -> usize {
         cols / self.block_elems() * self.gpu_block_bytes()
@@ -390,12 +388,11 @@ fn gpu_layout(dtype: WeightDtype, pieces: &[&[u8]]) -> Vec<u8> {
 /// Appends file block `b` of `dtype` as shaders/weight_blocks.wgsl reads it: a whole number
 /// of words with the codes on word boundaries. Q4_0, Q5_0, Q8_0 and IQ4_NL get two zero bytes
 /// in front (their f16 scale then fills the upper half of word 0), MXFP4 three (its exponent
-/// byte is then the top byte of word 0), Q6_K two at the end. Q4_K
-/// and Q5_K keep their f16 `d` and `dmin`, then the eight sub-blocks' 6-bit scales and
-/// mins unpacked to a byte each (scale, min, scale, min, ...), then the rest of the block:
-/// decoding the packed 6-bit fields cost a third of a Q4_K matmul on lavapipe. Q3_K keeps its
-/// high bits and codes, then its 16 six-bit scales unpacked to a byte each, then `d` and two
-/// zero bytes.
+/// byte is then the top byte of word 0), Q6_K fourteen at the end (56 words). Q4_K (36
+/// words) and Q5_K (44) stay as they are, so rows of Q4_K, Q5_K and Q6_K start every block on
+/// a 16-byte word, which the column kernels load whole (their packed 6-bit scales are decoded
+/// once per sub-block there, from registers). Q3_K keeps its high bits and codes, then its 16
+/// six-bit scales unpacked to a byte each, then `d` and two zero bytes.
 fn gpu_block(dtype: WeightDtype, b: &[u8], out: &mut Vec<u8>) {
     match dtype {
         WeightDtype::Q4_0 | WeightDtype::Q5_0 | WeightDtype::Q8_0 | WeightDtype::IQ4_NL => {
@@ -408,15 +405,7 @@ fn gpu_block(dtype: WeightDtype, b: &[u8], out: &mut Vec<u8>) {
         }
         WeightDtype::Q6_K => {
             out.extend_from_slice(b);
-            out.extend_from_slice(&[0, 0]);
-        }
-        WeightDtype::Q4_K | WeightDtype::Q5_K => {
-            out.extend_from_slice(&b[..4]);
-            for s in 0..8 {
-                let (sc, m) = quant::k_scale_min(&b[4..16], s);
-                out.extend_from_slice(&[sc, m]);
-            }
-            out.extend_from_slice(&b[16..]);
+            out.extend_from_slice(&[0; 14]);
         }
         WeightDtype::Q3_K => {
             out.extend_from_slice(&b[..96]);
