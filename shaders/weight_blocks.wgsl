@@ -6,13 +6,14 @@
 //
 // On the GPU each GGUF block is kept as it is in the file, in a whole number of 4-byte
 // words (gpu_block in src/kernels/weight.rs writes that layout): two bytes of padding go
-// before a Q4_0, Q5_0, Q8_0 or IQ4_NL block (its f16 scale then fills the upper half of word 0
+// before a Q4_0, Q5_0 or IQ4_NL block (its f16 scale then fills the upper half of word 0
 // and its codes start on a word), three before an MXFP4 block (its exponent is the top byte of
 // word 0), and 14 after a Q6_K block (56 words); Q3_K has its 16 six-bit scales unpacked to
 // bytes (words 24..28, then d and two bytes of padding); Q4_K, Q5_K, Q2_K and IQ4_XS blocks
-// are whole words as they are. Q4_K (36 words), Q5_K (44) and Q6_K (56) rows thus start every
-// block on a 16-byte word, and the column kernels (weights8.wgsl) read a group's codes 16
-// bytes at a time. A row is its blocks one after another. Every 8-element group
+// are whole words as they are; Q8_0 blocks go in groups of four (q8_0_codes below). A row is
+// its blocks one after another. Q4_K (36 words), Q5_K (44), Q6_K (56) and Q8_0 rows thus
+// start every block's codes on a 16-byte word, and the column kernels (weights8.wgsl) read
+// a group's codes 16 bytes at a time. Every 8-element group
 // lies within one block and shares its scale, so a group is decoded from a few words.
 //
 // Values are computed with the expressions of src/formats/ggml.rs, the plain-Rust reference,
@@ -89,7 +90,37 @@ fn block_words() -> u32 {
 
 // Words of one weight row of k elements.
 fn row_words(k: u32) -> u32 {
+    if WEIGHT_DTYPE == DTYPE_Q8_0 {
+        let blocks = k / 32u;
+        let rest = blocks % 4u;
+        return (blocks / 4u) * 36u + select(0u, 4u + 8u * rest, rest != 0u);
+    }
     return (k / block_elems()) * block_words();
+}
+
+// Q8_0 on the GPU: four blocks (128 elements) to a group of 36 words, as many bytes as four
+// file blocks with their padding: the four f16 scales in words 0 and 1 (block b's in half
+// b % 2 of word b / 2), two words of padding, then block b's 32 code bytes from word 4 + 8 b,
+// each on a 16-byte word when the row is. A row whose blocks are not a multiple of four ends
+// in a shorter group of the same layout (its missing scales zero, its codes only its own).
+// The word of block b's codes in the row at `row`:
+fn q8_0_codes(row: u32, b: u32) -> u32 {
+    return row + (b / 4u) * 36u + 4u + 8u * (b % 4u);
+}
+
+// Block b's scale.
+fn q8_0_scale(row: u32, b: u32) -> f32 {
+    let s = unpack2x16float(wword(row + (b / 4u) * 36u + (b % 4u) / 2u));
+    return select(s.x, s.y, b % 2u == 1u);
+}
+
+// Eight Q8_0 weights from their two code words and the block's scale.
+fn block8_q8_0_words(q: vec2<u32>, d: f32) -> array<vec4<f32>, 2> {
+    var v: array<f32, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        v[i] = f32(extractBits(bitcast<i32>(q[i / 4u]), 8u * (i % 4u), 8u)) * d;
+    }
+    return pack8(v);
 }
 
 // Byte i (0..4) of word w.
@@ -214,12 +245,8 @@ fn block8_32(base: u32, g: u32) -> array<vec4<f32>, 2> {
 fn block8_32_with(base: u32, g: u32, head: vec2<f32>) -> array<vec4<f32>, 2> {
     var v: array<f32, 8>;
     if WEIGHT_DTYPE == DTYPE_Q8_0 {
-        let d = head.y;
-        for (var i = 0u; i < 8u; i++) {
-            let word = wword(base + 1u + 2u * g + i / 4u);
-            v[i] = f32(extractBits(bitcast<i32>(word), 8u * (i % 4u), 8u)) * d;
-        }
-        return pack8(v);
+        // `base` is the block's first code word (q8_0_codes).
+        return block8_q8_0_words(vec2<u32>(wword(base + 2u * g), wword(base + 2u * g + 1u)), head.y);
     }
     // Byte l of the codes holds element l (low nibble) and l + 16 (high nibble).
     let five = WEIGHT_DTYPE == DTYPE_Q5_0 || WEIGHT_DTYPE == DTYPE_Q5_1;
@@ -392,6 +419,9 @@ fn block8_q6_k_six(six: array<u32, 2>, dl: f32) -> array<vec4<f32>, 2> {
 
 // Elements 8j .. 8j + 8 of the weight row that starts at word `row`.
 fn block8(row: u32, j: u32) -> array<vec4<f32>, 2> {
+    if WEIGHT_DTYPE == DTYPE_Q8_0 {
+        return block8_32_with(q8_0_codes(row, j / 4u), j % 4u, vec2<f32>(0.0, q8_0_scale(row, j / 4u)));
+    }
     let per_block = block_elems() / 8u;
     let base = row + (j / per_block) * block_words();
     let g = j % per_block;
@@ -426,14 +456,17 @@ fn block8(row: u32, j: u32) -> array<vec4<f32>, 2> {
 // 16-byte words (weights8.wgsl's Head holds those).
 fn head_steps() -> u32 {
     switch WEIGHT_DTYPE {
-        case 10u, 11u, 12u, 13u, 14u: { return 4u; }
-        case 15u, 16u, 17u: { return 2u; }
+        case 10u, 11u, 12u, 13u: { return 4u; }
+        case 14u, 15u, 16u, 17u: { return 2u; }
         default: { return 1u; }
     }
 }
 
 // The group constants of elements 8j .. 8j + 8 of the weight row at word `row`.
 fn block_head(row: u32, j: u32) -> vec2<f32> {
+    if WEIGHT_DTYPE == DTYPE_Q8_0 {
+        return vec2<f32>(0.0, q8_0_scale(row, j / 4u));
+    }
     let per_block = block_elems() / 8u;
     let base = row + (j / per_block) * block_words();
     let g = j % per_block;
@@ -451,6 +484,9 @@ fn block_head(row: u32, j: u32) -> vec2<f32> {
 
 // block8(row, j) given block_head(row, j') for the first step j' of j's group.
 fn block8_with(row: u32, j: u32, head: vec2<f32>) -> array<vec4<f32>, 2> {
+    if WEIGHT_DTYPE == DTYPE_Q8_0 {
+        return block8_32_with(q8_0_codes(row, j / 4u), j % 4u, head);
+    }
     let per_block = block_elems() / 8u;
     let base = row + (j / per_block) * block_words();
     let g = j % per_block;

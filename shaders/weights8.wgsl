@@ -47,6 +47,18 @@ fn weights_head(c: u32, j: u32, prev: Head) -> Head {
         return h;
     }
     let row = c * row_words(p.k);
+    if WEIGHT_DTYPE == DTYPE_Q8_0 {
+        // A group of four blocks' scales, loaded once per 128 weights.
+        h.top = prev.top;
+        if j % 16u == 0u {
+            h.top = w[(row + (j / 16u) * 36u) >> 2u];
+        }
+        let b = (j / 4u) % 4u;
+        let s = unpack2x16float(h.top[b / 2u]);
+        h.s = vec2<f32>(0.0, select(s.x, s.y, b % 2u == 1u));
+        h.ql = w[(q8_0_codes(row, j / 4u) + 2u * (j % 4u)) >> 2u];
+        return h;
+    }
     let k_format = WEIGHT_DTYPE >= DTYPE_Q4_K && WEIGHT_DTYPE <= DTYPE_Q6_K;
     if !k_format {
         h.s = block_head(row, j);
@@ -87,6 +99,9 @@ fn weights8_with(c: u32, j: u32, head: Head) -> array<vec4<f32>, 2> {
         let ql = select(head.ql.xy, head.ql.zw, second);
         let qh = select(head.qh.xy, head.qh.zw, second);
         return block8_q6_k_six(q6_k_six(ql, qh, j % 32u), head.s.x);
+    }
+    if WEIGHT_DTYPE == DTYPE_Q8_0 {
+        return block8_q8_0_words(select(head.ql.xy, head.ql.zw, (j & 1u) == 1u), head.s.y);
     }
     if WEIGHT_DTYPE == DTYPE_Q4_K || WEIGHT_DTYPE == DTYPE_Q5_K {
         let second = (j & 1u) == 1u;

@@ -319,7 +319,8 @@ fn normed_and_gated_inputs_read_block_weights_as_f32_ones() {
 #[test]
 fn block_weights_take_their_padded_size_and_refuse_malformed_uploads() {
     // Bytes per row of 256 elements on the GPU, by hand: blocks plus padding to whole words
-    // (and Q6_K's to a multiple of 16 bytes).
+    // (Q6_K's to a multiple of 16 bytes; Q8_0 as two groups of four blocks, each four f16
+    // scales, 8 bytes of padding and 128 code bytes).
     let want = [
         (WeightDtype::Q4_0, 8 * 20),
         (WeightDtype::Q4_1, 8 * 20),

@@ -72,6 +72,7 @@ impl WeightDtype {
             // Two bytes of padding (MXFP4: three).
             WeightDtype::Q4_0 | WeightDtype::IQ4_NL | WeightDtype::MXFP4 => 20,
             WeightDtype::Q5_0 => 24,
+            // As many as four blocks take in q8_0_row's groups.
             WeightDtype::Q8_0 => 36,
             // 14 bytes of padding: 56 words, a multiple of 16 bytes.
             WeightDtype::Q6_K => 224,
@@ -86,6 +87,11 @@ impl WeightDtype {
     /// 9 (8.5), Q4_K 4.5 (4.5), Q5_K 5.5 (5.5), Q6_K 7 (6.5625), IQ4_NL 5 (4.5),
     /// MXFP4 5 (4.25), IQ4_XS 4.25 (4.25), Q2_K 2.625 (2.625), Q3_K 3.625 (3.4375).
     pub fn gpu_row_bytes(self, cols: usize) -> usize {
+        if self == WeightDtype::Q8_0 {
+            // Groups of four blocks and a shorter last one ([`q8_0_row`]).
+            let (groups, rest) = (cols / 128, cols % 128 / 32);
+            return groups * 144 + if rest > 0 { 16 + 32 * rest } else { 0 };
+        }
         cols / self.block_elems() * self.gpu_block_bytes()
     }
 }
@@ -205,7 +211,7 @@ impl Weight {
                 at += part.len();
             }
             let buffer = if dtype.is_block() {
-                let gpu = gpu_layout(dtype, &pieces);
+                let gpu = gpu_layout(dtype, &pieces, cols);
                 ctx.upload_parts(name, &[&gpu])?
             } else {
                 ctx.upload_parts(name, &pieces)?
@@ -366,10 +372,10 @@ fn check_shape(
     Ok(row_bytes)
 }
 
-/// File blocks of a block format (whole blocks, in `pieces` one after the other) in the
-/// GPU's layout ([`gpu_block`]), the whole padded to 16 bytes for the kernels that read the
-/// weights 16 bytes at a time.
-fn gpu_layout(dtype: WeightDtype, pieces: &[&[u8]]) -> Vec<u8> {
+/// File blocks of a block format (whole rows of `cols` elements, in `pieces` one after the
+/// other) in the GPU's layout ([`gpu_block`], [`q8_0_row`]), the whole padded to 16 bytes for
+/// the kernels that read the weights 16 bytes at a time.
+fn gpu_layout(dtype: WeightDtype, pieces: &[&[u8]], cols: usize) -> Vec<u8> {
     let block = dtype.block_bytes();
     let total: usize = pieces.iter().map(|p| p.len()).sum();
     let mut out =
@@ -378,15 +384,41 @@ fn gpu_layout(dtype: WeightDtype, pieces: &[&[u8]]) -> Vec<u8> {
         [one] => Cow::Borrowed(one),
         many => Cow::Owned(many.concat()),
     };
-    for b in joined.chunks_exact(block) {
-        gpu_block(dtype, b, &mut out);
+    if dtype == WeightDtype::Q8_0 {
+        let row = dtype.row_bytes(cols).unwrap_or(block).max(block);
+        for r in joined.chunks_exact(row) {
+            q8_0_row(r, &mut out);
+        }
+    } else {
+        for b in joined.chunks_exact(block) {
+            gpu_block(dtype, b, &mut out);
+        }
     }
     out.resize(out.len().next_multiple_of(16), 0);
     out
 }
 
+/// Appends one Q8_0 row as shaders/weight_blocks.wgsl reads it: groups of four blocks, each
+/// the four f16 scales, eight zero bytes, then the four blocks' 32 code bytes (so that every
+/// block's codes start on a 16-byte word, which the column kernels load whole); a last group
+/// of fewer blocks has zero scales for the missing ones and only its own codes. Four blocks
+/// take 144 bytes, as four file blocks with two bytes of padding each did.
+fn q8_0_row(row: &[u8], out: &mut Vec<u8>) {
+    for group in row.chunks(4 * 34) {
+        let blocks: Vec<&[u8]> = group.chunks_exact(34).collect();
+        for i in 0..4 {
+            out.extend_from_slice(blocks.get(i).map_or(&[0, 0][..], |b| &b[..2]));
+        }
+        out.extend_from_slice(&[0; 8]);
+        for b in &blocks {
+            out.extend_from_slice(&b[2..]);
+        }
+    }
+}
+
 /// Appends file block `b` of `dtype` as shaders/weight_blocks.wgsl reads it: a whole number
-/// of words with the codes on word boundaries. Q4_0, Q5_0, Q8_0 and IQ4_NL get two zero bytes
+/// of words with the codes on word boundaries (Q8_0's rows go through [`q8_0_row`] instead).
+/// Q4_0, Q5_0 and IQ4_NL get two zero bytes
 /// in front (their f16 scale then fills the upper half of word 0), MXFP4 three (its exponent
 /// byte is then the top byte of word 0), Q6_K fourteen at the end (56 words). Q4_K (36
 /// words) and Q5_K (44) stay as they are, so rows of Q4_K, Q5_K and Q6_K start every block on
@@ -395,7 +427,7 @@ fn gpu_layout(dtype: WeightDtype, pieces: &[&[u8]]) -> Vec<u8> {
 /// six-bit scales unpacked to a byte each, then `d` and two zero bytes.
 fn gpu_block(dtype: WeightDtype, b: &[u8], out: &mut Vec<u8>) {
     match dtype {
-        WeightDtype::Q4_0 | WeightDtype::Q5_0 | WeightDtype::Q8_0 | WeightDtype::IQ4_NL => {
+        WeightDtype::Q4_0 | WeightDtype::Q5_0 | WeightDtype::IQ4_NL => {
             out.extend_from_slice(&[0, 0]);
             out.extend_from_slice(b);
         }
