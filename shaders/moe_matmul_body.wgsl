@@ -51,6 +51,23 @@ fn biased(sum: f32, e: u32, c: u32) -> f32 {
     return sum;
 }
 
+// acc[r] += x · b[0] and acc2[r] += x · b[1] for each slot r of the pass (input rows at
+// xrow[r]), eight terms of step j.
+fn slot_terms(
+    acc: ptr<function, array<f32, 8>>,
+    acc2: ptr<function, array<f32, 8>>,
+    xrow: ptr<function, array<u32, 8>>,
+    j: u32,
+    lane: u32,
+    b: array<array<vec4<f32>, 2>, 2>,
+) {
+    for (var r = 0u; r < ROWS; r++) {
+        let xv = x8((*xrow)[r], j, lane);
+        (*acc)[r] = add8((*acc)[r], xv[0], xv[1], b[0]);
+        (*acc2)[r] = add8((*acc2)[r], xv[0], xv[1], b[1]);
+    }
+}
+
 fn moe_body(wg: vec3<u32>, tid: u32, lane: u32) {
     if ROWS == 1u {
         one_slot_body(wg, tid, lane);
@@ -74,15 +91,20 @@ fn moe_body(wg: vec3<u32>, tid: u32, lane: u32) {
             acc2[r] = 0.0;
             xrow[r] = (list[min(r0 + r, end - 1u)] / p.in_div) * (p.k / 4u);
         }
+        // Groups of head_steps() steps (weights8.wgsl's heads2).
+        let rows = vec2<u32>(row, row2);
         var h = array<Head, 2>();
-        for (var j = 0u; j < p.k / 8u; j++) {
-            h = heads2(h, vec2<u32>(row, row2), j);
-            let b = weights8_with(row, j, h[0]);
-            let b2 = weights8_with(row2, j, h[1]);
-            for (var r = 0u; r < ROWS; r++) {
-                let xv = x8(xrow[r], j, lane);
-                acc[r] = add8(acc[r], xv[0], xv[1], b);
-                acc2[r] = add8(acc2[r], xv[0], xv[1], b2);
+        if head_steps() == 1u {
+            for (var j = 0u; j < p.k / 8u; j++) {
+                h = heads2(h, rows, j);
+                slot_terms(&acc, &acc2, &xrow, j, lane, weights8x2(rows, h, j, 0u));
+            }
+        } else {
+            for (var j0 = 0u; j0 < p.k / 8u; j0 += head_steps()) {
+                h = heads2(h, rows, j0);
+                for (var t = 0u; t < head_steps(); t++) {
+                    slot_terms(&acc, &acc2, &xrow, j0 + t, lane, weights8x2(rows, h, j0 + t, t));
+                }
             }
         }
         for (var r = 0u; r < ROWS; r++) {
@@ -118,14 +140,30 @@ fn one_slot_body(wg: vec3<u32>, tid: u32, lane: u32) {
         var a1 = 0.0;
         var a2 = 0.0;
         var a3 = 0.0;
+        // Groups of head_steps() steps (weights8.wgsl's heads2); four scalar accumulators,
+        // as a vec4 measured slower in the dense kernel's flat loop.
         var h = array<Head, 4>();
-        for (var j = 0u; j < p.k / 8u; j++) {
-            h = heads4(h, vec4<u32>(r0, r1, r2, r3), j);
-            let xv = x8(xrow, j, lane);
-            a0 = add8(a0, xv[0], xv[1], weights8_with(r0, j, h[0]));
-            a1 = add8(a1, xv[0], xv[1], weights8_with(r1, j, h[1]));
-            a2 = add8(a2, xv[0], xv[1], weights8_with(r2, j, h[2]));
-            a3 = add8(a3, xv[0], xv[1], weights8_with(r3, j, h[3]));
+        if head_steps() == 1u {
+            for (var j = 0u; j < p.k / 8u; j++) {
+                h = heads4(h, vec4<u32>(r0, r1, r2, r3), j);
+                let xv = x8(xrow, j, lane);
+                a0 = add8(a0, xv[0], xv[1], weights8_with(r0, j, 0u, h[0]));
+                a1 = add8(a1, xv[0], xv[1], weights8_with(r1, j, 0u, h[1]));
+                a2 = add8(a2, xv[0], xv[1], weights8_with(r2, j, 0u, h[2]));
+                a3 = add8(a3, xv[0], xv[1], weights8_with(r3, j, 0u, h[3]));
+            }
+        } else {
+            for (var j0 = 0u; j0 < p.k / 8u; j0 += head_steps()) {
+                h = heads4(h, vec4<u32>(r0, r1, r2, r3), j0);
+                for (var t = 0u; t < head_steps(); t++) {
+                    let j = j0 + t;
+                    let xv = x8(xrow, j, lane);
+                    a0 = add8(a0, xv[0], xv[1], weights8_with(r0, j, t, h[0]));
+                    a1 = add8(a1, xv[0], xv[1], weights8_with(r1, j, t, h[1]));
+                    a2 = add8(a2, xv[0], xv[1], weights8_with(r2, j, t, h[2]));
+                    a3 = add8(a3, xv[0], xv[1], weights8_with(r3, j, t, h[3]));
+                }
+            }
         }
         let acc = array<f32, 4>(a0, a1, a2, a3);
         let at = slot * p.ldy + p.n_offset;

@@ -4,17 +4,17 @@
 // row. Shared by the matmul kernels and the embedding gather, each of which defines
 // `wword(i)`, word i of its weight binding, and the WEIGHT_DTYPE override.
 //
-// On the GPU each GGUF block is kept as it is in the file, in a whole number of 4-byte
-// words (gpu_block in src/kernels/weight.rs writes that layout): two bytes of padding go
-// before a Q4_0, Q5_0 or IQ4_NL block (its f16 scale then fills the upper half of word 0
-// and its codes start on a word), three before an MXFP4 block (its exponent is the top byte of
-// word 0), and 14 after a Q6_K block (56 words); Q3_K has its 16 six-bit scales unpacked to
-// bytes (words 24..28, then d and two bytes of padding); Q4_K, Q5_K, Q2_K and IQ4_XS blocks
-// are whole words as they are; Q8_0 blocks go in groups of four (q8_0_codes below). A row is
-// its blocks one after another. Q4_K (36 words), Q5_K (44), Q6_K (56) and Q8_0 rows thus
-// start every block's codes on a 16-byte word, and the column kernels (weights8.wgsl) read
-// a group's codes 16 bytes at a time. Every 8-element group
-// lies within one block and shares its scale, so a group is decoded from a few words.
+// On the GPU each GGUF block is kept in a whole number of 4-byte words (gpu_block and
+// grouped_row in src/kernels/weight.rs write the layout): the formats of 32-element blocks
+// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4) go in groups of four blocks, the blocks'
+// constants in front and each block's codes on a 16-byte word (q32_group below); 14 bytes of
+// padding go after a Q6_K block (56 words); Q3_K has its 16 six-bit scales unpacked to bytes
+// (words 24..28, then d and two bytes of padding); Q4_K, Q5_K, Q2_K and IQ4_XS blocks are
+// whole words as they are. A row is its blocks (or groups) one after another. Rows of Q4_K
+// (36 words), Q5_K (44), Q6_K (56) and the grouped formats thus start every block's codes on
+// a 16-byte word, and the column kernels (weights8.wgsl) read them 16 bytes at a time. Every
+// 8-element group lies within one block and shares its scale, so a group is decoded from a
+// few words.
 //
 // Values are computed with the expressions of src/formats/ggml.rs, the plain-Rust reference,
 // and come out as its bits on any conforming GPU: a scale times a code (and Q4_K's and
@@ -76,9 +76,6 @@ fn block_elems() -> u32 {
 
 fn block_words() -> u32 {
     switch WEIGHT_DTYPE {
-        case 10u, 11u, 18u, 19u: { return 5u; }
-        case 12u, 13u: { return 6u; }
-        case 14u: { return 9u; }
         case 15u: { return 36u; }
         case 16u: { return 44u; }
         case 20u: { return 34u; }
@@ -88,39 +85,149 @@ fn block_words() -> u32 {
     }
 }
 
+// Whether WEIGHT_DTYPE's 32-element blocks go in groups of four.
+fn grouped32() -> bool {
+    return (WEIGHT_DTYPE >= DTYPE_Q4_0 && WEIGHT_DTYPE <= DTYPE_Q8_0) || WEIGHT_DTYPE == DTYPE_IQ4_NL || WEIGHT_DTYPE == DTYPE_MXFP4;
+}
+
+fn five_bit() -> bool {
+    return WEIGHT_DTYPE == DTYPE_Q5_0 || WEIGHT_DTYPE == DTYPE_Q5_1;
+}
+
+// A group of four 32-element blocks on the GPU: a 16-byte header of the blocks' constants
+// (q32_head), for Q5_0 and Q5_1 the blocks' 32 high bits a word each (words 4..8), then the
+// blocks' codes as the file has them, block b's from word q32_codes_at() + q32_code_words() b:
+// four words of 4-bit codes (byte l holds element l in its low nibble, l + 16 in its high)
+// or Q8_0's eight words of bytes. A row whose blocks are not a multiple of four ends in a
+// shorter group of the same layout (its missing constants zero, its codes only its own).
+// Four blocks take as many bytes as four file blocks padded to whole words.
+fn q32_code_words() -> u32 {
+    return select(4u, 8u, WEIGHT_DTYPE == DTYPE_Q8_0);
+}
+
+fn q32_codes_at() -> u32 {
+    return select(4u, 8u, five_bit());
+}
+
+// The first word of block b's group in the row at word `row`.
+fn q32_group(row: u32, b: u32) -> u32 {
+    return row + (b / 4u) * (q32_codes_at() + 4u * q32_code_words());
+}
+
+// The first word of block b's codes.
+fn q32_codes(row: u32, b: u32) -> u32 {
+    return q32_group(row, b) + q32_codes_at() + q32_code_words() * (b % 4u);
+}
+
+// The header word that holds block i's (0..4) constants: Q4_1's and Q5_1's f16 scale and min
+// take word i, MXFP4's exponents are byte i of word 0, the others' f16 scales are half i % 2
+// of word i / 2.
+fn q32_head_word(i: u32) -> u32 {
+    if WEIGHT_DTYPE == DTYPE_Q4_1 || WEIGHT_DTYPE == DTYPE_Q5_1 {
+        return i;
+    }
+    return select(i / 2u, 0u, WEIGHT_DTYPE == DTYPE_MXFP4);
+}
+
+// Block i's constants from its header word: Q4_1's and Q5_1's scale and min, the others'
+// scale in .y.
+fn q32_head(word: u32, i: u32) -> vec2<f32> {
+    if WEIGHT_DTYPE == DTYPE_Q4_1 || WEIGHT_DTYPE == DTYPE_Q5_1 {
+        return unpack2x16float(word);
+    }
+    if WEIGHT_DTYPE == DTYPE_MXFP4 {
+        // 2^(e - 128), built as ggml builds it.
+        let e = byte_at(word, i);
+        return vec2<f32>(0.0, bitcast<f32>(select((e - 1u) << 23u, 0x00200000u << e, e < 2u)));
+    }
+    let s = unpack2x16float(word);
+    return vec2<f32>(0.0, select(s.x, s.y, i % 2u == 1u));
+}
+
 // Words of one weight row of k elements.
 fn row_words(k: u32) -> u32 {
-    if WEIGHT_DTYPE == DTYPE_Q8_0 {
+    if grouped32() {
         let blocks = k / 32u;
         let rest = blocks % 4u;
-        return (blocks / 4u) * 36u + select(0u, 4u + 8u * rest, rest != 0u);
+        return q32_group(0u, blocks) + select(0u, q32_codes_at() + q32_code_words() * rest, rest != 0u);
     }
     return (k / block_elems()) * block_words();
 }
 
-// Q8_0 on the GPU: four blocks (128 elements) to a group of 36 words, as many bytes as four
-// file blocks with their padding: the four f16 scales in words 0 and 1 (block b's in half
-// b % 2 of word b / 2), two words of padding, then block b's 32 code bytes from word 4 + 8 b,
-// each on a 16-byte word when the row is. A row whose blocks are not a multiple of four ends
-// in a shorter group of the same layout (its missing scales zero, its codes only its own).
-// The word of block b's codes in the row at `row`:
-fn q8_0_codes(row: u32, b: u32) -> u32 {
-    return row + (b / 4u) * 36u + 4u + 8u * (b % 4u);
-}
-
-// Block b's scale.
-fn q8_0_scale(row: u32, b: u32) -> f32 {
-    let s = unpack2x16float(wword(row + (b / 4u) * 36u + (b % 4u) / 2u));
-    return select(s.x, s.y, b % 2u == 1u);
-}
-
-// Eight Q8_0 weights from their two code words and the block's scale.
-fn block8_q8_0_words(q: vec2<u32>, d: f32) -> array<vec4<f32>, 2> {
+// Elements 8g .. 8g + 8 (g in 0..4) of a 32-element block from the two code words that hold
+// them (`q`: Q8_0's words 2g and 2g + 1, the 4-bit formats' words 2 (g % 2) and + 1, whose
+// nibbles at bit 4 (g / 2) are the codes), the block's high-bit word (Q5_0, Q5_1) and its
+// constants (q32_head). The codes are assembled a word at a time, four to a word (a byte
+// each), and Q4_0's and Q5_0's code minus 8 or 16 is the code with its top bit flipped read
+// as a signed 4- or 5-bit integer: the reference's integer, in two operations.
+fn block8_q32(q: vec2<u32>, qh: u32, g: u32, head: vec2<f32>) -> array<vec4<f32>, 2> {
     var v: array<f32, 8>;
-    for (var i = 0u; i < 8u; i++) {
-        v[i] = f32(extractBits(bitcast<i32>(q[i / 4u]), 8u * (i % 4u), 8u)) * d;
+    if WEIGHT_DTYPE == DTYPE_Q8_0 {
+        for (var i = 0u; i < 8u; i++) {
+            v[i] = f32(extractBits(bitcast<i32>(q[i / 4u]), 8u * (i % 4u), 8u)) * head.y;
+        }
+        return pack8(v);
+    }
+    let shift = 4u * (g / 2u);
+    var c = array<u32, 2>((q.x >> shift) & 0x0f0f0f0fu, (q.y >> shift) & 0x0f0f0f0fu);
+    if five_bit() {
+        let h = qh >> (8u * g);
+        c[0] |= spread4(h & 15u) << 4u;
+        c[1] |= spread4((h >> 4u) & 15u) << 4u;
+    }
+    switch WEIGHT_DTYPE {
+        case 10u, 12u: {
+            let bits = select(4u, 5u, five_bit());
+            let flip = select(0x08080808u, 0x10101010u, five_bit());
+            for (var i = 0u; i < 8u; i++) {
+                v[i] = f32(extractBits(bitcast<i32>(c[i / 4u] ^ flip), 8u * (i % 4u), bits)) * head.y;
+            }
+        }
+        case 18u: {
+            for (var i = 0u; i < 8u; i++) {
+                v[i] = head.y * iq4_level(byte_at(c[i / 4u], i % 4u));
+            }
+        }
+        case 19u: {
+            for (var i = 0u; i < 8u; i++) {
+                v[i] = head.y * fp4_level(byte_at(c[i / 4u], i % 4u));
+            }
+        }
+        default: {
+            for (var i = 0u; i < 8u; i++) {
+                v[i] = head.x * f32(byte_at(c[i / 4u], i % 4u)) + head.y;
+            }
+        }
     }
     return pack8(v);
+}
+
+// Bits 0..4 of x at bit 0 of bytes 0..4: times 1 + 2^7 + 2^14 + 2^21, bit i lands at bits
+// i + 7m (m in 0..4), sixteen different places (so nothing carries), of which bit 8m is
+// bit m's.
+fn spread4(x: u32) -> u32 {
+    return (x * 0x00204081u) & 0x01010101u;
+}
+
+// The word in a block's codes where step g's two code words start.
+fn q32_step_word(g: u32) -> u32 {
+    return select(2u * (g % 2u), 2u * g, WEIGHT_DTYPE == DTYPE_Q8_0);
+}
+
+// The constants of block b of the row at word `row`.
+fn q32_block_head(row: u32, b: u32) -> vec2<f32> {
+    return q32_head(wword(q32_group(row, b) + q32_head_word(b % 4u)), b % 4u);
+}
+
+// Elements 8j .. 8j + 8 of the row at word `row` given their block's constants.
+fn block8_q32_at(row: u32, j: u32, head: vec2<f32>) -> array<vec4<f32>, 2> {
+    let b = j / 4u;
+    let at = q32_codes(row, b) + q32_step_word(j % 4u);
+    var qh = 0u;
+    if five_bit() {
+        qh = wword(q32_group(row, b) + 4u + b % 4u);
+    }
+    return block8_q32(vec2<u32>(wword(at), wword(at + 1u)), qh, j % 4u, head);
 }
 
 // Byte i (0..4) of word w.
@@ -143,29 +250,6 @@ fn nibbles8(a: u32, b: u32, shift: u32) -> array<u32, 8> {
 
 fn pack8(v: array<f32, 8>) -> array<vec4<f32>, 2> {
     return array<vec4<f32>, 2>(vec4<f32>(v[0], v[1], v[2], v[3]), vec4<f32>(v[4], v[5], v[6], v[7]));
-}
-
-// IQ4_NL and MXFP4: group g (0..4) of the 32-block at word `base`, a scale times levels.
-fn block8_levels(base: u32, g: u32) -> array<vec4<f32>, 2> {
-    let head = wword(base);
-    // Byte l of the codes holds element l (low nibble) and l + 16 (high nibble).
-    let qs = base + 1u + 2u * (g % 2u);
-    let q = nibbles8(wword(qs), wword(qs + 1u), 4u * (g / 2u));
-    var v: array<f32, 8>;
-    if WEIGHT_DTYPE == DTYPE_MXFP4 {
-        // 2^(e - 128), built as ggml builds it.
-        let e = head >> 24u;
-        let scale = bitcast<f32>(select((e - 1u) << 23u, 0x00200000u << e, e < 2u));
-        for (var i = 0u; i < 8u; i++) {
-            v[i] = scale * fp4_level(q[i]);
-        }
-        return pack8(v);
-    }
-    let d = unpack2x16float(head).y;
-    for (var i = 0u; i < 8u; i++) {
-        v[i] = d * iq4_level(q[i]);
-    }
-    return pack8(v);
 }
 
 // IQ4_XS: group g (0..32) of the super-block at word `base` (as the file has it: d and
@@ -235,39 +319,6 @@ fn block8_q3_k(base: u32, g: u32) -> array<vec4<f32>, 2> {
     return pack8(v);
 }
 
-// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0: group g (0..4) of the 32-block at word `base`.
-fn block8_32(base: u32, g: u32) -> array<vec4<f32>, 2> {
-    return block8_32_with(base, g, unpack2x16float(wword(base)));
-}
-
-// block8_32 given the block's head (its f16 scale and min, or for Q4_0, Q5_0 and Q8_0 the
-// scale in .y).
-fn block8_32_with(base: u32, g: u32, head: vec2<f32>) -> array<vec4<f32>, 2> {
-    var v: array<f32, 8>;
-    if WEIGHT_DTYPE == DTYPE_Q8_0 {
-        // `base` is the block's first code word (q8_0_codes).
-        return block8_q8_0_words(vec2<u32>(wword(base + 2u * g), wword(base + 2u * g + 1u)), head.y);
-    }
-    // Byte l of the codes holds element l (low nibble) and l + 16 (high nibble).
-    let five = WEIGHT_DTYPE == DTYPE_Q5_0 || WEIGHT_DTYPE == DTYPE_Q5_1;
-    let qs = base + select(1u, 2u, five) + 2u * (g % 2u);
-    var q = nibbles8(wword(qs), wword(qs + 1u), 4u * (g / 2u));
-    if five {
-        let qh = wword(base + 1u);
-        for (var i = 0u; i < 8u; i++) {
-            q[i] |= ((qh >> (8u * g + i)) & 1u) << 4u;
-        }
-    }
-    for (var i = 0u; i < 8u; i++) {
-        switch WEIGHT_DTYPE {
-            case 10u: { v[i] = f32(i32(q[i]) - 8) * head.y; }
-            case 12u: { v[i] = f32(i32(q[i]) - 16) * head.y; }
-            default: { v[i] = head.x * f32(q[i]) + head.y; }
-        }
-    }
-    return pack8(v);
-}
-
 // Q4_K and Q5_K: group g (0..32) of the super-block at word `base` (the file's layout: d and
 // dmin in word 0, the twelve bytes of packed 6-bit scales and mins in words 1..4, for Q5_K
 // the 32 high-bit bytes in words 4..12, then the 128 code bytes): sub-block s = g / 4,
@@ -331,18 +382,16 @@ fn block8_k_asym_with(base: u32, g: u32, head: vec2<f32>) -> array<vec4<f32>, 2>
 // Group g's eight weights from its code words `qs`, high-bit words `qh` (Q5_K) and its
 // sub-block's scale and min.
 fn block8_k_asym_words(qs: vec2<u32>, qh: vec2<u32>, g: u32, head: vec2<f32>) -> array<vec4<f32>, 2> {
+    // Four codes to a word: the nibbles, and for Q5_K bit s of each high-bit byte above them.
     let s = g / 4u;
-    var q = nibbles8(qs.x, qs.y, 4u * (s % 2u));
+    var c = array<u32, 2>((qs.x >> (4u * (s % 2u))) & 0x0f0f0f0fu, (qs.y >> (4u * (s % 2u))) & 0x0f0f0f0fu);
     if WEIGHT_DTYPE == DTYPE_Q5_K {
-        // Bit s of high-bit byte l.
-        for (var i = 0u; i < 4u; i++) {
-            q[i] |= ((byte_at(qh.x, i) >> s) & 1u) << 4u;
-            q[i + 4u] |= ((byte_at(qh.y, i) >> s) & 1u) << 4u;
-        }
+        c[0] |= ((qh.x >> s) & 0x01010101u) << 4u;
+        c[1] |= ((qh.y >> s) & 0x01010101u) << 4u;
     }
     var v: array<f32, 8>;
     for (var i = 0u; i < 8u; i++) {
-        v[i] = head.x * f32(q[i]) - head.y;
+        v[i] = head.x * f32(byte_at(c[i / 4u], i % 4u)) - head.y;
     }
     return pack8(v);
 }
@@ -419,8 +468,8 @@ fn block8_q6_k_six(six: array<u32, 2>, dl: f32) -> array<vec4<f32>, 2> {
 
 // Elements 8j .. 8j + 8 of the weight row that starts at word `row`.
 fn block8(row: u32, j: u32) -> array<vec4<f32>, 2> {
-    if WEIGHT_DTYPE == DTYPE_Q8_0 {
-        return block8_32_with(q8_0_codes(row, j / 4u), j % 4u, vec2<f32>(0.0, q8_0_scale(row, j / 4u)));
+    if grouped32() {
+        return block8_q32_at(row, j, q32_block_head(row, j / 4u));
     }
     let per_block = block_elems() / 8u;
     let base = row + (j / per_block) * block_words();
@@ -434,16 +483,10 @@ fn block8(row: u32, j: u32) -> array<vec4<f32>, 2> {
     if WEIGHT_DTYPE == DTYPE_IQ4_XS {
         return block8_iq4_xs(base, g);
     }
-    if WEIGHT_DTYPE >= DTYPE_IQ4_NL {
-        return block8_levels(base, g);
-    }
     if WEIGHT_DTYPE == DTYPE_Q6_K {
         return block8_q6_k(base, g);
     }
-    if WEIGHT_DTYPE >= DTYPE_Q4_K {
-        return block8_k_asym(base, g);
-    }
-    return block8_32(base, g);
+    return block8_k_asym(base, g);
 }
 
 // A block format's group constants (a scale, and a min where it has one) stay the same for
@@ -451,53 +494,45 @@ fn block8(row: u32, j: u32) -> array<vec4<f32>, 2> {
 // through a row computes them once per group with block_head and decodes each step with
 // block8_with, which gives block8's values bit for bit (the same expressions, computed
 // once instead of at every step). Formats whose steps each need their own (Q2_K, Q3_K,
-// IQ4_XS, IQ4_NL, MXFP4) and float formats have one step per head, which is then unused.
-// Q4_K, Q5_K and Q6_K groups are two steps, whose codes lie in the halves of the same
-// 16-byte words (weights8.wgsl's Head holds those).
+// IQ4_XS) and float formats have one step per head, which is then unused. The 4-bit
+// 32-element formats' groups are a block (its codes are one 16-byte word); Q8_0's, Q4_K's,
+// Q5_K's and Q6_K's are two steps, whose codes lie in the halves of the same 16-byte words
+// (weights8.wgsl's Head holds those).
 fn head_steps() -> u32 {
-    switch WEIGHT_DTYPE {
-        case 10u, 11u, 12u, 13u: { return 4u; }
-        case 14u, 15u, 16u, 17u: { return 2u; }
-        default: { return 1u; }
+    if grouped32() {
+        return select(4u, 2u, WEIGHT_DTYPE == DTYPE_Q8_0);
     }
+    return select(1u, 2u, WEIGHT_DTYPE >= DTYPE_Q4_K && WEIGHT_DTYPE <= DTYPE_Q6_K);
 }
 
 // The group constants of elements 8j .. 8j + 8 of the weight row at word `row`.
 fn block_head(row: u32, j: u32) -> vec2<f32> {
-    if WEIGHT_DTYPE == DTYPE_Q8_0 {
-        return vec2<f32>(0.0, q8_0_scale(row, j / 4u));
+    if grouped32() {
+        return q32_block_head(row, j / 4u);
     }
-    let per_block = block_elems() / 8u;
-    let base = row + (j / per_block) * block_words();
-    let g = j % per_block;
+    let base = row + (j / 32u) * block_words();
+    let g = j % 32u;
     if WEIGHT_DTYPE == DTYPE_Q6_K {
         return vec2<f32>(q6_k_scale(base, g), 0.0);
     }
     if WEIGHT_DTYPE == DTYPE_Q4_K || WEIGHT_DTYPE == DTYPE_Q5_K {
         return k_asym_head(base, g);
     }
-    if WEIGHT_DTYPE >= DTYPE_Q4_0 && WEIGHT_DTYPE <= DTYPE_Q8_0 {
-        return unpack2x16float(wword(base));
-    }
     return vec2<f32>(0.0);
 }
 
 // block8(row, j) given block_head(row, j') for the first step j' of j's group.
 fn block8_with(row: u32, j: u32, head: vec2<f32>) -> array<vec4<f32>, 2> {
-    if WEIGHT_DTYPE == DTYPE_Q8_0 {
-        return block8_32_with(q8_0_codes(row, j / 4u), j % 4u, head);
+    if grouped32() {
+        return block8_q32_at(row, j, head);
     }
-    let per_block = block_elems() / 8u;
-    let base = row + (j / per_block) * block_words();
-    let g = j % per_block;
+    let base = row + (j / 32u) * block_words();
+    let g = j % 32u;
     if WEIGHT_DTYPE == DTYPE_Q6_K {
         return block8_q6_k_with(base, g, head.x);
     }
     if WEIGHT_DTYPE == DTYPE_Q4_K || WEIGHT_DTYPE == DTYPE_Q5_K {
         return block8_k_asym_with(base, g, head);
-    }
-    if WEIGHT_DTYPE >= DTYPE_Q4_0 && WEIGHT_DTYPE <= DTYPE_Q8_0 {
-        return block8_32_with(base, g, head);
     }
     return block8(row, j);
 }

@@ -27,17 +27,21 @@ fn weights8(c: u32, j: u32) -> array<vec4<f32>, 2> {
 }
 
 // A group's constants, which a kernel computes once every head_steps() steps: the scale and
-// min of block_head in weight_blocks.wgsl. For the K formats also the 16-byte words that hold
-// the group's codes (a group of two steps reads one half of each: Q4_K's code nibbles, Q5_K's
-// and its high bits, Q6_K's low and high bits) and the super-block's scales and d, loaded
-// once per super-block: on a CPU adapter a load per lane costs about the same for 4 bytes as
-// for 16, and loads were what a K-format step cost most there (docs/BENCHMARKS.md).
+// min of block_head in weight_blocks.wgsl. For the K formats and the grouped 32-element
+// formats also the 16-byte words that hold the group's codes (a group of two steps reads one
+// half of each: Q4_K's code nibbles, Q5_K's and its high bits, Q6_K's low and high bits,
+// Q8_0's bytes; a 4-bit block's group of four reads each half twice) and the super-block's
+// scales and d (the four blocks' header and high bits), loaded once per super-block: on a
+// CPU adapter a load per lane costs about the same for 4 bytes as for 16, and loads were
+// what a block-format step cost most there (docs/BENCHMARKS.md).
 struct Head {
     s: vec2<f32>,
     ql: vec4<u32>,
     qh: vec4<u32>,
     top: vec4<u32>,
     d: f32,
+    // Q5_0's and Q5_1's high bits of the group's block.
+    hw: u32,
 }
 
 // The group constants of weights 8j .. of row c, given the previous group's `prev`.
@@ -47,16 +51,22 @@ fn weights_head(c: u32, j: u32, prev: Head) -> Head {
         return h;
     }
     let row = c * row_words(p.k);
-    if WEIGHT_DTYPE == DTYPE_Q8_0 {
-        // A group of four blocks' scales, loaded once per 128 weights.
+    if grouped32() {
+        // A group of four blocks' constants (and high bits), loaded once per 128 weights; a
+        // block's codes once per block (Q8_0: per half block).
         h.top = prev.top;
+        h.qh = prev.qh;
+        let b = j / 4u;
         if j % 16u == 0u {
-            h.top = w[(row + (j / 16u) * 36u) >> 2u];
+            let group = q32_group(row, b);
+            h.top = w[group >> 2u];
+            if five_bit() {
+                h.qh = w[(group + 4u) >> 2u];
+            }
         }
-        let b = (j / 4u) % 4u;
-        let s = unpack2x16float(h.top[b / 2u]);
-        h.s = vec2<f32>(0.0, select(s.x, s.y, b % 2u == 1u));
-        h.ql = w[(q8_0_codes(row, j / 4u) + 2u * (j % 4u)) >> 2u];
+        h.s = q32_head(h.top[q32_head_word(b % 4u)], b % 4u);
+        h.hw = h.qh[b % 4u];
+        h.ql = w[(q32_codes(row, b) + q32_step_word(j % 4u)) >> 2u];
         return h;
     }
     let k_format = WEIGHT_DTYPE >= DTYPE_Q4_K && WEIGHT_DTYPE <= DTYPE_Q6_K;
@@ -93,18 +103,23 @@ fn weights_head(c: u32, j: u32, prev: Head) -> Head {
     return h;
 }
 
-fn weights8_with(c: u32, j: u32, head: Head) -> array<vec4<f32>, 2> {
+// Weights 8j .. 8j + 8 of row c, step `s` (0 .. head_steps()) of the group whose `head` it
+// is. The kernels step through a group in an inner loop of head_steps() iterations, which a
+// compiler unrolls: `s` is then a constant, and so are the shifts and the halves of the
+// 16-byte words that it picks.
+fn weights8_with(c: u32, j: u32, s: u32, head: Head) -> array<vec4<f32>, 2> {
+    let second = (s & 1u) == 1u;
     if WEIGHT_DTYPE == DTYPE_Q6_K {
-        let second = (j & 1u) == 1u;
         let ql = select(head.ql.xy, head.ql.zw, second);
         let qh = select(head.qh.xy, head.qh.zw, second);
         return block8_q6_k_six(q6_k_six(ql, qh, j % 32u), head.s.x);
     }
-    if WEIGHT_DTYPE == DTYPE_Q8_0 {
-        return block8_q8_0_words(select(head.ql.xy, head.ql.zw, (j & 1u) == 1u), head.s.y);
+    if grouped32() {
+        // A 4-bit block's steps are its group's (s = j % 4); Q8_0's two steps read its words
+        // in halves.
+        return block8_q32(select(head.ql.xy, head.ql.zw, second), head.hw, s, head.s);
     }
     if WEIGHT_DTYPE == DTYPE_Q4_K || WEIGHT_DTYPE == DTYPE_Q5_K {
-        let second = (j & 1u) == 1u;
         let qs = select(head.ql.xy, head.ql.zw, second);
         let qh = select(head.qh.xy, head.qh.zw, second);
         return block8_k_asym_words(qs, qh, j % 32u, head.s);
@@ -115,25 +130,37 @@ fn weights8_with(c: u32, j: u32, head: Head) -> array<vec4<f32>, 2> {
     return weights8(c, j);
 }
 
-// The heads of rows c[i] for step j: `h` where j is inside a group, new ones where it
-// starts one.
+// The heads of rows c[i] for the group of steps from j (a multiple of head_steps()), given
+// the previous group's.
+//
+// The kernels step through a row in groups of head_steps() steps, the inner loop of two:
+//     for (var j0 = 0u; j0 < p.k / 8u; j0 += head_steps()) {
+//         h = heads2(h, c, j0);
+//         for (var t = 0u; t < head_steps(); t++) { ... weights8_with(c.x, j0 + t, t, h[0]) ... }
+//     }
+// A compiler unrolls the inner loop, so that `t` and what it picks (shifts, halves of words)
+// are constants: on lavapipe, with the grouped 32-element layout, the LM head shape at one
+// row ran 1.3-1.7x faster in every format with groups of 2 or 4 steps (docs/BENCHMARKS.md).
+// The formats of one step a group (f16 and the like, Q2_K, Q3_K, IQ4_XS) keep a flat loop:
+// nested loops of one step each measured 10% slower for f16, and their steps made into
+// groups of four 15-20% slower. The four-column bodies keep four scalar accumulators, as a
+// vec4 measured 10-15% slower for f16.
 fn heads2(h: array<Head, 2>, c: vec2<u32>, j: u32) -> array<Head, 2> {
-    if j % head_steps() != 0u {
-        return h;
-    }
     return array<Head, 2>(weights_head(c.x, j, h[0]), weights_head(c.y, j, h[1]));
 }
 
 fn heads4(h: array<Head, 4>, c: vec4<u32>, j: u32) -> array<Head, 4> {
-    if j % head_steps() != 0u {
-        return h;
-    }
     return array<Head, 4>(
         weights_head(c.x, j, h[0]),
         weights_head(c.y, j, h[1]),
         weights_head(c.z, j, h[2]),
         weights_head(c.w, j, h[3]),
     );
+}
+
+// Weights 8j .. 8j + 8 of rows c.x and c.y, step t of their groups.
+fn weights8x2(c: vec2<u32>, h: array<Head, 2>, j: u32, t: u32) -> array<array<vec4<f32>, 2>, 2> {
+    return array<array<vec4<f32>, 2>, 2>(weights8_with(c.x, j, t, h[0]), weights8_with(c.y, j, t, h[1]));
 }
 
 // acc + x[0..8] · w[0..8], adding one term at a time in increasing k (the order every

@@ -253,10 +253,23 @@ fn block_weight_products_are_the_dequantized_weights_products_in_every_kernel() 
             accumulate: true,
             chunk_rows: None,
         },
+        // Rows of eleven 32-element blocks: two groups of four and a shorter one of three
+        // (the formats of 256-element blocks skip it).
+        Case {
+            m: 3,
+            n: 40,
+            k: 352,
+            bias: true,
+            accumulate: false,
+            chunk_rows: Some(7),
+        },
     ];
     for ctx in contexts() {
         for (i, dtype) in WeightDtype::BLOCKS.into_iter().enumerate() {
             for (j, c) in cases.iter().enumerate() {
+                if c.k % dtype.block_elems() != 0 {
+                    continue;
+                }
                 check_product(ctx, dtype, 100 * i as u64 + j as u64, c);
             }
         }
@@ -319,8 +332,9 @@ fn normed_and_gated_inputs_read_block_weights_as_f32_ones() {
 #[test]
 fn block_weights_take_their_padded_size_and_refuse_malformed_uploads() {
     // Bytes per row of 256 elements on the GPU, by hand: blocks plus padding to whole words
-    // (Q6_K's to a multiple of 16 bytes; Q8_0 as two groups of four blocks, each four f16
-    // scales, 8 bytes of padding and 128 code bytes).
+    // (Q6_K's to a multiple of 16 bytes); the 32-element formats as two groups of four
+    // blocks, each a 16-byte header of scales (and mins), for Q5_0 and Q5_1 16 bytes of high
+    // bits, and the codes (4 x 16 bytes, Q8_0's 4 x 32).
     let want = [
         (WeightDtype::Q4_0, 8 * 20),
         (WeightDtype::Q4_1, 8 * 20),
@@ -335,6 +349,11 @@ fn block_weights_take_their_padded_size_and_refuse_malformed_uploads() {
         assert_eq!(dtype.gpu_row_bytes(256), bytes, "{dtype:?}");
         assert_eq!(dtype.gpu_row_bytes(256) % 4, 0, "{dtype:?}");
     }
+    // A shorter last group: its header, high bits and only its own blocks' codes.
+    assert_eq!(WeightDtype::Q4_0.gpu_row_bytes(32), 16 + 16);
+    assert_eq!(WeightDtype::Q5_1.gpu_row_bytes(96), 16 + 16 + 3 * 16);
+    assert_eq!(WeightDtype::Q8_0.gpu_row_bytes(160), 144 + 16 + 32);
+    assert_eq!(WeightDtype::MXFP4.gpu_row_bytes(288), 2 * 80 + 16 + 16);
     for ctx in contexts() {
         let w = Weight::from_f32(ctx, "w", &vec![0.5; 3 * 256], 3, 256, WeightDtype::Q8_0).unwrap();
         assert_eq!(w.gpu_bytes(), (3 * 8 * 36) as u64);

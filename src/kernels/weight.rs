@@ -66,13 +66,12 @@ impl WeightDtype {
         self.bytes_for(cols).ok()
     }
 
-    /// Bytes of one block on the GPU ([`gpu_block`] writes them).
+    /// Bytes of one block on the GPU ([`gpu_block`] writes them; for the formats of 32-element
+    /// blocks that go in groups of four, a quarter of a group).
     fn gpu_block_bytes(self) -> usize {
         match self {
-            // Two bytes of padding (MXFP4: three).
-            WeightDtype::Q4_0 | WeightDtype::IQ4_NL | WeightDtype::MXFP4 => 20,
-            WeightDtype::Q5_0 => 24,
-            // As many as four blocks take in q8_0_row's groups.
+            WeightDtype::Q4_0 | WeightDtype::Q4_1 | WeightDtype::IQ4_NL | WeightDtype::MXFP4 => 20,
+            WeightDtype::Q5_0 | WeightDtype::Q5_1 => 24,
             WeightDtype::Q8_0 => 36,
             // 14 bytes of padding: 56 words, a multiple of 16 bytes.
             WeightDtype::Q6_K => 224,
@@ -82,15 +81,31 @@ impl WeightDtype {
         }
     }
 
+    /// For the formats of 32-element blocks that go on the GPU in groups of four
+    /// ([`grouped_row`]): the bytes of a group's header (the blocks' scales and mins, then
+    /// for Q5_0 and Q5_1 their high bits) and of one block's codes.
+    fn grouped(self) -> Option<(usize, usize)> {
+        match self {
+            WeightDtype::Q4_0 | WeightDtype::Q4_1 | WeightDtype::IQ4_NL | WeightDtype::MXFP4 => {
+                Some((16, 16))
+            }
+            WeightDtype::Q5_0 | WeightDtype::Q5_1 => Some((32, 16)),
+            WeightDtype::Q8_0 => Some((16, 32)),
+            _ => None,
+        }
+    }
+
     /// Bytes of a row of `cols` elements on the GPU (`cols` a whole number of blocks). Per
     /// element (in a file): Q4_0 5 bits (4.5), Q4_1 5 (5), Q5_0 6 (5.5), Q5_1 6 (6), Q8_0
     /// 9 (8.5), Q4_K 4.5 (4.5), Q5_K 5.5 (5.5), Q6_K 7 (6.5625), IQ4_NL 5 (4.5),
-    /// MXFP4 5 (4.25), IQ4_XS 4.25 (4.25), Q2_K 2.625 (2.625), Q3_K 3.625 (3.4375).
+    /// MXFP4 5 (4.25), IQ4_XS 4.25 (4.25), Q2_K 2.625 (2.625), Q3_K 3.625 (3.4375); rows of
+    /// the grouped formats whose blocks are not a multiple of four take a little more.
     pub fn gpu_row_bytes(self, cols: usize) -> usize {
-        if self == WeightDtype::Q8_0 {
-            // Groups of four blocks and a shorter last one ([`q8_0_row`]).
+        if let Some((header, codes)) = self.grouped() {
+            // Groups of four blocks and a shorter last one ([`grouped_row`]).
             let (groups, rest) = (cols / 128, cols % 128 / 32);
-            return groups * 144 + if rest > 0 { 16 + 32 * rest } else { 0 };
+            return groups * (header + 4 * codes)
+                + if rest > 0 { header + codes * rest } else { 0 };
         }
         cols / self.block_elems() * self.gpu_block_bytes()
     }
@@ -373,7 +388,7 @@ fn check_shape(
 }
 
 /// File blocks of a block format (whole rows of `cols` elements, in `pieces` one after the
-/// other) in the GPU's layout ([`gpu_block`], [`q8_0_row`]), the whole padded to 16 bytes for
+/// other) in the GPU's layout ([`gpu_block`], [`grouped_row`]), the whole padded to 16 bytes for
 /// the kernels that read the weights 16 bytes at a time.
 fn gpu_layout(dtype: WeightDtype, pieces: &[&[u8]], cols: usize) -> Vec<u8> {
     let block = dtype.block_bytes();
@@ -384,10 +399,10 @@ fn gpu_layout(dtype: WeightDtype, pieces: &[&[u8]], cols: usize) -> Vec<u8> {
         [one] => Cow::Borrowed(one),
         many => Cow::Owned(many.concat()),
     };
-    if dtype == WeightDtype::Q8_0 {
+    if dtype.grouped().is_some() {
         let row = dtype.row_bytes(cols).unwrap_or(block).max(block);
         for r in joined.chunks_exact(row) {
-            q8_0_row(r, &mut out);
+            grouped_row(dtype, r, &mut out);
         }
     } else {
         for b in joined.chunks_exact(block) {
@@ -398,43 +413,53 @@ fn gpu_layout(dtype: WeightDtype, pieces: &[&[u8]], cols: usize) -> Vec<u8> {
     out
 }
 
-/// Appends one Q8_0 row as shaders/weight_blocks.wgsl reads it: groups of four blocks, each
-/// the four f16 scales, eight zero bytes, then the four blocks' 32 code bytes (so that every
-/// block's codes start on a 16-byte word, which the column kernels load whole); a last group
-/// of fewer blocks has zero scales for the missing ones and only its own codes. Four blocks
-/// take 144 bytes, as four file blocks with two bytes of padding each did.
-fn q8_0_row(row: &[u8], out: &mut Vec<u8>) {
-    for group in row.chunks(4 * 34) {
-        let blocks: Vec<&[u8]> = group.chunks_exact(34).collect();
-        for i in 0..4 {
-            out.extend_from_slice(blocks.get(i).map_or(&[0, 0][..], |b| &b[..2]));
+/// Appends one row of a format of 32-element blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL,
+/// MXFP4) as shaders/weight_blocks.wgsl reads it: groups of four blocks, each a 16-byte
+/// header of the blocks' constants (f16 scales two to a word; Q4_1's and Q5_1's scale and min
+/// a word each; MXFP4's exponents a byte each), for Q5_0 and Q5_1 the blocks' four words of
+/// high bits, then the blocks' codes as the file has them (16 bytes, Q8_0's 32), so that
+/// every block's codes start on a 16-byte word, which the column kernels load whole. A last
+/// group of fewer blocks has zeros for the missing ones' constants and only its own codes.
+/// Four blocks take as many bytes as four file blocks padded to whole words did.
+fn grouped_row(dtype: WeightDtype, row: &[u8], out: &mut Vec<u8>) {
+    let block = dtype.block_bytes();
+    // Bytes of a block's constants, then of its high bits, in the file block.
+    let (consts, high) = match dtype {
+        WeightDtype::Q4_1 => (4, 0),
+        WeightDtype::Q5_0 => (2, 4),
+        WeightDtype::Q5_1 => (4, 4),
+        WeightDtype::MXFP4 => (1, 0),
+        _ => (2, 0),
+    };
+    for group in row.chunks(4 * block) {
+        let blocks: Vec<&[u8]> = group.chunks_exact(block).collect();
+        let mut header = [0u8; 16];
+        for (i, b) in blocks.iter().enumerate() {
+            header[consts * i..consts * (i + 1)].copy_from_slice(&b[..consts]);
         }
-        out.extend_from_slice(&[0; 8]);
+        out.extend_from_slice(&header);
+        if high > 0 {
+            let mut bits = [0u8; 16];
+            for (i, b) in blocks.iter().enumerate() {
+                bits[4 * i..4 * i + 4].copy_from_slice(&b[consts..consts + 4]);
+            }
+            out.extend_from_slice(&bits);
+        }
         for b in &blocks {
-            out.extend_from_slice(&b[2..]);
+            out.extend_from_slice(&b[consts + high..]);
         }
     }
 }
 
 /// Appends file block `b` of `dtype` as shaders/weight_blocks.wgsl reads it: a whole number
-/// of words with the codes on word boundaries (Q8_0's rows go through [`q8_0_row`] instead).
-/// Q4_0, Q5_0 and IQ4_NL get two zero bytes
-/// in front (their f16 scale then fills the upper half of word 0), MXFP4 three (its exponent
-/// byte is then the top byte of word 0), Q6_K fourteen at the end (56 words). Q4_K (36
+/// of words with the codes on word boundaries (the formats of 32-element blocks go through
+/// [`grouped_row`] instead). Q6_K gets fourteen zero bytes at the end (56 words). Q4_K (36
 /// words) and Q5_K (44) stay as they are, so rows of Q4_K, Q5_K and Q6_K start every block on
 /// a 16-byte word, which the column kernels load whole (their packed 6-bit scales are decoded
 /// once per sub-block there, from registers). Q3_K keeps its high bits and codes, then its 16
 /// six-bit scales unpacked to a byte each, then `d` and two zero bytes.
 fn gpu_block(dtype: WeightDtype, b: &[u8], out: &mut Vec<u8>) {
     match dtype {
-        WeightDtype::Q4_0 | WeightDtype::Q5_0 | WeightDtype::IQ4_NL => {
-            out.extend_from_slice(&[0, 0]);
-            out.extend_from_slice(b);
-        }
-        WeightDtype::MXFP4 => {
-            out.extend_from_slice(&[0, 0, 0]);
-            out.extend_from_slice(b);
-        }
         WeightDtype::Q6_K => {
             out.extend_from_slice(b);
             out.extend_from_slice(&[0; 14]);
