@@ -95,14 +95,12 @@ fn columns_body(wg: vec3<u32>, nwg: vec3<u32>, tid: u32, lane: u32) {
         let sc = pass_scales(r0, lane);
         // Groups of head_steps() steps (weights8.wgsl's heads2).
         let cs = vec2<u32>(c, c2);
-        var h = array<Head, 2>();
         if head_steps() == 1u {
             for (var j = 0u; j < p.k / 8u; j++) {
-                h = heads2(h, cs, j);
-                let b = weights8x2(cs, h, j, 0u);
-                pass_terms(&acc, &acc2, r0, j, lane, b[0], b[1], sc);
+                pass_terms(&acc, &acc2, r0, j, lane, weights8(c, j), weights8(c2, j), sc);
             }
         } else {
+            var h = array<Head, 2>();
             for (var j0 = 0u; j0 < p.k / 8u; j0 += head_steps()) {
                 h = heads2(h, cs, j0);
                 for (var t = 0u; t < head_steps(); t++) {
@@ -144,17 +142,16 @@ fn one_row_body(wg: vec3<u32>, nwg: vec3<u32>, tid: u32, lane: u32) {
         let s = pass_scales(r, lane).rows[0];
         // Groups of head_steps() steps (weights8.wgsl's heads2).
         let cs = vec4<u32>(c0, c1, c2, c3);
-        var h = array<Head, 4>();
         if head_steps() == 1u {
             for (var j = 0u; j < p.k / 8u; j++) {
-                h = heads4(h, cs, j);
                 let xv = x8(r, j, lane, s);
-                a0 = add8(a0, xv[0], xv[1], weights8_with(c0, j, 0u, h[0]));
-                a1 = add8(a1, xv[0], xv[1], weights8_with(c1, j, 0u, h[1]));
-                a2 = add8(a2, xv[0], xv[1], weights8_with(c2, j, 0u, h[2]));
-                a3 = add8(a3, xv[0], xv[1], weights8_with(c3, j, 0u, h[3]));
+                a0 = add8(a0, xv[0], xv[1], weights8(c0, j));
+                a1 = add8(a1, xv[0], xv[1], weights8(c1, j));
+                a2 = add8(a2, xv[0], xv[1], weights8(c2, j));
+                a3 = add8(a3, xv[0], xv[1], weights8(c3, j));
             }
         } else {
+            var h = array<Head, 4>();
             for (var j0 = 0u; j0 < p.k / 8u; j0 += head_steps()) {
                 h = heads4(h, cs, j0);
                 for (var t = 0u; t < head_steps(); t++) {

@@ -93,13 +93,13 @@ fn moe_body(wg: vec3<u32>, tid: u32, lane: u32) {
         }
         // Groups of head_steps() steps (weights8.wgsl's heads2).
         let rows = vec2<u32>(row, row2);
-        var h = array<Head, 2>();
         if head_steps() == 1u {
             for (var j = 0u; j < p.k / 8u; j++) {
-                h = heads2(h, rows, j);
-                slot_terms(&acc, &acc2, &xrow, j, lane, weights8x2(rows, h, j, 0u));
+                let b = array<array<vec4<f32>, 2>, 2>(weights8(row, j), weights8(row2, j));
+                slot_terms(&acc, &acc2, &xrow, j, lane, b);
             }
         } else {
+            var h = array<Head, 2>();
             for (var j0 = 0u; j0 < p.k / 8u; j0 += head_steps()) {
                 h = heads2(h, rows, j0);
                 for (var t = 0u; t < head_steps(); t++) {
@@ -142,17 +142,16 @@ fn one_slot_body(wg: vec3<u32>, tid: u32, lane: u32) {
         var a3 = 0.0;
         // Groups of head_steps() steps (weights8.wgsl's heads2); four scalar accumulators,
         // as a vec4 measured slower in the dense kernel's flat loop.
-        var h = array<Head, 4>();
         if head_steps() == 1u {
             for (var j = 0u; j < p.k / 8u; j++) {
-                h = heads4(h, vec4<u32>(r0, r1, r2, r3), j);
                 let xv = x8(xrow, j, lane);
-                a0 = add8(a0, xv[0], xv[1], weights8_with(r0, j, 0u, h[0]));
-                a1 = add8(a1, xv[0], xv[1], weights8_with(r1, j, 0u, h[1]));
-                a2 = add8(a2, xv[0], xv[1], weights8_with(r2, j, 0u, h[2]));
-                a3 = add8(a3, xv[0], xv[1], weights8_with(r3, j, 0u, h[3]));
+                a0 = add8(a0, xv[0], xv[1], weights8(r0, j));
+                a1 = add8(a1, xv[0], xv[1], weights8(r1, j));
+                a2 = add8(a2, xv[0], xv[1], weights8(r2, j));
+                a3 = add8(a3, xv[0], xv[1], weights8(r3, j));
             }
         } else {
+            var h = array<Head, 4>();
             for (var j0 = 0u; j0 < p.k / 8u; j0 += head_steps()) {
                 h = heads4(h, vec4<u32>(r0, r1, r2, r3), j0);
                 for (var t = 0u; t < head_steps(); t++) {

@@ -447,11 +447,6 @@ fn q6_k_codes(base: u32, g: u32) -> array<u32, 2> {
     return q6_k_six(ql, vec2<u32>(wword(at.y), wword(at.y + 1u)), g);
 }
 
-// block8_q6_k given q6_k_scale's scale.
-fn block8_q6_k_with(base: u32, g: u32, dl: f32) -> array<vec4<f32>, 2> {
-    return block8_q6_k_six(q6_k_codes(base, g), dl);
-}
-
 // The eight weights of codes `six` (q6_k_six) and scale dl, for the kernels that take dot
 // products of them: dl (q - 32) computed as dl q - 32 dl. Both products are exact (dl has at
 // most 18 significant bits, q 6), so their difference is exact too and equals block8_q6_k's
@@ -471,30 +466,39 @@ fn block8(row: u32, j: u32) -> array<vec4<f32>, 2> {
     if grouped32() {
         return block8_q32_at(row, j, q32_block_head(row, j / 4u));
     }
-    let per_block = block_elems() / 8u;
-    let base = row + (j / per_block) * block_words();
-    let g = j % per_block;
+    let base = row + (j / 32u) * block_words();
+    let g = j % 32u;
+    if WEIGHT_DTYPE == DTYPE_Q6_K {
+        return block8_q6_k(base, g);
+    }
+    if WEIGHT_DTYPE == DTYPE_Q4_K || WEIGHT_DTYPE == DTYPE_Q5_K {
+        return block8_k_asym(base, g);
+    }
+    return block8_single(row, j);
+}
+
+// block8 for the formats whose steps have no group constants in common (Q2_K, Q3_K,
+// IQ4_XS): the only block formats the kernels that step through groups (weights8.wgsl) read
+// one step at a time, with code for just these (a compiler inlines every format's code at
+// each call before it drops the other formats').
+fn block8_single(row: u32, j: u32) -> array<vec4<f32>, 2> {
+    let base = row + (j / 32u) * block_words();
+    let g = j % 32u;
     if WEIGHT_DTYPE == DTYPE_Q3_K {
         return block8_q3_k(base, g);
     }
     if WEIGHT_DTYPE == DTYPE_Q2_K {
         return block8_q2_k(base, g);
     }
-    if WEIGHT_DTYPE == DTYPE_IQ4_XS {
-        return block8_iq4_xs(base, g);
-    }
-    if WEIGHT_DTYPE == DTYPE_Q6_K {
-        return block8_q6_k(base, g);
-    }
-    return block8_k_asym(base, g);
+    return block8_iq4_xs(base, g);
 }
 
 // A block format's group constants (a scale, and a min where it has one) stay the same for
 // head_steps() consecutive steps j of 8 weights from a multiple of it: a kernel that steps
-// through a row computes them once per group with block_head and decodes each step with
-// block8_with, which gives block8's values bit for bit (the same expressions, computed
+// through a row computes them once per group (weights8.wgsl's weights_head) and decodes each
+// step from them, which gives block8's values bit for bit (the same expressions, computed
 // once instead of at every step). Formats whose steps each need their own (Q2_K, Q3_K,
-// IQ4_XS) and float formats have one step per head, which is then unused. The 4-bit
+// IQ4_XS) and float formats have one step a group. The 4-bit
 // 32-element formats' groups are a block (its codes are one 16-byte word); Q8_0's, Q4_K's,
 // Q5_K's and Q6_K's are two steps, whose codes lie in the halves of the same 16-byte words
 // (weights8.wgsl's Head holds those).
@@ -503,36 +507,4 @@ fn head_steps() -> u32 {
         return select(4u, 2u, WEIGHT_DTYPE == DTYPE_Q8_0);
     }
     return select(1u, 2u, WEIGHT_DTYPE >= DTYPE_Q4_K && WEIGHT_DTYPE <= DTYPE_Q6_K);
-}
-
-// The group constants of elements 8j .. 8j + 8 of the weight row at word `row`.
-fn block_head(row: u32, j: u32) -> vec2<f32> {
-    if grouped32() {
-        return q32_block_head(row, j / 4u);
-    }
-    let base = row + (j / 32u) * block_words();
-    let g = j % 32u;
-    if WEIGHT_DTYPE == DTYPE_Q6_K {
-        return vec2<f32>(q6_k_scale(base, g), 0.0);
-    }
-    if WEIGHT_DTYPE == DTYPE_Q4_K || WEIGHT_DTYPE == DTYPE_Q5_K {
-        return k_asym_head(base, g);
-    }
-    return vec2<f32>(0.0);
-}
-
-// block8(row, j) given block_head(row, j') for the first step j' of j's group.
-fn block8_with(row: u32, j: u32, head: vec2<f32>) -> array<vec4<f32>, 2> {
-    if grouped32() {
-        return block8_q32_at(row, j, head);
-    }
-    let base = row + (j / 32u) * block_words();
-    let g = j % 32u;
-    if WEIGHT_DTYPE == DTYPE_Q6_K {
-        return block8_q6_k_with(base, g, head.x);
-    }
-    if WEIGHT_DTYPE == DTYPE_Q4_K || WEIGHT_DTYPE == DTYPE_Q5_K {
-        return block8_k_asym_with(base, g, head);
-    }
-    return block8(row, j);
 }

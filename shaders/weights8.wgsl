@@ -9,10 +9,11 @@ fn wword(i: u32) -> u32 {
     return w[i >> 2u][i & 3u];
 }
 
-// Weights 8j .. 8j + 7 of weight row c, in order.
+// Weights 8j .. 8j + 7 of weight row c, in order, for the formats of one step a group
+// (head_steps() == 1: the float formats, Q2_K, Q3_K, IQ4_XS; weights8_with reads the others).
 fn weights8(c: u32, j: u32) -> array<vec4<f32>, 2> {
     if is_block_dtype() {
-        return block8(c * row_words(p.k), j);
+        return block8_single(c * row_words(p.k), j);
     }
     if WEIGHT_DTYPE == DTYPE_F32 {
         let i = c * (p.k / 4u) + 2u * j;
@@ -27,7 +28,7 @@ fn weights8(c: u32, j: u32) -> array<vec4<f32>, 2> {
 }
 
 // A group's constants, which a kernel computes once every head_steps() steps: the scale and
-// min of block_head in weight_blocks.wgsl. For the K formats and the grouped 32-element
+// min of its block or sub-block (weight_blocks.wgsl). For the K formats and the grouped 32-element
 // formats also the 16-byte words that hold the group's codes (a group of two steps reads one
 // half of each: Q4_K's code nibbles, Q5_K's and its high bits, Q6_K's low and high bits,
 // Q8_0's bytes; a 4-bit block's group of four reads each half twice) and the super-block's
@@ -44,12 +45,10 @@ struct Head {
     hw: u32,
 }
 
-// The group constants of weights 8j .. of row c, given the previous group's `prev`.
+// The group constants of weights 8j .. of row c, given the previous group's `prev` (formats of
+// more than one step a group).
 fn weights_head(c: u32, j: u32, prev: Head) -> Head {
     var h: Head;
-    if !is_block_dtype() {
-        return h;
-    }
     let row = c * row_words(p.k);
     if grouped32() {
         // A group of four blocks' constants (and high bits), loaded once per 128 weights; a
@@ -67,11 +66,6 @@ fn weights_head(c: u32, j: u32, prev: Head) -> Head {
         h.s = q32_head(h.top[q32_head_word(b % 4u)], b % 4u);
         h.hw = h.qh[b % 4u];
         h.ql = w[(q32_codes(row, b) + q32_step_word(j % 4u)) >> 2u];
-        return h;
-    }
-    let k_format = WEIGHT_DTYPE >= DTYPE_Q4_K && WEIGHT_DTYPE <= DTYPE_Q6_K;
-    if !k_format {
-        h.s = block_head(row, j);
         return h;
     }
     let base = row + (j / 32u) * block_words();
@@ -104,9 +98,10 @@ fn weights_head(c: u32, j: u32, prev: Head) -> Head {
 }
 
 // Weights 8j .. 8j + 8 of row c, step `s` (0 .. head_steps()) of the group whose `head` it
-// is. The kernels step through a group in an inner loop of head_steps() iterations, which a
-// compiler unrolls: `s` is then a constant, and so are the shifts and the halves of the
-// 16-byte words that it picks.
+// is, for the formats of more than one step a group (Q4_0 .. Q8_0, IQ4_NL, MXFP4, Q4_K, Q5_K,
+// Q6_K; weights8 reads the others). The kernels step through a group in an inner loop of
+// head_steps() iterations, which a compiler unrolls: `s` is then a constant, and so are the
+// shifts and the halves of the 16-byte words that it picks.
 fn weights8_with(c: u32, j: u32, s: u32, head: Head) -> array<vec4<f32>, 2> {
     let second = (s & 1u) == 1u;
     if WEIGHT_DTYPE == DTYPE_Q6_K {
@@ -119,15 +114,10 @@ fn weights8_with(c: u32, j: u32, s: u32, head: Head) -> array<vec4<f32>, 2> {
         // in halves.
         return block8_q32(select(head.ql.xy, head.ql.zw, second), head.hw, s, head.s);
     }
-    if WEIGHT_DTYPE == DTYPE_Q4_K || WEIGHT_DTYPE == DTYPE_Q5_K {
-        let qs = select(head.ql.xy, head.ql.zw, second);
-        let qh = select(head.qh.xy, head.qh.zw, second);
-        return block8_k_asym_words(qs, qh, j % 32u, head.s);
-    }
-    if is_block_dtype() {
-        return block8_with(c * row_words(p.k), j, head.s);
-    }
-    return weights8(c, j);
+    // Q4_K and Q5_K.
+    let qs = select(head.ql.xy, head.ql.zw, second);
+    let qh = select(head.qh.xy, head.qh.zw, second);
+    return block8_k_asym_words(qs, qh, j % 32u, head.s);
 }
 
 // The heads of rows c[i] for the group of steps from j (a multiple of head_steps()), given
@@ -141,9 +131,12 @@ fn weights8_with(c: u32, j: u32, s: u32, head: Head) -> array<vec4<f32>, 2> {
 // A compiler unrolls the inner loop, so that `t` and what it picks (shifts, halves of words)
 // are constants: on lavapipe, with the grouped 32-element layout, the LM head shape at one
 // row ran 1.3-1.7x faster in every format with groups of 2 or 4 steps (docs/BENCHMARKS.md).
-// The formats of one step a group (f16 and the like, Q2_K, Q3_K, IQ4_XS) keep a flat loop:
-// nested loops of one step each measured 10% slower for f16, and their steps made into
-// groups of four 15-20% slower. The four-column bodies keep four scalar accumulators, as a
+// The formats of one step a group (f16 and the like, Q2_K, Q3_K, IQ4_XS) keep a flat loop
+// over weights8, with no heads: nested loops of one step each measured 10% slower for f16,
+// and their steps made into groups of four 15-20% slower. Each loop calls only its formats'
+// code (weights8, weights8_with): a compiler inlines every format's code at each call and
+// drops the other formats' only afterwards, so calls that reached every format made
+// compiling a column kernel about twice as slow on lavapipe. The four-column bodies keep four scalar accumulators, as a
 // vec4 measured 10-15% slower for f16.
 fn heads2(h: array<Head, 2>, c: vec2<u32>, j: u32) -> array<Head, 2> {
     return array<Head, 2>(weights_head(c.x, j, h[0]), weights_head(c.y, j, h[1]));

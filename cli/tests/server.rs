@@ -824,12 +824,24 @@ fn sigterm_with_requests_in_flight_exits_cleanly() {
         "prompt": "x", "max_tokens": 240, "temperature": 0, "ignore_eos": true,
         "stream": true, "model": "llama-gqa",
     });
-    let client = std::thread::spawn(move || collect(&stream(&url, &long)));
+    let client = std::thread::spawn(move || stream(&url, &long));
     std::thread::sleep(Duration::from_millis(300));
     s.terminate();
-    let got = client.join().unwrap();
-    // The stream ended properly: finished within the grace period, or aborted after it.
-    assert!(["length", "abort"].contains(&got[0].2.as_str()), "{got:?}");
+    let chunks = client.join().unwrap();
+    // The stream ended properly: finished within the grace period, or aborted after it, when
+    // an error event after the last chunk says why.
+    let (errors, chunks): (Vec<Value>, Vec<Value>) =
+        chunks.into_iter().partition(|c| c.get("error").is_some());
+    let got = collect(&chunks);
+    match got[0].2.as_str() {
+        "length" => assert!(errors.is_empty(), "{errors:?}"),
+        "abort" => {
+            assert_eq!(errors.len(), 1, "{errors:?}");
+            let message = errors[0]["error"]["message"].as_str().unwrap();
+            assert!(message.contains("shut down"), "{message}");
+        }
+        other => panic!("finish reason {other}: {got:?}"),
+    }
     s.assert_exits_cleanly();
 }
 
