@@ -357,12 +357,14 @@ impl Stream {
                 None => SIGNAL_SLICE,
             };
             let got = py.detach(|| self.inner.recv_timeout(slice));
-            if got.is_some() || self.inner.is_ended() {
-                return to_py(py, got).map(Some);
-            }
+            // Checked on every event too, not only when none came in time: a request whose
+            // tokens keep coming faster than the slice would otherwise never see Ctrl-C.
             if let Err(e) = py.check_signals() {
                 self.inner.abort();
                 return Err(e);
+            }
+            if got.is_some() || self.inner.is_ended() {
+                return to_py(py, got).map(Some);
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(None);
