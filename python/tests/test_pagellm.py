@@ -208,12 +208,18 @@ def test_the_gil_is_released_while_the_engine_works(llm):
 def test_ctrl_c_aborts_the_requests_and_the_engine_goes_on(llm):
     # Far more work than 0.3 s of it on any adapter (32 x 300 tokens, over a pool that must
     # preempt), so that the interrupt lands while the requests run.
+    # Python raises KeyboardInterrupt only where SIGINT was not ignored when it started (a job
+    # run in the background from a script inherits it ignored): ask for it here.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     params = SamplingParams(max_tokens=300, ignore_eos=True, seed=2)
     timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        llm.generate(["Once upon a time"] * 32, params)
-    timer.join()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            llm.generate(["Once upon a time"] * 32, params)
+    finally:
+        timer.join()
+        signal.signal(signal.SIGINT, previous)
     for _ in range(100):
         if llm.stats()["pending_requests"] == 0:
             break
