@@ -280,3 +280,20 @@ fn notices_tell_the_load_and_every_step() {
         assert_eq!(tokens, 9 + out.outputs[0].token_ids.len() - 1);
     }
 }
+
+#[test]
+fn a_resize_is_in_the_published_statistics_when_it_returns() {
+    for ctx in contexts() {
+        let h = handle(ctx);
+        // `stats` reads what the engine thread last published, without waiting for it: a
+        // caller (the server's /metrics) that reads it right after a resize must see the new
+        // pool, in every round, whatever the thread does next.
+        for blocks in [16, 32, 24, 32] {
+            let r = h.set_kv_budget(pagellm::PoolSize::Blocks(blocks)).unwrap();
+            assert_eq!(r.blocks_after, blocks);
+            let s = h.stats().unwrap();
+            assert_eq!(s.engine.kv_blocks, blocks);
+            assert_eq!(s.engine.kv_pool_tokens(), blocks * 4);
+        }
+    }
+}

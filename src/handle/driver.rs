@@ -161,8 +161,11 @@ impl Loop {
                 let _ = reply.send(snapshot);
             }
             Command::SetKvBudget(size, reply) => {
-                let _ = reply.send(self.engine.set_kv_budget(size));
+                // Publish before replying: a caller that reads the statistics as soon as the
+                // resize returns sees the new pool, not the one before it.
+                let resized = self.engine.set_kv_budget(size);
                 self.publish();
+                let _ = reply.send(resized);
             }
             Command::Stop => return false,
         }
