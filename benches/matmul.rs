@@ -26,6 +26,9 @@
 //! With `--argmax`, the greedy arg-max kernels (`ArgmaxKernel`) side by side over rows of
 //! `--n` logits (the vocabulary).
 //!
+//! With `--peak`, the adapter's bounds instead (`matmul/peak.rs`): its multiply-add rate
+//! from registers, and with f16 weights read as the column kernels read them.
+//!
 //! Run: `cargo bench --bench matmul` (adapter chosen as usual, e.g. `PAGELLM_BACKEND=gl`).
 //! `-- --quick` runs fewer repetitions; `-- --rows 1,8,32` picks row counts.
 
@@ -38,6 +41,9 @@ use pagellm::internals::kernels::{rms_norm, silu_mul, Weight, WeightDtype};
 use pagellm::internals::nn::Activation;
 use pagellm::GpuContext;
 use std::time::{Duration, Instant};
+
+#[path = "matmul/peak.rs"]
+mod peak;
 
 const CALLS_PER_SUBMIT: usize = 4;
 const MAX_ROWS: usize = 256;
@@ -77,6 +83,10 @@ fn main() {
     }
     if std::env::args().any(|a| a == "--normed") {
         normed(&ctx, n, k, &rows, quick);
+        return;
+    }
+    if std::env::args().any(|a| a == "--peak") {
+        peak::peak(&ctx, quick);
         return;
     }
     if std::env::args().any(|a| a == "--formats") {

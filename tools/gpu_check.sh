@@ -11,7 +11,7 @@
 #       built in) runs, within SECONDS (default 540): `pagellm devices`, the GPU tests, the
 #       Llama-3.2-1B decode step by weight format (issue 23's GPU target), then
 #       tools/bench_all.sh --quick on the GPU-bound benches. Results go to OUTDIR:
-#       machine.txt, tests.log, formats.md/.log, report.md/.log.
+#       machine.txt, tests.log, formats.md/.log, peak.md/.log, report.md/.log.
 #
 # The adapter is chosen as usual (PAGELLM_BACKEND, WGPU_ADAPTER_NAME); the GPU tests run on
 # every backend that has an adapter.
@@ -74,6 +74,9 @@ run() {
     timeout 170 .gpu-check/b/engine --bench --shapes llama-3.2-1b \
         --weights f16,q8_0,q4_k,q6_k > "$out/formats.md" 2> "$out/formats.log"
     echo "1B weight formats: exit status $? at $(($(date +%s) - start)) s"
+    # The adapter's arithmetic and weight-read rates, the bounds of the projection kernels.
+    timeout 30 .gpu-check/b/matmul --bench --peak --quick > "$out/peak.md" 2> "$out/peak.log"
+    echo "peak rates: exit status $? at $(($(date +%s) - start)) s"
     # (timeout 0 would mean no limit at all)
     if [[ $(left) -gt 0 ]]; then
         PAGELLM_BENCHES="engine matmul speculative paged_attention dispatch kv_quant serving structured" \
