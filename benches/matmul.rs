@@ -27,7 +27,8 @@
 //! `--n` logits (the vocabulary).
 //!
 //! With `--peak`, the adapter's bounds instead (`matmul/peak.rs`): its multiply-add rate
-//! from registers, and with f16 weights read as the column kernels read them.
+//! from registers, with f16 weights read as the column kernels read them, and with x read
+//! three ways and passes of other shapes, beside the plan's kernel on tiny15m's weights.
 //!
 //! Run: `cargo bench --bench matmul` (adapter chosen as usual, e.g. `PAGELLM_BACKEND=gl`).
 //! `-- --quick` runs fewer repetitions; `-- --rows 1,8,32` picks row counts.
