@@ -23,6 +23,9 @@
 //! row count: time per call, time relative to f16, and the weight's bytes on the GPU;
 //! `--dtypes q4_k,q6_k` keeps f16 and those formats.
 //!
+//! With `--wide`, passes of several rows at four columns per invocation against two, side
+//! by side, on the wide weights of tiny15m and m110 (`--dtypes f16,q4_k` picks formats).
+//!
 //! With `--argmax`, the greedy arg-max kernels (`ArgmaxKernel`) side by side over rows of
 //! `--n` logits (the vocabulary).
 //!
@@ -90,6 +93,10 @@ fn main() {
         peak::peak(&ctx, quick);
         return;
     }
+    if std::env::args().any(|a| a == "--wide") {
+        wide(&ctx, &rows, quick);
+        return;
+    }
     if std::env::args().any(|a| a == "--formats") {
         formats(&ctx, n, k, &rows, quick);
         return;
@@ -138,6 +145,68 @@ fn main() {
             rows_per_s / base,
             2.0 * (m * n * k) as f64 / med[i] / 1e9
         );
+    }
+}
+
+/// The `--wide` table: weights of tiny15m and m110 wide enough for four columns per
+/// invocation, in f16 and the formats of llama.cpp's Q4_K_M and Q8_0 files, with the
+/// plan's passes of several rows at four columns (`MatmulPlan::wide_passes`) and at two,
+/// alternating, per row count.
+fn wide(ctx: &GpuContext, rows: &[usize], quick: bool) {
+    println!("adapter: {}", ctx.describe());
+    let plan = MatmulPlan::choose(ctx, &[8]);
+    println!(
+        "{CALLS_PER_SUBMIT} calls per submit; four columns from {:?} columns",
+        plan.wide_from
+    );
+    println!();
+    println!(
+        "| weight (n x k) | format | rows | two columns (ms) | four columns (ms) | speed-up |"
+    );
+    println!("|---|---|---:|---:|---:|---:|");
+    let shapes = [
+        ("tiny15m gate up", 1536, 288),
+        ("tiny15m LM head", 32000, 288),
+        ("m110 q k v", 2304, 768),
+        ("m110 gate up", 4096, 768),
+        ("m110 LM head", 32000, 768),
+    ];
+    let dtypes: Vec<WeightDtype> = arg("--dtypes")
+        .unwrap_or_else(|| "f16".into())
+        .split(',')
+        .map(|d| d.trim().parse().unwrap_or_else(|e| panic!("{e}")))
+        .collect();
+    for (name, n, k) in shapes {
+        let wv: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 7919 % 997) as f32 - 498.0) * 1e-4)
+            .collect();
+        let x = ctx.upload("x", &vec![0.5f32; MAX_ROWS * k]).expect("x");
+        let y = ctx
+            .storage_buffer("y", (MAX_ROWS * n * 4) as u64)
+            .expect("y");
+        for &dtype in dtypes.iter().filter(|d| k.is_multiple_of(d.block_elems())) {
+            let w = Weight::from_f32(ctx, "w", &wv, n, k, dtype).expect("weight");
+            for &m in rows.iter().filter(|&&m| (2..=MAX_ROWS).contains(&m)) {
+                let once = |four: bool| {
+                    let plan = MatmulPlan {
+                        wide_passes: four,
+                        ..plan
+                    };
+                    let mut b = Batch::new(ctx, "bench");
+                    for _ in 0..CALLS_PER_SUBMIT {
+                        matmul(&mut b, &plan, &Matmul::new(&x, &w, &y, m)).expect("matmul");
+                    }
+                    per_call(ctx, b)
+                };
+                let (two, four) = side_by_side(quick, once);
+                println!(
+                    "| {name} ({n} x {k}) | {dtype} | {m} | {:.2} | {:.2} | {:.2}x |",
+                    two * 1e3,
+                    four * 1e3,
+                    two / four
+                );
+            }
+        }
     }
 }
 

@@ -74,6 +74,36 @@ fn terms_by_row(
     }
 }
 
+// acc[i][r] += x[r0 + r, 8j .. 8j + 8] · b[i] for the four columns of columns_body4, row by
+// row (terms_by_row's order).
+fn terms_by_row4(
+    acc: ptr<function, array<array<f32, 8>, 4>>,
+    r0: u32,
+    j: u32,
+    lane: u32,
+    b: array<array<vec4<f32>, 2>, 4>,
+    sc: Scales,
+) {
+    for (var r = 0u; r < ROWS; r++) {
+        let xv = x8(min(r0 + r, p.m - 1u), j, lane, sc.rows[r]);
+        terms4_row(acc, r, xv[0], xv[1], b);
+    }
+}
+
+// Row r's terms of one step in the four columns' accumulators.
+fn terms4_row(
+    acc: ptr<function, array<array<f32, 8>, 4>>,
+    r: u32,
+    xa: vec4<f32>,
+    xb: vec4<f32>,
+    b: array<array<vec4<f32>, 2>, 4>,
+) {
+    (*acc)[0][r] = add8((*acc)[0][r], xa, xb, b[0]);
+    (*acc)[1][r] = add8((*acc)[1][r], xa, xb, b[1]);
+    (*acc)[2][r] = add8((*acc)[2][r], xa, xb, b[2]);
+    (*acc)[3][r] = add8((*acc)[3][r], xa, xb, b[3]);
+}
+
 // The body of both kernels, invocation `tid` of workgroup `wg` (of `nwg`), subgroup lane
 // `lane`: columns c and c + 64 of the workgroup's 128, rows first_row .. m (one-row passes
 // with WIDE: one_row_body).
@@ -127,6 +157,70 @@ fn columns_body(wg: vec3<u32>, nwg: vec3<u32>, tid: u32, lane: u32) {
 // cores); a GPU wants more workgroups, not wider ones. Each column's terms are added in the
 // same order as in the other passes, so the results are the same bits.
 override WIDE: bool = false;
+
+// The wide kernels' body (matmul_skinny_vec_wide.wgsl, matmul_skinny_sg_wide.wgsl): passes
+// of several rows that give each invocation four columns, c + 64 i for i < 4 (256 per
+// workgroup), where wide one-row passes take one_row_body: each x value a lane loads or
+// broadcasts then serves four dot products instead of two. Measured on lavapipe (`cargo bench --bench matmul -- --peak`):
+// an 8-row pass of 4 columns ran at 1.33x the rate of one of 2, its sums in 32 registers
+// of a CPU with 32 vector registers; 1.06-1.17x in this kernel on f16 weights of 1,536 to
+// 32,000 columns at 16 rows, 1.15-1.3x at 128. Its own entry points, since a compiler
+// inlines a body before it drops it as dead: in every other pipeline it made lavapipe's
+// compilation 2.5x slower. Each column's terms are added in the same order as in
+// the other passes, so the results are the same bits.
+fn columns_body4(wg: vec3<u32>, nwg: vec3<u32>, tid: u32, lane: u32) {
+    let column = (wg.y * nwg.x + wg.x) * 256u + tid;
+    let cs = vec4<u32>(
+        min(column, p.n - 1u),
+        min(column + 64u, p.n - 1u),
+        min(column + 128u, p.n - 1u),
+        min(column + 192u, p.n - 1u),
+    );
+    for (var r0 = p.first_row; r0 < p.m; r0 += ROWS) {
+        // Zeros (WGSL initializes a var), indexed by constants only after unrolling.
+        var acc: array<array<f32, 8>, 4>;
+        let sc = pass_scales(r0, lane);
+        // Groups of head_steps() steps (weights8.wgsl's heads4).
+        if head_steps() == 1u {
+            for (var j = 0u; j < p.k / 8u; j++) {
+                let b = array<array<vec4<f32>, 2>, 4>(
+                    weights8(cs.x, j),
+                    weights8(cs.y, j),
+                    weights8(cs.z, j),
+                    weights8(cs.w, j),
+                );
+                pass_terms4(&acc, r0, j, lane, b, sc);
+            }
+        } else {
+            var h = array<Head, 4>();
+            for (var j0 = 0u; j0 < p.k / 8u; j0 += head_steps()) {
+                h = heads4(h, cs, j0);
+                for (var t = 0u; t < head_steps(); t++) {
+                    let j = j0 + t;
+                    let b = array<array<vec4<f32>, 2>, 4>(
+                        weights8_with(cs.x, j, t, h[0]),
+                        weights8_with(cs.y, j, t, h[1]),
+                        weights8_with(cs.z, j, t, h[2]),
+                        weights8_with(cs.w, j, t, h[3]),
+                    );
+                    pass_terms4(&acc, r0, j, lane, b, sc);
+                }
+            }
+        }
+        if column < p.n {
+            store_rows(r0, cs.x, acc[0]);
+        }
+        if column + 64u < p.n {
+            store_rows(r0, cs.y, acc[1]);
+        }
+        if column + 128u < p.n {
+            store_rows(r0, cs.z, acc[2]);
+        }
+        if column + 192u < p.n {
+            store_rows(r0, cs.w, acc[3]);
+        }
+    }
+}
 
 fn one_row_body(wg: vec3<u32>, nwg: vec3<u32>, tid: u32, lane: u32) {
     let column = (wg.y * nwg.x + wg.x) * 256u + tid;

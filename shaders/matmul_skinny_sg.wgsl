@@ -54,6 +54,18 @@ fn norm8(j: u32, lane: u32) -> array<vec4<f32>, 2> {
     return broadcast8(norm_at(8u * j + (lane & 7u)));
 }
 
+// In an 8-row pass, the eight elements 8j .. 8j + 8 of the row lane l of each group of 8
+// loads (r0 + l), normed under NORM.
+fn held8(r0: u32, j: u32, lane: u32, sc: Scales) -> array<vec4<f32>, 2> {
+    let row = min(r0 + (lane & 7u), p.m - 1u);
+    var held = array<vec4<f32>, 2>(x4(row, 2u * j), x4(row, 2u * j + 1u));
+    if NORM {
+        let g = norm8(j, lane);
+        held = array<vec4<f32>, 2>(held[0] * sc.own * g[0], held[1] * sc.own * g[1]);
+    }
+    return held;
+}
+
 // A pass's terms of step j. Passes of eight rows: lane l of each group of 8 loads row
 // r0 + l's eight elements (two 16-byte loads), and row r's are broadcast from lane r, so
 // one load per lane serves all eight rows where `terms_by_row` takes one per row
@@ -74,12 +86,7 @@ fn pass_terms(
         terms_by_row(acc, acc2, r0, j, lane, b, b2, sc);
         return;
     }
-    let row = min(r0 + (lane & 7u), p.m - 1u);
-    var held = array<vec4<f32>, 2>(x4(row, 2u * j), x4(row, 2u * j + 1u));
-    if NORM {
-        let g = norm8(j, lane);
-        held = array<vec4<f32>, 2>(held[0] * sc.own * g[0], held[1] * sc.own * g[1]);
-    }
+    let held = held8(r0, j, lane, sc);
     var xa: vec4<f32>;
     var xb: vec4<f32>;
     xa = subgroupBroadcast(held[0], 0u);
@@ -114,6 +121,31 @@ fn pass_terms(
     xb = subgroupBroadcast(held[1], 7u);
     (*acc)[7] = add8((*acc)[7], xa, xb, b);
     (*acc2)[7] = add8((*acc2)[7], xa, xb, b2);
+}
+
+// pass_terms over four columns (columns_body4): row r's eight x values, broadcast once,
+// serve all four.
+fn pass_terms4(
+    acc: ptr<function, array<array<f32, 8>, 4>>,
+    r0: u32,
+    j: u32,
+    lane: u32,
+    b: array<array<vec4<f32>, 2>, 4>,
+    sc: Scales,
+) {
+    if ROWS != 8u {
+        terms_by_row4(acc, r0, j, lane, b, sc);
+        return;
+    }
+    let held = held8(r0, j, lane, sc);
+    terms4_row(acc, 0u, subgroupBroadcast(held[0], 0u), subgroupBroadcast(held[1], 0u), b);
+    terms4_row(acc, 1u, subgroupBroadcast(held[0], 1u), subgroupBroadcast(held[1], 1u), b);
+    terms4_row(acc, 2u, subgroupBroadcast(held[0], 2u), subgroupBroadcast(held[1], 2u), b);
+    terms4_row(acc, 3u, subgroupBroadcast(held[0], 3u), subgroupBroadcast(held[1], 3u), b);
+    terms4_row(acc, 4u, subgroupBroadcast(held[0], 4u), subgroupBroadcast(held[1], 4u), b);
+    terms4_row(acc, 5u, subgroupBroadcast(held[0], 5u), subgroupBroadcast(held[1], 5u), b);
+    terms4_row(acc, 6u, subgroupBroadcast(held[0], 6u), subgroupBroadcast(held[1], 6u), b);
+    terms4_row(acc, 7u, subgroupBroadcast(held[0], 7u), subgroupBroadcast(held[1], 7u), b);
 }
 
 @compute @workgroup_size(64)

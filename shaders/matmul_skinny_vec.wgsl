@@ -31,6 +31,17 @@ fn pass_terms(
     terms_by_row(acc, acc2, r0, j, lane, b, b2, sc);
 }
 
+fn pass_terms4(
+    acc: ptr<function, array<array<f32, 8>, 4>>,
+    r0: u32,
+    j: u32,
+    lane: u32,
+    b: array<array<vec4<f32>, 2>, 4>,
+    sc: Scales,
+) {
+    terms_by_row4(acc, r0, j, lane, b, sc);
+}
+
 @compute @workgroup_size(64)
 fn matmul_skinny_vec(
     @builtin(workgroup_id) wg: vec3<u32>,

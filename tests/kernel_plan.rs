@@ -45,7 +45,7 @@ fn each_adapter_type_gets_its_measured_defaults() {
         if cpu {
             assert_eq!(m.kernel(SKINNY_MAX_M + 1), want_columns, "{what}");
             assert_eq!(m.kernel(4096), want_columns, "{what}");
-            assert!(m.wide_from.is_some(), "{what}");
+            assert!(m.wide_from.is_some() && m.wide_passes, "{what}");
             assert_eq!(plan.rms_norm, RmsNormKernel::Lanes, "{what}");
             assert_eq!(plan.argmax, ArgmaxKernel::Lanes, "{what}");
             assert_eq!(plan.norm_fusion, NormFusion::WhereFaster, "{what}");
@@ -58,6 +58,7 @@ fn each_adapter_type_gets_its_measured_defaults() {
         } else {
             assert_eq!(m.kernel(SKINNY_MAX_M + 1), MatmulKernel::Tiled, "{what}");
             assert_eq!(m.wide_from, None, "{what}");
+            assert!(!m.wide_passes, "{what}");
             assert_eq!(plan.rms_norm, RmsNormKernel::Workgroup, "{what}");
             assert_eq!(plan.argmax, ArgmaxKernel::Split, "{what}");
             assert_eq!(plan.norm_fusion, NormFusion::Always, "{what}");

@@ -463,22 +463,23 @@ fn a_gated_input_must_hold_gate_and_up() {
 }
 
 #[test]
-fn wide_one_row_passes_give_the_same_bits() {
-    // On CPU adapters one-row passes over weights of 512 columns per host core or more
-    // give each invocation four columns (WIDE in matmul_columns_vec.wgsl). That many columns
-    // and 76 more (a partial last workgroup of 256), k = 48 and 8: every kernel at 1 row and
-    // 9 rows (an 8-row pass, then a one-row pass) against the reference, and every row
-    // bitwise the same as the tiled kernel's.
+fn wide_passes_give_the_same_bits() {
+    // On CPU adapters passes over weights of 512 columns per host core or more give each
+    // invocation four columns (WIDE in matmul_columns_vec.wgsl: one_row_body, and
+    // columns_body4 for passes of several rows). That many columns and 76 more (a partial
+    // last workgroup of 256), k = 48 and 8: every kernel at 1, 2, 9 (an 8-row pass, then a
+    // one-row pass) and 12 rows (an 8-row pass, then a 4-row one) against the reference,
+    // and every row bitwise the same as the tiled kernel's.
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     for ctx in contexts() {
         for k in [48, 8] {
-            let (n, m_max) = (512 * cores + 76, 9);
+            let (n, m_max) = (512 * cores + 76, 12);
             let mut g = rng(400 + k as u64);
             let wv = randn(&mut g, n * k, 0.5);
             let w = Weight::from_f32(ctx, "w", &wv, n, k, WeightDtype::F16).unwrap();
             let x = randn(&mut g, m_max * k, 1.0);
             let wr = rounded(&wv, WeightDtype::F16);
-            for m in [1, 9] {
+            for m in [1, 2, 9, 12] {
                 let want = r::matmul(&x[..m * k], &wr, None, m, n, k);
                 let mut first: Option<Vec<f32>> = None;
                 for kernel in KERNELS.into_iter().filter(|kern| kern.supports(ctx, k)) {

@@ -175,17 +175,18 @@ fn check_product(ctx: &GpuContext, dtype: WeightDtype, seed: u64, c: &Case) {
         want.iter_mut().zip(&y0).for_each(|(a, b)| *a += b);
     }
     let mut first: Option<Vec<f32>> = None;
-    // One-row passes also with four columns an invocation (WIDE), which CPU adapters use
-    // for wide weights only.
+    // Also with four columns an invocation (WIDE) in every pass, which CPU adapters use for
+    // wide weights only.
     let plans = KERNELS
         .into_iter()
         .filter(|kern| kern.supports(ctx, k))
         .flat_map(|kernel| {
             let wide = MatmulPlan {
                 wide_from: Some(1),
+                wide_passes: true,
                 ..mm_only(ctx, kernel)
             };
-            let wide = (m == 1 && wide.wide(kernel, 1, n)).then_some(wide);
+            let wide = wide.wide(kernel, m, n).then_some(wide);
             std::iter::once((kernel, mm_only(ctx, kernel))).chain(wide.map(|w| (kernel, w)))
         });
     for (kernel, plan) in plans {

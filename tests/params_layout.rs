@@ -17,8 +17,9 @@ use pagellm::internals::kernels::{
     silu_mul::SiluMulParams,
     softcap::SoftcapParams,
     KernelParams, ALL, ARGMAX_LANES, ARGMAX_MERGE, ARGMAX_SLICES, MATMUL_SKINNY, MATMUL_SKINNY_SG,
-    MATMUL_SKINNY_VEC, MOE_MATMUL_SG, PAGED_ATTENTION_LANES, PAGED_ATTENTION_SG,
-    PAGED_ATTENTION_TILES, RESHAPE_AND_CACHE_Q, RMS_NORM_LANES,
+    MATMUL_SKINNY_SG_WIDE, MATMUL_SKINNY_VEC, MATMUL_SKINNY_VEC_WIDE, MOE_MATMUL_SG,
+    PAGED_ATTENTION_LANES, PAGED_ATTENTION_SG, PAGED_ATTENTION_TILES, RESHAPE_AND_CACHE_Q,
+    RMS_NORM_LANES,
 };
 
 /// (kernel name, [(field, offset)], size) of the uniform at @group(0) @binding(0).
@@ -81,6 +82,8 @@ fn every_params_struct_matches_its_shader() {
         check_kernel::<MatmulParams>(MATMUL_SKINNY),
         check_kernel::<MatmulParams>(MATMUL_SKINNY_VEC),
         check_kernel::<MatmulParams>(MATMUL_SKINNY_SG),
+        check_kernel::<MatmulParams>(MATMUL_SKINNY_VEC_WIDE),
+        check_kernel::<MatmulParams>(MATMUL_SKINNY_SG_WIDE),
         check::<RopeParams>(),
         check::<SiluMulParams>(),
         check::<AddParams>(),

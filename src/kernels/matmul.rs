@@ -16,7 +16,8 @@
 
 use super::plan::MatmulPlan;
 use super::{
-    check_len, groups, params, Weight, MATMUL, MATMUL_SKINNY, MATMUL_SKINNY_SG, MATMUL_SKINNY_VEC,
+    check_len, groups, params, Weight, MATMUL, MATMUL_SKINNY, MATMUL_SKINNY_SG,
+    MATMUL_SKINNY_SG_WIDE, MATMUL_SKINNY_VEC, MATMUL_SKINNY_VEC_WIDE,
 };
 use crate::error::{GpuError, Result};
 use crate::gpu::{grid_2d, Batch, Bind, GpuContext, KernelSource};
@@ -382,7 +383,14 @@ fn column_passes(
         if call.kernel != MatmulKernel::Columns {
             constants.push(("WIDE", wide as u32 as f64));
         }
-        batch.dispatch(call.source, &constants, &p, storage, grid)?;
+        // Wide passes of several rows have entry points of their own (columns_body4 in
+        // matmul_columns_vec.wgsl).
+        let source = match (call.kernel, wide && rows > 1) {
+            (MatmulKernel::ColumnsVec, true) => MATMUL_SKINNY_VEC_WIDE,
+            (MatmulKernel::ColumnsSubgroup, true) => MATMUL_SKINNY_SG_WIDE,
+            _ => call.source,
+        };
+        batch.dispatch(source, &constants, &p, storage, grid)?;
     }
     Ok(())
 }

@@ -88,6 +88,31 @@ kernel!(
         "weight_blocks"
     ]
 );
+kernel!(
+    MATMUL_SKINNY_VEC_WIDE,
+    "matmul_skinny_vec_wide",
+    [
+        "matmul_store",
+        "matmul_columns",
+        "matmul_columns_vec",
+        "weights8",
+        "weight_blocks",
+        "matmul_skinny_vec"
+    ]
+);
+kernel!(
+    MATMUL_SKINNY_SG_WIDE,
+    "matmul_skinny_sg_wide",
+    [
+        "matmul_store",
+        "matmul_columns",
+        "matmul_columns_vec",
+        "broadcast8",
+        "weights8",
+        "weight_blocks",
+        "matmul_skinny_sg"
+    ]
+);
 kernel!(MOE_ROUTE, "moe_route");
 kernel!(
     MOE_MATMUL,
@@ -153,6 +178,8 @@ pub const ALL: &[KernelSource] = &[
     MATMUL_SKINNY,
     MATMUL_SKINNY_VEC,
     MATMUL_SKINNY_SG,
+    MATMUL_SKINNY_VEC_WIDE,
+    MATMUL_SKINNY_SG_WIDE,
     ROPE,
     SILU_MUL,
     ADD,

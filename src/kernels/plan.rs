@@ -115,6 +115,13 @@ pub struct MatmulPlan {
     /// invocation four columns instead of two (`WIDE` in `matmul_columns_vec.wgsl`);
     /// `None`: never. A speed choice only: it never changes a bit.
     pub wide_from: Option<usize>,
+    /// Whether passes of several rows also give each invocation four columns from
+    /// `wide_from` columns (`columns_body4` in `matmul_columns_vec.wgsl`, run by the
+    /// `_wide` kernels). A speed choice only: it never changes a bit. On CPU adapters:
+    /// measured on lavapipe 1.09-1.22x faster on f16 weights of 1,536 to 32,000 columns at
+    /// 16 and 128 rows (`cargo bench --bench matmul -- --wide`; block formats 0.96-1.09x);
+    /// GPUs run more rows than 8 by the tiled kernel.
+    pub wide_passes: bool,
 }
 
 impl MatmulPlan {
@@ -137,6 +144,7 @@ impl MatmulPlan {
             few_rows: SKINNY_MAX_M,
             many: if cpu { columns } else { MatmulKernel::Tiled },
             wide_from: cpu.then(wide_min_columns),
+            wide_passes: cpu,
         }
     }
 
@@ -158,14 +166,17 @@ impl MatmulPlan {
         }
     }
 
-    /// Whether one-row passes over `columns` output columns give each invocation four.
+    /// Whether passes of `rows` rows over `columns` output columns give each invocation
+    /// four.
     pub fn wide(&self, kernel: MatmulKernel, rows: usize, columns: usize) -> bool {
-        kernel != MatmulKernel::Columns && rows == 1 && self.wide_from.is_some_and(|w| columns >= w)
+        kernel != MatmulKernel::Columns
+            && (rows == 1 || self.wide_passes)
+            && self.wide_from.is_some_and(|w| columns >= w)
     }
 }
 
-/// Output columns from which a CPU adapter's one-row passes give each invocation four
-/// columns instead of two: two workgroups of 256 columns per core of this machine (a CPU
+/// Output columns from which a CPU adapter's passes give each invocation four columns
+/// instead of two: two workgroups of 256 columns per core of this machine (a CPU
 /// adapter runs its workgroups on the host's cores; fewer would leave cores idle).
 fn wide_min_columns() -> usize {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
