@@ -177,8 +177,10 @@ fn columns_body4(wg: vec3<u32>, nwg: vec3<u32>, tid: u32, lane: u32) {
         min(column + 192u, p.n - 1u),
     );
     for (var r0 = p.first_row; r0 < p.m; r0 += ROWS) {
-        // Zeros (WGSL initializes a var), indexed by constants only after unrolling.
+        // Zeroed by a store at every pass (a var's implicit zero may be hoisted out of the
+        // loop by a translator: the browser build's did so), and indexed by constants only.
         var acc: array<array<f32, 8>, 4>;
+        acc = array<array<f32, 8>, 4>();
         let sc = pass_scales(r0, lane);
         // Groups of head_steps() steps (weights8.wgsl's heads4).
         if head_steps() == 1u {
