@@ -58,8 +58,8 @@ struct Params {
     k: u32,
     n_offset: u32,   // first output column written by this chunk
     ldy: u32,        // output columns of the whole (stacked) weight
-    has_bias: u32,
-    accumulate: u32,
+    _pad2: u32,
+    _pad3: u32,
     first_row: u32,  // column kernels: this dispatch computes rows first_row .. m; 0 in matmul.wgsl
     split1: u32,     // 0, or the first column that goes to y1
     split2: u32,     // with split1 > 0: the first column that goes to y2 (ldy when none does)
@@ -68,34 +68,54 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(3) var<storage, read> bias: array<f32>;        // [ldy] (unused unless has_bias)
+@group(0) @binding(3) var<storage, read> bias: array<f32>;        // [ldy] (unused without STORE_BIAS)
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;     // [m, ldy], or [m, split1]
 @group(0) @binding(5) var<storage, read_write> y1: array<f32>;    // [m, split2 - split1]
 @group(0) @binding(6) var<storage, read_write> y2: array<f32>;    // [m, ldy - split2]
 @group(0) @binding(7) var<storage, read> norm_w: array<u32>;      // [k] in NORM_DTYPE (unused unless NORM)
 
+// What a store does besides writing the sum, fixed per pipeline: add the bias
+// (STORE_BIAS), add what the output holds (STORE_ACCUMULATE: the residual connection), and
+// send columns past split1 to y1 and y2 (STORE_SPLIT: the stacked q k v). Constants, not
+// parameters: a CPU adapter runs every side of a branch whose condition differs between
+// lanes, and the split's does, so with parameters every store of every projection paid for
+// three outputs' address arithmetic and per-lane store loops. Measured on lavapipe
+// (docs/BENCHMARKS.md): a 16-row LM head (32,000 x 288) took 1.36-1.42x the time of one
+// whose store is a plain write, the split's branches two thirds of that.
+override STORE: u32 = 0u;
+const STORE_BIAS: u32 = 1u;
+const STORE_ACCUMULATE: u32 = 2u;
+const STORE_SPLIT: u32 = 4u;
+
 // Output row r, column col of the whole weight: acc, then + bias, then + what the output
 // holds when accumulating (the order every kernel keeps, for batch invariance).
 fn store_output(r: u32, col: u32, acc: f32) {
     var v = acc;
-    if p.has_bias != 0u {
+    if (STORE & STORE_BIAS) != 0u {
         v += bias[col];
     }
-    if p.split1 == 0u || col < p.split1 {
-        let o = r * select(p.ldy, p.split1, p.split1 != 0u) + col;
-        if p.accumulate != 0u {
+    let accumulate = (STORE & STORE_ACCUMULATE) != 0u;
+    if (STORE & STORE_SPLIT) == 0u {
+        let o = r * p.ldy + col;
+        if accumulate {
+            v += y[o];
+        }
+        y[o] = v;
+    } else if col < p.split1 {
+        let o = r * p.split1 + col;
+        if accumulate {
             v += y[o];
         }
         y[o] = v;
     } else if col < p.split2 {
         let o = r * (p.split2 - p.split1) + col - p.split1;
-        if p.accumulate != 0u {
+        if accumulate {
             v += y1[o];
         }
         y1[o] = v;
     } else {
         let o = r * (p.ldy - p.split2) + col - p.split2;
-        if p.accumulate != 0u {
+        if accumulate {
             v += y2[o];
         }
         y2[o] = v;

@@ -28,6 +28,9 @@ fn override_values(name: &str) -> Vec<f64> {
         "WIDE" => vec![0.0, 1.0],
         "NORM" => vec![0.0, 1.0],
         "NORM_DTYPE" => vec![0.0, 1.0, 2.0],
+        // matmul_store.wgsl's bits: none, and all three (bias, accumulate, split), which
+        // spells every path of the store.
+        "STORE" => vec![0.0, 7.0],
         "BLOCK_SIZE" => vec![16.0, 24.0],
         "HD" => vec![48.0, 128.0],
         "RENORMALIZE" => vec![0.0, 1.0],
@@ -55,10 +58,14 @@ fn variants(module: &naga::Module) -> Vec<PipelineConstants> {
             .collect();
     }
     // Combinations the launchers never ask for: a normed and gated input, and a norm dtype
-    // without a norm.
+    // without a norm. And the store's paths with one weight dtype only: they do not meet
+    // the weights' code, and every other combination would double the matmuls' variants.
     out.retain(|c| {
         let on = |name: &str| c.get(name).is_some_and(|&v| v != 0.0);
-        !(on("NORM") && on("GATED")) && (on("NORM") || !on("NORM_DTYPE"))
+        let never = (on("NORM") && on("GATED"))
+            || (!on("NORM") && on("NORM_DTYPE"))
+            || (on("STORE") && on("WEIGHT_DTYPE"));
+        !never
     });
     out
 }

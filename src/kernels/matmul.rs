@@ -30,8 +30,8 @@ params!(MatmulParams for MATMUL {
     k: u32,
     n_offset: u32,
     ldy: u32,
-    has_bias: u32,
-    accumulate: u32,
+    _pad2: u32,
+    _pad3: u32,
     first_row: u32,
     split1: u32,
     split2: u32,
@@ -179,6 +179,10 @@ pub fn matmul(batch: &mut Batch, plan: &MatmulPlan, call: &Matmul<'_>) -> Result
     if let Some(b) = bias {
         check_len(K, "bias", b, n_total)?;
     }
+    // matmul_store.wgsl's STORE bits.
+    let store = u32::from(bias.is_some())
+        | u32::from(output == Output::Accumulate) << 1
+        | u32::from(split1 != 0) << 2;
     for chunk in &weight.chunks {
         let p = MatmulParams {
             m: m as u32,
@@ -186,8 +190,6 @@ pub fn matmul(batch: &mut Batch, plan: &MatmulPlan, call: &Matmul<'_>) -> Result
             k: k as u32,
             n_offset: chunk.first_row as u32,
             ldy: n_total as u32,
-            has_bias: bias.is_some() as u32,
-            accumulate: (output == Output::Accumulate) as u32,
             first_row: 0,
             split1: split1 as u32,
             split2: split2 as u32,
@@ -211,6 +213,7 @@ pub fn matmul(batch: &mut Batch, plan: &MatmulPlan, call: &Matmul<'_>) -> Result
             ("GATED", gated),
             ("NORM", norm.is_some() as u32 as f64),
             ("NORM_DTYPE", norm.map_or(0.0, |n| n.weight.dtype().code())),
+            ("STORE", store as f64),
         ];
         let source = match kernel {
             MatmulKernel::Tiled => {
