@@ -99,56 +99,26 @@ fn paged_attention_tiles(
         let seen = tile0 >= win_start - win_start % TILE && tile0 < ctx_len;
         let sc = merge_tile(st, tile);
         st = select(st, sc.xy, seen);
-        // The weighted values of a slab of chunks (paged_attention_lanes.wgsl's slab()),
-        // summed over the tile in registers and merged into A: a group's eight
-        // probabilities are read once per slab, not once per chunk. The loops run on every
-        // lane for the broadcasts.
-        for (var s0 = 0u; s0 < p.head_dim / 8u; s0 += slab()) {
-            var a: array<array<vec4<f32>, 2>, MAX_SLAB>;
-            a = array<array<vec4<f32>, 2>, MAX_SLAB>();
+        // The weighted values, eight head elements at a time, merged into A (the loop runs
+        // on every lane for the broadcasts).
+        for (var c = 0u; c < HD / 8u; c++) {
+            var a = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
             for (var g = 0u; g < groups; g++) {
                 let j0 = tile0 + 8u * g;
                 let rb = seen_row(seq, kvh, j0 + lane, u_start, u_end);
-                let rl = select(0u, rb, rb != NO_ROW);
+                let v = row8(v_half, select(0u, rb, rb != NO_ROW), c);
                 let o = 8u * g * QT + tid;
-                let pr = array<f32, 8>(
-                    score_w[o],
-                    score_w[o + QT],
-                    score_w[o + 2u * QT],
-                    score_w[o + 3u * QT],
-                    score_w[o + 4u * QT],
-                    score_w[o + 5u * QT],
-                    score_w[o + 6u * QT],
-                    score_w[o + 7u * QT],
-                );
-                let rbs = array<u32, 8>(
-                    subgroupBroadcast(rb, 0u),
-                    subgroupBroadcast(rb, 1u),
-                    subgroupBroadcast(rb, 2u),
-                    subgroupBroadcast(rb, 3u),
-                    subgroupBroadcast(rb, 4u),
-                    subgroupBroadcast(rb, 5u),
-                    subgroupBroadcast(rb, 6u),
-                    subgroupBroadcast(rb, 7u),
-                );
-                for (var i = 0u; i < slab(); i++) {
-                    let v = row8(v_half, rl, s0 + i);
-                    var b = a[i];
-                    b = group_term(b, j0, rbs[0], pr[0], subgroupBroadcast(v[0], 0u), subgroupBroadcast(v[1], 0u), win_start, ctx_len);
-                    b = group_term(b, j0 + 1u, rbs[1], pr[1], subgroupBroadcast(v[0], 1u), subgroupBroadcast(v[1], 1u), win_start, ctx_len);
-                    b = group_term(b, j0 + 2u, rbs[2], pr[2], subgroupBroadcast(v[0], 2u), subgroupBroadcast(v[1], 2u), win_start, ctx_len);
-                    b = group_term(b, j0 + 3u, rbs[3], pr[3], subgroupBroadcast(v[0], 3u), subgroupBroadcast(v[1], 3u), win_start, ctx_len);
-                    b = group_term(b, j0 + 4u, rbs[4], pr[4], subgroupBroadcast(v[0], 4u), subgroupBroadcast(v[1], 4u), win_start, ctx_len);
-                    b = group_term(b, j0 + 5u, rbs[5], pr[5], subgroupBroadcast(v[0], 5u), subgroupBroadcast(v[1], 5u), win_start, ctx_len);
-                    b = group_term(b, j0 + 6u, rbs[6], pr[6], subgroupBroadcast(v[0], 6u), subgroupBroadcast(v[1], 6u), win_start, ctx_len);
-                    b = group_term(b, j0 + 7u, rbs[7], pr[7], subgroupBroadcast(v[0], 7u), subgroupBroadcast(v[1], 7u), win_start, ctx_len);
-                    a[i] = b;
-                }
+                a = group_term(a, j0, subgroupBroadcast(rb, 0u), score_w[o], subgroupBroadcast(v[0], 0u), subgroupBroadcast(v[1], 0u), win_start, ctx_len);
+                a = group_term(a, j0 + 1u, subgroupBroadcast(rb, 1u), score_w[o + QT], subgroupBroadcast(v[0], 1u), subgroupBroadcast(v[1], 1u), win_start, ctx_len);
+                a = group_term(a, j0 + 2u, subgroupBroadcast(rb, 2u), score_w[o + 2u * QT], subgroupBroadcast(v[0], 2u), subgroupBroadcast(v[1], 2u), win_start, ctx_len);
+                a = group_term(a, j0 + 3u, subgroupBroadcast(rb, 3u), score_w[o + 3u * QT], subgroupBroadcast(v[0], 3u), subgroupBroadcast(v[1], 3u), win_start, ctx_len);
+                a = group_term(a, j0 + 4u, subgroupBroadcast(rb, 4u), score_w[o + 4u * QT], subgroupBroadcast(v[0], 4u), subgroupBroadcast(v[1], 4u), win_start, ctx_len);
+                a = group_term(a, j0 + 5u, subgroupBroadcast(rb, 5u), score_w[o + 5u * QT], subgroupBroadcast(v[0], 5u), subgroupBroadcast(v[1], 5u), win_start, ctx_len);
+                a = group_term(a, j0 + 6u, subgroupBroadcast(rb, 6u), score_w[o + 6u * QT], subgroupBroadcast(v[0], 6u), subgroupBroadcast(v[1], 6u), win_start, ctx_len);
+                a = group_term(a, j0 + 7u, subgroupBroadcast(rb, 7u), score_w[o + 7u * QT], subgroupBroadcast(v[0], 7u), subgroupBroadcast(v[1], 7u), win_start, ctx_len);
             }
             if seen {
-                for (var i = 0u; i < slab(); i++) {
-                    merge_values(s0 + i, a[i], sc.zw, tid);
-                }
+                merge_values(c, a, sc.zw, tid);
             }
         }
     }
