@@ -179,10 +179,7 @@ pub fn matmul(batch: &mut Batch, plan: &MatmulPlan, call: &Matmul<'_>) -> Result
     if let Some(b) = bias {
         check_len(K, "bias", b, n_total)?;
     }
-    // matmul_store.wgsl's STORE bits.
-    let store = u32::from(bias.is_some())
-        | u32::from(output == Output::Accumulate) << 1
-        | u32::from(split1 != 0) << 2;
+    let store = store_bits(bias.is_some(), output, split1);
     for chunk in &weight.chunks {
         let p = MatmulParams {
             m: m as u32,
@@ -234,6 +231,11 @@ pub fn matmul(batch: &mut Batch, plan: &MatmulPlan, call: &Matmul<'_>) -> Result
         column_passes(batch, plan, &call, &storage, m)?;
     }
     Ok(())
+}
+
+/// matmul_store.wgsl's `STORE` bits: bias, accumulate, and the split into three outputs.
+fn store_bits(bias: bool, output: Output, split1: usize) -> u32 {
+    u32::from(bias) | u32::from(output == Output::Accumulate) << 1 | u32::from(split1 != 0) << 2
 }
 
 /// The tiled kernel over `m` rows of a chunk of `cols` output columns: a workgroup per
